@@ -1,0 +1,108 @@
+/*
+ * pool.h: the slot pool, a fixed budget of cache memory shared by every
+ * live request.
+ *
+ * The pool owns one arena of `capacity_bytes`, reserved at creation and
+ * touched lazily, carved into fixed pages and the pages into blocks of the
+ * size each model's chain needs (model_block_bytes()), plus each slot's
+ * state (model_state_size()).  A slot holds memory in proportion to its
+ * entries: one block per model_block_positions() positions, never max_ctx
+ * up front.  The step path appends into blocks the pool already owns; the
+ * pool never calls malloc after creation.
+ *
+ * Ownership.  A slot belongs to one owner from cache_pool_acquire() until
+ * cache_pool_release(); its handle carries a generation, and every call
+ * checks handle and owner, so a stale handle to a released (and perhaps
+ * reused) slot gets SLOTD_ESTALE, never another request's entries.  Released
+ * memory is poisoned in debug builds (NDEBUG unset).
+ *
+ * DESIGN.  One mutex guards all bookkeeping (slot table, free lists, byte
+ * counts) and is held only for O(1) work (plus one block per position
+ * reserved), never while a model runs.  Between cache_pool_reserve() and
+ * cache_pool_commit() the caller writes into the slot's blocks without the
+ * lock: a slot is used by one thread at a time (the caller guarantees it:
+ * the server runs one call per session at once).  cache_pool_entries() is an
+ * atomic read and takes no lock.
+ */
+#ifndef SLOTD_CACHE_POOL_H
+#define SLOTD_CACHE_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/model.h"
+
+#define CACHE_ID_MAX 64
+
+typedef struct cache_pool cache_pool_t;
+
+typedef struct cache_pool_config {
+    size_t capacity_bytes;          /* the budget: blocks and per-slot state */
+    uint32_t max_slots;             /* at most this many live slots */
+    const model_t *const *models;   /* every model the pool will serve; not owned, must outlive the pool */
+    size_t nmodels;
+} cache_pool_config_t;
+
+/** Who a slot belongs to: an opaque key (the server uses its connection's
+ * serial number) and the request id.  A plain value, copied into the slot. */
+typedef struct cache_owner {
+    uint64_t key;
+    char id[CACHE_ID_MAX + 1];
+} cache_owner_t;
+
+/** Names a slot for one tenancy: index and generation.  A plain value. */
+typedef struct cache_handle {
+    uint32_t slot;
+    uint32_t gen;
+} cache_handle_t;
+
+typedef struct cache_pool_stats {
+    uint64_t entries;        /* entries held by all live slots */
+    uint64_t live_slots;
+    uint64_t max_slots;
+    uint64_t bytes_capacity; /* == bytes_used + bytes_free, always */
+    uint64_t bytes_used;     /* blocks and state held by live slots */
+    uint64_t bytes_free;
+} cache_pool_stats_t;
+
+/** Creates a pool.  *out is owned by the caller, freed by
+ * cache_pool_destroy().  SLOTD_EINVAL for a zero budget or slot count or a
+ * model whose block does not fit a page; SLOTD_ENOMEM. */
+int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out);
+
+/** Frees the pool and its arena; any slot still live is gone with it. */
+void cache_pool_destroy(cache_pool_t *p);
+
+/** Gives `owner` an empty slot for model `m` (one of the config's models):
+ * no entries, state allocated.  SLOTD_ECACHE_FULL when the slot count or
+ * the budget is exhausted (nothing changes); SLOTD_EINVAL for an unknown
+ * model. */
+int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                       cache_handle_t *h);
+
+/** Makes room for `n` positions after the slot's entries, taking blocks as
+ * needed, all or nothing (SLOTD_ECACHE_FULL, and nothing changes), and
+ * fills `kv` with the slot's chain, entries and state.  The caller may then
+ * model_run() up to `n` positions on `kv` and cache_pool_commit() it.
+ * SLOTD_ESTALE if `h` or `owner` does not match the live slot. */
+int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner, uint32_t n,
+                       model_kv_t *kv);
+
+/** Records kv->len (at least the slot's entries, within its room) as the
+ * slot's entries.  SLOTD_ESTALE as above. */
+int cache_pool_commit(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                      const model_kv_t *kv);
+
+/** Returns every block and the state of the slot at once; the handle is
+ * stale from then on.  *entries (if not NULL) gets the entries it held.
+ * SLOTD_ESTALE as above (a second release of one handle is caught). */
+int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                       uint32_t *entries);
+
+/** Entries held by all live slots.  Lock-free; any thread. */
+uint64_t cache_pool_entries(const cache_pool_t *p);
+
+/** A consistent snapshot of the figures (taken under the lock). */
+void cache_pool_stats(cache_pool_t *p, cache_pool_stats_t *st);
+
+#endif

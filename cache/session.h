@@ -1,0 +1,63 @@
+/*
+ * session.h: a request's decode session on top of the pool and a model:
+ * start (acquire + prefill), step, finish; and the stateless operations
+ * run in a slot borrowed from the same pool.
+ *
+ * These are the calls a worker makes.  Each one either completes or fails
+ * with the session exactly as before (the slot, its entries, its state):
+ * an error never leaves half a prefill or half a step behind.
+ *
+ * Threads: a session is used by one thread at a time (the caller's rule);
+ * different sessions may run on different threads at once.
+ */
+#ifndef SLOTD_CACHE_SESSION_H
+#define SLOTD_CACHE_SESSION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache/pool.h"
+#include "core/model.h"
+
+/** A live session: its slot, model and owner.  A plain value the caller
+ * keeps (the server embeds it in its session record); the memory it names
+ * belongs to the pool until cache_session_finish(). */
+typedef struct cache_session {
+    cache_handle_t handle;
+    const model_t *model;
+    cache_owner_t owner;
+    uint32_t entries; /* entries the slot holds: prompt plus generated */
+} cache_session_t;
+
+/** Validates the prompt (model_check_prompt()), acquires a clean slot,
+ * runs every prompt position and commits: s->entries == n.  On any error
+ * (SLOTD_EBAD_REQUEST, SLOTD_ETOO_LONG, SLOTD_ECACHE_FULL) nothing is held.
+ * `scratch`: model_scratch_size(m) bytes owned by the calling thread. */
+int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                        const int64_t *prompt, size_t n, void *scratch, cache_session_t *s,
+                        slotd_error_t *err);
+
+/** Runs `n` >= 1 greedy steps: each picks the next token from what the slot
+ * holds and runs it (one g call, or L rows), growing the slot by one entry.
+ * `tokens` gets the n picks; `logits` (attn, may be NULL) the n*V rounded
+ * logits behind them.  SLOTD_ECONTEXT_FULL if entries + n > max_ctx,
+ * SLOTD_ECACHE_FULL if the pool has no room; both change nothing. */
+int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
+                       uint32_t *tokens, double *logits, slotd_error_t *err);
+
+/** Releases the slot; *released gets the entries it held.  The session
+ * value is dead afterwards (a second finish gets SLOTD_ESTALE from the pool). */
+int cache_session_finish(cache_pool_t *p, cache_session_t *s, uint32_t *released);
+
+/** model_logits() in a slot borrowed from the pool and returned before this
+ * returns.  SLOTD_ECACHE_FULL if none can be had. */
+int cache_session_logits(cache_pool_t *p, const model_t *m, const int64_t *tokens, size_t n,
+                         void *scratch, double *logits, uint64_t *rows, slotd_error_t *err);
+
+/** model_generate() in a borrowed slot, as cache_session_logits(). */
+int cache_session_generate(cache_pool_t *p, const model_t *m, const int64_t *tokens, size_t n,
+                           int64_t steps, bool use_cache, void *scratch, uint32_t *out_tokens,
+                           double *logits, uint64_t *rows, slotd_error_t *err);
+
+#endif

@@ -1,0 +1,154 @@
+/*
+ * model.h: the model interface that cache/ and server/ use without knowing
+ * which family is behind it.
+ *
+ * A model_t is immutable after model_create() (weights, shape), apart from
+ * its two counters, which are atomics: any thread may run positions of
+ * different sequences on one model at once, and any thread may read the
+ * counters while workers run.  Two families exist (see docs/models.md):
+ * `hash` (preset "hash") and `attn` (presets "tiny", "small", "base").
+ *
+ * Cache memory.  A sequence's cached entries live in a chain of blocks, each
+ * block holding model_block_positions() consecutive positions; the chain is
+ * owned by whoever provides it (the slot pool in cache/, or a heap chain
+ * from model_kv_heap_alloc()).  The model owns the layout of the bytes
+ * inside a block's `data`; nobody else reads them.
+ */
+#ifndef SLOTD_CORE_MODEL_H
+#define SLOTD_CORE_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+typedef enum model_family {
+    MODEL_FAMILY_HASH = 1,
+    MODEL_FAMILY_ATTN = 2,
+} model_family_t;
+
+typedef struct model model_t;
+
+/** A block of cached positions.  The 64-byte header is followed by
+ * model_block_positions() * model_entry_size() bytes of `data`, laid out
+ * as the model chooses.  A block is at least 64-byte aligned. */
+typedef struct model_block {
+    struct model_block *next; /* the block holding the following positions, or NULL */
+    uint64_t _reserved[7];    /* keeps `data` 64-byte aligned */
+    unsigned char data[];
+} model_block_t;
+
+/** A sequence's cache as the model sees it.  The memory it points to is not
+ * the model's: the provider guarantees that the chain from `tail` has room
+ * for every position the caller is about to run. */
+typedef struct model_kv {
+    model_block_t *head; /* first block of the chain (NULL only if no room at all) */
+    model_block_t *tail; /* the block that holds position `len`, where the next entry goes */
+    uint32_t len;        /* entries held: positions 0 .. len-1 are valid */
+    void *state;         /* model_state_size() bytes the model keeps between calls */
+} model_kv_t;
+
+/** Creates the model for `preset` ("hash", "tiny", "small", "base"),
+ * generating its weights.  On success *out is owned by the caller and freed
+ * with model_destroy().  Returns SLOTD_OK, SLOTD_EINVAL for an unknown
+ * preset, or SLOTD_ENOMEM. */
+int model_create(const char *preset, model_t **out);
+
+/** Frees a model from model_create().  No call may be running on it. */
+void model_destroy(model_t *m);
+
+/** The preset names, comma separated: "hash,tiny,small,base".  Static. */
+const char *model_presets(void);
+
+/** The preset name, static for the model's lifetime. */
+const char *model_name(const model_t *m);
+model_family_t model_family(const model_t *m);
+uint32_t model_vocab(const model_t *m);
+uint32_t model_max_ctx(const model_t *m);
+/** Layers L for attn; 1 for hash (one g call plays the part of one row). */
+uint32_t model_layers(const model_t *m);
+/** Bytes of one cache entry: 8 for hash, 2*L*d*8 for attn. */
+size_t model_entry_size(const model_t *m);
+/** Positions per block of the chain (a power of two, at most max_ctx). */
+uint32_t model_block_positions(const model_t *m);
+/** Bytes of one block including its header: 64 + positions * entry size. */
+size_t model_block_bytes(const model_t *m);
+/** Bytes of per-sequence state (hash: the running sum; attn: the last logits). */
+size_t model_state_size(const model_t *m);
+/** Bytes of scratch one call needs; a worker keeps one buffer per thread. */
+size_t model_scratch_size(const model_t *m);
+
+/** Runs `token` at position kv->len: writes that position's entry into the
+ * chain, updates kv->state (so that model_pick() gives the token that
+ * follows), and advances kv (len + 1, and tail to the next block when this
+ * one is full).  Exactly one g call (hash) or L attention rows (attn),
+ * counted.  Requires token < vocab, kv->len < max_ctx, room in the chain,
+ * and `scratch` of model_scratch_size() bytes; these are asserted, not
+ * checked: callers validate first. */
+void model_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scratch);
+
+/** The greedy pick after the last position run (kv->len >= 1): the index of
+ * the largest logit, lowest on a tie (attn), or the running sum mod V
+ * (hash).  If `logits` is not NULL and the family is attn, writes the V
+ * logits behind the pick, rounded to six decimals.  No model call. */
+uint32_t model_pick(const model_t *m, const model_kv_t *kv, double *logits);
+
+/** Rounds to six decimals exactly as printf("%.6f") does. */
+double model_round6(double x);
+
+/** Counters since creation: g calls (hash) and attention rows (attn).
+ * Safe from any thread. */
+uint64_t model_g_calls(const model_t *m);
+uint64_t model_rows(const model_t *m);
+
+/* ---- Validation, shared by the library calls and the server ---- */
+
+/** A prompt for `start`: 1..max_ctx integers in [0, V).  Empty or a value
+ * out of range is SLOTD_EBAD_REQUEST naming `prompt`; longer than max_ctx
+ * is SLOTD_ETOO_LONG naming `length`. */
+int model_check_prompt(const model_t *m, const int64_t *prompt, size_t n, slotd_error_t *err);
+
+/** Arguments of logits/generate: tokens 1..max_ctx integers in [0, V)
+ * (SLOTD_EBAD_REQUEST naming `tokens`), steps >= 0 (`steps`), tokens plus
+ * steps at most max_ctx (SLOTD_ETOO_LONG naming `length`).  Pass steps 0
+ * for logits. */
+int model_check_generate(const model_t *m, const int64_t *tokens, size_t n, int64_t steps,
+                         slotd_error_t *err);
+
+/* ---- The stateless operations ---- */
+
+/** Scores for the token after `tokens`: runs every position once; writes V
+ * rounded logits and *rows = L * n.  attn only (hash: SLOTD_EBAD_REQUEST
+ * naming `model`).  `kv`: NULL, and the call uses a heap chain of its own;
+ * or an empty chain (len 0) with room for n positions, which it leaves
+ * holding them.  `scratch`: NULL (allocated here) or model_scratch_size()
+ * bytes.  Validates as model_check_generate() with steps 0. */
+int model_logits(const model_t *m, const int64_t *tokens, size_t n, model_kv_t *kv, void *scratch,
+                 double *logits, uint64_t *rows, slotd_error_t *err);
+
+/** The input followed by `steps` greedy picks, and the rounded logits behind
+ * each pick (attn; `logits` may be NULL, and is not written for hash).
+ * Cached: each position runs once, work L*(n+steps-1) for steps >= 1 and 0
+ * for steps 0.  Uncached: every pick reruns every position from an empty
+ * chain, work L * sum_{k<steps} (n+k).  *rows is that work (for hash, in g
+ * calls).  Both give identical tokens and bit-identical logits.
+ * `out_tokens` has room for n + steps, `logits` for steps * V.  `kv` and
+ * `scratch` as for model_logits(), with room for n + steps positions.
+ * Validates as model_check_generate(); works for both families. */
+int model_generate(const model_t *m, const int64_t *tokens, size_t n, int64_t steps, bool use_cache,
+                   model_kv_t *kv, void *scratch, uint32_t *out_tokens, double *logits,
+                   uint64_t *rows, slotd_error_t *err);
+
+/* ---- A heap chain, for callers without a pool (tests, bench, references) ---- */
+
+/** Allocates a chain with room for `positions` and state; *kv is empty.
+ * Freed with model_kv_heap_free().  Returns SLOTD_OK or SLOTD_ENOMEM. */
+int model_kv_heap_alloc(const model_t *m, uint32_t positions, model_kv_t *kv);
+void model_kv_heap_free(model_kv_t *kv);
+
+/** Empties a chain for reuse: len 0, tail = head.  The state is left as is
+ * (the next model_run at position 0 overwrites it). */
+void model_kv_rewind(model_kv_t *kv);
+
+#endif

@@ -1,0 +1,154 @@
+/*
+ * proto.h: bytes to validated requests, and replies to bytes.
+ *
+ * Three parts, none of which knows threads, sockets or the cache:
+ *   - proto_buf_t, a growable byte buffer replies are written into;
+ *   - proto_framer_t, which cuts a byte stream into lines under a length
+ *     limit, handing complete lines straight out of the caller's buffer
+ *     when it can and copying only a line split across reads;
+ *   - proto_request_parse(), which parses one line with cJSON and validates
+ *     the op and every field's type and range (range against a model, such
+ *     as a token below V, is the caller's: see model_check_prompt()); and
+ *     the proto_reply_*() writers, each appending exactly one line.
+ */
+#ifndef SLOTD_PROTO_PROTO_H
+#define SLOTD_PROTO_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+
+#define PROTO_ID_MAX 64
+#define PROTO_MODEL_MAX 32
+#define PROTO_DEFAULT_MAX_LINE 65536
+
+/* ---- Output buffer ---- */
+
+/** A growable buffer.  Owns `data` (malloc), freed by proto_buf_free(). */
+typedef struct proto_buf {
+    char *data;
+    size_t len;
+    size_t cap;
+} proto_buf_t;
+
+void proto_buf_init(proto_buf_t *b);
+void proto_buf_free(proto_buf_t *b);
+/** Ensures room for `extra` more bytes.  SLOTD_OK or SLOTD_ENOMEM. */
+int proto_buf_reserve(proto_buf_t *b, size_t extra);
+int proto_buf_append(proto_buf_t *b, const void *data, size_t len);
+/** Drops the first `n` bytes (they were written out). */
+void proto_buf_consume(proto_buf_t *b, size_t n);
+
+/* ---- Framing ---- */
+
+/** Called once per complete, non-blank line; `line` excludes the "\n" and
+ * a "\r" before it, and is valid only during the call (it may point into
+ * the buffer given to proto_framer_feed()).  Return 0 to go on. */
+typedef int (*proto_line_cb)(void *arg, const char *line, size_t len);
+
+/** Owns a carry-over buffer for a line split across feeds (at most
+ * max_line + 1 bytes), freed by proto_framer_free(). */
+typedef struct proto_framer {
+    char *buf;
+    size_t len;
+    size_t cap;
+    size_t max_line;
+    bool failed;
+} proto_framer_t;
+
+void proto_framer_init(proto_framer_t *f, size_t max_line);
+void proto_framer_free(proto_framer_t *f);
+
+/** Feeds bytes: `cb` gets every complete line in order; lines that are
+ * empty or only JSON white space are skipped.  Returns SLOTD_OK, the
+ * callback's non-zero value (feeding stops there), SLOTD_ELINE_TOO_LONG as
+ * soon as a line is longer than max_line bytes (not counting "\n"), with or
+ * without a newline, after every earlier line was delivered; or
+ * SLOTD_ENOMEM.  After SLOTD_ELINE_TOO_LONG the framer refuses more input. */
+int proto_framer_feed(proto_framer_t *f, const char *data, size_t len, proto_line_cb cb,
+                      void *arg);
+
+/* ---- Requests ---- */
+
+typedef enum proto_op {
+    PROTO_OP_NONE = 0,
+    PROTO_OP_START,
+    PROTO_OP_STEP,
+    PROTO_OP_FINISH,
+    PROTO_OP_LOGITS,
+    PROTO_OP_GENERATE,
+    PROTO_OP_STATS,
+    PROTO_OP__COUNT
+} proto_op_t;
+
+/** The op's wire name ("start", ...); "none" for PROTO_OP_NONE.  Static. */
+const char *proto_op_name(proto_op_t op);
+
+/** A validated request.  Owns `tag` and `tokens` (malloc), freed by
+ * proto_request_free(). */
+typedef struct proto_request {
+    proto_op_t op;
+    char *tag;                       /* the tag as JSON text ("7", "\"x\""), NULL if absent */
+    char id[PROTO_ID_MAX + 1];       /* start, step, finish: 1-64 of [A-Za-z0-9_.:-] */
+    char model[PROTO_MODEL_MAX + 1]; /* start, logits, generate: "" when absent */
+    int64_t *tokens;                 /* start: the prompt; logits, generate: the tokens */
+    size_t ntokens;
+    int64_t steps;  /* generate: required, >= 0 */
+    bool use_cache; /* generate: default false */
+    uint32_t n;     /* step: default 1, >= 1 */
+} proto_request_t;
+
+void proto_request_init(proto_request_t *r);
+void proto_request_free(proto_request_t *r);
+
+/** Parses and validates one line into `r` (initialised).  Errors, the first
+ * met in this order: bad_json (not valid UTF-8, a NUL byte, not one JSON
+ * object), unknown_op (`op` missing, not a string, or unknown), bad_request
+ * (naming the field: tag, id, model, prompt, tokens, n, steps, use_cache).
+ * Integers must be numbers with an integral value within +-2^53; tokens and
+ * prompts are arrays of such.  Unknown members are ignored.  On error,
+ * r->tag is still set when the line was an object with a valid tag, so the
+ * error reply can echo it.  Returns SLOTD_OK or the code set in `err`. */
+int proto_request_parse(const char *line, size_t len, proto_request_t *r, slotd_error_t *err);
+
+/* ---- Replies: each appends one line ending "\n"; SLOTD_OK or SLOTD_ENOMEM ---- */
+
+/** The stats object, shared by the `stats` op and GET /stats. */
+typedef struct proto_stats {
+    uint64_t cache_entries;
+    uint64_t live_sessions;
+    uint64_t g_calls;
+    uint64_t rows;
+    uint64_t connections;
+    uint64_t requests_total;
+    uint64_t errors_total;
+    uint64_t pool_bytes_total;
+    uint64_t pool_bytes_used;
+    uint64_t pool_slots_total;
+    uint64_t pool_slots_used;
+    uint64_t released_finish;
+    uint64_t released_disconnect;
+    uint64_t released_idle;
+    uint64_t released_shutdown;
+    uint64_t uptime_seconds;
+    uint32_t threads;
+} proto_stats_t;
+
+/* `tag` is NULL or JSON text from proto_request_t.tag, echoed as "tag". */
+int proto_reply_error(proto_buf_t *b, const char *tag, const slotd_error_t *err);
+int proto_reply_start(proto_buf_t *b, const char *tag, const char *id, const char *model,
+                      uint32_t entries);
+/** `logits` is NULL (hash) or n*V values, printed "%.6f". */
+int proto_reply_step(proto_buf_t *b, const char *tag, const char *id, const uint32_t *tokens,
+                     uint32_t n, const double *logits, uint32_t vocab, uint32_t entries);
+int proto_reply_finish(proto_buf_t *b, const char *tag, const char *id, uint32_t released);
+int proto_reply_logits(proto_buf_t *b, const char *tag, const double *logits, uint32_t vocab,
+                       uint64_t rows);
+/** `tokens` holds ntokens (input plus picks); `logits` steps*V values. */
+int proto_reply_generate(proto_buf_t *b, const char *tag, const uint32_t *tokens, size_t ntokens,
+                         const double *logits, uint64_t steps, uint32_t vocab, uint64_t rows);
+int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st);
+
+#endif

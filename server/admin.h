@@ -1,0 +1,39 @@
+/*
+ * admin.h: the admin HTTP port (GET /health, /stats, /metrics), served on
+ * the daemon's libuv loop with http-parser.
+ *
+ * DESIGN.  Everything here runs on the loop thread: the listener, every
+ * admin connection, and the hooks it calls for figures.  Each connection
+ * owns its parser and a reply buffer, freed in its close callback.
+ */
+#ifndef SLOTD_SERVER_ADMIN_H
+#define SLOTD_SERVER_ADMIN_H
+
+#include <stdbool.h>
+#include <uv.h>
+
+#include "proto/proto.h"
+
+typedef struct admin admin_t;
+
+/** What the admin port asks the daemon, on the loop thread. */
+typedef struct admin_hooks {
+    /** Fills the stats object as the `stats` op would. */
+    void (*stats)(void *arg, proto_stats_t *out);
+    /** True while serving; false while draining or with a wedged worker.
+     * `why` gets a short static reason when false. */
+    bool (*healthy)(void *arg, const char **why);
+    void *arg;
+} admin_hooks_t;
+
+/** Listens on host:port on `loop`.  *out is owned by the caller until
+ * admin_close() has finished.  Returns 0 or a negative libuv error. */
+int admin_start(uv_loop_t *loop, const char *host, int port, const admin_hooks_t *hooks,
+                admin_t **out);
+
+/** Stops listening and closes every admin connection; `a` is freed once
+ * the last handle's close callback has run (the loop keeps running until
+ * then).  */
+void admin_close(admin_t *a);
+
+#endif

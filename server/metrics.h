@@ -1,0 +1,52 @@
+/*
+ * metrics.h: the daemon's counters, its step latency histogram, and their
+ * Prometheus text rendering.
+ *
+ * DESIGN.  One process-wide set of counters, all C11 atomics with relaxed
+ * ordering: the loop thread counts requests, errors and releases; worker
+ * threads record step latencies and the time of their last completed step.
+ * Readers (the stats op, the admin port) read them on the loop thread
+ * without a lock; a reading may mix counts from either side of a concurrent
+ * update, never a torn value.
+ */
+#ifndef SLOTD_SERVER_METRICS_H
+#define SLOTD_SERVER_METRICS_H
+
+#include <stdint.h>
+
+#include "proto/proto.h"
+
+typedef enum metrics_release {
+    METRICS_RELEASE_FINISH = 0,
+    METRICS_RELEASE_DISCONNECT,
+    METRICS_RELEASE_IDLE,
+    METRICS_RELEASE_SHUTDOWN,
+    METRICS_RELEASE__COUNT
+} metrics_release_t;
+
+/** Resets every counter; `now_ns` is the monotonic start time.  Call once at
+ * start-up, before any thread runs. */
+void metrics_init(uint64_t now_ns);
+
+void metrics_count_request(proto_op_t op);
+/** Counts one error reply with wire code of `code` (see core/error.h). */
+void metrics_count_error(int code);
+void metrics_count_release(metrics_release_t why);
+void metrics_count_divergence(void);
+
+/** Records one model request's latency (a step request, whatever its n)
+ * and stamps `now_ns` as the time of the last completed step.  Any thread. */
+void metrics_observe_step(uint64_t duration_ns, uint64_t now_ns);
+
+uint64_t metrics_requests_total(void);
+uint64_t metrics_errors_total(void);
+uint64_t metrics_released(metrics_release_t why);
+uint64_t metrics_divergence_total(void);
+/** Monotonic ns of the last completed step; 0 if none yet. */
+uint64_t metrics_last_step_ns(void);
+
+/** Appends the Prometheus text exposition (format 0.0.4) of `st` and of
+ * every counter and the histogram.  `now_ns` is the monotonic time now. */
+int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns);
+
+#endif
