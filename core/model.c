@@ -1,1 +1,438 @@
-/* placeholder: not written yet */
+/*
+ * model.c: the family-independent half of the model interface.
+ *
+ * It owns the preset table, model creation and destruction, the accessors
+ * and counters, the validation of requests (model_check_prompt(),
+ * model_check_generate()), the stateless operations built on model_run()
+ * and model_pick() (model_logits(), model_generate()), the heap chain,
+ * model_round6(), and model__alloc(), through which core/ allocates.  The
+ * arithmetic of each family, and the bytes inside a block, belong to hash.c
+ * and attn.c, reached through the table of functions a model points to.
+ */
+#include "model_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(offsetof(model_block_t, data) == 64, "a block's data starts 64 bytes in");
+
+#define BLOCK_ALIGN 64
+
+static const model__shape_t presets[] = {
+    {"hash", MODEL_FAMILY_HASH, 1000, 0, 1, 4096, 0, 64},
+    {"tiny", MODEL_FAMILY_ATTN, 6, 8, 2, 8, 1, 8},
+    {"small", MODEL_FAMILY_ATTN, 512, 64, 4, 1024, 2, 16},
+    {"base", MODEL_FAMILY_ATTN, 4096, 256, 8, 4096, 3, 16},
+};
+
+_Atomic int model__alloc_fail_in = 0;
+
+void *model__alloc(size_t align, size_t size)
+{
+    if (atomic_load_explicit(&model__alloc_fail_in, memory_order_relaxed) > 0 &&
+        atomic_fetch_sub_explicit(&model__alloc_fail_in, 1, memory_order_relaxed) == 1) {
+        return NULL;
+    }
+    if (align == 0) {
+        return malloc(size);
+    }
+    return aligned_alloc(align, (size + align - 1) / align * align);
+}
+
+int model_create(const char *preset, model_t **out)
+{
+    const model__shape_t *shape = NULL;
+    model_t *m;
+    int rc;
+
+    assert(out != NULL);
+    *out = NULL;
+    for (size_t i = 0; preset != NULL && i < sizeof(presets) / sizeof(presets[0]); i++) {
+        if (strcmp(presets[i].name, preset) == 0) {
+            shape = &presets[i];
+        }
+    }
+    if (shape == NULL) {
+        return SLOTD_EINVAL;
+    }
+
+    m = model__alloc(0, sizeof(*m));
+    if (m == NULL) {
+        return SLOTD_ENOMEM;
+    }
+    memset(m, 0, sizeof(*m));
+    m->shape = *shape;
+    m->ops = shape->family == MODEL_FAMILY_HASH ? &model__hash_ops : &model__attn_ops;
+    atomic_init(&m->g_calls, 0);
+    atomic_init(&m->rows, 0);
+    m->ops->sizes(m);
+    assert((shape->block_positions & (shape->block_positions - 1)) == 0);
+    assert(shape->block_positions <= shape->max_ctx);
+
+    if (m->ops->init != NULL) {
+        rc = m->ops->init(m);
+        if (rc != SLOTD_OK) {
+            free(m);
+            return rc;
+        }
+    }
+    *out = m;
+    return SLOTD_OK;
+}
+
+void model_destroy(model_t *m)
+{
+    if (m == NULL) {
+        return;
+    }
+    if (m->ops->fini != NULL) {
+        m->ops->fini(m);
+    }
+    free(m);
+}
+
+const char *model_presets(void)
+{
+    return "hash,tiny,small,base";
+}
+
+const char *model_name(const model_t *m)
+{
+    return m->shape.name;
+}
+
+model_family_t model_family(const model_t *m)
+{
+    return m->shape.family;
+}
+
+uint32_t model_vocab(const model_t *m)
+{
+    return m->shape.vocab;
+}
+
+uint32_t model_max_ctx(const model_t *m)
+{
+    return m->shape.max_ctx;
+}
+
+uint32_t model_layers(const model_t *m)
+{
+    return m->shape.layers;
+}
+
+size_t model_entry_size(const model_t *m)
+{
+    return m->entry_size;
+}
+
+uint32_t model_block_positions(const model_t *m)
+{
+    return m->shape.block_positions;
+}
+
+size_t model_block_bytes(const model_t *m)
+{
+    return offsetof(model_block_t, data) + (size_t)m->shape.block_positions * m->entry_size;
+}
+
+size_t model_state_size(const model_t *m)
+{
+    return m->state_size;
+}
+
+size_t model_scratch_size(const model_t *m)
+{
+    return m->scratch_size;
+}
+
+uint64_t model_g_calls(const model_t *m)
+{
+    return atomic_load_explicit(&((model_t *)m)->g_calls, memory_order_relaxed);
+}
+
+uint64_t model_rows(const model_t *m)
+{
+    return atomic_load_explicit(&((model_t *)m)->rows, memory_order_relaxed);
+}
+
+void model_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scratch)
+{
+    assert(m != NULL && kv != NULL);
+    assert(token < m->shape.vocab);
+    assert(kv->len < m->shape.max_ctx);
+    assert(kv->tail != NULL);
+    assert(kv->state != NULL && (uintptr_t)kv->state % sizeof(uint64_t) == 0);
+    assert(scratch != NULL || m->scratch_size == 0);
+    m->ops->run(m, kv, token, scratch);
+}
+
+uint32_t model_pick(const model_t *m, const model_kv_t *kv, double *logits)
+{
+    assert(m != NULL && kv != NULL && kv->state != NULL);
+    assert(kv->len >= 1);
+    return m->ops->pick(m, kv, logits);
+}
+
+/* The definition: print as printf("%.6f") does, and read the decimal back
+ * (strtod is correctly rounded, so this is the double nearest to it). */
+static double round6_printf(double x)
+{
+    char buf[512];
+
+    snprintf(buf, sizeof(buf), "%.6f", x);
+    return strtod(buf, NULL);
+}
+
+/*
+ * The fast path, exact where it answers.  printf rounds the exact value
+ * X = x * 10^6 to an integer N and prints N / 10^6; reading that back gives
+ * the double nearest N / 10^6, which is what one correctly rounded division
+ * N / 1e6 gives, N and 1e6 being exact doubles.  The product y = fl(X)
+ * cannot cross a half-integer h: for |y| < 2^52 every h is a double, and
+ * rounding is monotonic, so X < h gives y <= h and X > h gives y >= h.
+ * Hence when y is not itself a half-integer, round(y) is N.  When it is
+ * (a tie such as x = 1/128, where X = 7812.5 exactly, or a product that
+ * rounded onto h), and for huge or non-finite x, the definition decides.
+ * Signs carry through: round(-0.3) is -0.0, as "-0.000000" reads back.
+ */
+double model_round6(double x)
+{
+    double y = x * 1e6;
+
+    if (fabs(y) < 0x1p52 && fabs(y - trunc(y)) != 0.5) {
+        return round(y) / 1e6;
+    }
+    return round6_printf(x);
+}
+
+/* ---- Validation ---- */
+
+static int check_tokens(const model_t *m, const char *field, const int64_t *tokens, size_t n,
+                        slotd_error_t *err)
+{
+    if (n == 0) {
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST, "%s: must hold at least one token", field);
+    }
+    assert(tokens != NULL);
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= (int64_t)m->shape.vocab) {
+            return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                                   "%s: token %lld at index %zu is not in [0, %u) for model '%s'",
+                                   field, (long long)tokens[i], i, m->shape.vocab, m->shape.name);
+        }
+    }
+    return SLOTD_OK;
+}
+
+int model_check_prompt(const model_t *m, const int64_t *prompt, size_t n, slotd_error_t *err)
+{
+    int rc = check_tokens(m, "prompt", prompt, n, err);
+
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    if (n > m->shape.max_ctx) {
+        return slotd_error_set(err, SLOTD_ETOO_LONG,
+                               "length: the prompt's %zu tokens pass max_ctx %u of model '%s'", n,
+                               m->shape.max_ctx, m->shape.name);
+    }
+    return SLOTD_OK;
+}
+
+int model_check_generate(const model_t *m, const int64_t *tokens, size_t n, int64_t steps,
+                         slotd_error_t *err)
+{
+    int rc = check_tokens(m, "tokens", tokens, n, err);
+
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    if (steps < 0) {
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST, "steps: %lld is negative",
+                               (long long)steps);
+    }
+    if (n > m->shape.max_ctx || (uint64_t)steps > m->shape.max_ctx - n) {
+        return slotd_error_set(err, SLOTD_ETOO_LONG,
+                               "length: %zu tokens plus %lld steps pass max_ctx %u of model '%s'",
+                               n, (long long)steps, m->shape.max_ctx, m->shape.name);
+    }
+    return SLOTD_OK;
+}
+
+/* ---- The stateless operations ---- */
+
+/* The chain and scratch one stateless call works with: the caller's, or
+ * its own from the heap, freed by call_end(). */
+typedef struct call {
+    model_kv_t *kv;
+    void *scratch;
+    model_kv_t own_kv;
+    void *own_scratch;
+} call_t;
+
+static int call_begin(const model_t *m, call_t *c, model_kv_t *kv, void *scratch,
+                      uint32_t positions, slotd_error_t *err)
+{
+    memset(c, 0, sizeof(*c));
+    if (kv == NULL) {
+        if (model_kv_heap_alloc(m, positions, &c->own_kv) != SLOTD_OK) {
+            return slotd_error_set(err, SLOTD_ENOMEM, "model '%s': no memory for %u positions",
+                                   m->shape.name, positions);
+        }
+        kv = &c->own_kv;
+    }
+    assert(kv->len == 0 && kv->tail == kv->head);
+    c->kv = kv;
+    if (scratch == NULL && m->scratch_size > 0) {
+        c->own_scratch = model__alloc(0, m->scratch_size);
+        if (c->own_scratch == NULL) {
+            model_kv_heap_free(&c->own_kv);
+            return slotd_error_set(err, SLOTD_ENOMEM, "model '%s': no memory for scratch",
+                                   m->shape.name);
+        }
+        scratch = c->own_scratch;
+    }
+    c->scratch = scratch;
+    return SLOTD_OK;
+}
+
+static void call_end(call_t *c)
+{
+    free(c->own_scratch);
+    if (c->kv == &c->own_kv) {
+        model_kv_heap_free(&c->own_kv);
+    }
+}
+
+int model_logits(const model_t *m, const int64_t *tokens, size_t n, model_kv_t *kv, void *scratch,
+                 double *logits, uint64_t *rows, slotd_error_t *err)
+{
+    call_t c;
+    int rc;
+
+    if (m->shape.family != MODEL_FAMILY_ATTN) {
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                               "model: '%s' has no logits; logits needs an attn model",
+                               m->shape.name);
+    }
+    rc = model_check_generate(m, tokens, n, 0, err);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    rc = call_begin(m, &c, kv, scratch, (uint32_t)n, err);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        model_run(m, c.kv, (uint32_t)tokens[i], c.scratch);
+    }
+    model_pick(m, c.kv, logits);
+    call_end(&c);
+    if (rows != NULL) {
+        *rows = (uint64_t)m->shape.layers * n;
+    }
+    return SLOTD_OK;
+}
+
+int model_generate(const model_t *m, const int64_t *tokens, size_t n, int64_t steps, bool use_cache,
+                   model_kv_t *kv, void *scratch, uint32_t *out_tokens, double *logits,
+                   uint64_t *rows, slotd_error_t *err)
+{
+    size_t vocab = m->shape.vocab;
+    uint64_t runs = 0;
+    call_t c;
+    int rc;
+
+    rc = model_check_generate(m, tokens, n, steps, err);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    rc = call_begin(m, &c, kv, scratch, (uint32_t)(n + (size_t)steps), err);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    assert(out_tokens != NULL);
+    for (size_t i = 0; i < n; i++) {
+        out_tokens[i] = (uint32_t)tokens[i];
+    }
+
+    if (use_cache && steps > 0) {
+        /* Each position runs once; the last pick is never run. */
+        for (size_t i = 0; i < n; i++) {
+            model_run(m, c.kv, out_tokens[i], c.scratch);
+        }
+        runs = n;
+        for (size_t k = 0; k < (size_t)steps; k++) {
+            double *row = logits != NULL ? logits + k * vocab : NULL;
+            out_tokens[n + k] = model_pick(m, c.kv, row);
+            if (k + 1 < (size_t)steps) {
+                model_run(m, c.kv, out_tokens[n + k], c.scratch);
+                runs++;
+            }
+        }
+    } else if (!use_cache) {
+        /* Every pick starts from an empty chain and reruns every position. */
+        for (size_t k = 0; k < (size_t)steps; k++) {
+            double *row = logits != NULL ? logits + k * vocab : NULL;
+            model_kv_rewind(c.kv);
+            for (size_t i = 0; i < n + k; i++) {
+                model_run(m, c.kv, out_tokens[i], c.scratch);
+            }
+            runs += n + k;
+            out_tokens[n + k] = model_pick(m, c.kv, row);
+        }
+    }
+    call_end(&c);
+    if (rows != NULL) {
+        *rows = (uint64_t)m->shape.layers * runs;
+    }
+    return SLOTD_OK;
+}
+
+/* ---- The heap chain ---- */
+
+int model_kv_heap_alloc(const model_t *m, uint32_t positions, model_kv_t *kv)
+{
+    uint32_t per = m->shape.block_positions;
+    model_block_t **link = &kv->head;
+
+    memset(kv, 0, sizeof(*kv));
+    kv->state = model__alloc(0, m->state_size);
+    if (kv->state == NULL) {
+        return SLOTD_ENOMEM;
+    }
+    for (uint64_t have = 0; have < positions; have += per) {
+        model_block_t *b = model__alloc(BLOCK_ALIGN, model_block_bytes(m));
+        if (b == NULL) {
+            model_kv_heap_free(kv);
+            return SLOTD_ENOMEM;
+        }
+        b->next = NULL;
+        *link = b;
+        link = &b->next;
+    }
+    kv->tail = kv->head;
+    return SLOTD_OK;
+}
+
+void model_kv_heap_free(model_kv_t *kv)
+{
+    model_block_t *b = kv->head;
+
+    while (b != NULL) {
+        model_block_t *next = b->next;
+        free(b);
+        b = next;
+    }
+    free(kv->state);
+    memset(kv, 0, sizeof(*kv));
+}
+
+void model_kv_rewind(model_kv_t *kv)
+{
+    kv->len = 0;
+    kv->tail = kv->head;
+}

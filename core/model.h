@@ -46,7 +46,7 @@ typedef struct model_kv {
     model_block_t *head; /* first block of the chain (NULL only if no room at all) */
     model_block_t *tail; /* the block that holds position `len`, where the next entry goes */
     uint32_t len;        /* entries held: positions 0 .. len-1 are valid */
-    void *state;         /* model_state_size() bytes the model keeps between calls */
+    void *state;         /* model_state_size() bytes the model keeps between calls, 8-byte aligned */
 } model_kv_t;
 
 /** Creates the model for `preset` ("hash", "tiny", "small", "base"),

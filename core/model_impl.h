@@ -1,0 +1,116 @@
+/*
+ * model_impl.h: what the files of core/ share about a model and nothing
+ * else may use: the struct behind model_t, the per-family table of
+ * functions, and the helpers every family needs (the mixer, the walk along
+ * a chain).  Names here carry the `model__` prefix.
+ */
+#ifndef SLOTD_CORE_MODEL_IMPL_H
+#define SLOTD_CORE_MODEL_IMPL_H
+
+#include <assert.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+/* The shape of a preset: the parameters of MODELS.md plus the block size. */
+typedef struct model__shape {
+    const char *name;
+    model_family_t family;
+    uint32_t vocab;
+    uint32_t d;      /* width (attn), 0 for hash */
+    uint32_t layers; /* L (attn), 1 for hash */
+    uint32_t max_ctx;
+    uint64_t seed;            /* weight seed S (attn), 0 for hash */
+    uint32_t block_positions; /* a power of two */
+} model__shape_t;
+
+/* One family's functions.  `sizes` fills in entry, state and scratch sizes
+ * from the shape; `init` generates the weights (may be NULL) and `fini`
+ * frees them.  `run` and `pick` implement model_run() and model_pick()
+ * without the argument checks model.c already made. */
+typedef struct model__ops {
+    void (*sizes)(model_t *m);
+    int (*init)(model_t *m);
+    void (*fini)(model_t *m);
+    void (*run)(const model_t *m, model_kv_t *kv, uint32_t token, void *scratch);
+    uint32_t (*pick)(const model_t *m, const model_kv_t *kv, double *logits);
+} model__ops_t;
+
+struct model {
+    const model__ops_t *ops;
+    model__shape_t shape;
+    size_t entry_size;   /* bytes of one position's entry */
+    size_t state_size;   /* bytes of a sequence's state */
+    size_t scratch_size; /* bytes of scratch a run needs */
+
+    /* Weights of the attn family, one allocation owned by the model (NULL
+     * for hash).  Immutable after model_create(). */
+    double *weights;
+    const double *emb;   /* E[V][d] */
+    const double *pos;   /* P[max_ctx][d] */
+    const double *layer; /* per layer Wq, Wk, Wv, Wo, each [d][d], layer after layer */
+    const double *unemb; /* U[d][V] */
+    double inv_sqrt_d;   /* 1.0 / sqrt(d), computed once */
+
+    /* The counters: relaxed atomics, any thread adds and reads. */
+    _Atomic uint64_t g_calls;
+    _Atomic uint64_t rows;
+};
+
+/* Every allocation of core/ goes through model__alloc(): `align` 0 for
+ * malloc's alignment, else a power of two (the size is rounded up to a
+ * multiple of it).  Freed with free().  For the tests of allocation failure:
+ * while model__alloc_fail_in is n > 0, each allocation counts it down and
+ * the n-th one fails (a test sets it; nothing else does). */
+extern _Atomic int model__alloc_fail_in;
+void *model__alloc(size_t align, size_t size);
+
+extern const model__ops_t model__hash_ops;
+extern const model__ops_t model__attn_ops;
+
+/* splitmix64's output function (MODELS.md, "The mixer"). */
+static inline uint64_t model__mix64(uint64_t x)
+{
+    uint64_t z = x + UINT64_C(0x9E3779B97F4A7C15);
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+/* The contribution of token `t` at position `p` in the hash family. */
+static inline uint64_t model__hash_g(uint32_t t, uint32_t p)
+{
+    return model__mix64(((uint64_t)t << 32) | p);
+}
+
+/* Adds to the counters.  The model is immutable apart from them, hence
+ * the cast: every model_t comes from malloc(), never a const object. */
+static inline void model__count_g_calls(const model_t *m, uint64_t n)
+{
+    atomic_fetch_add_explicit(&((model_t *)m)->g_calls, n, memory_order_relaxed);
+}
+
+static inline void model__count_rows(const model_t *m, uint64_t n)
+{
+    atomic_fetch_add_explicit(&((model_t *)m)->rows, n, memory_order_relaxed);
+}
+
+/* The slot of position `p` inside its block. */
+static inline uint32_t model__block_slot(const model_t *m, uint32_t p)
+{
+    return p & (m->shape.block_positions - 1);
+}
+
+/* Moves kv past the position just written: one more entry, and the tail on
+ * to the next block (possibly NULL) when this one is full. */
+static inline void model__kv_advance(const model_t *m, model_kv_t *kv)
+{
+    kv->len++;
+    if (model__block_slot(m, kv->len) == 0) {
+        kv->tail = kv->tail->next;
+    }
+}
+
+#endif

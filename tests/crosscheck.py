@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""crosscheck.py: the C models against the independent Python reference.
+
+Generates a seeded list of random generate() cases for hash, tiny and small,
+feeds them to the C dump program (crosscheck_dump), and compares, case by
+case, with tests/ref/slotd_ref.py:
+
+- tokens and rows, cached and uncached;
+- every unrounded logit behind every pick, bit for bit;
+- every rounded logit, bit for bit against Python's round(x, 6), and its
+  six-decimal string against printf("%.6f") on both sides;
+- model_round6() against printf("%.6f") and round(x, 6) on some 15000
+  chosen values, exact ties and near-ties among them.
+
+A difference between Python's round(x, 6) and printf("%.6f") is reported
+as such, apart from a model mismatch.  Exit status 0 when everything
+agrees.  Standard library only.
+
+Usage: crosscheck.py DUMP_PROGRAM [--seed N] [--small-cases N]
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import struct
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+import slotd_ref  # noqa: E402
+
+
+def bits(x):
+    return struct.pack("<d", x)
+
+
+def make_cases(seed, small_cases):
+    """(preset, tokens, steps, python_uncached) tuples, seeded."""
+    rnd = random.Random(seed)
+    cases = []
+    # hash: sequences crossing several 64-position blocks.
+    for _ in range(40):
+        total = rnd.randint(1, 300)
+        n = rnd.randint(1, total)
+        cases.append(("hash", [rnd.randrange(1000) for _ in range(n)], total - n, total <= 120))
+    cases.append(("hash", [rnd.randrange(1000) for _ in range(4000)], 96, False))
+    # tiny: the whole context.
+    for _ in range(60):
+        total = rnd.randint(1, 8)
+        n = rnd.randint(1, total)
+        cases.append(("tiny", [rnd.randrange(6) for _ in range(n)], total - n, True))
+    # small: across 16-position blocks, short enough for Python.
+    for i in range(small_cases):
+        total = rnd.randint(1, 40)
+        n = rnd.randint(1, total)
+        cases.append(("small", [rnd.randrange(512) for _ in range(n)], total - n, i < 3 and total <= 12))
+    cases.append(("small", [rnd.randrange(512) for _ in range(3)], 0, True))
+    return cases
+
+
+class Report:
+    def __init__(self):
+        self.failures = []
+        self.round_vs_printf = []
+
+    def fail(self, where, what):
+        if len(self.failures) < 50:
+            self.failures.append("%s: %s" % (where, what))
+        else:
+            self.failures.append(None)
+
+
+def check_logit(report, where, c_pair, py_raw, rounded):
+    """c_pair: [printf %.6f, printf %a] from C; py_raw: Python's unrounded
+    logit; rounded: True if the C value is the rounded one."""
+    c_str, c_hex = c_pair
+    c_val = float.fromhex(c_hex)
+    py_round = slotd_ref.round6(py_raw)
+    py_str = "%.6f" % py_raw
+    if py_str != "%.6f" % py_round:
+        report.round_vs_printf.append("%r: printf-style %s, round(x, 6) %r" % (py_raw, py_str, py_round))
+    if rounded:
+        if bits(c_val) != bits(py_round):
+            report.fail(where, "rounded logit C %s (%s), Python round %r (%s)"
+                        % (c_str, c_hex, py_round, py_round.hex()))
+    else:
+        if bits(c_val) != bits(py_raw):
+            report.fail(where, "raw logit C %s, Python %s" % (c_hex, py_raw.hex()))
+    if c_str != py_str:
+        report.fail(where, "six decimals: C %s, Python %s" % (c_str, py_str))
+
+
+def compare(report, models, case, c):
+    preset, tokens, steps, py_uncached = case
+    where = "%s %s+%d" % (preset, tokens[:6], steps)
+    model = models[preset]
+    if c["model"] != preset or c["input"] != tokens or c["steps"] != steps:
+        report.fail(where, "the dump answered another case")
+        return
+    toks, logits, rows = slotd_ref.generate(model, tokens, steps, True)
+    results = [("cached", c["cached"], rows)]
+    if py_uncached:
+        u_toks, u_logits, u_rows = slotd_ref.generate(model, tokens, steps, False)
+        if u_toks != toks or u_logits != logits:
+            report.fail(where, "the Python reference disagrees with itself (cached/uncached)")
+        results.append(("uncached", c["uncached"], u_rows))
+    else:
+        u_rows = model.layers * sum(len(tokens) + k for k in range(steps))
+        results.append(("uncached", c["uncached"], u_rows))
+    for name, got, want_rows in results:
+        if got["tokens"] != toks:
+            report.fail(where, "%s tokens C %s, Python %s" % (name, got["tokens"], toks))
+        if got["rows"] != want_rows:
+            report.fail(where, "%s rows C %d, Python %d" % (name, got["rows"], want_rows))
+        if model.family == "hash":
+            if got["logits"]:
+                report.fail(where, "%s: logits for hash" % name)
+            continue
+        if len(got["logits"]) != steps:
+            report.fail(where, "%s: %d logit rows for %d steps" % (name, len(got["logits"]), steps))
+            continue
+        for k in range(steps):
+            for v in range(model.vocab):
+                check_logit(report, "%s %s pick %d logit %d" % (where, name, k, v),
+                            got["logits"][k][v], logits[k][v], True)
+    raw = c["raw"]
+    if model.family == "attn":
+        if len(raw) != steps:
+            report.fail(where, "%d raw rows for %d steps" % (len(raw), steps))
+            return
+        for k in range(steps):
+            for v in range(model.vocab):
+                check_logit(report, "%s raw pick %d logit %d" % (where, k, v), raw[k][v], logits[k][v], False)
+
+
+def round6_values(seed):
+    """Values for model_round6() against round(x, 6): the logits' range,
+    exact ties (odd multiples of 1/128), near-ties a few ulps either side,
+    tiny negatives that print as -0.000000, and the extremes."""
+    rnd = random.Random(seed + 1)
+    vals = [0.0, -0.0, -1e-9, 5e-7, -5e-7, 0.0078125, -0.0078125, 1e300, -1e300,
+            5e-324, -5e-324, float("inf"), float("-inf"), float("nan")]
+    for _ in range(3000):
+        vals.append(rnd.uniform(-4.0, 4.0))
+        vals.append(rnd.randrange(-2000001, 2000001, 2) / 128.0)
+        near = (rnd.randrange(-10000000, 10000000) + 0.5) / 1e6
+        toward = rnd.choice((-math.inf, math.inf))
+        for _ in range(rnd.randrange(0, 5)):
+            near = math.nextafter(near, toward)  # Python 3.9 or later
+        vals.append(near)
+        vals.append(-rnd.random() * 1e-6)
+        vals.append(rnd.uniform(-1.0, 1.0) * 2.0 ** rnd.randrange(-60, 60))
+    return vals
+
+
+def check_round6(report, values, answers):
+    for x, (c_str, c_hex) in zip(values, answers):
+        c_round = float.fromhex(c_hex)
+        where = "round6(%s)" % x.hex()
+        if math.isnan(x):
+            if not math.isnan(c_round) or c_str not in ("nan", "-nan"):
+                report.fail(where, "C gives %s, %s" % (c_str, c_hex))
+            continue
+        py_str = "%.6f" % x
+        py_round = slotd_ref.round6(x)
+        if c_str != py_str:
+            report.fail(where, "printf gives %s, Python %%-format %s" % (c_str, py_str))
+        if bits(c_round) != bits(float(c_str)):
+            report.fail(where, "model_round6 %s is not strtod(\"%s\")" % (c_hex, c_str))
+        if bits(py_round) != bits(float(c_str)):
+            report.round_vs_printf.append("%s: printf %s, round(x, 6) %r" % (x.hex(), c_str, py_round))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dump")
+    ap.add_argument("--seed", type=int, default=20240611)
+    ap.add_argument("--small-cases", type=int, default=25)
+    args = ap.parse_args()
+
+    golden = slotd_ref.check_golden()
+    for g in golden:
+        print("crosscheck: the reference misses a golden value:", g)
+    if golden:
+        return 1
+
+    cases = make_cases(args.seed, args.small_cases)
+    text = "".join("%s %d %s\n" % (p, s, " ".join(map(str, t))) for p, t, s, _ in cases)
+    rvals = round6_values(args.seed)
+    batches = [rvals[i:i + 1000] for i in range(0, len(rvals), 1000)]
+    text += "".join("round6 %s\n" % " ".join(x.hex() for x in b) for b in batches)
+    proc = subprocess.run([args.dump], input=text, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        print("crosscheck: %s failed (%d): %s" % (args.dump, proc.returncode, proc.stderr))
+        return 1
+    lines = proc.stdout.splitlines()
+    if len(lines) != len(cases) + len(batches):
+        print("crosscheck: %d cases, %d answers" % (len(cases) + len(batches), len(lines)))
+        return 1
+
+    models = {name: slotd_ref.make_model(name) for name in ("hash", "tiny", "small")}
+    report = Report()
+    logits_compared = 0
+    for batch, line in zip(batches, lines[len(cases):]):
+        check_round6(report, batch, json.loads(line)["round6"])
+    for case, line in zip(cases, lines):
+        compare(report, models, case, json.loads(line))
+        if case[0] != "hash":
+            logits_compared += 3 * case[2] * models[case[0]].vocab
+
+    for r in report.round_vs_printf[:20]:
+        print("crosscheck: Python round(x, 6) and printf differ:", r)
+    shown = [f for f in report.failures if f is not None]
+    for f in shown:
+        print("crosscheck: MISMATCH", f)
+    if len(report.failures) > len(shown):
+        print("crosscheck: ... and %d more" % (len(report.failures) - len(shown)))
+    print("crosscheck: %d cases (hash, tiny, small), %d logits and %d round6 values compared, "
+          "%d mismatches, %d round/printf differences"
+          % (len(cases), logits_compared, len(rvals), len(report.failures),
+             len(report.round_vs_printf)))
+    return 1 if report.failures or report.round_vs_printf else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

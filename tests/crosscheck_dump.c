@@ -1,0 +1,197 @@
+/*
+ * crosscheck_dump.c: prints what the C models compute, for the Python
+ * reference (tests/crosscheck.py) to compare against its own reading of
+ * MODELS.md.
+ *
+ * Input, one case a line on stdin: `<preset> <steps> <token> <token> ...`.
+ * Output, one JSON object a line on stdout, in input order:
+ *
+ *   {"model": ..., "input": [...], "steps": n,
+ *    "cached": {"tokens": [...], "rows": r, "logits": [[...], ...]},
+ *    "uncached": {...},
+ *    "raw": [[...], ...]}
+ *
+ * "cached" and "uncached" are model_generate()'s results; each logit is a
+ * pair [printf("%.6f"), printf("%a")] of the rounded double it returned.
+ * "raw" is, for each pick of a cached run driven by model_run() and
+ * model_pick(), the unrounded logits (the attn state) as pairs
+ * [printf("%.6f"), printf("%a")]; it is empty for hash.  Exit status 0, or
+ * 1 on a malformed line or a failed call.
+ *
+ * A line `round6 <x> <x> ...` (each x as C's "%a" or Python's float.hex()
+ * writes it) answers {"round6": [[printf("%.6f", x), printf("%a",
+ * model_round6(x))], ...]}, to set model_round6() beside Python's round().
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/model.h"
+
+#define MAX_MODELS 4
+
+static model_t *models[MAX_MODELS];
+
+static model_t *find_model(const char *name)
+{
+    for (int i = 0; i < MAX_MODELS; i++) {
+        if (models[i] == NULL) {
+            if (model_create(name, &models[i]) != SLOTD_OK) {
+                return NULL;
+            }
+            return models[i];
+        }
+        if (strcmp(model_name(models[i]), name) == 0) {
+            return models[i];
+        }
+    }
+    return NULL;
+}
+
+static void print_pair(double x)
+{
+    printf("[\"%.6f\",\"%a\"]", x, x);
+}
+
+static void print_result(const model_t *m, const uint32_t *tokens, size_t total, int64_t steps,
+                         const double *logits, uint64_t rows)
+{
+    size_t v = model_vocab(m);
+
+    printf("{\"tokens\":[");
+    for (size_t i = 0; i < total; i++) {
+        printf("%s%u", i ? "," : "", tokens[i]);
+    }
+    printf("],\"rows\":%llu,\"logits\":[", (unsigned long long)rows);
+    if (model_family(m) == MODEL_FAMILY_ATTN) {
+        for (int64_t k = 0; k < steps; k++) {
+            printf("%s[", k ? "," : "");
+            for (size_t c = 0; c < v; c++) {
+                if (c) {
+                    putchar(',');
+                }
+                print_pair(logits[(size_t)k * v + c]);
+            }
+            putchar(']');
+        }
+    }
+    printf("]}");
+}
+
+static int dump_case(model_t *m, const int64_t *in, size_t n, int64_t steps)
+{
+    size_t v = model_vocab(m), total = n + (size_t)steps;
+    uint32_t *tokens = malloc(total * sizeof(uint32_t));
+    double *logits = malloc(((size_t)steps * v + 1) * sizeof(double));
+    void *scratch = malloc(model_scratch_size(m) + 1);
+    uint64_t rows;
+    model_kv_t kv;
+    slotd_error_t err;
+    int rc = 1;
+
+    if (tokens == NULL || logits == NULL || scratch == NULL ||
+        model_kv_heap_alloc(m, (uint32_t)total, &kv) != SLOTD_OK) {
+        fprintf(stderr, "crosscheck_dump: out of memory\n");
+        goto out;
+    }
+    printf("{\"model\":\"%s\",\"input\":[", model_name(m));
+    for (size_t i = 0; i < n; i++) {
+        printf("%s%lld", i ? "," : "", (long long)in[i]);
+    }
+    printf("],\"steps\":%lld", (long long)steps);
+    for (int cached = 1; cached >= 0; cached--) {
+        if (model_generate(m, in, n, steps, cached, NULL, NULL, tokens, logits, &rows, &err) !=
+            SLOTD_OK) {
+            fprintf(stderr, "crosscheck_dump: %s\n", err.message);
+            goto out_kv;
+        }
+        printf(",\"%s\":", cached ? "cached" : "uncached");
+        print_result(m, tokens, total, steps, logits, rows);
+    }
+
+    /* The unrounded logits behind each pick, from a run driven by hand. */
+    printf(",\"raw\":[");
+    for (size_t i = 0; model_family(m) == MODEL_FAMILY_ATTN && steps > 0 && i < total - 1; i++) {
+        model_run(m, &kv, i < n ? (uint32_t)in[i] : tokens[i], scratch);
+        if (i + 1 >= n) {
+            const double *state = kv.state;
+            printf("%s[", i + 1 > n ? "," : "");
+            for (size_t c = 0; c < v; c++) {
+                if (c) {
+                    putchar(',');
+                }
+                print_pair(state[c]);
+            }
+            putchar(']');
+        }
+    }
+    printf("]}\n");
+    rc = 0;
+out_kv:
+    model_kv_heap_free(&kv);
+out:
+    free(tokens);
+    free(logits);
+    free(scratch);
+    return rc;
+}
+
+static int dump_round6(const char *args)
+{
+    const char *p = args;
+    char *end;
+    int first = 1;
+
+    printf("{\"round6\":[");
+    for (;;) {
+        double x = strtod(p, &end);
+        if (end == p) {
+            break;
+        }
+        printf("%s[\"%.6f\",\"%a\"]", first ? "" : ",", x, model_round6(x));
+        first = 0;
+        p = end;
+    }
+    printf("]}\n");
+    return 0;
+}
+
+int main(void)
+{
+    char line[65536];
+    int rc = 0;
+
+    while (rc == 0 && fgets(line, sizeof(line), stdin) != NULL) {
+        char name[16];
+        long long steps, t;
+        int used, off = 0;
+        int64_t in[4096];
+        size_t n = 0;
+        model_t *m;
+
+        if (sscanf(line, "%15s%n", name, &used) == 1 && strcmp(name, "round6") == 0) {
+            rc = dump_round6(line + used);
+            continue;
+        }
+        if (sscanf(line, "%15s %lld%n", name, &steps, &used) != 2) {
+            fprintf(stderr, "crosscheck_dump: malformed line: %s", line);
+            return 1;
+        }
+        off = used;
+        while (n < 4096 && sscanf(line + off, "%lld%n", &t, &used) == 1) {
+            in[n++] = t;
+            off += used;
+        }
+        m = find_model(name);
+        if (m == NULL) {
+            fprintf(stderr, "crosscheck_dump: unknown model '%s'\n", name);
+            return 1;
+        }
+        rc = dump_case(m, in, n, steps);
+        fflush(stdout);
+    }
+    for (int i = 0; i < MAX_MODELS; i++) {
+        model_destroy(models[i]);
+    }
+    return rc;
+}
