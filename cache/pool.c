@@ -1,1 +1,923 @@
-/* placeholder: not written yet */
+/*
+ * pool.c: the slot pool.  Owns the arena every cached entry lives in, the
+ * page descriptors that carve it, the size classes, and the slot table that
+ * says which owner holds which chain of blocks and which state object.
+ *
+ * Memory.  cache_pool_create() maps one arena (never touched until used) and
+ * cuts it into equal pages, each the smallest multiple of the largest object
+ * of the configured models that reaches CACHE__PAGE_MIN.  Objects come in
+ * size classes: one per distinct block size (model_block_bytes()) and state
+ * size (model_state_size()), rounded up to CACHE__ALIGN; models whose sizes
+ * round alike share a class.  A free page is given to a class when the class
+ * runs out of free objects, carved lazily (one bump pointer, so assigning a
+ * page is O(1) and touches nothing), and handed back to the free-page list
+ * the moment its last object is freed, so that any other class can take it:
+ * a page never stays calcified in a class whose load has moved elsewhere.
+ * Page descriptors live in a table beside the arena, found from an object's
+ * address by one division; a page keeps its own free list, and each class
+ * a doubly-linked list of its partial pages.  Every path is O(1), apart
+ * from reserve (one object per block taken), commit (its tail steps over
+ * the blocks the entries filled) and release (one per block returned).
+ * The pool never calls malloc after creation.
+ *
+ * Accounting.  bytes_used is the sum of the objects live slots hold, counted
+ * at the models' sizes, so used + free == capacity always.  A request is
+ * refused with SLOTD_ECACHE_FULL, and nothing changes, when no slot is free,
+ * when used + needed > capacity, or when the pages cannot supply the objects
+ * (the rounding of objects, the tail of each page, the tail of the arena,
+ * and pages held by other classes): free bytes are an upper bound on what
+ * can still be had, not a promise.  As the arena is no larger than the
+ * budget, the pages always run out before used + needed passes capacity;
+ * the byte test stays as the rule the figures promise, at no cost.
+ *
+ * Ownership.  A slot's generation is odd while it is live and even while it
+ * is free; acquire and release each bump it.  Every call matches index,
+ * generation, owner key and owner id against the table, so a handle that
+ * outlived its tenancy gets SLOTD_ESTALE and never reaches the chain of the
+ * slot's next owner (a handle would have to outlive 2^31 tenancies of its
+ * slot for the generation to come round).  Debug builds (NDEBUG unset)
+ * poison every object they get back with CACHE__POISON and mark it with
+ * CACHE__FREE_MAGIC; freeing a marked object, or handing out one whose
+ * poison was written over, asserts.
+ *
+ * Caller bugs.  Besides the codes pool.h names: a reserve past the model's
+ * max_ctx (the caller checks that first, as SLOTD_ECONTEXT_FULL) and a
+ * commit below the slot's entries or past its room return SLOTD_EINVAL and
+ * change nothing; the commit case also asserts, as a broken invariant.
+ * The budget must hold at least one page (else create gives SLOTD_EINVAL).
+ *
+ * DESIGN.  Any thread may call any function; one slot is used by one thread
+ * at a time (the caller's rule, see pool.h).  p->lock guards all
+ * bookkeeping: the slot table, the page descriptors, the class lists and the
+ * byte and slot counts, i.e. every field marked (lock) below.  It is held
+ * for the table work of one call and never while a model runs: reserve hands
+ * out blocks under it, the caller fills them without it, commit records the
+ * result under it.  The bytes of a live slot's state and blocks belong to
+ * the slot's user, apart from each block's `next`, which the pool writes
+ * and reads under the lock; the pool never reads the rest.  Fields set at creation
+ * are read without the lock.  The entry total is a C11 atomic, written under
+ * the lock and read by cache_pool_entries() without it.  In debug builds a
+ * release detaches the slot under the lock, poisons its objects without it
+ * (nobody else can reach them: the slot is stale and the objects are on no
+ * free list), then takes the lock again to give them back.
+ */
+#include "cache/pool.h"
+#include "cache/pool_impl.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#ifdef NDEBUG
+#define CACHE__DEBUG 0
+#else
+#define CACHE__DEBUG 1
+#endif
+
+#define CACHE__NONE UINT32_MAX
+
+/* A size class: objects of one stride. */
+typedef struct cache__class {
+    size_t stride;     /* object size rounded up to CACHE__ALIGN; immutable */
+    uint32_t per_page; /* objects one page holds; immutable */
+    uint32_t partial;  /* (lock) head of the pages with both free and used objects */
+    uint64_t nfree;    /* (lock) free objects on this class's pages, carved or not */
+} cache__class_t;
+
+/* A page descriptor.  A page is either on the free-page list (cls NONE) or
+ * assigned to a class: then it is on the class's partial list exactly when
+ * 0 < nfree < per_page (a full page is on no list; an empty one goes back to
+ * the free-page list at once). */
+typedef struct cache__page {
+    uint32_t cls;    /* (lock) class index, or NONE while free */
+    uint32_t nfree;  /* (lock) free objects, on the free list or not yet carved */
+    uint32_t carved; /* (lock) objects handed out since the page was assigned */
+    uint32_t prev;   /* (lock) partial list; unused on the free-page list */
+    uint32_t next;   /* (lock) partial list, or the free-page list */
+    void *free;      /* (lock) freed objects, linked through their first word */
+} cache__page_t;
+
+/* What the pool needs of one configured model; immutable. */
+typedef struct cache__model {
+    const model_t *m;
+    uint32_t positions; /* positions per block */
+    uint32_t max_ctx;
+    size_t block_bytes; /* counted in bytes_used per block */
+    size_t state_bytes; /* counted in bytes_used per slot; 0: no state object */
+    uint32_t block_cls;
+    uint32_t state_cls; /* NONE when state_bytes is 0 */
+} cache__model_t;
+
+/* One slot.  Every field is (lock). */
+typedef struct cache__slot {
+    uint32_t gen;        /* odd while live */
+    uint32_t next_free;  /* the free-slot stack, while free */
+    uint32_t model;      /* index into p->models, while live */
+    uint32_t entries;    /* committed positions */
+    uint32_t nblocks;    /* blocks in the chain: room is nblocks * positions */
+    model_block_t *head; /* first block, or NULL with no room */
+    model_block_t *tail; /* the block holding position `entries`; NULL when entries == room */
+    model_block_t *last; /* last block of the chain, where reserve appends */
+    void *state;         /* state_bytes bytes, or NULL */
+    cache_owner_t owner;
+} cache__slot_t;
+
+struct cache_pool {
+    /* Set at creation, then read-only: no lock needed. */
+    unsigned char *arena;
+    size_t arena_bytes; /* npages * page_size, at most capacity */
+    size_t page_size;
+    uint32_t npages;
+    uint32_t max_slots;
+    uint64_t capacity;
+    cache__model_t *models;
+    size_t nmodels;
+    cache__class_t *classes; /* stride and per_page immutable; the rest (lock) */
+    uint32_t nclasses;
+    cache__slot_t *slots; /* max_slots entries, (lock) */
+    cache__page_t *pages; /* npages entries, (lock) */
+
+    /* Guards every (lock) field: the slot table, the page descriptors, the
+     * class lists and the counts below.  Held for O(1) table work per call,
+     * plus one object per block a reserve takes or a release returns; never
+     * while a model runs or while a slot's bytes are written or poisoned.
+     * No other lock is taken while it is held. */
+    pthread_mutex_t lock;
+    uint32_t free_slot;  /* (lock) free-slot stack, through next_free */
+    uint32_t free_page;  /* (lock) free-page stack, through next */
+    uint32_t pages_free; /* (lock) pages on that stack */
+    uint64_t live_slots; /* (lock) */
+    uint64_t bytes_used; /* (lock) objects held by live slots, at the models' sizes */
+
+    /* Entries committed by all live slots: written under the lock, read
+     * without it (cache_pool_entries()). */
+    _Atomic uint64_t entries;
+};
+
+static void *(*cache__calloc)(size_t, size_t) = calloc;
+
+void cache__pool_set_calloc(void *(*fn)(size_t, size_t))
+{
+    cache__calloc = fn != NULL ? fn : calloc;
+}
+
+static size_t cache__round_up(size_t n, size_t to)
+{
+    return (n + to - 1) / to * to;
+}
+
+static void *cache__link_get(const void *obj)
+{
+    void *link;
+    memcpy(&link, obj, sizeof link);
+    return link;
+}
+
+static void cache__link_set(void *obj, void *link)
+{
+    memcpy(obj, &link, sizeof link);
+}
+
+#if CACHE__DEBUG
+static uint64_t cache__magic_get(const void *obj)
+{
+    uint64_t magic;
+    memcpy(&magic, (const unsigned char *)obj + 8, sizeof magic);
+    return magic;
+}
+
+/* Poisons a detached object, keeping `link` in its first word.  Runs
+ * without the lock: the caller holds the only reference to `obj`. */
+static void cache__poison(void *obj, size_t stride, void *link)
+{
+    const uint64_t magic = CACHE__FREE_MAGIC;
+
+    /* The magic of a first free is still there at a second one. */
+    assert(cache__magic_get(obj) != CACHE__FREE_MAGIC && "cache pool: object freed twice");
+    memset(obj, CACHE__POISON, stride);
+    cache__link_set(obj, link);
+    memcpy((unsigned char *)obj + 8, &magic, sizeof magic);
+}
+
+/* A free object about to be handed out still carries its magic and its
+ * poison (the first and last cache lines are checked): if not, someone
+ * wrote to it after releasing it. */
+static bool cache__poison_intact(const void *obj, size_t stride)
+{
+    const unsigned char *b = obj;
+    size_t head_end = stride < 2 * CACHE__ALIGN ? stride : 2 * CACHE__ALIGN;
+    size_t tail_start = stride - CACHE__ALIGN > head_end ? stride - CACHE__ALIGN : head_end;
+
+    if (cache__magic_get(obj) != CACHE__FREE_MAGIC)
+        return false;
+    for (size_t i = 16; i < head_end; i++)
+        if (b[i] != CACHE__POISON)
+            return false;
+    for (size_t i = tail_start; i < stride; i++)
+        if (b[i] != CACHE__POISON)
+            return false;
+    return true;
+}
+#endif
+
+/* ---- Pages and objects.  Everything from here to the public calls
+ * assumes p->lock is held. ---- */
+
+static void do_partial_push(cache_pool_t *p, uint32_t ci, uint32_t pi)
+{
+    cache__class_t *c = &p->classes[ci];
+    cache__page_t *pg = &p->pages[pi];
+
+    pg->prev = CACHE__NONE;
+    pg->next = c->partial;
+    if (c->partial != CACHE__NONE)
+        p->pages[c->partial].prev = pi;
+    c->partial = pi;
+}
+
+static void do_partial_remove(cache_pool_t *p, uint32_t ci, uint32_t pi)
+{
+    cache__class_t *c = &p->classes[ci];
+    cache__page_t *pg = &p->pages[pi];
+
+    if (pg->prev != CACHE__NONE)
+        p->pages[pg->prev].next = pg->next;
+    else
+        c->partial = pg->next;
+    if (pg->next != CACHE__NONE)
+        p->pages[pg->next].prev = pg->prev;
+    pg->prev = pg->next = CACHE__NONE;
+}
+
+/* Whether class `ci` can hand out `n` objects right now. */
+static bool do_class_can(const cache_pool_t *p, uint32_t ci, uint64_t n)
+{
+    const cache__class_t *c = &p->classes[ci];
+
+    return n <= c->nfree + (uint64_t)p->pages_free * c->per_page;
+}
+
+/* Takes one object of class `ci`; the caller has checked do_class_can().
+ * The object's first two words are zeroed (a block's `next` and the debug
+ * magic); the rest is left as the last user or the poison left it. */
+static void *do_obj_alloc(cache_pool_t *p, uint32_t ci)
+{
+    cache__class_t *c = &p->classes[ci];
+    uint32_t pi = c->partial;
+    cache__page_t *pg;
+    unsigned char *obj;
+
+    if (pi == CACHE__NONE) {
+        pi = p->free_page;
+        assert(pi != CACHE__NONE && "cache pool: do_class_can() not checked");
+        pg = &p->pages[pi];
+        p->free_page = pg->next;
+        p->pages_free--;
+        pg->cls = ci;
+        pg->nfree = c->per_page;
+        pg->carved = 0;
+        pg->free = NULL;
+        c->nfree += c->per_page;
+        do_partial_push(p, ci, pi);
+    }
+    pg = &p->pages[pi];
+    assert(pg->cls == ci && pg->nfree > 0);
+    if (pg->free != NULL) {
+        obj = pg->free;
+#if CACHE__DEBUG
+        assert(cache__poison_intact(obj, c->stride) && "cache pool: write after release");
+#endif
+        pg->free = cache__link_get(obj);
+    } else {
+        assert(pg->carved < c->per_page);
+        obj = p->arena + (size_t)pi * p->page_size + (size_t)pg->carved * c->stride;
+        pg->carved++;
+    }
+    pg->nfree--;
+    c->nfree--;
+    if (pg->nfree == 0)
+        do_partial_remove(p, ci, pi);
+    memset(obj, 0, 16);
+    return obj;
+}
+
+/* Gives an object back to its page, and the page back to the free-page
+ * list if that was its last object in use. */
+static void do_obj_free(cache_pool_t *p, void *obj)
+{
+    size_t off = (size_t)((unsigned char *)obj - p->arena);
+    uint32_t pi = (uint32_t)(off / p->page_size);
+    cache__page_t *pg = &p->pages[pi];
+    cache__class_t *c;
+
+    assert((unsigned char *)obj >= p->arena && off < p->arena_bytes);
+    assert(pg->cls < p->nclasses && "cache pool: object on a free page");
+    c = &p->classes[pg->cls];
+    assert((off - (size_t)pi * p->page_size) % c->stride == 0);
+    assert((off - (size_t)pi * p->page_size) / c->stride < pg->carved);
+#if CACHE__DEBUG
+    assert(cache__magic_get(obj) == CACHE__FREE_MAGIC && "cache pool: freed unpoisoned");
+#endif
+    cache__link_set(obj, pg->free);
+    pg->free = obj;
+    if (pg->nfree == 0)
+        do_partial_push(p, pg->cls, pi);
+    pg->nfree++;
+    c->nfree++;
+    if (pg->nfree == c->per_page) {
+        do_partial_remove(p, pg->cls, pi);
+        c->nfree -= c->per_page;
+        pg->cls = CACHE__NONE;
+        pg->free = NULL;
+        pg->next = p->free_page;
+        p->free_page = pi;
+        p->pages_free++;
+    }
+}
+
+/* ---- Slots ---- */
+
+static bool cache__owner_eq(const cache_owner_t *a, const cache_owner_t *b)
+{
+    return a->key == b->key && strncmp(a->id, b->id, sizeof a->id) == 0;
+}
+
+/* The live slot `h` names, if `owner` holds it; NULL if the handle is stale
+ * or the owner is not the slot's. */
+static cache__slot_t *do_slot_get(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner)
+{
+    cache__slot_t *s;
+
+    if (h.slot >= p->max_slots || (h.gen & 1) == 0)
+        return NULL;
+    s = &p->slots[h.slot];
+    if (s->gen != h.gen || !cache__owner_eq(&s->owner, owner))
+        return NULL;
+    return s;
+}
+
+static int cache__model_index(const cache_pool_t *p, const model_t *m)
+{
+    for (size_t i = 0; i < p->nmodels; i++)
+        if (p->models[i].m == m)
+            return (int)i;
+    return -1;
+}
+
+/* Hands slot `si`'s objects back (`head` the chain, linked through the
+ * first word of each block) and puts the slot on the free stack. */
+static void do_slot_free(cache_pool_t *p, uint32_t si, model_block_t *head, void *state)
+{
+    cache__slot_t *s = &p->slots[si];
+    const cache__model_t *md = &p->models[s->model];
+    uint64_t freed = (uint64_t)s->nblocks * md->block_bytes;
+
+    while (head != NULL) {
+        model_block_t *next = cache__link_get(head);
+        do_obj_free(p, head);
+        head = next;
+    }
+    if (state != NULL) {
+        do_obj_free(p, state);
+        freed += md->state_bytes;
+    }
+    assert(p->bytes_used >= freed && p->live_slots > 0);
+    p->bytes_used -= freed;
+    p->live_slots--;
+    atomic_fetch_sub_explicit(&p->entries, s->entries, memory_order_relaxed);
+    s->entries = s->nblocks = 0;
+    s->head = s->tail = s->last = NULL;
+    s->state = NULL;
+    s->next_free = p->free_slot;
+    p->free_slot = si;
+}
+
+#if CACHE__DEBUG
+/* Poisons a detached chain and state, keeping the chain linked. */
+static void cache__poison_slot(const cache_pool_t *p, const cache__model_t *md, model_block_t *head,
+                               void *state)
+{
+    size_t bstride = p->classes[md->block_cls].stride;
+
+    while (head != NULL) {
+        model_block_t *next = head->next;
+        cache__poison(head, bstride, next);
+        head = next;
+    }
+    if (state != NULL)
+        cache__poison(state, p->classes[md->state_cls].stride, NULL);
+}
+#endif
+
+/* ---- Creation ---- */
+
+/* The class of objects of `size` bytes, added if new. */
+static uint32_t cache__class_for(cache_pool_t *p, size_t size)
+{
+    size_t stride = cache__round_up(size, CACHE__ALIGN);
+
+    for (uint32_t i = 0; i < p->nclasses; i++)
+        if (p->classes[i].stride == stride)
+            return i;
+    p->classes[p->nclasses].stride = stride;
+    p->classes[p->nclasses].partial = CACHE__NONE;
+    return p->nclasses++;
+}
+
+int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
+{
+    cache_pool_t *p;
+    size_t stride_max = 0;
+    size_t npages;
+    void *arena;
+    int rc = SLOTD_ENOMEM;
+
+    if (cfg == NULL || out == NULL || cfg->capacity_bytes == 0 || cfg->max_slots == 0 ||
+        cfg->max_slots == CACHE__NONE || cfg->models == NULL || cfg->nmodels == 0)
+        return SLOTD_EINVAL;
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        const model_t *m = cfg->models[i];
+        if (m == NULL || model_block_positions(m) == 0 ||
+            model_block_bytes(m) < sizeof(model_block_t) + 8)
+            return SLOTD_EINVAL;
+        if (cache__round_up(model_block_bytes(m), CACHE__ALIGN) > stride_max)
+            stride_max = cache__round_up(model_block_bytes(m), CACHE__ALIGN);
+        if (cache__round_up(model_state_size(m), CACHE__ALIGN) > stride_max)
+            stride_max = cache__round_up(model_state_size(m), CACHE__ALIGN);
+    }
+
+    p = cache__calloc(1, sizeof *p);
+    if (p == NULL)
+        return SLOTD_ENOMEM;
+    p->capacity = cfg->capacity_bytes;
+    p->max_slots = cfg->max_slots;
+    p->nmodels = cfg->nmodels;
+    p->page_size = stride_max * ((CACHE__PAGE_MIN + stride_max - 1) / stride_max);
+    if (p->page_size > cfg->capacity_bytes) {
+        /* Not one page of the largest object fits the budget. */
+        rc = SLOTD_EINVAL;
+        goto fail_pool;
+    }
+    npages = cfg->capacity_bytes / p->page_size;
+    if (npages >= CACHE__NONE)
+        goto fail_pool;
+    p->npages = (uint32_t)npages;
+    p->arena_bytes = npages * p->page_size;
+
+    p->models = cache__calloc(cfg->nmodels, sizeof *p->models);
+    if (p->models == NULL)
+        goto fail_pool;
+    p->classes = cache__calloc(2 * cfg->nmodels, sizeof *p->classes);
+    if (p->classes == NULL)
+        goto fail_models;
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        cache__model_t *md = &p->models[i];
+        md->m = cfg->models[i];
+        md->positions = model_block_positions(md->m);
+        md->max_ctx = model_max_ctx(md->m);
+        md->block_bytes = model_block_bytes(md->m);
+        md->state_bytes = model_state_size(md->m);
+        md->block_cls = cache__class_for(p, md->block_bytes);
+        md->state_cls = md->state_bytes > 0 ? cache__class_for(p, md->state_bytes) : CACHE__NONE;
+    }
+    for (uint32_t i = 0; i < p->nclasses; i++)
+        p->classes[i].per_page = (uint32_t)(p->page_size / p->classes[i].stride);
+
+    p->slots = cache__calloc(cfg->max_slots, sizeof *p->slots);
+    if (p->slots == NULL)
+        goto fail_classes;
+    for (uint32_t i = 0; i < p->max_slots; i++)
+        p->slots[i].next_free = i + 1 < p->max_slots ? i + 1 : CACHE__NONE;
+    p->free_slot = 0;
+
+    /* Address space only: pages are backed as they are first written.
+     * Mapped before the page table, whose size follows it, so that a budget
+     * beyond the address space fails here. */
+    arena = mmap(NULL, p->arena_bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (arena == MAP_FAILED)
+        goto fail_slots;
+    p->arena = arena;
+
+    p->pages = cache__calloc(npages, sizeof *p->pages);
+    if (p->pages == NULL)
+        goto fail_arena;
+    for (uint32_t i = 0; i < p->npages; i++) {
+        p->pages[i].cls = CACHE__NONE;
+        p->pages[i].prev = CACHE__NONE;
+        p->pages[i].next = i + 1 < p->npages ? i + 1 : CACHE__NONE;
+    }
+    p->free_page = 0;
+    p->pages_free = p->npages;
+
+    if (pthread_mutex_init(&p->lock, NULL) != 0)
+        goto fail_pages;
+    atomic_init(&p->entries, 0);
+    *out = p;
+    return SLOTD_OK;
+
+fail_pages:
+    free(p->pages);
+fail_arena:
+    munmap(p->arena, p->arena_bytes);
+fail_slots:
+    free(p->slots);
+fail_classes:
+    free(p->classes);
+fail_models:
+    free(p->models);
+fail_pool:
+    free(p);
+    return rc;
+}
+
+void cache_pool_destroy(cache_pool_t *p)
+{
+    if (p == NULL)
+        return;
+    pthread_mutex_destroy(&p->lock);
+    munmap(p->arena, p->arena_bytes);
+    free(p->pages);
+    free(p->slots);
+    free(p->classes);
+    free(p->models);
+    free(p);
+}
+
+/* ---- The public calls ---- */
+
+int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                       cache_handle_t *h)
+{
+    const cache__model_t *md;
+    cache__slot_t *s;
+    uint32_t si;
+    int mi;
+    int rc = SLOTD_OK;
+
+    if (p == NULL || owner == NULL || h == NULL || (mi = cache__model_index(p, m)) < 0)
+        return SLOTD_EINVAL;
+    md = &p->models[mi];
+
+    pthread_mutex_lock(&p->lock);
+    if (p->free_slot == CACHE__NONE ||
+        (md->state_bytes > 0 &&
+         (p->bytes_used + md->state_bytes > p->capacity || !do_class_can(p, md->state_cls, 1)))) {
+        rc = SLOTD_ECACHE_FULL;
+        goto out;
+    }
+    si = p->free_slot;
+    s = &p->slots[si];
+    p->free_slot = s->next_free;
+    s->next_free = CACHE__NONE;
+    assert((s->gen & 1) == 0 && s->head == NULL && s->state == NULL && s->entries == 0);
+    s->gen++;
+    s->model = (uint32_t)mi;
+    if (md->state_bytes > 0) {
+        s->state = do_obj_alloc(p, md->state_cls);
+        p->bytes_used += md->state_bytes;
+    }
+    s->owner.key = owner->key;
+    memcpy(s->owner.id, owner->id, sizeof s->owner.id);
+    s->owner.id[CACHE_ID_MAX] = '\0';
+    p->live_slots++;
+    h->slot = si;
+    h->gen = s->gen;
+out:
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner, uint32_t n,
+                       model_kv_t *kv)
+{
+    const cache__model_t *md;
+    cache__slot_t *s;
+    uint64_t want, room;
+    int rc = SLOTD_OK;
+
+    if (p == NULL || owner == NULL || kv == NULL)
+        return SLOTD_EINVAL;
+
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL) {
+        rc = SLOTD_ESTALE;
+        goto out;
+    }
+    md = &p->models[s->model];
+    want = (uint64_t)s->entries + n;
+    room = (uint64_t)s->nblocks * md->positions;
+    if (want > md->max_ctx) {
+        /* The caller checks max_ctx first (SLOTD_ECONTEXT_FULL). */
+        rc = SLOTD_EINVAL;
+        goto out;
+    }
+    if (want > room) {
+        uint64_t need = (want - room + md->positions - 1) / md->positions;
+
+        if (p->bytes_used + need * md->block_bytes > p->capacity ||
+            !do_class_can(p, md->block_cls, need)) {
+            rc = SLOTD_ECACHE_FULL;
+            goto out;
+        }
+        for (uint64_t i = 0; i < need; i++) {
+            model_block_t *b = do_obj_alloc(p, md->block_cls);
+
+            /* do_obj_alloc() zeroed b->next. */
+            if (s->last != NULL)
+                s->last->next = b;
+            else
+                s->head = b;
+            s->last = b;
+            if (s->tail == NULL)
+                s->tail = b; /* entries was == room: position `entries` is here */
+        }
+        s->nblocks += (uint32_t)need;
+        p->bytes_used += need * md->block_bytes;
+    }
+    kv->head = s->head;
+    kv->tail = s->tail;
+    kv->len = s->entries;
+    kv->state = s->state;
+out:
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+int cache_pool_commit(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                      const model_kv_t *kv)
+{
+    const cache__model_t *md;
+    cache__slot_t *s;
+    model_block_t *b;
+    uint32_t room;
+    int rc = SLOTD_OK;
+
+    if (p == NULL || owner == NULL || kv == NULL)
+        return SLOTD_EINVAL;
+
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL) {
+        rc = SLOTD_ESTALE;
+        goto out;
+    }
+    md = &p->models[s->model];
+    room = s->nblocks * md->positions;
+    assert(kv->len >= s->entries && "cache pool: commit shrinks the slot");
+    assert(kv->len <= room && "cache pool: commit past the reserved room");
+    if (kv->len < s->entries || kv->len > room) {
+        rc = SLOTD_EINVAL;
+        goto out;
+    }
+    /* Walk the tail forward over the blocks the new entries filled: at most
+     * the blocks the last reserves took, so amortised O(1) per entry. */
+    b = s->tail;
+    for (uint32_t i = s->entries / md->positions; i < kv->len / md->positions; i++)
+        b = b->next;
+    assert(kv->len < room ? b != NULL : b == NULL);
+    s->tail = b;
+    atomic_fetch_add_explicit(&p->entries, kv->len - s->entries, memory_order_relaxed);
+    s->entries = kv->len;
+out:
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                       uint32_t *entries)
+{
+    cache__slot_t *s;
+    model_block_t *head;
+    void *state;
+
+    if (p == NULL || owner == NULL)
+        return SLOTD_EINVAL;
+
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL) {
+        pthread_mutex_unlock(&p->lock);
+        return SLOTD_ESTALE;
+    }
+    /* From here the handle is stale; the slot is on no free list until
+     * do_slot_free(), so nobody can acquire it in between. */
+    s->gen++;
+    if (entries != NULL)
+        *entries = s->entries;
+    head = s->head;
+    state = s->state;
+#if CACHE__DEBUG
+    {
+        const cache__model_t *md = &p->models[s->model];
+
+        pthread_mutex_unlock(&p->lock);
+        cache__poison_slot(p, md, head, state);
+        pthread_mutex_lock(&p->lock);
+    }
+#endif
+    do_slot_free(p, (uint32_t)(s - p->slots), head, state);
+    pthread_mutex_unlock(&p->lock);
+    return SLOTD_OK;
+}
+
+uint64_t cache_pool_entries(const cache_pool_t *p)
+{
+    return atomic_load_explicit(&p->entries, memory_order_relaxed);
+}
+
+void cache_pool_stats(cache_pool_t *p, cache_pool_stats_t *st)
+{
+    pthread_mutex_lock(&p->lock);
+    st->entries = atomic_load_explicit(&p->entries, memory_order_relaxed);
+    st->live_slots = p->live_slots;
+    st->max_slots = p->max_slots;
+    st->bytes_capacity = p->capacity;
+    st->bytes_used = p->bytes_used;
+    st->bytes_free = p->capacity - p->bytes_used;
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* ---- For the tests (pool_impl.h) ---- */
+
+size_t cache__pool_page_size(cache_pool_t *p)
+{
+    return p->page_size;
+}
+
+uint32_t cache__pool_pages(cache_pool_t *p)
+{
+    return p->npages;
+}
+
+uint32_t cache__pool_pages_free(cache_pool_t *p)
+{
+    uint32_t n;
+
+    pthread_mutex_lock(&p->lock);
+    n = p->pages_free;
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
+
+int64_t cache__pool_page_of(cache_pool_t *p, const void *obj)
+{
+    const unsigned char *b = obj;
+
+    if (b < p->arena || b >= p->arena + p->arena_bytes)
+        return -1;
+    return (int64_t)((size_t)(b - p->arena) / p->page_size);
+}
+
+size_t cache__pool_page_stride(cache_pool_t *p, uint32_t page)
+{
+    size_t stride = 0;
+
+    pthread_mutex_lock(&p->lock);
+    if (page < p->npages && p->pages[page].cls != CACHE__NONE)
+        stride = p->classes[p->pages[page].cls].stride;
+    pthread_mutex_unlock(&p->lock);
+    return stride;
+}
+
+void cache__pool_debug_free(cache_pool_t *p, void *obj)
+{
+    size_t off = (size_t)((unsigned char *)obj - p->arena);
+    size_t stride;
+
+    pthread_mutex_lock(&p->lock);
+    stride = p->classes[p->pages[off / p->page_size].cls].stride;
+    pthread_mutex_unlock(&p->lock);
+#if CACHE__DEBUG
+    cache__poison(obj, stride, NULL);
+#else
+    (void)stride;
+#endif
+    pthread_mutex_lock(&p->lock);
+    do_obj_free(p, obj);
+    pthread_mutex_unlock(&p->lock);
+}
+
+#define CACHE__CHECK(cond, ...)                                                                    \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "cache__pool_check: " __VA_ARGS__);                                    \
+            fputc('\n', stderr);                                                                   \
+            bad++;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+int cache__pool_check(cache_pool_t *p)
+{
+    uint64_t used = 0, entries = 0, live = 0, nfree_slots = 0;
+    uint64_t *cls_free;
+    uint32_t *cls_objs;
+    uint32_t n;
+    int bad = 0;
+
+    cls_free = calloc(p->nclasses, sizeof *cls_free);
+    cls_objs = calloc(p->npages > 0 ? p->npages : 1, sizeof *cls_objs);
+    if (cls_free == NULL || cls_objs == NULL) {
+        free(cls_free);
+        free(cls_objs);
+        return 1;
+    }
+    pthread_mutex_lock(&p->lock);
+
+    for (uint32_t i = p->free_slot; i != CACHE__NONE; i = p->slots[i].next_free) {
+        CACHE__CHECK((p->slots[i].gen & 1) == 0, "free slot %u is live", i);
+        if (++nfree_slots > p->max_slots)
+            break;
+    }
+    for (uint32_t i = 0; i < p->max_slots; i++) {
+        const cache__slot_t *s = &p->slots[i];
+        const cache__model_t *md;
+        const model_block_t *b, *last = NULL, *tail = NULL;
+
+        if ((s->gen & 1) == 0) {
+            CACHE__CHECK(s->head == NULL && s->state == NULL && s->entries == 0,
+                         "free slot %u holds memory", i);
+            continue;
+        }
+        live++;
+        md = &p->models[s->model];
+        n = 0;
+        for (b = s->head; b != NULL && n <= s->nblocks; b = b->next) {
+            CACHE__CHECK(cache__pool_page_of(p, b) >= 0, "slot %u block outside arena", i);
+            if (n == s->entries / md->positions)
+                tail = b;
+            last = b;
+            n++;
+        }
+        CACHE__CHECK(n == s->nblocks, "slot %u chain has %u blocks, nblocks %u", i, n, s->nblocks);
+        CACHE__CHECK(last == s->last, "slot %u last", i);
+        CACHE__CHECK(tail == s->tail, "slot %u tail", i);
+        CACHE__CHECK(s->entries <= s->nblocks * md->positions, "slot %u entries past room", i);
+        CACHE__CHECK((s->state != NULL) == (md->state_bytes > 0), "slot %u state", i);
+        used += (uint64_t)s->nblocks * md->block_bytes + (s->state != NULL ? md->state_bytes : 0);
+        entries += s->entries;
+    }
+    CACHE__CHECK(live == p->live_slots, "live %llu, counted %llu",
+                 (unsigned long long)p->live_slots, (unsigned long long)live);
+    CACHE__CHECK(live + nfree_slots == p->max_slots, "slots lost: %llu live, %llu free",
+                 (unsigned long long)live, (unsigned long long)nfree_slots);
+    CACHE__CHECK(used == p->bytes_used, "bytes_used %llu, counted %llu",
+                 (unsigned long long)p->bytes_used, (unsigned long long)used);
+    CACHE__CHECK(used <= p->capacity, "used past capacity");
+    CACHE__CHECK(entries == atomic_load(&p->entries), "entries %llu, counted %llu",
+                 (unsigned long long)atomic_load(&p->entries), (unsigned long long)entries);
+
+    n = 0;
+    for (uint32_t i = p->free_page; i != CACHE__NONE && n <= p->npages; i = p->pages[i].next) {
+        CACHE__CHECK(p->pages[i].cls == CACHE__NONE, "free page %u has class", i);
+        n++;
+    }
+    CACHE__CHECK(n == p->pages_free, "free pages %u, counted %u", p->pages_free, n);
+    for (uint32_t i = 0; i < p->npages; i++) {
+        const cache__page_t *pg = &p->pages[i];
+        uint32_t listed = 0;
+
+        if (pg->cls == CACHE__NONE)
+            continue;
+        CACHE__CHECK(pg->cls < p->nclasses, "page %u class", i);
+        CACHE__CHECK(pg->nfree < p->classes[pg->cls].per_page, "page %u empty but assigned", i);
+        for (const void *o = pg->free; o != NULL && listed <= pg->nfree; o = cache__link_get(o))
+            listed++;
+        CACHE__CHECK(listed + (p->classes[pg->cls].per_page - pg->carved) == pg->nfree,
+                     "page %u free list %u + uncarved %u != nfree %u", i, listed,
+                     p->classes[pg->cls].per_page - pg->carved, pg->nfree);
+        cls_free[pg->cls] += pg->nfree;
+    }
+    for (uint32_t c = 0; c < p->nclasses; c++) {
+        uint32_t prev = CACHE__NONE;
+
+        CACHE__CHECK(cls_free[c] == p->classes[c].nfree, "class %u nfree %llu, counted %llu", c,
+                     (unsigned long long)p->classes[c].nfree, (unsigned long long)cls_free[c]);
+        n = 0;
+        for (uint32_t i = p->classes[c].partial; i != CACHE__NONE && n <= p->npages;
+             i = p->pages[i].next) {
+            CACHE__CHECK(p->pages[i].cls == c && p->pages[i].nfree > 0, "partial page %u", i);
+            CACHE__CHECK(p->pages[i].prev == prev, "partial page %u prev", i);
+            cls_objs[i] = 1;
+            prev = i;
+            n++;
+        }
+    }
+    for (uint32_t i = 0; i < p->npages; i++) {
+        const cache__page_t *pg = &p->pages[i];
+        bool partial = pg->cls != CACHE__NONE && pg->nfree > 0;
+
+        CACHE__CHECK(partial == (cls_objs[i] == 1), "page %u partial-list membership", i);
+    }
+
+    pthread_mutex_unlock(&p->lock);
+    free(cls_free);
+    free(cls_objs);
+    return bad;
+}

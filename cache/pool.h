@@ -66,8 +66,10 @@ typedef struct cache_pool_stats {
 } cache_pool_stats_t;
 
 /** Creates a pool.  *out is owned by the caller, freed by
- * cache_pool_destroy().  SLOTD_EINVAL for a zero budget or slot count or a
- * model whose block does not fit a page; SLOTD_ENOMEM. */
+ * cache_pool_destroy().  SLOTD_EINVAL for a zero slot count or a budget
+ * that cannot hold one page (pages are sized to the largest block of the
+ * configured models); SLOTD_ENOMEM.  Free bytes are an upper bound on what
+ * can be had: an object needs a free object of its class or a free page. */
 int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out);
 
 /** Frees the pool and its arena; any slot still live is gone with it. */
@@ -84,12 +86,15 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
  * needed, all or nothing (SLOTD_ECACHE_FULL, and nothing changes), and
  * fills `kv` with the slot's chain, entries and state.  The caller may then
  * model_run() up to `n` positions on `kv` and cache_pool_commit() it.
- * SLOTD_ESTALE if `h` or `owner` does not match the live slot. */
+ * SLOTD_ESTALE if `h` or `owner` does not match the live slot; SLOTD_EINVAL
+ * if entries + n would pass the model's max_ctx.  kv->tail is NULL when
+ * the slot's blocks are exactly full (the next reserve adds a block). */
 int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner, uint32_t n,
                        model_kv_t *kv);
 
 /** Records kv->len (at least the slot's entries, within its room) as the
- * slot's entries.  SLOTD_ESTALE as above. */
+ * slot's entries.  SLOTD_ESTALE as above; a length outside those bounds is
+ * a bug: asserted, and SLOTD_EINVAL when assertions are off. */
 int cache_pool_commit(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
                       const model_kv_t *kv);
 

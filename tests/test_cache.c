@@ -1,0 +1,1247 @@
+/*
+ * test_cache.c: the Check suite of the slot pool (cache/pool.c).
+ *
+ * It holds the pool to pool.h with real models ("hash", "tiny", "small"):
+ * empty slots, exact growth by blocks, tails at block boundaries, every byte
+ * returned on release, refusals (slot count, budget, pages) that change
+ * nothing, stale and foreign handles, two block sizes sharing pages, and a
+ * randomized sequence checked against a plain model of the expected figures
+ * after every call.  Debug builds also check the poison and the guards.  It
+ * includes the pool's private header to see pages and run the full
+ * invariant check.
+ */
+#include <check.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/pool.h"
+#include "cache/pool_impl.h"
+#include "core/model.h"
+
+/* ---- Helpers ---- */
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+static uint32_t rng_below(uint32_t n)
+{
+    return (uint32_t)(rng_next() % n);
+}
+
+static model_t *model(const char *preset)
+{
+    model_t *m = NULL;
+
+    ck_assert_int_eq(model_create(preset, &m), SLOTD_OK);
+    ck_assert_ptr_nonnull(m);
+    return m;
+}
+
+static cache_owner_t owner(uint64_t key, const char *id)
+{
+    cache_owner_t o;
+
+    memset(&o, 0, sizeof o);
+    o.key = key;
+    snprintf(o.id, sizeof o.id, "%s", id);
+    return o;
+}
+
+static cache_pool_t *pool(size_t capacity, uint32_t max_slots, const model_t *const *models,
+                          size_t nmodels)
+{
+    cache_pool_config_t cfg = {capacity, max_slots, models, nmodels};
+    cache_pool_t *p = NULL;
+
+    ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_OK);
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+static cache_pool_stats_t stats(cache_pool_t *p)
+{
+    cache_pool_stats_t st;
+
+    cache_pool_stats(p, &st);
+    return st;
+}
+
+/* The figures that hold after every call: used + free == capacity, the
+ * lock-free entry count agrees with the snapshot, and the pool's own walk
+ * of its tables finds nothing wrong. */
+static void sound(cache_pool_t *p)
+{
+    cache_pool_stats_t st = stats(p);
+
+    ck_assert_uint_eq(st.bytes_used + st.bytes_free, st.bytes_capacity);
+    ck_assert_uint_le(st.bytes_used, st.bytes_capacity);
+    ck_assert_uint_eq(cache_pool_entries(p), st.entries);
+    ck_assert_int_eq(cache__pool_check(p), 0);
+}
+
+static void stats_eq(const cache_pool_stats_t *a, const cache_pool_stats_t *b)
+{
+    ck_assert_uint_eq(a->entries, b->entries);
+    ck_assert_uint_eq(a->live_slots, b->live_slots);
+    ck_assert_uint_eq(a->max_slots, b->max_slots);
+    ck_assert_uint_eq(a->bytes_capacity, b->bytes_capacity);
+    ck_assert_uint_eq(a->bytes_used, b->bytes_used);
+    ck_assert_uint_eq(a->bytes_free, b->bytes_free);
+}
+
+/* What a slot looks like from outside: its kv (by a reserve of 0) and the
+ * blocks of its chain. */
+typedef struct view {
+    model_kv_t kv;
+    uint32_t nblocks;
+} view_t;
+
+static uint32_t chain_len(const model_block_t *b)
+{
+    uint32_t n = 0;
+
+    for (; b != NULL; b = b->next)
+        n++;
+    return n;
+}
+
+static const model_block_t *chain_at(const model_block_t *b, uint32_t i)
+{
+    while (i-- > 0)
+        b = b->next;
+    return b;
+}
+
+static view_t view(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o)
+{
+    view_t v;
+
+    memset(&v, 0, sizeof v);
+    ck_assert_int_eq(cache_pool_reserve(p, h, o, 0, &v.kv), SLOTD_OK);
+    v.nblocks = chain_len(v.kv.head);
+    return v;
+}
+
+static void view_eq(const view_t *a, const view_t *b)
+{
+    ck_assert_ptr_eq(a->kv.head, b->kv.head);
+    ck_assert_ptr_eq(a->kv.tail, b->kv.tail);
+    ck_assert_uint_eq(a->kv.len, b->kv.len);
+    ck_assert_ptr_eq(a->kv.state, b->kv.state);
+    ck_assert_uint_eq(a->nblocks, b->nblocks);
+}
+
+static uint32_t blocks_for(const model_t *m, uint32_t positions)
+{
+    uint32_t per = model_block_positions(m);
+    return (positions + per - 1) / per;
+}
+
+/* Grows a slot by n entries (reserve, then commit without running a model). */
+static int grow(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o, uint32_t n)
+{
+    model_kv_t kv;
+    int rc = cache_pool_reserve(p, h, o, n, &kv);
+
+    if (rc != SLOTD_OK)
+        return rc;
+    kv.len += n;
+    return cache_pool_commit(p, h, o, &kv);
+}
+
+/* Fills one new slot of `m` with blocks until the pool refuses; returns
+ * the blocks it got.  *h is the slot (or, if even the acquire failed, left
+ * untouched and 0 is returned). */
+static uint32_t fill_slot(cache_pool_t *p, const model_t *m, const cache_owner_t *o,
+                          cache_handle_t *h)
+{
+    uint32_t per = model_block_positions(m), got = 0;
+    model_kv_t kv;
+
+    if (cache_pool_acquire(p, m, o, h) != SLOTD_OK)
+        return 0;
+    while ((got + 1) * per <= model_max_ctx(m) &&
+           cache_pool_reserve(p, *h, o, per, &kv) == SLOTD_OK) {
+        kv.len += per;
+        ck_assert_int_eq(cache_pool_commit(p, *h, o, &kv), SLOTD_OK);
+        got++;
+    }
+    return got;
+}
+
+static size_t round_align(size_t n)
+{
+    return (n + CACHE__ALIGN - 1) / CACHE__ALIGN * CACHE__ALIGN;
+}
+
+/* The page size the pool picks for `models` (pool_impl.h): the smallest
+ * multiple of the largest object, rounded to CACHE__ALIGN, that reaches
+ * CACHE__PAGE_MIN. */
+static size_t page_for(const model_t *const *models, size_t n)
+{
+    size_t big = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (round_align(model_block_bytes(models[i])) > big)
+            big = round_align(model_block_bytes(models[i]));
+        if (round_align(model_state_size(models[i])) > big)
+            big = round_align(model_state_size(models[i]));
+    }
+    return (CACHE__PAGE_MIN + big - 1) / big * big;
+}
+
+/* ---- Creation ---- */
+
+static int calloc_budget;
+
+static void *failing_calloc(size_t n, size_t size)
+{
+    if (calloc_budget-- <= 0)
+        return NULL;
+    return calloc(n, size);
+}
+
+START_TEST(test_create_invalid)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    const model_t *none[] = {NULL};
+    cache_pool_config_t cfg = {(size_t)4 << 20, 8, models, 1};
+    cache_pool_t *p = NULL;
+
+    ck_assert_int_eq(cache_pool_create(NULL, &p), SLOTD_EINVAL);
+    cfg.capacity_bytes = 0;
+    ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_EINVAL);
+    cfg.capacity_bytes = (size_t)4 << 20;
+    cfg.max_slots = 0;
+    ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_EINVAL);
+    cfg.max_slots = 8;
+    cfg.nmodels = 0;
+    ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_EINVAL);
+    cfg.nmodels = 1;
+    cfg.models = none;
+    ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_EINVAL);
+    cfg.models = models;
+    /* A budget smaller than one page of the model's blocks. */
+    cfg.capacity_bytes = model_block_bytes(hash);
+    ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_EINVAL);
+    /* More pages than a page index holds, and (3e9 pages, some 200 TB)
+     * more address space than the machine has. */
+    cfg.capacity_bytes = SIZE_MAX / 4;
+    ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_ENOMEM);
+    cfg.capacity_bytes = (size_t)3000000000u * page_for(models, 1);
+    ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_ENOMEM);
+    ck_assert_ptr_null(p);
+    model_destroy(hash);
+}
+END_TEST
+
+START_TEST(test_create_oom)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    cache_pool_config_t cfg = {(size_t)1 << 20, 8, models, 1};
+    cache_pool_t *p = NULL;
+    int budget = 0;
+
+    /* Fail the first, second, ... table allocation until creation succeeds;
+     * each failure must leave nothing behind (ASan and valgrind see leaks). */
+    cache__pool_set_calloc(failing_calloc);
+    for (;; budget++) {
+        calloc_budget = budget;
+        if (cache_pool_create(&cfg, &p) == SLOTD_OK)
+            break;
+        ck_assert_ptr_null(p);
+        ck_assert_int_lt(budget, 100);
+    }
+    cache__pool_set_calloc(NULL);
+    ck_assert_int_gt(budget, 0);
+    sound(p);
+    cache_pool_destroy(p);
+    model_destroy(hash);
+}
+END_TEST
+
+/* ---- Acquire, reserve, commit ---- */
+
+START_TEST(test_acquire_empty)
+{
+    model_t *hash = model("hash"), *tiny = model("tiny");
+    const model_t *models[] = {hash, tiny};
+    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 2);
+    cache_owner_t o = owner(1, "a");
+    cache_handle_t h;
+    cache_pool_stats_t st;
+    view_t v;
+
+    st = stats(p);
+    ck_assert_uint_eq(st.bytes_used, 0);
+    ck_assert_uint_eq(st.live_slots, 0);
+    ck_assert_uint_eq(st.max_slots, 4);
+    ck_assert_uint_eq(st.bytes_capacity, (size_t)2 << 20);
+
+    ck_assert_int_eq(cache_pool_acquire(p, tiny, &o, &h), SLOTD_OK);
+    st = stats(p);
+    ck_assert_uint_eq(st.live_slots, 1);
+    ck_assert_uint_eq(st.entries, 0);
+    ck_assert_uint_eq(st.bytes_used, model_state_size(tiny));
+    v = view(p, h, &o);
+    ck_assert_ptr_null(v.kv.head);
+    ck_assert_ptr_null(v.kv.tail);
+    ck_assert_uint_eq(v.kv.len, 0);
+    ck_assert_ptr_nonnull(v.kv.state);
+    ck_assert_uint_eq((uintptr_t)v.kv.state % CACHE__ALIGN, 0);
+    sound(p);
+
+    /* A model the pool was not configured with. */
+    {
+        model_t *small = model("small");
+        cache_handle_t h2;
+        ck_assert_int_eq(cache_pool_acquire(p, small, &o, &h2), SLOTD_EINVAL);
+        ck_assert_int_eq(cache_pool_acquire(p, NULL, &o, &h2), SLOTD_EINVAL);
+        model_destroy(small);
+    }
+    {
+        cache_pool_stats_t after = stats(p);
+        stats_eq(&st, &after);
+    }
+
+    ck_assert_int_eq(cache_pool_release(p, h, &o, NULL), SLOTD_OK);
+    sound(p);
+    cache_pool_destroy(p);
+    model_destroy(hash);
+    model_destroy(tiny);
+}
+END_TEST
+
+START_TEST(test_reserve_commit_grows_exactly)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    cache_pool_t *p = pool((size_t)4 << 20, 4, models, 1);
+    cache_owner_t o = owner(7, "grow");
+    cache_handle_t h;
+    uint32_t entries = 0, per = model_block_positions(hash);
+    const uint32_t steps[] = {1, 1, per - 2, 1, 0, per, 3, 2 * per + 5, per - 1, 17};
+
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &o, &h), SLOTD_OK);
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        model_kv_t kv;
+        cache_pool_stats_t st;
+        uint32_t room_before = blocks_for(hash, entries) * per;
+
+        ck_assert_int_eq(cache_pool_reserve(p, h, &o, steps[i], &kv), SLOTD_OK);
+        ck_assert_uint_eq(kv.len, entries);
+        /* Room for exactly what was asked, in whole blocks, or what was there. */
+        ck_assert_uint_eq(chain_len(kv.head),
+                          blocks_for(hash, entries + steps[i]) > blocks_for(hash, entries)
+                              ? blocks_for(hash, entries + steps[i])
+                              : room_before / per);
+        st = stats(p);
+        ck_assert_uint_eq(st.bytes_used, model_state_size(hash) + (uint64_t)chain_len(kv.head) *
+                                                                      model_block_bytes(hash));
+        ck_assert_uint_eq(st.entries, entries); /* nothing committed yet */
+        kv.len += steps[i];
+        ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
+        entries += steps[i];
+        st = stats(p);
+        ck_assert_uint_eq(st.entries, entries);
+        ck_assert_uint_eq(cache_pool_entries(p), entries);
+        sound(p);
+    }
+    /* Reserving what is already there takes nothing. */
+    {
+        cache_pool_stats_t before = stats(p), after;
+        model_kv_t kv;
+        uint32_t spare = blocks_for(hash, entries) * per - entries;
+
+        ck_assert_int_eq(cache_pool_reserve(p, h, &o, spare, &kv), SLOTD_OK);
+        after = stats(p);
+        stats_eq(&before, &after);
+    }
+    cache_pool_destroy(p);
+    model_destroy(hash);
+}
+END_TEST
+
+START_TEST(test_block_boundaries)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    cache_pool_t *p = pool((size_t)4 << 20, 4, models, 1);
+    cache_owner_t o = owner(3, "edge");
+    cache_handle_t h;
+    uint32_t per = model_block_positions(hash);
+    model_kv_t kv;
+    view_t v;
+
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &o, &h), SLOTD_OK);
+    /* Exactly one block's worth: one block, and once committed the slot is
+     * full, so the tail (the block of position `entries`) is NULL. */
+    ck_assert_int_eq(cache_pool_reserve(p, h, &o, per, &kv), SLOTD_OK);
+    ck_assert_uint_eq(chain_len(kv.head), 1);
+    ck_assert_ptr_eq(kv.tail, kv.head);
+    ck_assert_uint_eq((uintptr_t)kv.head % CACHE__ALIGN, 0);
+    kv.len = per;
+    ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
+    v = view(p, h, &o);
+    ck_assert_ptr_null(v.kv.tail);
+    ck_assert_uint_eq(v.kv.len, per);
+    ck_assert_uint_eq(v.nblocks, 1);
+
+    /* One more: a second block, which is the new tail. */
+    ck_assert_int_eq(cache_pool_reserve(p, h, &o, 1, &kv), SLOTD_OK);
+    ck_assert_uint_eq(chain_len(kv.head), 2);
+    ck_assert_ptr_eq(kv.tail, kv.head->next);
+    ck_assert_ptr_eq(kv.head, v.kv.head);
+    kv.len = per + 1;
+    ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
+    v = view(p, h, &o);
+    ck_assert_ptr_eq(v.kv.tail, v.kv.head->next);
+
+    /* Across several boundaries at once: tail is block (len / per). */
+    ck_assert_int_eq(cache_pool_reserve(p, h, &o, 3 * per, &kv), SLOTD_OK);
+    ck_assert_uint_eq(chain_len(kv.head), 5);
+    kv.len = 4 * per;
+    ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
+    v = view(p, h, &o);
+    ck_assert_ptr_eq(v.kv.tail, chain_at(v.kv.head, 4));
+    kv.len = 5 * per;
+    ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
+    v = view(p, h, &o);
+    ck_assert_ptr_null(v.kv.tail);
+    sound(p);
+
+    /* Up to max_ctx and not one past (the caller's SLOTD_ECONTEXT_FULL). */
+    {
+        uint32_t left = model_max_ctx(hash) - v.kv.len;
+        cache_pool_stats_t before, after;
+
+        ck_assert_int_eq(grow(p, h, &o, left), SLOTD_OK);
+        before = stats(p);
+        v = view(p, h, &o);
+        ck_assert_uint_eq(v.kv.len, model_max_ctx(hash));
+        ck_assert_uint_eq(v.nblocks, model_max_ctx(hash) / per);
+        ck_assert_int_eq(cache_pool_reserve(p, h, &o, 1, &kv), SLOTD_EINVAL);
+        after = stats(p);
+        stats_eq(&before, &after);
+    }
+    sound(p);
+    cache_pool_destroy(p);
+    model_destroy(hash);
+}
+END_TEST
+
+/* The real models write and read their entries through the pool's chain:
+ * a hash sequence across many blocks, decoded step by step, matches the
+ * uncached reference, and "tiny" reproduces the golden tokens. */
+START_TEST(test_models_run_in_slots)
+{
+    model_t *hash = model("hash"), *tiny = model("tiny");
+    const model_t *models[] = {hash, tiny};
+    cache_pool_t *p = pool((size_t)4 << 20, 4, models, 2);
+    cache_owner_t o = owner(9, "run");
+    cache_handle_t h;
+    size_t scratch_size = model_scratch_size(hash) > model_scratch_size(tiny)
+                              ? model_scratch_size(hash)
+                              : model_scratch_size(tiny);
+    void *scratch = malloc(scratch_size > 0 ? scratch_size : 1);
+    enum { PROMPT = 5, STEPS = 300 };
+    int64_t tokens[PROMPT + STEPS];
+    uint32_t ref[PROMPT + STEPS];
+    uint64_t rows;
+    model_kv_t kv;
+
+    for (int i = 0; i < PROMPT; i++)
+        tokens[i] = 3 * i + 1;
+    ck_assert_int_eq(
+        model_generate(hash, tokens, PROMPT, STEPS, false, NULL, NULL, ref, NULL, &rows, NULL),
+        SLOTD_OK);
+
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &o, &h), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_reserve(p, h, &o, PROMPT, &kv), SLOTD_OK);
+    for (int i = 0; i < PROMPT; i++)
+        model_run(hash, &kv, (uint32_t)tokens[i], scratch);
+    ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
+    for (int k = 0; k < STEPS - 1; k++) {
+        uint32_t next;
+        ck_assert_int_eq(cache_pool_reserve(p, h, &o, 1, &kv), SLOTD_OK);
+        next = model_pick(hash, &kv, NULL);
+        ck_assert_uint_eq(next, ref[PROMPT + k]);
+        model_run(hash, &kv, next, scratch);
+        ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
+    }
+    ck_assert_uint_eq(model_pick(hash, &kv, NULL), ref[PROMPT + STEPS - 1]);
+    ck_assert_uint_eq(cache_pool_entries(p), PROMPT + STEPS - 1);
+    sound(p);
+    ck_assert_int_eq(cache_pool_release(p, h, &o, NULL), SLOTD_OK);
+
+    /* tiny: generate([0,1,2], 5) gives [0,1,2,4,0,0,0,0] (MODELS.md). */
+    {
+        const uint32_t golden[] = {0, 1, 2, 4, 0, 0, 0, 0};
+        const int64_t prompt[] = {0, 1, 2};
+        const double first[] = {-0.215893, 0.026816, -0.396466, 0.115424, 0.344289, 0.245721};
+        double logits[6];
+        uint32_t got[8];
+        uint32_t n = 3;
+
+        ck_assert_int_eq(cache_pool_acquire(p, tiny, &o, &h), SLOTD_OK);
+        ck_assert_int_eq(cache_pool_reserve(p, h, &o, 3, &kv), SLOTD_OK);
+        for (int i = 0; i < 3; i++) {
+            model_run(tiny, &kv, (uint32_t)prompt[i], scratch);
+            got[i] = (uint32_t)prompt[i];
+        }
+        ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
+        got[n] = model_pick(tiny, &kv, logits);
+        for (int i = 0; i < 6; i++)
+            ck_assert_double_eq_tol(logits[i], first[i], 1e-9);
+        for (n = 4; n < 8; n++) {
+            ck_assert_int_eq(cache_pool_reserve(p, h, &o, 1, &kv), SLOTD_OK);
+            model_run(tiny, &kv, got[n - 1], scratch);
+            ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
+            got[n] = model_pick(tiny, &kv, NULL);
+        }
+        for (int i = 0; i < 8; i++)
+            ck_assert_uint_eq(got[i], golden[i]);
+        ck_assert_uint_eq(stats(p).bytes_used, model_state_size(tiny) + model_block_bytes(tiny));
+        ck_assert_int_eq(cache_pool_release(p, h, &o, &n), SLOTD_OK);
+        ck_assert_uint_eq(n, 7);
+    }
+    sound(p);
+    free(scratch);
+    cache_pool_destroy(p);
+    model_destroy(hash);
+    model_destroy(tiny);
+}
+END_TEST
+
+/* ---- Release ---- */
+
+START_TEST(test_release_returns_everything)
+{
+    model_t *hash = model("hash"), *tiny = model("tiny"), *small = model("small");
+    const model_t *models[] = {hash, tiny, small};
+    cache_pool_t *p = pool((size_t)8 << 20, 16, models, 3);
+    const model_t *use[] = {hash, tiny, small, hash, small, tiny};
+    const uint32_t grow_by[] = {1000, 7, 100, 64, 16, 8};
+    cache_handle_t h[6];
+    cache_owner_t o[6];
+    uint64_t total = 0;
+
+    for (int i = 0; i < 6; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "r%d", i);
+        o[i] = owner((uint64_t)i, id);
+        ck_assert_int_eq(cache_pool_acquire(p, use[i], &o[i], &h[i]), SLOTD_OK);
+        ck_assert_int_eq(grow(p, h[i], &o[i], grow_by[i]), SLOTD_OK);
+        total += grow_by[i];
+        sound(p);
+    }
+    ck_assert_uint_eq(stats(p).entries, total);
+    ck_assert_uint_lt(cache__pool_pages_free(p), cache__pool_pages(p));
+    for (int i = 0; i < 6; i++) {
+        uint32_t had = 0;
+        ck_assert_int_eq(cache_pool_release(p, h[i], &o[i], &had), SLOTD_OK);
+        ck_assert_uint_eq(had, grow_by[i]);
+        total -= had;
+        ck_assert_uint_eq(stats(p).entries, total);
+        sound(p);
+    }
+    ck_assert_uint_eq(stats(p).bytes_used, 0);
+    ck_assert_uint_eq(stats(p).bytes_free, (size_t)8 << 20);
+    ck_assert_uint_eq(stats(p).live_slots, 0);
+    ck_assert_uint_eq(cache_pool_entries(p), 0);
+    /* Every page is back on the free-page list. */
+    ck_assert_uint_eq(cache__pool_pages_free(p), cache__pool_pages(p));
+    cache_pool_destroy(p);
+    model_destroy(hash);
+    model_destroy(tiny);
+    model_destroy(small);
+}
+END_TEST
+
+/* ---- Refusals ---- */
+
+START_TEST(test_slot_count_exhausted)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    cache_pool_t *p = pool((size_t)4 << 20, 3, models, 1);
+    cache_owner_t o[4] = {owner(1, "a"), owner(1, "b"), owner(2, "a"), owner(2, "b")};
+    cache_handle_t h[4], spare = {77, 77};
+    view_t before[3];
+    cache_pool_stats_t st, after;
+
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(cache_pool_acquire(p, hash, &o[i], &h[i]), SLOTD_OK);
+        ck_assert_int_eq(grow(p, h[i], &o[i], 10u * (uint32_t)(i + 1)), SLOTD_OK);
+        before[i] = view(p, h[i], &o[i]);
+    }
+    st = stats(p);
+    ck_assert_uint_lt(st.bytes_used, st.bytes_capacity / 2); /* bytes are not the limit */
+    h[3] = spare;
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &o[3], &h[3]), SLOTD_ECACHE_FULL);
+    ck_assert_uint_eq(h[3].slot, 77);
+    ck_assert_uint_eq(h[3].gen, 77);
+    after = stats(p);
+    stats_eq(&st, &after);
+    for (int i = 0; i < 3; i++) {
+        view_t v = view(p, h[i], &o[i]);
+        view_eq(&before[i], &v);
+    }
+    sound(p);
+
+    /* Freeing one makes room again. */
+    ck_assert_int_eq(cache_pool_release(p, h[1], &o[1], NULL), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &o[3], &h[3]), SLOTD_OK);
+    ck_assert_int_eq(grow(p, h[3], &o[3], 5), SLOTD_OK);
+    sound(p);
+    cache_pool_destroy(p);
+    model_destroy(hash);
+}
+END_TEST
+
+/* The budget runs out through the pages (the arena is no larger than the
+ * budget, so pages always give out before used + needed passes capacity):
+ * "small" has one block per page, and its states share one page.  With 6
+ * pages, one state page and five block pages are all there is. */
+START_TEST(test_budget_exhausted)
+{
+    model_t *small = model("small");
+    const model_t *models[] = {small};
+    cache_pool_t *p;
+    size_t page;
+    uint32_t per = model_block_positions(small);
+    cache_owner_t a = owner(1, "a"), b = owner(1, "b"), c = owner(2, "c");
+    cache_handle_t ha, hb, hc, hs[32];
+    cache_owner_t os[32];
+    cache_pool_stats_t st, after;
+    view_t va, vb, vc;
+    model_kv_t kv;
+    uint32_t nstates = 0;
+
+    page = page_for(models, 1);
+    p = pool(6 * page, 64, models, 1);
+    ck_assert_uint_eq(cache__pool_page_size(p), page);
+    ck_assert_uint_eq(cache__pool_pages(p), 6);
+    ck_assert_uint_eq(page / model_block_bytes(small), 1);
+
+    ck_assert_int_eq(cache_pool_acquire(p, small, &a, &ha), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_acquire(p, small, &b, &hb), SLOTD_OK);
+    ck_assert_int_eq(grow(p, ha, &a, 2 * per + 3), SLOTD_OK); /* 3 blocks */
+    ck_assert_int_eq(grow(p, hb, &b, per), SLOTD_OK);         /* 1 block, full */
+    ck_assert_uint_eq(cache__pool_pages_free(p), 1);
+    va = view(p, ha, &a);
+    vb = view(p, hb, &b);
+
+    /* On reserve, all or nothing: b asks for 2 blocks, one page is left. */
+    st = stats(p);
+    ck_assert_int_eq(cache_pool_reserve(p, hb, &b, per + 1, &kv), SLOTD_ECACHE_FULL);
+    after = stats(p);
+    stats_eq(&st, &after);
+    {
+        view_t v = view(p, ha, &a);
+        view_eq(&va, &v);
+        v = view(p, hb, &b);
+        view_eq(&vb, &v);
+    }
+    ck_assert_uint_eq(cache__pool_pages_free(p), 1);
+    sound(p);
+
+    /* Exactly one block fits. */
+    ck_assert_int_eq(grow(p, hb, &b, per), SLOTD_OK);
+    vb = view(p, hb, &b);
+    ck_assert_uint_eq(cache__pool_pages_free(p), 0);
+    st = stats(p);
+    ck_assert_int_eq(cache_pool_reserve(p, ha, &a, per, &kv), SLOTD_ECACHE_FULL);
+    /* Room already held is still handed out: a has a partial block. */
+    ck_assert_int_eq(cache_pool_reserve(p, ha, &a, per - 3, &kv), SLOTD_OK);
+    after = stats(p);
+    stats_eq(&st, &after);
+
+    /* On acquire: states fill the one state page, then there is none. */
+    while (nstates < 32) {
+        char id[16];
+        snprintf(id, sizeof id, "s%u", nstates);
+        os[nstates] = owner(5, id);
+        if (cache_pool_acquire(p, small, &os[nstates], &hs[nstates]) != SLOTD_OK)
+            break;
+        nstates++;
+    }
+    ck_assert_uint_eq(nstates + 2, page / round_align(model_state_size(small)));
+    st = stats(p);
+    ck_assert_uint_lt(st.bytes_used, st.bytes_capacity); /* free bytes, none usable */
+    ck_assert_uint_lt(st.live_slots, st.max_slots);
+    hc.slot = 99;
+    ck_assert_int_eq(cache_pool_acquire(p, small, &c, &hc), SLOTD_ECACHE_FULL);
+    ck_assert_uint_eq(hc.slot, 99);
+    after = stats(p);
+    stats_eq(&st, &after);
+    {
+        view_t v = view(p, ha, &a);
+        view_eq(&va, &v);
+        v = view(p, hb, &b);
+        view_eq(&vb, &v);
+    }
+    sound(p);
+
+    /* Freeing makes room again: one state frees one state object... */
+    ck_assert_int_eq(cache_pool_release(p, hs[0], &os[0], NULL), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_acquire(p, small, &c, &hc), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_reserve(p, hc, &c, 1, &kv), SLOTD_ECACHE_FULL);
+    /* ...and b's two blocks free two pages for c's. */
+    ck_assert_int_eq(cache_pool_release(p, hb, &b, NULL), SLOTD_OK);
+    ck_assert_int_eq(grow(p, hc, &c, 2 * per), SLOTD_OK);
+    vc = view(p, hc, &c);
+    ck_assert_uint_eq(vc.nblocks, 2);
+    sound(p);
+    for (uint32_t i = 1; i < nstates; i++)
+        ck_assert_int_eq(cache_pool_release(p, hs[i], &os[i], NULL), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_release(p, ha, &a, NULL), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_release(p, hc, &c, NULL), SLOTD_OK);
+    ck_assert_uint_eq(stats(p).bytes_used, 0);
+    sound(p);
+    cache_pool_destroy(p);
+    model_destroy(small);
+}
+END_TEST
+
+/* ---- Ownership ---- */
+
+START_TEST(test_stale_handles)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    cache_pool_t *p = pool((size_t)2 << 20, 1, models, 1);
+    cache_owner_t a = owner(1, "req"), b = owner(2, "req");
+    cache_handle_t ha, hb;
+    model_kv_t kv, poisoned;
+    view_t vb;
+    cache_pool_stats_t st, after;
+
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &a, &ha), SLOTD_OK);
+    ck_assert_int_eq(grow(p, ha, &a, 10), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_release(p, ha, &a, NULL), SLOTD_OK);
+
+    /* Stale after release. */
+    ck_assert_int_eq(cache_pool_reserve(p, ha, &a, 1, &kv), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_commit(p, ha, &a, &kv), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_release(p, ha, &a, NULL), SLOTD_ESTALE);
+
+    /* Stale after reuse by another owner: one slot, so b gets the same one. */
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &b, &hb), SLOTD_OK);
+    ck_assert_uint_eq(hb.slot, ha.slot);
+    ck_assert_uint_ne(hb.gen, ha.gen);
+    ck_assert_int_eq(grow(p, hb, &b, 100), SLOTD_OK);
+    vb = view(p, hb, &b);
+    st = stats(p);
+    memset(&poisoned, 0xA5, sizeof poisoned);
+    kv = poisoned;
+    ck_assert_int_eq(cache_pool_reserve(p, ha, &a, 1, &kv), SLOTD_ESTALE);
+    ck_assert_mem_eq(&kv, &poisoned, sizeof kv); /* nothing of b's handed out */
+    /* The old handle with the new owner, and the new handle with the old. */
+    ck_assert_int_eq(cache_pool_reserve(p, ha, &b, 1, &kv), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_reserve(p, hb, &a, 1, &kv), SLOTD_ESTALE);
+    ck_assert_mem_eq(&kv, &poisoned, sizeof kv);
+    kv = vb.kv;
+    kv.len += 1;
+    ck_assert_int_eq(cache_pool_commit(p, ha, &a, &kv), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_commit(p, hb, &a, &kv), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_release(p, ha, &a, NULL), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_release(p, ha, &b, NULL), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_release(p, hb, &a, NULL), SLOTD_ESTALE);
+    after = stats(p);
+    stats_eq(&st, &after);
+    {
+        view_t v = view(p, hb, &b);
+        view_eq(&vb, &v);
+    }
+
+    /* Handles that never named a tenancy. */
+    ck_assert_int_eq(cache_pool_reserve(p, (cache_handle_t){5, hb.gen}, &b, 1, &kv), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_reserve(p, (cache_handle_t){UINT32_MAX, hb.gen}, &b, 1, &kv),
+                     SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_reserve(p, (cache_handle_t){hb.slot, hb.gen + 1}, &b, 1, &kv),
+                     SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_reserve(p, (cache_handle_t){hb.slot, 0}, &b, 1, &kv), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_release(p, hb, &b, NULL), SLOTD_OK);
+    sound(p);
+    cache_pool_destroy(p);
+    model_destroy(hash);
+}
+END_TEST
+
+START_TEST(test_wrong_owner)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    char longid[CACHE_ID_MAX + 1];
+    cache_owner_t o, wrong_key, wrong_id, prefix, longer;
+    cache_handle_t h;
+    model_kv_t kv;
+    cache_pool_stats_t st, after;
+
+    memset(longid, 'x', CACHE_ID_MAX);
+    longid[CACHE_ID_MAX] = '\0';
+    o = owner(42, longid);
+    wrong_key = owner(43, longid);
+    longid[CACHE_ID_MAX - 1] = 'y';
+    wrong_id = owner(42, longid); /* differs in the last character only */
+    longid[CACHE_ID_MAX - 1] = '\0';
+    prefix = owner(42, longid);
+    longer = o; /* the same id, junk after its end: still the same owner */
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &o, &h), SLOTD_OK);
+    ck_assert_int_eq(grow(p, h, &o, 3), SLOTD_OK);
+    st = stats(p);
+    ck_assert_int_eq(cache_pool_reserve(p, h, &wrong_key, 1, &kv), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_reserve(p, h, &wrong_id, 1, &kv), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_reserve(p, h, &prefix, 1, &kv), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_commit(p, h, &wrong_key, &kv), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_commit(p, h, &wrong_id, &kv), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_release(p, h, &wrong_key, NULL), SLOTD_ESTALE);
+    ck_assert_int_eq(cache_pool_release(p, h, &wrong_id, NULL), SLOTD_ESTALE);
+    after = stats(p);
+    stats_eq(&st, &after);
+    ck_assert_int_eq(cache_pool_reserve(p, h, &longer, 1, &kv), SLOTD_OK);
+    ck_assert_uint_eq(kv.len, 3);
+    ck_assert_int_eq(cache_pool_release(p, h, &o, NULL), SLOTD_OK);
+    sound(p);
+    cache_pool_destroy(p);
+    model_destroy(hash);
+}
+END_TEST
+
+START_TEST(test_double_release)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    cache_owner_t a = owner(1, "a"), b = owner(1, "b");
+    cache_handle_t ha, hb;
+    cache_pool_stats_t st, after;
+    uint32_t had = 1234;
+    view_t vb;
+
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &a, &ha), SLOTD_OK);
+    ck_assert_int_eq(grow(p, ha, &a, 70), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &b, &hb), SLOTD_OK);
+    ck_assert_int_eq(grow(p, hb, &b, 5), SLOTD_OK);
+    vb = view(p, hb, &b);
+    ck_assert_int_eq(cache_pool_release(p, ha, &a, &had), SLOTD_OK);
+    ck_assert_uint_eq(had, 70);
+    st = stats(p);
+    had = 1234;
+    ck_assert_int_eq(cache_pool_release(p, ha, &a, &had), SLOTD_ESTALE);
+    ck_assert_uint_eq(had, 1234);
+    after = stats(p);
+    stats_eq(&st, &after);
+    /* The slot reused: the old handle still cannot release it. */
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &a, &ha), SLOTD_OK);
+    {
+        cache_handle_t old = {ha.slot, ha.gen - 2};
+        ck_assert_int_eq(cache_pool_release(p, old, &a, NULL), SLOTD_ESTALE);
+    }
+    ck_assert_int_eq(cache_pool_release(p, ha, &a, NULL), SLOTD_OK);
+    {
+        view_t v = view(p, hb, &b);
+        view_eq(&vb, &v);
+    }
+    ck_assert_int_eq(cache_pool_release(p, hb, &b, NULL), SLOTD_OK);
+    ck_assert_uint_eq(stats(p).bytes_used, 0);
+    sound(p);
+    cache_pool_destroy(p);
+    model_destroy(hash);
+}
+END_TEST
+
+/* ---- Pages shared between classes ---- */
+
+START_TEST(test_pages_move_between_classes)
+{
+    model_t *hash = model("hash"), *small = model("small");
+    const model_t *models[] = {hash, small};
+    cache_pool_t *p = pool(6 * page_for(models, 2), 64, models, 2);
+    cache_owner_t a = owner(1, "small");
+    cache_handle_t ha, hh[16];
+    cache_owner_t oh[16];
+    int64_t pages_of_small[8];
+    uint32_t nsmall, nh = 0, nblocks_hash = 0;
+    view_t va;
+
+    ck_assert_uint_ne(model_block_bytes(hash), model_block_bytes(small));
+    ck_assert_uint_eq(cache__pool_pages(p), 6);
+
+    /* "small" takes every page: one for its state, five for blocks. */
+    nsmall = fill_slot(p, small, &a, &ha);
+    ck_assert_uint_eq(nsmall, 5);
+    ck_assert_uint_eq(cache__pool_pages_free(p), 0);
+    va = view(p, ha, &a);
+    for (uint32_t i = 0; i < nsmall; i++) {
+        pages_of_small[i] = cache__pool_page_of(p, chain_at(va.kv.head, i));
+        ck_assert_int_ge(pages_of_small[i], 0);
+        ck_assert_uint_eq(cache__pool_page_stride(p, (uint32_t)pages_of_small[i]),
+                          model_block_bytes(small));
+    }
+    ck_assert_int_eq(cache_pool_release(p, ha, &a, NULL), SLOTD_OK);
+    ck_assert_uint_eq(cache__pool_pages_free(p), 6);
+    for (uint32_t i = 0; i < nsmall; i++)
+        ck_assert_uint_eq(cache__pool_page_stride(p, (uint32_t)pages_of_small[i]), 0);
+
+    /* "hash" now fills the same pages with its own, smaller blocks. */
+    for (;;) {
+        char id[16];
+        uint32_t got;
+
+        ck_assert_uint_lt(nh, 16);
+        snprintf(id, sizeof id, "hash%u", nh);
+        oh[nh] = owner(2, id);
+        got = fill_slot(p, hash, &oh[nh], &hh[nh]);
+        if (got == 0) {
+            break;
+        }
+        nblocks_hash += got;
+        nh++;
+        if (got < model_max_ctx(hash) / model_block_positions(hash))
+            break;
+    }
+    ck_assert_uint_eq(cache__pool_pages_free(p), 0);
+    ck_assert_uint_ge(nblocks_hash, 5 * (cache__pool_page_size(p) / model_block_bytes(hash)));
+    for (uint32_t i = 0; i < nsmall; i++) {
+        size_t stride = cache__pool_page_stride(p, (uint32_t)pages_of_small[i]);
+        ck_assert(stride == model_block_bytes(hash) || stride == CACHE__ALIGN);
+    }
+    sound(p);
+
+    /* And back: with hash gone, small gets all five block pages again. */
+    for (uint32_t i = 0; i < nh; i++)
+        ck_assert_int_eq(cache_pool_release(p, hh[i], &oh[i], NULL), SLOTD_OK);
+    ck_assert_uint_eq(fill_slot(p, small, &a, &ha), 5);
+    ck_assert_int_eq(cache_pool_release(p, ha, &a, NULL), SLOTD_OK);
+    ck_assert_uint_eq(stats(p).bytes_used, 0);
+    sound(p);
+    cache_pool_destroy(p);
+    model_destroy(hash);
+    model_destroy(small);
+}
+END_TEST
+
+/* ---- A randomized sequence against a model of the expected figures ---- */
+
+typedef struct expect_slot {
+    int live;
+    const model_t *m;
+    cache_owner_t owner;
+    cache_handle_t h;
+    uint32_t entries;
+    uint32_t nblocks;
+} expect_slot_t;
+
+START_TEST(test_randomized)
+{
+    model_t *hash = model("hash"), *tiny = model("tiny"), *small = model("small");
+    const model_t *models[] = {hash, tiny, small};
+    enum { NREC = 8, MAX_SLOTS = 6, OPS = 4000 };
+    const size_t capacity = 14 * page_for(models, 3) + 12345;
+    cache_pool_t *p = pool(capacity, MAX_SLOTS, models, 3);
+    expect_slot_t rec[NREC];
+    cache_handle_t dead[64];
+    cache_owner_t dead_owner[64];
+    uint32_t ndead = 0, live = 0, serial = 0;
+    uint64_t used = 0, entries = 0;
+    unsigned full_slots = 0, full_bytes = 0, full_pages = 0, oks = 0;
+
+    memset(rec, 0, sizeof rec);
+    rng_state = 12345;
+    for (int op = 0; op < OPS; op++) {
+        expect_slot_t *r = &rec[rng_below(NREC)];
+        uint32_t dice = rng_below(100);
+        cache_pool_stats_t before = stats(p), after;
+        bool refused = false;
+        int rc;
+
+        if (!r->live) {
+            char id[24];
+            const model_t *m = models[rng_below(3)];
+            bool slots_out = live == MAX_SLOTS;
+            bool bytes_out = used + model_state_size(m) > capacity;
+
+            snprintf(id, sizeof id, "op%u", serial++);
+            r->owner = owner(rng_below(3), id);
+            rc = cache_pool_acquire(p, m, &r->owner, &r->h);
+            if (slots_out || bytes_out) {
+                ck_assert_int_eq(rc, SLOTD_ECACHE_FULL);
+            }
+            if (rc == SLOTD_OK) {
+                r->live = 1;
+                r->m = m;
+                r->entries = r->nblocks = 0;
+                live++;
+                used += model_state_size(m);
+                oks++;
+            } else {
+                ck_assert_int_eq(rc, SLOTD_ECACHE_FULL);
+                refused = true;
+                full_slots += slots_out;
+                full_bytes += bytes_out;
+                full_pages += !slots_out && !bytes_out;
+            }
+        } else if (dice < 55) {
+            uint32_t per = model_block_positions(r->m), max = model_max_ctx(r->m);
+            uint32_t n = rng_below(dice < 5 ? max + 2 : 3 * per + 1);
+            uint64_t want = (uint64_t)r->entries + n;
+            uint32_t need = want > (uint64_t)r->nblocks * per
+                                ? (uint32_t)((want - (uint64_t)r->nblocks * per + per - 1) / per)
+                                : 0;
+            model_kv_t kv;
+            view_t vr = view(p, r->h, &r->owner);
+
+            rc = cache_pool_reserve(p, r->h, &r->owner, n, &kv);
+            if (want > max) {
+                ck_assert_int_eq(rc, SLOTD_EINVAL);
+            } else if (used + (uint64_t)need * model_block_bytes(r->m) > capacity) {
+                ck_assert_int_eq(rc, SLOTD_ECACHE_FULL);
+                full_bytes++;
+            } else if (rc == SLOTD_ECACHE_FULL) {
+                full_pages++;
+            }
+            if (rc != SLOTD_OK) {
+                view_t v = view(p, r->h, &r->owner);
+                view_eq(&vr, &v);
+                refused = true;
+            } else {
+                uint32_t len;
+                ck_assert_int_eq(rc, SLOTD_OK);
+                ck_assert_uint_eq(kv.len, r->entries);
+                r->nblocks += need;
+                used += (uint64_t)need * model_block_bytes(r->m);
+                ck_assert_uint_eq(chain_len(kv.head), r->nblocks);
+                /* Commit anything from the entries to the room, usually all. */
+                len = rng_below(4) == 0 ? r->entries + rng_below(n + 1) : r->entries + n;
+                if (rng_below(3) == 0)
+                    len = r->entries + rng_below(r->nblocks * per - r->entries + 1);
+                kv.len = len;
+                ck_assert_int_eq(cache_pool_commit(p, r->h, &r->owner, &kv), SLOTD_OK);
+                entries += len - r->entries;
+                r->entries = len;
+                oks++;
+            }
+        } else if (dice < 70 && ndead > 0) {
+            uint32_t i = rng_below(ndead);
+            model_kv_t kv;
+
+            memset(&kv, 0, sizeof kv);
+            ck_assert_int_eq(cache_pool_reserve(p, dead[i], &dead_owner[i], 1, &kv), SLOTD_ESTALE);
+            ck_assert_int_eq(cache_pool_commit(p, dead[i], &dead_owner[i], &kv), SLOTD_ESTALE);
+            ck_assert_int_eq(cache_pool_release(p, dead[i], &dead_owner[i], NULL), SLOTD_ESTALE);
+            refused = true;
+            /* A live slot with someone else's owner. */
+            if (live > 0) {
+                expect_slot_t *o = &rec[rng_below(NREC)];
+                if (o->live && o != r)
+                    ck_assert_int_eq(cache_pool_reserve(p, o->h, &r->owner, 0, &kv),
+                                     strcmp(o->owner.id, r->owner.id) == 0 &&
+                                             o->owner.key == r->owner.key
+                                         ? SLOTD_OK
+                                         : SLOTD_ESTALE);
+            }
+        } else if (dice >= 70) {
+            uint32_t had = 0;
+
+            ck_assert_int_eq(cache_pool_release(p, r->h, &r->owner, &had), SLOTD_OK);
+            ck_assert_uint_eq(had, r->entries);
+            live--;
+            entries -= r->entries;
+            used -= model_state_size(r->m) + (uint64_t)r->nblocks * model_block_bytes(r->m);
+            r->live = 0;
+            dead[ndead % 64] = r->h;
+            dead_owner[ndead % 64] = r->owner;
+            if (ndead < 64)
+                ndead++;
+        }
+
+        after = stats(p);
+        if (refused)
+            stats_eq(&before, &after);
+        ck_assert_uint_eq(after.live_slots, live);
+        ck_assert_uint_eq(after.entries, entries);
+        ck_assert_uint_eq(after.bytes_used, used);
+        ck_assert_uint_eq(after.bytes_free, capacity - used);
+        ck_assert_uint_eq(after.bytes_used + after.bytes_free, capacity);
+        ck_assert_uint_eq(cache_pool_entries(p), entries);
+        ck_assert_int_eq(cache__pool_check(p), 0);
+    }
+    /* The sequence reached every kind of refusal it can. */
+    ck_assert_uint_gt(oks, OPS / 4);
+    ck_assert_uint_gt(full_slots, 0);
+    ck_assert_uint_gt(full_pages, 0);
+
+    for (int i = 0; i < NREC; i++)
+        if (rec[i].live)
+            ck_assert_int_eq(cache_pool_release(p, rec[i].h, &rec[i].owner, NULL), SLOTD_OK);
+    ck_assert_uint_eq(stats(p).bytes_used, 0);
+    ck_assert_uint_eq(stats(p).entries, 0);
+    ck_assert_uint_eq(cache__pool_pages_free(p), cache__pool_pages(p));
+    cache_pool_destroy(p);
+    model_destroy(hash);
+    model_destroy(tiny);
+    model_destroy(small);
+}
+END_TEST
+
+/* ---- Debug poison and guards ---- */
+
+#ifndef NDEBUG
+START_TEST(test_poison_after_release)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    cache_owner_t a = owner(1, "a");
+    cache_handle_t h;
+    model_kv_t kv;
+    const unsigned char *block, *state;
+    size_t bb = model_block_bytes(hash), sb = model_state_size(hash);
+
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &a, &h), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_reserve(p, h, &a, 2 * model_block_positions(hash), &kv), SLOTD_OK);
+    memset(kv.head->data, 0x11, bb - sizeof(model_block_t));
+    memset(kv.head->next->data, 0x22, bb - sizeof(model_block_t));
+    memset(kv.state, 0x33, sb);
+    block = (const unsigned char *)kv.head->next;
+    state = kv.state;
+    ck_assert_int_eq(cache_pool_release(p, h, &a, NULL), SLOTD_OK);
+    /* The arena stays mapped: the raw bytes show the poison.  The first 16
+     * bytes of an object hold its free-list link and the free magic. */
+    for (size_t i = 16; i < bb; i++)
+        ck_assert_uint_eq(block[i], CACHE__POISON);
+    for (size_t i = 16; i < CACHE__ALIGN; i++)
+        ck_assert_uint_eq(state[i], CACHE__POISON);
+    {
+        uint64_t magic;
+        memcpy(&magic, block + 8, sizeof magic);
+        ck_assert_uint_eq(magic, CACHE__FREE_MAGIC);
+    }
+    cache_pool_destroy(p);
+    model_destroy(hash);
+}
+END_TEST
+
+/* Runs in a forked child: the guard aborts. */
+START_TEST(test_guard_double_free)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    cache_owner_t a = owner(1, "a"), keep = owner(1, "keep");
+    cache_handle_t h, hk;
+    model_kv_t kv;
+    void *block;
+
+    /* Another slot keeps the page assigned, so the object stays on the
+     * page's free list rather than the page going back. */
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &keep, &hk), SLOTD_OK);
+    ck_assert_int_eq(grow(p, hk, &keep, 1), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &a, &h), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_reserve(p, h, &a, 1, &kv), SLOTD_OK);
+    block = kv.head;
+    ck_assert_int_eq(cache_pool_release(p, h, &a, NULL), SLOTD_OK);
+    cache__pool_debug_free(p, block); /* the second free: aborts */
+}
+END_TEST
+
+START_TEST(test_guard_write_after_release)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    cache_owner_t a = owner(1, "a"), keep = owner(1, "keep");
+    cache_handle_t h, hk;
+    model_kv_t kv;
+    unsigned char *block;
+
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &keep, &hk), SLOTD_OK);
+    ck_assert_int_eq(grow(p, hk, &keep, 1), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &a, &h), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_reserve(p, h, &a, 1, &kv), SLOTD_OK);
+    block = (unsigned char *)kv.head;
+    ck_assert_int_eq(cache_pool_release(p, h, &a, NULL), SLOTD_OK);
+    block[100] = 0; /* a use after release */
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &a, &h), SLOTD_OK);
+    cache_pool_reserve(p, h, &a, 1, &kv); /* hands the block out again: aborts */
+}
+END_TEST
+
+START_TEST(test_guard_commit_shrinks)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    cache_owner_t a = owner(1, "a");
+    cache_handle_t h;
+    model_kv_t kv;
+
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &a, &h), SLOTD_OK);
+    ck_assert_int_eq(grow(p, h, &a, 5), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_reserve(p, h, &a, 0, &kv), SLOTD_OK);
+    kv.len = 4;
+    cache_pool_commit(p, h, &a, &kv); /* a broken invariant: aborts */
+}
+END_TEST
+#endif
+
+static Suite *cache_suite(bool forking)
+{
+    Suite *s = suite_create("cache");
+    TCase *tc = tcase_create("pool");
+
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_create_invalid);
+    tcase_add_test(tc, test_create_oom);
+    tcase_add_test(tc, test_acquire_empty);
+    tcase_add_test(tc, test_reserve_commit_grows_exactly);
+    tcase_add_test(tc, test_block_boundaries);
+    tcase_add_test(tc, test_models_run_in_slots);
+    tcase_add_test(tc, test_release_returns_everything);
+    tcase_add_test(tc, test_slot_count_exhausted);
+    tcase_add_test(tc, test_budget_exhausted);
+    tcase_add_test(tc, test_stale_handles);
+    tcase_add_test(tc, test_wrong_owner);
+    tcase_add_test(tc, test_double_release);
+    tcase_add_test(tc, test_pages_move_between_classes);
+    tcase_add_test(tc, test_randomized);
+#ifndef NDEBUG
+    tcase_add_test(tc, test_poison_after_release);
+    /* The guards abort the process: only in a forked child. */
+    if (forking) {
+        tcase_add_test_raise_signal(tc, test_guard_double_free, SIGABRT);
+        tcase_add_test_raise_signal(tc, test_guard_write_after_release, SIGABRT);
+        tcase_add_test_raise_signal(tc, test_guard_commit_shrinks, SIGABRT);
+    }
+#endif
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    const char *fork_env = getenv("CK_FORK");
+    bool forking = fork_env == NULL || strcmp(fork_env, "no") != 0;
+    SRunner *sr = srunner_create(cache_suite(forking));
+    int failed;
+
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
