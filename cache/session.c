@@ -1,1 +1,207 @@
-/* placeholder: not written yet */
+/*
+ * session.c: a request's decode session, the calls a worker makes between
+ * the slot pool and a model.
+ *
+ * It owns the order of those calls and the all-or-nothing rule of
+ * session.h: every check that can fail (the prompt, the context limit, the
+ * pool's room) is made before the first model_run(), and a start that fails
+ * after acquiring its slot releases it before returning.  Once the pool has
+ * reserved room, nothing on the path can fail: model_run() asserts its
+ * preconditions instead of checking them, and those were checked here.
+ * The step path allocates nothing: it writes into blocks the pool reserved.
+ *
+ * The stateless operations (logits, generate) run in a slot borrowed under
+ * an owner no client can name (key 0 and the empty id; request ids have at
+ * least one character) and give it back before returning, so a borrowed
+ * slot never outlives its call.
+ */
+#include "cache/session.h"
+
+#include <assert.h>
+#include <inttypes.h>
+
+/* The owner of borrowed slots: the empty id is not a valid request id. */
+static const cache_owner_t session__borrower = {.key = 0, .id = ""};
+
+/* Fills `err` for a pool failure met by `op` on behalf of `id`. */
+static int session__pool_error(slotd_error_t *err, int rc, const char *op, const char *id)
+{
+    if (rc == SLOTD_ECACHE_FULL) {
+        return slotd_error_set(err, rc, "%s: the cache pool has no room for '%s'", op, id);
+    }
+    return slotd_error_set(err, rc, "%s: %s ('%s')", op, slotd_strerror(rc), id);
+}
+
+int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                        const int64_t *prompt, size_t n, void *scratch, cache_session_t *s,
+                        slotd_error_t *err)
+{
+    cache_handle_t h;
+    model_kv_t kv;
+    int rc;
+
+    rc = model_check_prompt(m, prompt, n, err);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    rc = cache_pool_acquire(p, m, owner, &h);
+    if (rc != SLOTD_OK) {
+        return session__pool_error(err, rc, "start", owner->id);
+    }
+    rc = cache_pool_reserve(p, h, owner, (uint32_t)n, &kv);
+    if (rc != SLOTD_OK) {
+        goto fail_release;
+    }
+    assert(kv.len == 0);
+    for (size_t i = 0; i < n; i++) {
+        model_run(m, &kv, (uint32_t)prompt[i], scratch);
+    }
+    rc = cache_pool_commit(p, h, owner, &kv);
+    if (rc != SLOTD_OK) {
+        goto fail_release;
+    }
+
+    s->handle = h;
+    s->model = m;
+    s->owner = *owner;
+    s->entries = kv.len;
+    return SLOTD_OK;
+
+fail_release:
+    (void)cache_pool_release(p, h, owner, NULL);
+    return session__pool_error(err, rc, "start", owner->id);
+}
+
+int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
+                       uint32_t *tokens, double *logits, slotd_error_t *err)
+{
+    const model_t *m = s->model;
+    uint32_t vocab = model_vocab(m);
+    bool want_logits = logits != NULL && model_family(m) == MODEL_FAMILY_ATTN;
+    model_kv_t kv;
+    int rc;
+
+    if (n == 0) {
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST, "n: at least one step is needed");
+    }
+    if ((uint64_t)s->entries + n > model_max_ctx(m)) {
+        return slotd_error_set(err, SLOTD_ECONTEXT_FULL,
+                               "step: '%s' holds %" PRIu32 " of %" PRIu32 " positions, %" PRIu32
+                               " more do not fit",
+                               s->owner.id, s->entries, model_max_ctx(m), n);
+    }
+    rc = cache_pool_reserve(p, s->handle, &s->owner, n, &kv);
+    if (rc != SLOTD_OK) {
+        return session__pool_error(err, rc, "step", s->owner.id);
+    }
+    assert(kv.len == s->entries);
+
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t t = model_pick(m, &kv, want_logits ? logits + (size_t)i * vocab : NULL);
+        tokens[i] = t;
+        model_run(m, &kv, t, scratch);
+    }
+    rc = cache_pool_commit(p, s->handle, &s->owner, &kv);
+    if (rc != SLOTD_OK) {
+        /* Only a broken one-thread-per-session rule gets here: the slot was
+         * released while this step ran. */
+        return session__pool_error(err, rc, "step", s->owner.id);
+    }
+    s->entries = kv.len;
+    return SLOTD_OK;
+}
+
+int cache_session_finish(cache_pool_t *p, cache_session_t *s, uint32_t *released)
+{
+    uint32_t held = 0;
+    int rc;
+
+    rc = cache_pool_release(p, s->handle, &s->owner, &held);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    s->entries = 0;
+    if (released != NULL) {
+        *released = held;
+    }
+    return SLOTD_OK;
+}
+
+/* Borrows an empty slot of `m` with room for `positions`: on success the
+ * caller owns *h until session__give_back(), and *kv is the slot's chain. */
+static int session__borrow(cache_pool_t *p, const model_t *m, uint32_t positions, const char *op,
+                           cache_handle_t *h, model_kv_t *kv, slotd_error_t *err)
+{
+    int rc;
+
+    rc = cache_pool_acquire(p, m, &session__borrower, h);
+    if (rc != SLOTD_OK) {
+        return slotd_error_set(err, rc, "%s: %s", op,
+                               rc == SLOTD_ECACHE_FULL ? "the cache pool has no room for a slot"
+                                                       : slotd_strerror(rc));
+    }
+    rc = cache_pool_reserve(p, *h, &session__borrower, positions, kv);
+    if (rc != SLOTD_OK) {
+        (void)cache_pool_release(p, *h, &session__borrower, NULL);
+        return slotd_error_set(err, rc, "%s: %s", op,
+                               rc == SLOTD_ECACHE_FULL
+                                   ? "the cache pool has no room for the positions"
+                                   : slotd_strerror(rc));
+    }
+    assert(kv->len == 0);
+    return SLOTD_OK;
+}
+
+static void session__give_back(cache_pool_t *p, cache_handle_t h)
+{
+    int rc = cache_pool_release(p, h, &session__borrower, NULL);
+    assert(rc == SLOTD_OK);
+    (void)rc;
+}
+
+int cache_session_logits(cache_pool_t *p, const model_t *m, const int64_t *tokens, size_t n,
+                         void *scratch, double *logits, uint64_t *rows, slotd_error_t *err)
+{
+    cache_handle_t h;
+    model_kv_t kv;
+    int rc;
+
+    rc = model_check_generate(m, tokens, n, 0, err);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    if (model_family(m) != MODEL_FAMILY_ATTN) {
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                               "model: '%s' has no logits (an attn model is needed)",
+                               model_name(m));
+    }
+    rc = session__borrow(p, m, (uint32_t)n, "logits", &h, &kv, err);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    rc = model_logits(m, tokens, n, &kv, scratch, logits, rows, err);
+    session__give_back(p, h);
+    return rc;
+}
+
+int cache_session_generate(cache_pool_t *p, const model_t *m, const int64_t *tokens, size_t n,
+                           int64_t steps, bool use_cache, void *scratch, uint32_t *out_tokens,
+                           double *logits, uint64_t *rows, slotd_error_t *err)
+{
+    cache_handle_t h;
+    model_kv_t kv;
+    int rc;
+
+    rc = model_check_generate(m, tokens, n, steps, err);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    rc = session__borrow(p, m, (uint32_t)(n + (uint64_t)steps), "generate", &h, &kv, err);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    rc =
+        model_generate(m, tokens, n, steps, use_cache, &kv, scratch, out_tokens, logits, rows, err);
+    session__give_back(p, h);
+    return rc;
+}

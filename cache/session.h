@@ -42,7 +42,9 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
  * holds and runs it (one g call, or L rows), growing the slot by one entry.
  * `tokens` gets the n picks; `logits` (attn, may be NULL) the n*V rounded
  * logits behind them.  SLOTD_ECONTEXT_FULL if entries + n > max_ctx,
- * SLOTD_ECACHE_FULL if the pool has no room; both change nothing. */
+ * SLOTD_ECACHE_FULL if the pool has no room, SLOTD_EBAD_REQUEST (naming
+ * `n`) for n == 0, SLOTD_ESTALE for a finished session; none changes
+ * anything. */
 int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
                        uint32_t *tokens, double *logits, slotd_error_t *err);
 
@@ -51,7 +53,9 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
 int cache_session_finish(cache_pool_t *p, cache_session_t *s, uint32_t *released);
 
 /** model_logits() in a slot borrowed from the pool and returned before this
- * returns.  SLOTD_ECACHE_FULL if none can be had. */
+ * returns.  SLOTD_ECACHE_FULL if none can be had; SLOTD_EBAD_REQUEST naming
+ * `model` for a hash model.  A borrowed slot's owner is key 0 with the
+ * empty id, which no client id can equal (ids have 1 to 64 characters). */
 int cache_session_logits(cache_pool_t *p, const model_t *m, const int64_t *tokens, size_t n,
                          void *scratch, double *logits, uint64_t *rows, slotd_error_t *err);
 
