@@ -1,1 +1,478 @@
-/* placeholder: not written yet */
+/*
+ * reply.c: the proto_reply_*() writers, which append one JSON reply line to
+ * a proto_buf_t, and the JSON string and number formatting they share.
+ *
+ * Replies are on the hot path (a step reply of an attn model carries V
+ * logits per step), so they are written directly, without building a tree.
+ * Every writer either appends one whole line ending "\n" or, when memory
+ * runs out, leaves the buffer exactly as it found it: a partial line never
+ * reaches a client.  A tag, when given, is the first member.
+ *
+ * Logits are printed as printf("%.6f") prints them, by proto__fmt6(): for
+ * |v| < 1e9 it rounds v * 10^6 to an integer exactly (the product's rounding
+ * error is recovered with fma(), and halfway cases go to even, as glibc's
+ * printf does under the default rounding mode), then writes the digits; it
+ * falls back to snprintf() beyond that.  "%.6f" of an infinity or a NaN is
+ * not JSON, so such a value is written as null.
+ */
+#include "proto/proto__internal.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        if ((expr) != SLOTD_OK)                                                                    \
+            goto nomem;                                                                            \
+    } while (0)
+
+#define PUT_LIT(b, lit) put((b), (lit), sizeof(lit) - 1)
+
+/* Longest fast-path "%.6f" text: "-1000000000.000000". */
+#define FMT6_FAST_MAX 18
+
+/* Makes room for `n` more bytes; inline for the common case of room. */
+static inline int room(proto_buf_t *b, size_t n)
+{
+    return n <= b->cap - b->len ? SLOTD_OK : proto_buf_reserve(b, n);
+}
+
+static inline int put(proto_buf_t *b, const char *s, size_t n)
+{
+    if (room(b, n) != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    return SLOTD_OK;
+}
+
+static const char digit_pairs[201] = "00010203040506070809"
+                                     "10111213141516171819"
+                                     "20212223242526272829"
+                                     "30313233343536373839"
+                                     "40414243444546474849"
+                                     "50515253545556575859"
+                                     "60616263646566676869"
+                                     "70717273747576777879"
+                                     "80818283848586878889"
+                                     "90919293949596979899";
+
+/* Writes the decimal digits of `v` to `out` (room for 20) and returns how
+ * many. */
+static size_t fmt_u64(char *out, uint64_t v)
+{
+    char tmp[20];
+    size_t i = sizeof(tmp);
+
+    while (v >= 100) {
+        unsigned d = (unsigned)(v % 100) * 2;
+        v /= 100;
+        tmp[--i] = digit_pairs[d + 1];
+        tmp[--i] = digit_pairs[d];
+    }
+    if (v >= 10) {
+        unsigned d = (unsigned)v * 2;
+        tmp[--i] = digit_pairs[d + 1];
+        tmp[--i] = digit_pairs[d];
+    } else {
+        tmp[--i] = (char)('0' + v);
+    }
+    memcpy(out, tmp + i, sizeof(tmp) - i);
+    return sizeof(tmp) - i;
+}
+
+/* "%.6f" of a finite v with |v| < 1e9: at most FMT6_FAST_MAX bytes, not
+ * NUL-terminated.  Returns the length. */
+static inline size_t fmt6_fast(char *out, double v)
+{
+    double a = fabs(v), p, err, fl, d;
+    uint64_t k;
+    uint32_t frac;
+    char *o = out;
+
+    /* a * 10^6 == p + err exactly: 10^6 is a double, and the error of one
+     * product is a double too. */
+    p = a * 1e6;
+    err = fma(a, 1e6, -p);
+    k = (uint64_t)p; /* floor: 0 <= p < 2^50 */
+    fl = (double)k;
+    /* d has the sign of a * 10^6 - (fl + 0.5): p - fl is exact, and so is
+     * (p - fl) - 0.5 when p >= 1/4 (p < 2^50, so p's ulp is at most 1/8);
+     * below 1/4 it is near -1/2 whatever its rounding, far beyond err.  A
+     * rounded sum has the sign of the exact one, and is zero only when that
+     * is.  So d > 0 means round up, d == 0 an exact halfway case. */
+    d = ((p - fl) - 0.5) + err;
+    if (d > 0 || (d == 0 && (k & 1) != 0))
+        k++;
+
+    if (signbit(v))
+        *o++ = '-';
+    o += fmt_u64(o, k / 1000000);
+    frac = (uint32_t)(k % 1000000);
+    o[0] = '.';
+    memcpy(o + 1, digit_pairs + (frac / 10000) * 2, 2);
+    memcpy(o + 3, digit_pairs + (frac / 100 % 100) * 2, 2);
+    memcpy(o + 5, digit_pairs + (frac % 100) * 2, 2);
+    return (size_t)(o + 7 - out);
+}
+
+size_t proto__fmt6(char *out, double v)
+{
+    size_t n;
+
+    if (!(fabs(v) < 1e9))
+        return (size_t)snprintf(out, PROTO__FMT6_MAX, "%.6f", v);
+    n = fmt6_fast(out, v);
+    out[n] = '\0';
+    return n;
+}
+
+int proto__put_json_string(proto_buf_t *b, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *u = (const unsigned char *)s;
+    size_t need = 2, i, k;
+    char *o;
+
+    /* First the exact length, then one reservation and the bytes. */
+    for (i = 0; i < n; i += k) {
+        unsigned char c = u[i];
+        k = 1;
+        if (c == '"' || c == '\\')
+            need += 2;
+        else if (c < 0x20)
+            need += (c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t') ? 2 : 6;
+        else if (c < 0x80)
+            need += 1;
+        else if ((k = proto__utf8_seq(u + i, n - i)) != 0)
+            need += k;
+        else
+            need += 6, k = 1;
+    }
+    if (room(b, need) != SLOTD_OK)
+        return SLOTD_ENOMEM;
+
+    o = b->data + b->len;
+    *o++ = '"';
+    for (i = 0; i < n; i += k) {
+        unsigned char c = u[i];
+        k = 1;
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+            *o++ = (char)c;
+            continue;
+        }
+        if (c >= 0x80) {
+            if ((k = proto__utf8_seq(u + i, n - i)) != 0) {
+                memcpy(o, u + i, k);
+                o += k;
+            } else {
+                memcpy(o, "\\ufffd", 6);
+                o += 6;
+                k = 1;
+            }
+            continue;
+        }
+        *o++ = '\\';
+        switch (c) {
+        case '"':
+        case '\\':
+            *o++ = (char)c;
+            break;
+        case '\b':
+            *o++ = 'b';
+            break;
+        case '\f':
+            *o++ = 'f';
+            break;
+        case '\n':
+            *o++ = 'n';
+            break;
+        case '\r':
+            *o++ = 'r';
+            break;
+        case '\t':
+            *o++ = 't';
+            break;
+        default:
+            memcpy(o, "u00", 3);
+            o[3] = hex[c >> 4];
+            o[4] = hex[c & 15];
+            o += 5;
+            break;
+        }
+    }
+    *o++ = '"';
+    assert((size_t)(o - (b->data + b->len)) == need);
+    b->len += need;
+    return SLOTD_OK;
+}
+
+static int put_str(proto_buf_t *b, const char *s)
+{
+    return proto__put_json_string(b, s, strlen(s));
+}
+
+static int put_u64(proto_buf_t *b, uint64_t v)
+{
+    if (room(b, 20) != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    b->len += fmt_u64(b->data + b->len, v);
+    return SLOTD_OK;
+}
+
+/* A value off the fast path: large, infinite or NaN. */
+static int put_f6_slow(proto_buf_t *b, double v)
+{
+    char *o;
+    size_t n, w = 0;
+    bool point = false;
+
+    if (!isfinite(v))
+        return PUT_LIT(b, "null");
+    if (room(b, PROTO__FMT6_MAX) != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    o = b->data + b->len;
+    n = proto__fmt6(o, v);
+    /* snprintf() writes the locale's decimal point, which may not be '.'
+     * (nor one byte); JSON's is '.'. */
+    for (size_t i = 0; i < n; i++) {
+        if (o[i] == '-' || (o[i] >= '0' && o[i] <= '9')) {
+            o[w++] = o[i];
+        } else if (!point) {
+            o[w++] = '.';
+            point = true;
+        }
+    }
+    b->len += w;
+    return SLOTD_OK;
+}
+
+/* "[v0,v1,...]": room for the whole row at once, unless a value is off the
+ * fast path. */
+static int put_f6_row(proto_buf_t *b, const double *v, uint32_t n)
+{
+    char *o;
+
+    if (room(b, 2 + (size_t)n * (FMT6_FAST_MAX + 1)) != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    o = b->data + b->len;
+    *o++ = '[';
+    for (uint32_t i = 0; i < n; i++) {
+        if (i > 0)
+            *o++ = ',';
+        if (fabs(v[i]) < 1e9) {
+            o += fmt6_fast(o, v[i]);
+            continue;
+        }
+        b->len = (size_t)(o - b->data);
+        if (put_f6_slow(b, v[i]) != SLOTD_OK ||
+            room(b, 1 + (size_t)(n - i - 1) * (FMT6_FAST_MAX + 1)) != SLOTD_OK)
+            return SLOTD_ENOMEM;
+        o = b->data + b->len;
+    }
+    *o++ = ']';
+    b->len = (size_t)(o - b->data);
+    return SLOTD_OK;
+}
+
+/* "[[row0],[row1],...]": `rows` rows of `vocab` values. */
+static int put_f6_rows(proto_buf_t *b, const double *v, uint64_t rows, uint32_t vocab)
+{
+    if (PUT_LIT(b, "[") != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    for (uint64_t r = 0; r < rows; r++) {
+        if ((r > 0 && PUT_LIT(b, ",") != SLOTD_OK) ||
+            put_f6_row(b, v + r * vocab, vocab) != SLOTD_OK)
+            return SLOTD_ENOMEM;
+    }
+    return PUT_LIT(b, "]");
+}
+
+/* "[t0,t1,...]" */
+static int put_u32_array(proto_buf_t *b, const uint32_t *v, size_t n)
+{
+    char *o;
+
+    if (n > ((size_t)PTRDIFF_MAX - 2) / 11 || room(b, 2 + n * 11) != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    o = b->data + b->len;
+    *o++ = '[';
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0)
+            *o++ = ',';
+        o += fmt_u64(o, v[i]);
+    }
+    *o++ = ']';
+    b->len = (size_t)(o - b->data);
+    return SLOTD_OK;
+}
+
+/* "{" and, with a tag, "\"tag\":<tag>,". */
+static int put_open(proto_buf_t *b, const char *tag)
+{
+    if (PUT_LIT(b, "{") != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    if (tag == NULL)
+        return SLOTD_OK;
+    if (PUT_LIT(b, "\"tag\":") != SLOTD_OK || put(b, tag, strlen(tag)) != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    return PUT_LIT(b, ",");
+}
+
+int proto_reply_error(proto_buf_t *b, const char *tag, const slotd_error_t *err)
+{
+    size_t start = b->len;
+
+    TRY(put_open(b, tag));
+    TRY(PUT_LIT(b, "\"error\":{\"code\":"));
+    TRY(put_str(b, slotd_err_name(err->code)));
+    TRY(PUT_LIT(b, ",\"message\":"));
+    TRY(proto__put_json_string(b, err->message, strnlen(err->message, sizeof(err->message))));
+    TRY(PUT_LIT(b, "}}\n"));
+    return SLOTD_OK;
+nomem:
+    b->len = start;
+    return SLOTD_ENOMEM;
+}
+
+int proto_reply_start(proto_buf_t *b, const char *tag, const char *id, const char *model,
+                      uint32_t entries)
+{
+    size_t start = b->len;
+
+    TRY(put_open(b, tag));
+    TRY(PUT_LIT(b, "\"id\":"));
+    TRY(put_str(b, id));
+    TRY(PUT_LIT(b, ",\"model\":"));
+    TRY(put_str(b, model));
+    TRY(PUT_LIT(b, ",\"entries\":"));
+    TRY(put_u64(b, entries));
+    TRY(PUT_LIT(b, "}\n"));
+    return SLOTD_OK;
+nomem:
+    b->len = start;
+    return SLOTD_ENOMEM;
+}
+
+int proto_reply_step(proto_buf_t *b, const char *tag, const char *id, const uint32_t *tokens,
+                     uint32_t n, const double *logits, uint32_t vocab, uint32_t entries)
+{
+    size_t start = b->len;
+
+    TRY(put_open(b, tag));
+    TRY(PUT_LIT(b, "\"id\":"));
+    TRY(put_str(b, id));
+    TRY(PUT_LIT(b, ",\"tokens\":"));
+    TRY(put_u32_array(b, tokens, n));
+    if (logits != NULL) {
+        TRY(PUT_LIT(b, ",\"logits\":"));
+        TRY(put_f6_rows(b, logits, n, vocab));
+    }
+    TRY(PUT_LIT(b, ",\"entries\":"));
+    TRY(put_u64(b, entries));
+    TRY(PUT_LIT(b, "}\n"));
+    return SLOTD_OK;
+nomem:
+    b->len = start;
+    return SLOTD_ENOMEM;
+}
+
+int proto_reply_finish(proto_buf_t *b, const char *tag, const char *id, uint32_t released)
+{
+    size_t start = b->len;
+
+    TRY(put_open(b, tag));
+    TRY(PUT_LIT(b, "\"id\":"));
+    TRY(put_str(b, id));
+    TRY(PUT_LIT(b, ",\"released\":"));
+    TRY(put_u64(b, released));
+    TRY(PUT_LIT(b, "}\n"));
+    return SLOTD_OK;
+nomem:
+    b->len = start;
+    return SLOTD_ENOMEM;
+}
+
+int proto_reply_logits(proto_buf_t *b, const char *tag, const double *logits, uint32_t vocab,
+                       uint64_t rows)
+{
+    size_t start = b->len;
+
+    assert(logits != NULL || vocab == 0);
+    TRY(put_open(b, tag));
+    TRY(PUT_LIT(b, "\"logits\":"));
+    TRY(put_f6_row(b, logits, logits != NULL ? vocab : 0));
+    TRY(PUT_LIT(b, ",\"rows\":"));
+    TRY(put_u64(b, rows));
+    TRY(PUT_LIT(b, "}\n"));
+    return SLOTD_OK;
+nomem:
+    b->len = start;
+    return SLOTD_ENOMEM;
+}
+
+int proto_reply_generate(proto_buf_t *b, const char *tag, const uint32_t *tokens, size_t ntokens,
+                         const double *logits, uint64_t steps, uint32_t vocab, uint64_t rows)
+{
+    size_t start = b->len;
+
+    assert(logits != NULL || steps == 0 || vocab == 0);
+    TRY(put_open(b, tag));
+    TRY(PUT_LIT(b, "\"tokens\":"));
+    TRY(put_u32_array(b, tokens, ntokens));
+    TRY(PUT_LIT(b, ",\"logits\":"));
+    TRY(put_f6_rows(b, logits, logits != NULL ? steps : 0, vocab));
+    TRY(PUT_LIT(b, ",\"rows\":"));
+    TRY(put_u64(b, rows));
+    TRY(PUT_LIT(b, "}\n"));
+    return SLOTD_OK;
+nomem:
+    b->len = start;
+    return SLOTD_ENOMEM;
+}
+
+int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st)
+{
+    const struct {
+        const char *key; /* with its quotes, colon and any comma before it */
+        size_t len;
+        uint64_t value;
+    } members[] = {
+#define M(key, value) {key, sizeof(key) - 1, (value)}
+        M("\"cache_entries\":", st->cache_entries),
+        M(",\"live_sessions\":", st->live_sessions),
+        M(",\"g_calls\":", st->g_calls),
+        M(",\"rows\":", st->rows),
+        M(",\"connections\":", st->connections),
+        M(",\"requests_total\":", st->requests_total),
+        M(",\"errors_total\":", st->errors_total),
+        M(",\"pool_bytes_total\":", st->pool_bytes_total),
+        M(",\"pool_bytes_used\":", st->pool_bytes_used),
+        M(",\"pool_slots_total\":", st->pool_slots_total),
+        M(",\"pool_slots_used\":", st->pool_slots_used),
+        M(",\"released\":{\"finish\":", st->released_finish),
+        M(",\"disconnect\":", st->released_disconnect),
+        M(",\"idle\":", st->released_idle),
+        M(",\"shutdown\":", st->released_shutdown),
+        M("},\"uptime_seconds\":", st->uptime_seconds),
+        M(",\"threads\":", st->threads),
+#undef M
+    };
+    size_t start = b->len;
+
+    TRY(put_open(b, tag));
+    for (size_t i = 0; i < sizeof(members) / sizeof(members[0]); i++) {
+        TRY(put(b, members[i].key, members[i].len));
+        TRY(put_u64(b, members[i].value));
+    }
+    TRY(PUT_LIT(b, "}\n"));
+    return SLOTD_OK;
+nomem:
+    b->len = start;
+    return SLOTD_ENOMEM;
+}
