@@ -1,1 +1,348 @@
-/* placeholder: not written yet */
+/*
+ * config.c: the table of settings, and the parsing of flags and SLOTD_*
+ * environment variables into a server_config_t.
+ *
+ * Each setting is one row of `options`: its flag name, how to parse a value
+ * and where the value goes.  The environment variable is derived from the
+ * flag (--cache-mb is SLOTD_CACHE_MB).  Values are checked as they are
+ * parsed; settings that depend on each other (the default model among the
+ * loaded ones, two distinct ports) are checked once everything is read.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include "core/model.h"
+
+#ifndef SLOTD_VERSION
+#define SLOTD_VERSION "0.0.0"
+#endif
+
+typedef enum opt_kind {
+    OPT_HOST,
+    OPT_UINT,
+    OPT_MODELS,
+    OPT_MODEL,
+    OPT_LEVEL,
+    OPT_FLAG,
+} opt_kind_t;
+
+typedef struct option {
+    const char *name; /* without the leading "--" */
+    opt_kind_t kind;
+    uint64_t min, max; /* OPT_UINT: accepted range */
+    size_t offset;     /* of the field in server_config_t */
+    size_t size;       /* OPT_UINT: bytes of the field */
+    const char *help;
+} option_t;
+
+#define FIELD(f) offsetof(server_config_t, f), sizeof(((server_config_t *)0)->f)
+
+static const option_t options[] = {
+    {"listen", OPT_HOST, 0, 0, FIELD(listen), "address of both ports (127.0.0.1)"},
+    {"port", OPT_UINT, 0, 65535, FIELD(port), "session port, 0 for any (7070)"},
+    {"admin-port", OPT_UINT, 0, 65535, FIELD(admin_port), "admin HTTP port, 0 for any (7071)"},
+    {"threads", OPT_UINT, 1, 1024, FIELD(threads), "worker threads (number of cores)"},
+    {"cache-mb", OPT_UINT, 1, UINT64_C(1) << 24, FIELD(cache_mb), "cache pool size in MiB (256)"},
+    {"max-sessions", OPT_UINT, 1, 100000000, FIELD(max_sessions), "live sessions (100000)"},
+    {"max-connections", OPT_UINT, 1, 1000000, FIELD(max_connections), "open connections (10000)"},
+    {"max-line", OPT_UINT, 16, UINT64_C(1) << 30, FIELD(max_line),
+     "longest request line in bytes (65536)"},
+    {"idle-timeout", OPT_UINT, 0, 100000000, FIELD(idle_timeout),
+     "seconds before an idle session is released, 0 for never (300)"},
+    {"shutdown-timeout", OPT_UINT, 1, 86400, FIELD(shutdown_timeout),
+     "seconds a shutdown may take (10)"},
+    {"wedge-timeout", OPT_UINT, 1, 86400, FIELD(wedge_timeout),
+     "seconds one job may run before /health fails (10)"},
+    {"models", OPT_MODELS, 0, 0, 0, 0, "presets to load, comma separated (tiny,hash)"},
+    {"default-model", OPT_MODEL, 0, 0, FIELD(default_model), "model of a start without one (tiny)"},
+    {"log-level", OPT_LEVEL, 0, 0, FIELD(log_level), "debug, info, warn or error (info)"},
+    {"help", OPT_FLAG, 0, 0, 0, 0, "print this help and exit"},
+    {"version", OPT_FLAG, 0, 0, 0, 0, "print the version and exit"},
+};
+
+#define NOPTIONS (sizeof(options) / sizeof(options[0]))
+
+void config_defaults(server_config_t *cfg)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+
+    memset(cfg, 0, sizeof(*cfg));
+    strcpy(cfg->listen, "127.0.0.1");
+    cfg->port = 7070;
+    cfg->admin_port = 7071;
+    cfg->threads = cores < 1 ? 1 : cores > 1024 ? 1024 : (unsigned)cores;
+    cfg->cache_mb = 256;
+    cfg->max_sessions = 100000;
+    cfg->max_connections = 10000;
+    cfg->max_line = PROTO_DEFAULT_MAX_LINE;
+    cfg->idle_timeout = 300;
+    cfg->shutdown_timeout = 10;
+    cfg->wedge_timeout = 10;
+    cfg->nmodels = 2;
+    strcpy(cfg->models[0], "tiny");
+    strcpy(cfg->models[1], "hash");
+    strcpy(cfg->default_model, "tiny");
+    cfg->log_level = LOG_LEVEL_INFO;
+}
+
+static config_result_t fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static config_result_t fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return CONFIG_ERROR;
+}
+
+/* True if `name` is one of model_presets()' comma-separated names. */
+static bool preset_known(const char *name, size_t len)
+{
+    const char *p = model_presets();
+    while (*p != '\0') {
+        size_t n = strcspn(p, ",");
+        if (n == len && strncmp(p, name, len) == 0)
+            return true;
+        p += n;
+        if (*p == ',')
+            p++;
+    }
+    return false;
+}
+
+static bool host_valid(const char *s)
+{
+    unsigned char buf[sizeof(struct in6_addr)];
+    return inet_pton(AF_INET, s, buf) == 1 || inet_pton(AF_INET6, s, buf) == 1;
+}
+
+/* Parses a decimal unsigned integer with nothing around it. */
+static int parse_uint(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v;
+
+    if (!isdigit((unsigned char)s[0]))
+        return -1;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Stores `v` (already within the row's range) into a field of 4 or 8
+ * bytes: int, unsigned, uint32_t, uint64_t or size_t. */
+static void store_uint(server_config_t *cfg, const option_t *o, uint64_t v)
+{
+    char *field = (char *)cfg + o->offset;
+    switch (o->size) {
+    case sizeof(uint64_t): {
+        uint64_t x = v;
+        memcpy(field, &x, sizeof(x));
+        break;
+    }
+    case sizeof(uint32_t): {
+        uint32_t x = (uint32_t)v;
+        memcpy(field, &x, sizeof(x));
+        break;
+    }
+    default:
+        abort(); /* a row of `options` names a field of another size */
+    }
+}
+
+static config_result_t set_models(server_config_t *cfg, const char *src, const char *v, char *err,
+                                  size_t errlen)
+{
+    size_t n = 0;
+    const char *p = v;
+
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        if (len == 0)
+            return fail(err, errlen, "%s: empty model name in '%s'", src, v);
+        if (!preset_known(p, len))
+            return fail(err, errlen, "%s: unknown model '%.*s' (known: %s)", src, (int)len, p,
+                        model_presets());
+        for (size_t i = 0; i < n; i++)
+            if (strlen(cfg->models[i]) == len && strncmp(cfg->models[i], p, len) == 0)
+                return fail(err, errlen, "%s: model '%.*s' listed twice", src, (int)len, p);
+        if (n == CONFIG_MAX_MODELS || len > PROTO_MODEL_MAX)
+            return fail(err, errlen, "%s: too many models in '%s'", src, v);
+        memcpy(cfg->models[n], p, len);
+        cfg->models[n][len] = '\0';
+        n++;
+        p += len;
+        if (*p == '\0')
+            break;
+        p++; /* the comma */
+    }
+    cfg->nmodels = n;
+    return CONFIG_OK;
+}
+
+/* Sets option `o` from `value`; `src` names where it came from ("--port",
+ * "SLOTD_PORT") for the error message. */
+static config_result_t set_option(server_config_t *cfg, const option_t *o, const char *src,
+                                  const char *value, char *err, size_t errlen)
+{
+    uint64_t v;
+
+    switch (o->kind) {
+    case OPT_HOST:
+        if (strlen(value) > CONFIG_HOST_MAX || !host_valid(value))
+            return fail(err, errlen, "%s: '%s' is not a numeric IPv4 or IPv6 address", src, value);
+        strcpy(cfg->listen, value);
+        return CONFIG_OK;
+    case OPT_UINT:
+        if (parse_uint(value, &v) != 0 || v < o->min || v > o->max)
+            return fail(err, errlen, "%s: '%s' is not an integer in %" PRIu64 "..%" PRIu64, src,
+                        value, o->min, o->max);
+        store_uint(cfg, o, v);
+        return CONFIG_OK;
+    case OPT_MODELS:
+        return set_models(cfg, src, value, err, errlen);
+    case OPT_MODEL:
+        if (strlen(value) > PROTO_MODEL_MAX || !preset_known(value, strlen(value)))
+            return fail(err, errlen, "%s: unknown model '%s' (known: %s)", src, value,
+                        model_presets());
+        strcpy(cfg->default_model, value);
+        return CONFIG_OK;
+    case OPT_LEVEL:
+        if (log_level_parse(value, &cfg->log_level) != 0)
+            return fail(err, errlen, "%s: '%s' is not one of debug, info, warn, error", src, value);
+        return CONFIG_OK;
+    case OPT_FLAG:
+        break;
+    }
+    return fail(err, errlen, "%s takes no value", src);
+}
+
+/* "cache-mb" -> "SLOTD_CACHE_MB". */
+static void env_name(const option_t *o, char *out, size_t outlen)
+{
+    size_t n = (size_t)snprintf(out, outlen, "SLOTD_%s", o->name);
+    for (size_t i = 6; i < n && i < outlen; i++)
+        out[i] = out[i] == '-' ? '_' : (char)toupper((unsigned char)out[i]);
+}
+
+static const char *env_lookup(char *const *envp, const char *name)
+{
+    size_t len = strlen(name);
+    for (; envp != NULL && *envp != NULL; envp++)
+        if (strncmp(*envp, name, len) == 0 && (*envp)[len] == '=')
+            return *envp + len + 1;
+    return NULL;
+}
+
+static const option_t *option_find(const char *name, size_t len)
+{
+    for (size_t i = 0; i < NOPTIONS; i++)
+        if (strlen(options[i].name) == len && strncmp(options[i].name, name, len) == 0)
+            return &options[i];
+    return NULL;
+}
+
+config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, char *const *envp,
+                             char *err, size_t errlen)
+{
+    config_result_t rc;
+    bool help = false, version = false;
+
+    config_defaults(cfg);
+
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        char name[64];
+        const char *v;
+        if (options[i].kind == OPT_FLAG)
+            continue;
+        env_name(&options[i], name, sizeof(name));
+        v = env_lookup(envp, name);
+        if (v != NULL && (rc = set_option(cfg, &options[i], name, v, err, errlen)) != CONFIG_OK)
+            return rc;
+    }
+
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *eq, *value;
+        const option_t *o;
+        size_t len;
+
+        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
+            return fail(err, errlen, "unexpected argument '%s' (see --help)", arg);
+        arg += 2;
+        eq = strchr(arg, '=');
+        len = eq != NULL ? (size_t)(eq - arg) : strlen(arg);
+        o = option_find(arg, len);
+        if (o == NULL)
+            return fail(err, errlen, "unknown flag '--%.*s' (see --help)", (int)len, arg);
+        if (o->kind == OPT_FLAG) {
+            if (eq != NULL)
+                return fail(err, errlen, "--%s takes no value", o->name);
+            if (strcmp(o->name, "help") == 0)
+                help = true;
+            else
+                version = true;
+            continue;
+        }
+        if (eq != NULL) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc)
+                return fail(err, errlen, "--%s needs a value", o->name);
+            value = argv[++i];
+        }
+        char src[64];
+        snprintf(src, sizeof(src), "--%s", o->name);
+        if ((rc = set_option(cfg, o, src, value, err, errlen)) != CONFIG_OK)
+            return rc;
+    }
+
+    if (help)
+        return CONFIG_HELP;
+    if (version)
+        return CONFIG_VERSION;
+
+    bool found = false;
+    for (size_t i = 0; i < cfg->nmodels; i++)
+        found = found || strcmp(cfg->models[i], cfg->default_model) == 0;
+    if (!found)
+        return fail(err, errlen, "--default-model: '%s' is not among --models", cfg->default_model);
+    if (cfg->port != 0 && cfg->port == cfg->admin_port)
+        return fail(err, errlen, "--port and --admin-port are both %d", cfg->port);
+    return CONFIG_OK;
+}
+
+void config_usage(FILE *out)
+{
+    fprintf(out, "usage: slotd [--flag value | --flag=value]...\n\n"
+                 "Serves decode sessions over JSON lines (see the protocol) and an admin\n"
+                 "HTTP port.  Every flag can also be set from the environment variable\n"
+                 "SLOTD_<FLAG> (--cache-mb is SLOTD_CACHE_MB); flags win.\n\n");
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "--%s%s", options[i].name,
+                 options[i].kind == OPT_FLAG ? "" : " V");
+        fprintf(out, "  %-22s %s\n", name, options[i].help);
+    }
+}
+
+const char *config_version(void)
+{
+    return SLOTD_VERSION;
+}

@@ -1,1 +1,836 @@
-/* placeholder: not written yet */
+/*
+ * conn.c: a session connection, from accept to free.  It owns the
+ * connection's framer, its order FIFO of request records, its map of live
+ * ids and every session record started on it, and its output buffers.
+ *
+ * Reading.  Each read is framed into lines; each line is parsed and
+ * validated here (fields, then the model's ranges, then the session's
+ * state, then capacity) and becomes a request record appended to the
+ * order FIFO.  An error becomes a record whose reply is ready at once;
+ * start, step and finish join their session's FIFO; logits and generate
+ * become jobs at once; stats waits for the head of the order FIFO, and the
+ * lines read after it are held, parsed but not applied, until it has its
+ * answer, so that it shows every earlier line's effect and no later one's.
+ *
+ * Sessions.  Session semantics follow request order: a start inserts its
+ * id into the map when parsed, a finish removes it when parsed, so a later
+ * line sees the state every earlier line leaves behind.  A session runs at
+ * most one request at a time: its FIFO's head goes to the workers (start,
+ * step) or runs here (finish, and the unknown_id of a step whose start
+ * failed) once the one before it has come back.
+ *
+ * Writing.  Whenever the head of the order FIFO has its reply, the reply
+ * is copied to `out`; at the end of the loop turn the server writes each
+ * connection with new output in one uv_write, with at most one in flight.
+ *
+ * DESIGN.  Loop thread only.  A record whose job is out (REQ_RUNNING)
+ * belongs to the workers until conn_job_done(); the connection counts it
+ * in `refs`, so the struct outlives the handle until the last job is back.
+ */
+#include <assert.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server_int.h"
+
+static void conn_close(conn_t *c);
+static void release_barrier(conn_t *c, req_t *r);
+static void session_kick(session_t *sess);
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+
+/* ---- Records ---- */
+
+int req_set_error(req_t *r, int code, const char *fmt, ...)
+{
+    slotd_error_t err;
+    va_list ap;
+
+    err.code = code;
+    va_start(ap, fmt);
+    vsnprintf(err.message, sizeof(err.message), fmt, ap);
+    va_end(ap);
+    r->rc = code;
+    r->reply.len = 0;
+    return proto_reply_error(&r->reply, r->rq.tag, &err);
+}
+
+/* The record's reply is ready: it now counts against the output bound. */
+static void req_done(req_t *r)
+{
+    r->state = REQ_DONE;
+    r->conn->held_bytes += r->reply.len;
+}
+
+/* Finishes `r` with an error reply; false (and the connection closed) if
+ * there was no memory for it. */
+static bool req_fail(req_t *r, const slotd_error_t *err)
+{
+    r->rc = err->code;
+    r->reply.len = 0;
+    if (proto_reply_error(&r->reply, r->rq.tag, err) != SLOTD_OK) {
+        log_error("connection %" PRIu64 ": no memory for a reply; closing it", r->conn->serial);
+        conn_close(r->conn);
+        return false;
+    }
+    req_done(r);
+    return true;
+}
+
+static void order_append(conn_t *c, req_t *r)
+{
+    r->order_next = NULL;
+    if (c->order_tail != NULL)
+        c->order_tail->order_next = r;
+    else
+        c->order_head = r;
+    c->order_tail = r;
+    c->outstanding++;
+}
+
+/* Sends `r`'s job to the workers at the end of this loop turn. */
+static void req_submit(req_t *r)
+{
+    r->state = REQ_RUNNING;
+    r->conn->refs++;
+    server_submit(r->conn->server, r);
+}
+
+/* ---- The connection's lifetime ---- */
+
+static void conn_free(conn_t *c)
+{
+    server_t *s = c->server;
+
+    assert(c->closed && c->refs == 0 && c->sessions == NULL && c->order_head == NULL);
+    assert(!c->dirty);
+    proto_framer_free(&c->framer);
+    session_map_free(&c->map);
+    proto_buf_free(&c->out);
+    proto_buf_free(&c->wbuf);
+    free(c);
+    s->nconns_alive--;
+    server_conn_freed(s);
+}
+
+static void conn_unref(conn_t *c)
+{
+    assert(c->refs > 0);
+    if (--c->refs == 0)
+        conn_free(c);
+}
+
+static void conn_close_cb(uv_handle_t *h)
+{
+    conn_unref(container_of((uv_tcp_t *)h, conn_t, tcp));
+}
+
+/* Gives the session's slot back to the pool, counted under `why`; the
+ * entries it held, or 0 if it held no slot. */
+static uint32_t session_release(session_t *sess, metrics_release_t why)
+{
+    server_t *s = sess->conn->server;
+    uint32_t released = 0;
+
+    if (!sess->has_slot)
+        return 0;
+    if (cache_session_finish(s->pool, &sess->cs, &released) != SLOTD_OK)
+        log_error("session '%s': release failed (stale handle)", sess->node.id);
+    sess->has_slot = false;
+    s->live_sessions--;
+    metrics_count_release(why);
+    return released;
+}
+
+/* Releases the session's slot (if it holds one) for the reason its
+ * connection closed, and frees the record.  It must have no job out. */
+static void session_discard(session_t *sess)
+{
+    conn_t *c = sess->conn;
+    server_t *s = c->server;
+
+    assert(sess->running == NULL && !sess->in_map && !sess->in_lru);
+    session_release(sess, c->release_reason);
+    if (sess->prev != NULL)
+        sess->prev->next = sess->next;
+    else
+        c->sessions = sess->next;
+    if (sess->next != NULL)
+        sess->next->prev = sess->prev;
+    server_session_put(s, sess);
+}
+
+static void session_unmap(session_t *sess)
+{
+    server_t *s = sess->conn->server;
+
+    if (sess->in_lru)
+        server_lru_remove(s, sess);
+    if (sess->in_map) {
+        session_map_remove(&sess->conn->map, &sess->node);
+        sess->in_map = false;
+        s->admitted--;
+    }
+}
+
+/* Closes at once: drops every request not yet started, releases every
+ * session with no job out (the others when their job comes back), and
+ * closes the handle.  Idempotent. */
+static void conn_close(conn_t *c)
+{
+    server_t *s = c->server;
+    req_t *r, *rnext;
+    session_t *sess, *snext;
+
+    if (c->closed)
+        return;
+    c->closed = true;
+    c->reading = false;
+    c->release_reason = s->draining ? METRICS_RELEASE_SHUTDOWN : METRICS_RELEASE_DISCONNECT;
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    s->nconns--;
+
+    for (r = c->order_head; r != NULL; r = rnext) {
+        rnext = r->order_next;
+        if (r->state == REQ_RUNNING)
+            atomic_store_explicit(&r->canceled, true, memory_order_relaxed);
+        else
+            server_req_put(s, r);
+    }
+    c->order_head = c->order_tail = NULL;
+    c->barrier = NULL;
+    c->outstanding = 0;
+    c->held_bytes = 0;
+
+    for (sess = c->sessions; sess != NULL; sess = snext) {
+        snext = sess->next;
+        sess->fifo_head = sess->fifo_tail = NULL;
+        session_unmap(sess);
+        if (sess->running == NULL)
+            session_discard(sess);
+    }
+    log_debug("connection %" PRIu64 ": closed", c->serial);
+    uv_close((uv_handle_t *)&c->tcp, conn_close_cb);
+}
+
+/* Moves every answered record at the head of the order FIFO to `out`
+ * (answering a stats that reached the head), in order. */
+static void conn_advance(conn_t *c)
+{
+    server_t *s = c->server;
+    bool moved = false;
+    req_t *r;
+
+    while ((r = c->order_head) != NULL && !c->closed) {
+        if (r->state != REQ_DONE) {
+            proto_stats_t st;
+            int rc;
+            if (r->rq.op != PROTO_OP_STATS || r->state != REQ_WAITING)
+                break;
+            if (s->draining) {
+                rc = req_set_error(r, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+            } else {
+                server_stats(s, &st);
+                rc = proto_reply_stats(&r->reply, r->rq.tag, &st);
+            }
+            if (rc != SLOTD_OK)
+                goto nomem;
+            req_done(r);
+            release_barrier(c, r);
+            if (c->closed)
+                return;
+        }
+        if (proto_buf_append(&c->out, r->reply.data, r->reply.len) != SLOTD_OK)
+            goto nomem;
+        c->order_head = r->order_next;
+        if (c->order_head == NULL)
+            c->order_tail = NULL;
+        c->outstanding--;
+        c->held_bytes -= r->reply.len;
+        if (r->rc != SLOTD_OK)
+            metrics_count_error(r->rc);
+        server_req_put(s, r);
+        moved = true;
+    }
+    if (moved)
+        server_mark_dirty(s, c);
+    return;
+
+nomem:
+    log_error("connection %" PRIu64 ": no memory for output; closing it", c->serial);
+    conn_close(c);
+}
+
+/* After any progress: closes a connection whose input is over once all is
+ * answered and written; otherwise stops or resumes reading by the bounds. */
+static void conn_update(conn_t *c)
+{
+    size_t pending;
+
+    if (c->closed)
+        return;
+    if (c->input_done) {
+        if (c->order_head == NULL && !c->writing && c->out.len == 0)
+            conn_close(c);
+        return;
+    }
+    pending = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out.len + c->held_bytes;
+    if (c->reading) {
+        if (c->outstanding >= CONN_MAX_OUTSTANDING || pending >= CONN_MAX_PENDING_BYTES) {
+            uv_read_stop((uv_stream_t *)&c->tcp);
+            c->reading = false;
+        }
+    } else if (c->outstanding < CONN_MAX_OUTSTANDING / 2 && pending < CONN_MAX_PENDING_BYTES / 2) {
+        c->reading = true;
+        uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+    }
+}
+
+/* Ends the input: nothing more is read; the connection closes once every
+ * request already read is answered and written. */
+static void conn_end_input(conn_t *c)
+{
+    if (c->reading)
+        uv_read_stop((uv_stream_t *)&c->tcp);
+    c->reading = false;
+    c->input_done = true;
+}
+
+static void write_cb(uv_write_t *req, int status)
+{
+    conn_t *c = container_of(req, conn_t, write_req);
+
+    c->writing = false;
+    c->wbuf.len = 0;
+    if (c->wbuf.cap > CONN_MAX_PENDING_BYTES / 4) {
+        proto_buf_free(&c->wbuf);
+        proto_buf_init(&c->wbuf);
+    }
+    if (status < 0) {
+        if (!c->closed)
+            log_debug("connection %" PRIu64 ": write failed: %s", c->serial, uv_strerror(status));
+        conn_close(c);
+        return;
+    }
+    if (c->out.len > 0)
+        server_mark_dirty(c->server, c);
+    conn_update(c);
+}
+
+void conn_write(conn_t *c)
+{
+    proto_buf_t t;
+    uv_buf_t b;
+    int rc;
+
+    if (c->closed || c->writing || c->out.len == 0)
+        return;
+    t = c->wbuf;
+    c->wbuf = c->out;
+    c->out = t;
+    b = uv_buf_init(c->wbuf.data, (unsigned)c->wbuf.len);
+    rc = uv_write(&c->write_req, (uv_stream_t *)&c->tcp, &b, 1, write_cb);
+    if (rc != 0) {
+        log_debug("connection %" PRIu64 ": write failed: %s", c->serial, uv_strerror(rc));
+        c->wbuf.len = 0;
+        conn_close(c);
+        return;
+    }
+    c->writing = true;
+}
+
+/* ---- Sessions ---- */
+
+/* The session has nothing queued or running: it goes on the idle list if
+ * it is live, or is freed if nothing can reach it any more. */
+static void session_settle(session_t *sess)
+{
+    conn_t *c = sess->conn;
+    server_t *s = c->server;
+
+    assert(sess->running == NULL && sess->fifo_head == NULL);
+    if (!sess->in_map && !sess->has_slot)
+        session_discard(sess);
+    else if (sess->in_map && sess->has_slot && !sess->in_lru && !s->draining &&
+             s->cfg->idle_timeout > 0)
+        server_lru_add(s, sess);
+}
+
+/* Runs a finish that reached the front of its session's FIFO. */
+static bool session_finish(session_t *sess, req_t *r)
+{
+    uint32_t released;
+    slotd_error_t err;
+
+    if (!sess->has_slot) { /* its start failed */
+        slotd_error_set(&err, SLOTD_EUNKNOWN_ID, "finish: no live session '%s' on this connection",
+                        r->rq.id);
+        return req_fail(r, &err);
+    }
+    released = session_release(sess, METRICS_RELEASE_FINISH);
+    r->rc = SLOTD_OK;
+    if (proto_reply_finish(&r->reply, r->rq.tag, r->rq.id, released) != SLOTD_OK) {
+        log_error("connection %" PRIu64 ": no memory for a reply; closing it", sess->conn->serial);
+        conn_close(sess->conn);
+        return false;
+    }
+    req_done(r);
+    return true;
+}
+
+/* Starts the session's next requests until one is out with the workers
+ * or the FIFO is empty. */
+static void session_kick(session_t *sess)
+{
+    conn_t *c = sess->conn;
+    req_t *r;
+    slotd_error_t err;
+
+    while (sess->running == NULL && (r = sess->fifo_head) != NULL) {
+        bool ok = true;
+        sess->fifo_head = r->session_next;
+        if (sess->fifo_head == NULL)
+            sess->fifo_tail = NULL;
+
+        if (c->server->draining) {
+            slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+            ok = req_fail(r, &err);
+        } else if (r->rq.op == PROTO_OP_FINISH) {
+            ok = session_finish(sess, r);
+        } else if (r->rq.op == PROTO_OP_STEP && !sess->has_slot) {
+            slotd_error_set(&err, SLOTD_EUNKNOWN_ID,
+                            "step: no live session '%s' on this connection", r->rq.id);
+            ok = req_fail(r, &err);
+        } else {
+            if (r->rq.op == PROTO_OP_STEP)
+                r->cs = sess->cs;
+            sess->running = r;
+            req_submit(r);
+        }
+        if (!ok) /* the connection closed under us */
+            return;
+    }
+    if (sess->running == NULL)
+        session_settle(sess);
+}
+
+static void session_enqueue(session_t *sess, req_t *r)
+{
+    r->session = sess;
+    r->state = REQ_WAITING;
+    r->session_next = NULL;
+    if (sess->fifo_tail != NULL)
+        sess->fifo_tail->session_next = r;
+    else
+        sess->fifo_head = r;
+    sess->fifo_tail = r;
+    if (sess->in_lru)
+        server_lru_remove(sess->conn->server, sess);
+    session_kick(sess);
+}
+
+void conn_expire_session(session_t *sess)
+{
+    conn_t *c = sess->conn;
+
+    log_debug("connection %" PRIu64 ": session '%s' idle for %u s, released", c->serial,
+              sess->node.id, c->server->cfg->idle_timeout);
+    session_unmap(sess);
+    session_release(sess, METRICS_RELEASE_IDLE);
+    session_discard(sess);
+}
+
+/* ---- Requests as they are read ---- */
+
+static session_t *find_session(conn_t *c, const char *id)
+{
+    session_map_node_t *n = session_map_find(&c->map, id);
+    return n != NULL ? container_of(n, session_t, node) : NULL;
+}
+
+/* The model a start, logits or generate names (or the default one). */
+static const model_t *resolve_model(conn_t *c, req_t *r, slotd_error_t *err)
+{
+    server_t *s = c->server;
+    const model_t *m;
+
+    if (r->rq.model[0] == '\0')
+        return s->default_model;
+    m = server_model(s, r->rq.model);
+    if (m == NULL)
+        slotd_error_set(err, SLOTD_EBAD_REQUEST, "model: '%s' is not loaded", r->rq.model);
+    return m;
+}
+
+/* Validates a start against the model, the map and the session limit, and
+ * queues it on a new session record.  Returns SLOTD_OK, the code of the
+ * error set in `err`, or SLOTD_ENOMEM. */
+static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
+{
+    server_t *s = c->server;
+    const model_t *m = resolve_model(c, r, err);
+    session_t *sess;
+
+    if (m == NULL)
+        return err->code;
+    if (model_check_prompt(m, r->rq.tokens, r->rq.ntokens, err) != SLOTD_OK)
+        return err->code;
+    if (find_session(c, r->rq.id) != NULL)
+        return slotd_error_set(err, SLOTD_EDUPLICATE_ID,
+                               "start: session '%s' is already live on this connection", r->rq.id);
+    if (s->admitted >= s->cfg->max_sessions)
+        return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                               "start: the daemon holds %u sessions, its limit",
+                               s->cfg->max_sessions);
+
+    sess = server_session_get(s);
+    if (sess == NULL)
+        return SLOTD_ENOMEM;
+    memcpy(sess->node.id, r->rq.id, sizeof(sess->node.id));
+    if (session_map_insert(&c->map, &sess->node) != SLOTD_OK) {
+        server_session_put(s, sess);
+        return SLOTD_ENOMEM;
+    }
+    sess->in_map = true;
+    s->admitted++;
+    sess->conn = c;
+    sess->prev = NULL;
+    sess->next = c->sessions;
+    if (c->sessions != NULL)
+        c->sessions->prev = sess;
+    c->sessions = sess;
+
+    r->model = m;
+    r->owner_key = c->serial;
+    session_enqueue(sess, r);
+    return SLOTD_OK;
+}
+
+static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
+{
+    session_t *sess = find_session(c, r->rq.id);
+
+    if (sess == NULL)
+        return slotd_error_set(err, SLOTD_EUNKNOWN_ID,
+                               "%s: no live session '%s' on this connection",
+                               proto_op_name(r->rq.op), r->rq.id);
+    if (r->rq.op == PROTO_OP_FINISH)
+        session_unmap(sess); /* later lines no longer see the id */
+    session_enqueue(sess, r);
+    return SLOTD_OK;
+}
+
+static int read_stateless(conn_t *c, req_t *r, slotd_error_t *err)
+{
+    const model_t *m = resolve_model(c, r, err);
+    int64_t steps = r->rq.op == PROTO_OP_GENERATE ? r->rq.steps : 0;
+
+    if (m == NULL)
+        return err->code;
+    if (model_family(m) != MODEL_FAMILY_ATTN)
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                               "model: '%s' is a hash model; %s needs an attn model", model_name(m),
+                               proto_op_name(r->rq.op));
+    if (model_check_generate(m, r->rq.tokens, r->rq.ntokens, steps, err) != SLOTD_OK)
+        return err->code;
+    r->model = m;
+    req_submit(r);
+    return SLOTD_OK;
+}
+
+/* Applies a parsed request, already in the order FIFO, to the
+ * connection's state: the model's ranges, the session map, the session's
+ * FIFO or the workers.  False if the connection had to close (no memory). */
+static bool req_apply(conn_t *c, req_t *r)
+{
+    slotd_error_t err = {SLOTD_OK, ""};
+    int rc = SLOTD_OK;
+
+    switch (r->rq.op) {
+    case PROTO_OP_START:
+        rc = read_start(c, r, &err);
+        break;
+    case PROTO_OP_STEP:
+    case PROTO_OP_FINISH:
+        rc = read_session_op(c, r, &err);
+        break;
+    case PROTO_OP_LOGITS:
+    case PROTO_OP_GENERATE:
+        rc = read_stateless(c, r, &err);
+        break;
+    case PROTO_OP_STATS:
+        /* Answered at the head of the order FIFO; the lines after it wait
+         * until then, so that it shows nothing of them. */
+        r->state = REQ_WAITING;
+        c->barrier = r;
+        break;
+    default:
+        rc = slotd_error_set(&err, SLOTD_EUNKNOWN_OP, "op: not known");
+        break;
+    }
+    if (rc == SLOTD_ENOMEM) {
+        log_error("connection %" PRIu64 ": no memory for a request; closing it", c->serial);
+        conn_close(c);
+        return false;
+    }
+    return rc == SLOTD_OK || req_fail(r, &err);
+}
+
+/* The stats `r` has been answered: applies the lines held behind it, in
+ * order, up to the next stats. */
+static void release_barrier(conn_t *c, req_t *r)
+{
+    req_t *h;
+
+    if (c->barrier != r)
+        return;
+    c->barrier = NULL;
+    for (h = r->order_next; h != NULL && c->barrier == NULL; h = h->order_next)
+        if (h->state == REQ_HELD && !req_apply(c, h))
+            return;
+}
+
+/* proto_framer_feed() callback: one complete line. */
+static int on_line(void *arg, const char *line, size_t len)
+{
+    conn_t *c = arg;
+    slotd_error_t err = {SLOTD_OK, ""};
+    req_t *r = server_req_get(c->server);
+    int rc;
+
+    if (r == NULL)
+        return SLOTD_ENOMEM;
+    r->conn = c;
+    order_append(c, r);
+    rc = proto_request_parse(line, len, &r->rq, &err);
+    metrics_count_request(r->rq.op);
+    if (rc != SLOTD_OK) {
+        if (!req_fail(r, &err))
+            return SLOTD_ENOMEM;
+    } else if (c->barrier != NULL) {
+        r->state = REQ_HELD;
+    } else if (!req_apply(c, r)) {
+        return SLOTD_ENOMEM;
+    }
+    conn_advance(c);
+    return c->closed ? SLOTD_ENOMEM : 0;
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    conn_t *c = container_of((uv_tcp_t *)h, conn_t, tcp);
+
+    buf->base = c->server->readbuf;
+    buf->len = sizeof(c->server->readbuf);
+}
+
+static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    conn_t *c = container_of((uv_tcp_t *)stream, conn_t, tcp);
+    int rc;
+
+    if (nread == 0)
+        return;
+    if (nread < 0) {
+        if (nread == UV_EOF) {
+            log_debug("connection %" PRIu64 ": end of input", c->serial);
+            conn_end_input(c);
+            conn_update(c);
+        } else {
+            log_debug("connection %" PRIu64 ": read failed: %s", c->serial,
+                      uv_strerror((int)nread));
+            conn_close(c);
+        }
+        return;
+    }
+
+    rc = proto_framer_feed(&c->framer, buf->base, (size_t)nread, on_line, c);
+    if (c->closed)
+        return;
+    if (rc == SLOTD_ELINE_TOO_LONG) {
+        req_t *r = server_req_get(c->server);
+        metrics_count_request(PROTO_OP_NONE);
+        log_debug("connection %" PRIu64 ": line longer than %zu bytes", c->serial,
+                  c->framer.max_line);
+        if (r == NULL) {
+            conn_close(c);
+            return;
+        }
+        r->conn = c;
+        order_append(c, r);
+        if (req_set_error(r, SLOTD_ELINE_TOO_LONG, "line longer than %zu bytes",
+                          c->framer.max_line) != SLOTD_OK) {
+            conn_close(c);
+            return;
+        }
+        req_done(r);
+        conn_end_input(c);
+        conn_advance(c);
+    } else if (rc != SLOTD_OK) {
+        log_error("connection %" PRIu64 ": no memory for a request; closing it", c->serial);
+        conn_close(c);
+        return;
+    }
+    conn_update(c);
+}
+
+/* ---- Jobs coming back ---- */
+
+void conn_job_done(req_t *r)
+{
+    conn_t *c = r->conn;
+    server_t *s = c->server;
+    session_t *sess = r->session;
+
+    /* The session takes the result first; it keeps `running` until the
+     * end, so that a close here leaves it for the code below. */
+    if (sess != NULL) {
+        assert(sess->running == r);
+        if (r->rq.op == PROTO_OP_START && r->rc == SLOTD_OK) {
+            sess->cs = r->cs;
+            sess->has_slot = true;
+            s->live_sessions++;
+        } else if (r->rq.op == PROTO_OP_START) {
+            session_unmap(sess); /* the steps queued behind it get unknown_id */
+        } else {
+            sess->cs = r->cs; /* a failed step left it as it was */
+        }
+    }
+    if (!c->closed && (r->rc == SLOTD_ENOMEM || r->rc == SLOTD_ESTALE || r->rc == SLOTD_EINVAL)) {
+        log_error("connection %" PRIu64 ": %s failed: %s; closing it", c->serial,
+                  proto_op_name(r->rq.op), slotd_strerror(r->rc));
+        conn_close(c);
+    }
+    if (sess != NULL)
+        sess->running = NULL;
+
+    if (c->closed) {
+        if (sess != NULL)
+            session_discard(sess); /* conn_close() unmapped it */
+        server_req_put(s, r);
+    } else {
+        req_done(r);
+        if (sess != NULL)
+            session_kick(sess);
+        conn_advance(c);
+        conn_update(c);
+    }
+    conn_unref(c);
+}
+
+/* ---- Accept, drain ---- */
+
+static void reject_close_cb(uv_handle_t *h)
+{
+    free(h);
+}
+
+/* Past the connection limit: one error line, then close. */
+static void conn_reject(server_t *s)
+{
+    uv_tcp_t *t = malloc(sizeof(*t));
+    char line[160];
+    uv_buf_t b;
+    int n;
+
+    if (t == NULL || uv_tcp_init(&s->loop, t) != 0) {
+        free(t);
+        log_error("no memory to turn a connection away");
+        return;
+    }
+    if (uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)t) == 0) {
+        n = snprintf(line, sizeof(line),
+                     "{\"error\":{\"code\":\"too_many_connections\",\"message\":\"the daemon "
+                     "serves at most %u connections\"}}\n",
+                     s->cfg->max_connections);
+        b = uv_buf_init(line, (unsigned)n);
+        (void)uv_try_write((uv_stream_t *)t, &b, 1); /* best effort: the socket is fresh */
+        log_debug("connection turned away: %u open", s->cfg->max_connections);
+    }
+    uv_close((uv_handle_t *)t, reject_close_cb);
+}
+
+void conn_accept(server_t *s)
+{
+    conn_t *c;
+    int rc;
+
+    if (s->nconns >= s->cfg->max_connections) {
+        conn_reject(s);
+        return;
+    }
+    c = calloc(1, sizeof(*c));
+    if (c == NULL || session_map_init(&c->map) != SLOTD_OK) {
+        free(c);
+        conn_reject(s);
+        return;
+    }
+    uv_tcp_init(&s->loop, &c->tcp);
+    c->server = s;
+    c->refs = 1;
+    c->serial = ++s->next_serial;
+    proto_framer_init(&c->framer, s->cfg->max_line);
+    proto_buf_init(&c->out);
+    proto_buf_init(&c->wbuf);
+    c->next = s->conns;
+    if (s->conns != NULL)
+        s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+    s->nconns_alive++;
+
+    rc = uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)&c->tcp);
+    if (rc == 0)
+        rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+    if (rc != 0) {
+        log_debug("accept failed: %s", uv_strerror(rc));
+        conn_close(c);
+        return;
+    }
+    c->reading = true;
+    uv_tcp_nodelay(&c->tcp, 1);
+    if (log_enabled(LOG_LEVEL_DEBUG)) {
+        struct sockaddr_storage peer;
+        int len = sizeof(peer);
+        char host[64] = "?";
+        if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &len) == 0)
+            uv_ip_name((struct sockaddr *)&peer, host, sizeof(host));
+        log_debug("connection %" PRIu64 ": accepted from %s", c->serial, host);
+    }
+}
+
+void conn_drain(conn_t *c)
+{
+    session_t *sess;
+    slotd_error_t err;
+
+    if (c->closed)
+        return;
+    conn_end_input(c);
+    slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+    for (req_t *r = c->order_head; r != NULL; r = r->order_next)
+        if (r->state == REQ_HELD && !req_fail(r, &err))
+            return;
+    for (sess = c->sessions; sess != NULL; sess = sess->next) {
+        req_t *r;
+        while ((r = sess->fifo_head) != NULL) {
+            sess->fifo_head = r->session_next;
+            if (!req_fail(r, &err))
+                return;
+        }
+        sess->fifo_tail = NULL;
+        if (sess->in_lru)
+            server_lru_remove(c->server, sess);
+    }
+    conn_advance(c);
+    conn_update(c);
+}

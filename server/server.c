@@ -1,1 +1,569 @@
-/* placeholder: not written yet */
+/*
+ * server.c: the daemon's life, from start-up to the end of a drain.  It
+ * owns the loop and every handle that is not a connection's (listener,
+ * signals, timers, the end-of-turn check, the admin port), the models, the
+ * slot pool and the worker pool; and the free lists of request and session
+ * records, this turn's batch of jobs and of connections to write, and the
+ * idle list of sessions.
+ *
+ * DESIGN.  Everything here runs on the loop thread; the workers see only
+ * the request records submitted to them (see job.c) and the immutable
+ * pointers of this struct (`pool`).  One uv_check_t runs at the end of
+ * every loop turn, after all reads and completions of the turn: it submits
+ * the turn's jobs to the workers in one batch and starts one write per
+ * connection with new output.  Idle sessions sit on a list in the order
+ * they went idle; one timer, always set for the oldest, releases those past
+ * --idle-timeout, so a check costs O(expired).
+ *
+ * Shutdown.  SIGTERM or SIGINT starts a drain: the listener closes, the
+ * admin port reports 503, jobs no worker has started are taken back and
+ * answered shutting_down like every request still waiting, running jobs
+ * finish and are answered, then each connection closes (its slots released
+ * with reason shutdown).  When the last connection is freed, the workers
+ * are joined and every handle closed, and uv_run() returns.  A drain that
+ * overruns --shutdown-timeout ends the process with status 1.
+ */
+#include "server.h"
+
+#include <assert.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "server_int.h"
+
+/* Records kept for reuse at most; beyond, they go back to malloc. */
+#define MAX_FREE_REQS 16384
+#define MAX_FREE_SESSIONS 16384
+/* A record's reply buffer larger than this is not kept for reuse. */
+#define MAX_KEPT_REPLY (64u << 10)
+
+/* ---- Free lists ---- */
+
+req_t *server_req_get(server_t *s)
+{
+    req_t *r = s->free_reqs;
+
+    if (r != NULL) {
+        s->free_reqs = r->order_next;
+        s->nfree_reqs--;
+    } else {
+        r = calloc(1, sizeof(*r));
+        if (r == NULL)
+            return NULL;
+        proto_request_init(&r->rq);
+        proto_buf_init(&r->reply);
+    }
+    r->order_next = NULL;
+    return r;
+}
+
+void server_req_put(server_t *s, req_t *r)
+{
+    proto_buf_t reply = r->reply;
+
+    proto_request_free(&r->rq);
+    if (s->nfree_reqs >= MAX_FREE_REQS) {
+        proto_buf_free(&reply);
+        free(r);
+        return;
+    }
+    if (reply.cap > MAX_KEPT_REPLY) {
+        proto_buf_free(&reply);
+        proto_buf_init(&reply);
+    }
+    reply.len = 0;
+    memset(r, 0, sizeof(*r));
+    r->reply = reply;
+    proto_request_init(&r->rq);
+    r->order_next = s->free_reqs;
+    s->free_reqs = r;
+    s->nfree_reqs++;
+}
+
+session_t *server_session_get(server_t *s)
+{
+    session_t *sess = s->free_sessions;
+
+    if (sess == NULL)
+        return calloc(1, sizeof(*sess));
+    s->free_sessions = sess->next;
+    s->nfree_sessions--;
+    memset(sess, 0, sizeof(*sess));
+    return sess;
+}
+
+void server_session_put(server_t *s, session_t *sess)
+{
+    if (s->nfree_sessions >= MAX_FREE_SESSIONS) {
+        free(sess);
+        return;
+    }
+    sess->next = s->free_sessions;
+    s->free_sessions = sess;
+    s->nfree_sessions++;
+}
+
+static void free_lists_clear(server_t *s)
+{
+    while (s->free_reqs != NULL) {
+        req_t *r = s->free_reqs;
+        s->free_reqs = r->order_next;
+        proto_buf_free(&r->reply);
+        free(r);
+    }
+    while (s->free_sessions != NULL) {
+        session_t *sess = s->free_sessions;
+        s->free_sessions = sess->next;
+        free(sess);
+    }
+    s->nfree_reqs = s->nfree_sessions = 0;
+}
+
+/* ---- The end of a loop turn ---- */
+
+void server_submit(server_t *s, req_t *r)
+{
+    worker_batch_push(&s->batch, &r->job);
+}
+
+void server_mark_dirty(server_t *s, conn_t *c)
+{
+    if (c->dirty)
+        return;
+    c->dirty = true;
+    c->dirty_next = s->dirty;
+    s->dirty = c;
+}
+
+static void flush_check_cb(uv_check_t *h)
+{
+    server_t *s = container_of(h, server_t, flush_check);
+    conn_t *c;
+
+    if (s->batch.n > 0)
+        worker_pool_submit(s->workers, &s->batch);
+    while ((c = s->dirty) != NULL) {
+        s->dirty = c->dirty_next;
+        c->dirty = false;
+        conn_write(c);
+    }
+}
+
+static void job_done_cb(worker_job_t *job, void *arg)
+{
+    (void)arg;
+    conn_job_done(container_of(job, req_t, job));
+}
+
+/* ---- Idle sessions ---- */
+
+static void idle_timer_cb(uv_timer_t *h);
+
+static void idle_timer_arm(server_t *s)
+{
+    uint64_t timeout = (uint64_t)s->cfg->idle_timeout * 1000;
+    uint64_t now = uv_now(&s->loop);
+    uint64_t due;
+
+    if (s->lru_head == NULL)
+        return;
+    due = s->lru_head->idle_since + timeout;
+    uv_timer_start(&s->idle_timer, idle_timer_cb, due > now ? due - now : 0, 0);
+}
+
+void server_lru_add(server_t *s, session_t *sess)
+{
+    assert(!sess->in_lru);
+    sess->idle_since = uv_now(&s->loop);
+    sess->in_lru = true;
+    sess->lru_next = NULL;
+    sess->lru_prev = s->lru_tail;
+    if (s->lru_tail != NULL)
+        s->lru_tail->lru_next = sess;
+    else
+        s->lru_head = sess;
+    s->lru_tail = sess;
+    if (!uv_is_active((uv_handle_t *)&s->idle_timer))
+        idle_timer_arm(s);
+}
+
+void server_lru_remove(server_t *s, session_t *sess)
+{
+    assert(sess->in_lru);
+    if (sess->lru_prev != NULL)
+        sess->lru_prev->lru_next = sess->lru_next;
+    else
+        s->lru_head = sess->lru_next;
+    if (sess->lru_next != NULL)
+        sess->lru_next->lru_prev = sess->lru_prev;
+    else
+        s->lru_tail = sess->lru_prev;
+    sess->lru_prev = sess->lru_next = NULL;
+    sess->in_lru = false;
+}
+
+static void idle_timer_cb(uv_timer_t *h)
+{
+    server_t *s = container_of(h, server_t, idle_timer);
+    uint64_t timeout = (uint64_t)s->cfg->idle_timeout * 1000;
+    uint64_t now = uv_now(&s->loop);
+
+    while (s->lru_head != NULL && s->lru_head->idle_since + timeout <= now)
+        conn_expire_session(s->lru_head);
+    idle_timer_arm(s);
+}
+
+/* ---- Figures for the stats op and the admin port ---- */
+
+const model_t *server_model(const server_t *s, const char *name)
+{
+    for (size_t i = 0; i < s->nmodels; i++)
+        if (strcmp(model_name(s->models[i]), name) == 0)
+            return s->models[i];
+    return NULL;
+}
+
+void server_stats(server_t *s, proto_stats_t *st)
+{
+    cache_pool_stats_t ps;
+
+    memset(st, 0, sizeof(*st));
+    cache_pool_stats(s->pool, &ps);
+    for (size_t i = 0; i < s->nmodels; i++) {
+        st->g_calls += model_g_calls(s->models[i]);
+        st->rows += model_rows(s->models[i]);
+    }
+    st->cache_entries = ps.entries;
+    st->live_sessions = s->live_sessions;
+    st->connections = s->nconns;
+    st->requests_total = metrics_requests_total();
+    st->errors_total = metrics_errors_total();
+    st->pool_bytes_total = ps.bytes_capacity;
+    st->pool_bytes_used = ps.bytes_used;
+    st->pool_slots_total = ps.max_slots;
+    st->pool_slots_used = ps.live_slots;
+    st->released_finish = metrics_released(METRICS_RELEASE_FINISH);
+    st->released_disconnect = metrics_released(METRICS_RELEASE_DISCONNECT);
+    st->released_idle = metrics_released(METRICS_RELEASE_IDLE);
+    st->released_shutdown = metrics_released(METRICS_RELEASE_SHUTDOWN);
+    st->uptime_seconds = (uv_hrtime() - s->start_ns) / 1000000000u;
+    st->threads = s->cfg->threads;
+}
+
+static void admin_stats_cb(void *arg, proto_stats_t *out)
+{
+    server_stats(arg, out);
+}
+
+static bool admin_healthy_cb(void *arg, const char **why)
+{
+    server_t *s = arg;
+
+    if (s->draining) {
+        *why = "draining";
+        return false;
+    }
+    if (worker_pool_wedged(s->workers, uv_hrtime(),
+                           (uint64_t)s->cfg->wedge_timeout * 1000000000u)) {
+        *why = "a worker is stuck on one job";
+        return false;
+    }
+    return true;
+}
+
+/* ---- Accept ---- */
+
+static void connection_cb(uv_stream_t *listener, int status)
+{
+    server_t *s = container_of((uv_tcp_t *)listener, server_t, listener);
+
+    if (status < 0) {
+        log_warn("accept: %s", uv_strerror(status));
+        return;
+    }
+    conn_accept(s);
+}
+
+/* ---- Shutdown ---- */
+
+static void close_quietly(uv_handle_t *h)
+{
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+/* The drain is over (or start-up failed): closes every handle that is
+ * still open; uv_run() returns once their callbacks have run. */
+static void server_finish(server_t *s)
+{
+    if (s->finished)
+        return;
+    s->finished = true;
+    if (s->workers != NULL) {
+        worker_pool_close(s->workers);
+        s->workers = NULL;
+        if (s->draining)
+            log_info("shutdown: workers joined");
+    }
+    if (s->admin != NULL) {
+        admin_close(s->admin);
+        s->admin = NULL;
+    }
+    close_quietly((uv_handle_t *)&s->listener);
+    close_quietly((uv_handle_t *)&s->sigterm);
+    close_quietly((uv_handle_t *)&s->sigint);
+    close_quietly((uv_handle_t *)&s->idle_timer);
+    close_quietly((uv_handle_t *)&s->shutdown_timer);
+    close_quietly((uv_handle_t *)&s->flush_check);
+}
+
+void server_conn_freed(server_t *s)
+{
+    if (s->draining && s->nconns_alive == 0) {
+        log_info("shutdown: every connection closed");
+        server_finish(s);
+    }
+}
+
+static void shutdown_timer_cb(uv_timer_t *h)
+{
+    server_t *s = container_of(h, server_t, shutdown_timer);
+
+    log_error("shutdown: not done after %u s (%zu connections left); exiting with status 1",
+              s->cfg->shutdown_timeout, s->nconns_alive);
+    _exit(1);
+}
+
+static void server_drain(server_t *s)
+{
+    worker_batch_t back = WORKER_BATCH_INIT;
+    worker_job_t *job, *next;
+    conn_t *c, *cnext;
+
+    s->draining = true;
+    close_quietly((uv_handle_t *)&s->listener);
+    uv_timer_stop(&s->idle_timer);
+    uv_timer_start(&s->shutdown_timer, shutdown_timer_cb, (uint64_t)s->cfg->shutdown_timeout * 1000,
+                   0);
+
+    /* Jobs no worker has started: this turn's batch and the queue. */
+    back = s->batch;
+    s->batch = (worker_batch_t)WORKER_BATCH_INIT;
+    worker_pool_take_back(s->workers, &back);
+    log_info("shutdown: stopped accepting; %zu connections, %zu queued jobs answered "
+             "shutting_down, %zu running",
+             s->nconns, back.n, worker_pool_pending(s->workers));
+    for (job = back.head; job != NULL; job = next) {
+        req_t *r = container_of(job, req_t, job);
+        next = job->next;
+        if (req_set_error(r, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG) != SLOTD_OK)
+            r->rc = SLOTD_ENOMEM; /* closes the connection */
+        conn_job_done(r);
+    }
+    for (c = s->conns; c != NULL; c = cnext) {
+        cnext = c->next;
+        conn_drain(c);
+    }
+    server_conn_freed(s); /* maybe nothing was open */
+}
+
+static void signal_cb(uv_signal_t *h, int signum)
+{
+    server_t *s = h->data;
+
+    if (s->draining) {
+        log_info("signal %d: already shutting down", signum);
+        return;
+    }
+    log_info("signal %d: shutting down", signum);
+    server_drain(s);
+}
+
+/* ---- Start-up ---- */
+
+static int load_models(server_t *s)
+{
+    const server_config_t *cfg = s->cfg;
+
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        model_t *m;
+        int rc = model_create(cfg->models[i], &m);
+        if (rc != SLOTD_OK) {
+            log_error("model %s: %s", cfg->models[i], slotd_strerror(rc));
+            return rc;
+        }
+        s->models[s->nmodels++] = m;
+        log_info("model %s: %s, V=%u, max_ctx=%u, %zu bytes per entry, %zu bytes scratch",
+                 model_name(m), model_family(m) == MODEL_FAMILY_ATTN ? "attn" : "hash",
+                 model_vocab(m), model_max_ctx(m), model_entry_size(m), model_scratch_size(m));
+    }
+    s->default_model = server_model(s, cfg->default_model);
+    assert(s->default_model != NULL); /* config_parse() checked it */
+    return SLOTD_OK;
+}
+
+static int start_workers(server_t *s)
+{
+    worker_pool_config_t wc;
+    int rc;
+
+    memset(&wc, 0, sizeof(wc));
+    wc.threads = s->cfg->threads;
+    for (size_t i = 0; i < s->nmodels; i++) {
+        const model_t *m = s->models[i];
+        size_t ctx = model_max_ctx(m);
+        /* Room for 16 steps' logits; more only for an unusually large n. */
+        size_t rows = ctx < 16 ? ctx : 16;
+        if (model_scratch_size(m) > wc.scratch_bytes)
+            wc.scratch_bytes = model_scratch_size(m);
+        if (ctx > wc.tokens_cap)
+            wc.tokens_cap = ctx;
+        if (model_family(m) == MODEL_FAMILY_ATTN && rows * model_vocab(m) > wc.logits_cap)
+            wc.logits_cap = rows * model_vocab(m);
+    }
+    wc.run = job_run;
+    wc.done = job_done_cb;
+    wc.arg = s;
+    rc = worker_pool_create(&s->loop, &wc, &s->workers);
+    if (rc != 0)
+        log_error("worker threads: %s", uv_strerror(rc));
+    return rc;
+}
+
+static int parse_addr(const char *host, int port, struct sockaddr_storage *addr)
+{
+    if (strchr(host, ':') != NULL)
+        return uv_ip6_addr(host, port, (struct sockaddr_in6 *)addr);
+    return uv_ip4_addr(host, port, (struct sockaddr_in *)addr);
+}
+
+static int start_listener(server_t *s)
+{
+    struct sockaddr_storage addr;
+    int len = sizeof(addr);
+    char host[64];
+    int rc;
+
+    rc = parse_addr(s->cfg->listen, s->cfg->port, &addr);
+    if (rc == 0)
+        rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&addr, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&s->listener, 511, connection_cb);
+    if (rc != 0) {
+        log_error("listen on %s:%d: %s", s->cfg->listen, s->cfg->port, uv_strerror(rc));
+        return rc;
+    }
+    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&addr, &len);
+    uv_ip_name((struct sockaddr *)&addr, host, sizeof(host));
+    log_info("listening on %s:%d", host,
+             ntohs(addr.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&addr)->sin6_port
+                                              : ((struct sockaddr_in *)&addr)->sin_port));
+    return 0;
+}
+
+static int start_signals(server_t *s)
+{
+    int rc;
+
+    s->sigterm.data = s;
+    s->sigint.data = s;
+    rc = uv_signal_start(&s->sigterm, signal_cb, SIGTERM);
+    if (rc == 0)
+        rc = uv_signal_start(&s->sigint, signal_cb, SIGINT);
+    if (rc != 0)
+        log_error("signals: %s", uv_strerror(rc));
+    return rc;
+}
+
+int server_run(const server_config_t *cfg)
+{
+    server_t *s;
+    cache_pool_config_t pc;
+    admin_hooks_t hooks;
+    int rc;
+
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        log_error("no memory");
+        return 1;
+    }
+    s->cfg = cfg;
+    s->start_ns = uv_hrtime();
+    metrics_init(s->start_ns);
+    log_info("slotd %s starting: %u worker threads, %" PRIu64 " MiB pool, at most %u sessions "
+             "and %u connections",
+             config_version(), cfg->threads, cfg->cache_mb, cfg->max_sessions,
+             cfg->max_connections);
+
+    rc = uv_loop_init(&s->loop);
+    if (rc != 0) {
+        log_error("event loop: %s", uv_strerror(rc));
+        goto fail_loop;
+    }
+    /* Every handle is initialised up front, so that one unwinding path
+     * can close them all whatever failed. */
+    uv_tcp_init(&s->loop, &s->listener);
+    uv_signal_init(&s->loop, &s->sigterm);
+    uv_signal_init(&s->loop, &s->sigint);
+    uv_timer_init(&s->loop, &s->idle_timer);
+    uv_timer_init(&s->loop, &s->shutdown_timer);
+    uv_check_init(&s->loop, &s->flush_check);
+
+    if (load_models(s) != SLOTD_OK)
+        goto fail;
+
+    memset(&pc, 0, sizeof(pc));
+    pc.capacity_bytes = (size_t)cfg->cache_mb << 20;
+    pc.max_slots = cfg->max_sessions + cfg->threads;
+    pc.models = (const model_t *const *)s->models;
+    pc.nmodels = s->nmodels;
+    rc = cache_pool_create(&pc, &s->pool);
+    if (rc != SLOTD_OK) {
+        log_error("cache pool of %" PRIu64 " MiB: %s", cfg->cache_mb, slotd_strerror(rc));
+        s->pool = NULL;
+        goto fail;
+    }
+    log_info("cache pool: %" PRIu64 " MiB, %u slots", cfg->cache_mb, pc.max_slots);
+
+    if (start_workers(s) != 0 || start_listener(s) != 0 || start_signals(s) != 0)
+        goto fail;
+    hooks.stats = admin_stats_cb;
+    hooks.healthy = admin_healthy_cb;
+    hooks.arg = s;
+    rc = admin_start(&s->loop, cfg->listen, cfg->admin_port, &hooks, &s->admin);
+    if (rc != 0) {
+        log_error("admin port %s:%d: %s", cfg->listen, cfg->admin_port, uv_strerror(rc));
+        s->admin = NULL;
+        goto fail;
+    }
+    log_info("admin port on %s:%d", cfg->listen, admin_port(s->admin));
+    uv_check_start(&s->flush_check, flush_check_cb);
+    uv_unref((uv_handle_t *)&s->flush_check);
+
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    rc = 0;
+    log_info("shutdown: complete");
+    goto done;
+
+fail:
+    /* Closes whatever was opened (the workers too); the frees below
+     * skip what was not. */
+    rc = 1;
+    server_finish(s);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+done:
+    if (uv_loop_close(&s->loop) != 0)
+        log_warn("event loop: handles left open at exit");
+    if (s->pool != NULL)
+        cache_pool_destroy(s->pool);
+    for (size_t i = 0; i < s->nmodels; i++)
+        model_destroy(s->models[i]);
+    free_lists_clear(s);
+fail_loop:
+    free(s);
+    return rc != 0 ? 1 : 0;
+}

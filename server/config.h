@@ -1,0 +1,61 @@
+/*
+ * config.h: the daemon's settings, from command-line flags and SLOTD_*
+ * environment variables (flags win over the environment, the environment
+ * over the defaults).
+ */
+#ifndef SLOTD_SERVER_CONFIG_H
+#define SLOTD_SERVER_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "log.h"
+#include "proto/proto.h"
+
+#define CONFIG_MAX_MODELS 8
+#define CONFIG_HOST_MAX 63
+
+/** Every setting.  A plain value with no owned memory. */
+typedef struct server_config {
+    char listen[CONFIG_HOST_MAX + 1]; /* numeric IPv4 or IPv6 address of both ports */
+    int port;                         /* session port; 0 = ephemeral */
+    int admin_port;                   /* admin HTTP port; 0 = ephemeral */
+    unsigned threads;                 /* worker threads */
+    uint64_t cache_mb;                /* pool budget in MiB */
+    uint32_t max_sessions;            /* live sessions, all connections together */
+    uint32_t max_connections;         /* open session connections */
+    size_t max_line;                  /* longest request line, without "\n" */
+    uint32_t idle_timeout;            /* seconds a session may sit idle; 0 = forever */
+    uint32_t shutdown_timeout;        /* seconds a drain may take before exit 1 */
+    uint32_t wedge_timeout;           /* seconds one job may run before /health fails */
+    size_t nmodels;                   /* presets to load, in the order given */
+    char models[CONFIG_MAX_MODELS][PROTO_MODEL_MAX + 1];
+    char default_model[PROTO_MODEL_MAX + 1]; /* one of `models` */
+    log_level_t log_level;
+} server_config_t;
+
+typedef enum config_result {
+    CONFIG_OK = 0,  /* run the daemon */
+    CONFIG_HELP,    /* --help was given: print config_usage(), exit 0 */
+    CONFIG_VERSION, /* --version was given: print the version, exit 0 */
+    CONFIG_ERROR,   /* `err` holds one line saying what is wrong: exit 2 */
+} config_result_t;
+
+/** Fills `cfg` with the defaults (threads = online cores). */
+void config_defaults(server_config_t *cfg);
+
+/** Parses the environment, then argv[1..argc-1] over it.  `envp` is a
+ * NULL-terminated array of "NAME=value" strings (`environ`, or a test's
+ * own), not kept.  Flags are `--name value` or `--name=value`.  On
+ * CONFIG_ERROR, `err` (errlen bytes) gets a message without a newline. */
+config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, char *const *envp,
+                             char *err, size_t errlen);
+
+/** Writes the --help text to `out`. */
+void config_usage(FILE *out);
+
+/** The daemon's version ("0.1.0").  Static. */
+const char *config_version(void);
+
+#endif

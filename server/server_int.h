@@ -1,0 +1,215 @@
+/*
+ * server_int.h: what the files of server/ share and nothing else uses: the
+ * daemon's state, a connection, a session record and a request record, and
+ * the functions server.c, conn.c and job.c call on one another.
+ *
+ * Everything here belongs to the loop thread, except a request record
+ * while its job is with the workers (state REQ_RUNNING, submitted): then
+ * the worker running it reads the request and writes the result fields,
+ * and the loop thread touches neither until the record comes back through
+ * the completion queue.
+ */
+#ifndef SLOTD_SERVER_SERVER_INT_H
+#define SLOTD_SERVER_SERVER_INT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "admin.h"
+#include "cache/pool.h"
+#include "cache/session.h"
+#include "config.h"
+#include "core/model.h"
+#include "metrics.h"
+#include "proto/proto.h"
+#include "session_map.h"
+#include "worker.h"
+
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+/* A connection stops being read while it has this many requests waiting
+ * for their reply, or this many reply bytes not yet written; it is read
+ * again once both are below half. */
+#define CONN_MAX_OUTSTANDING 1024
+#define CONN_MAX_PENDING_BYTES (4u << 20)
+
+#define SERVER_READ_BUF (64u << 10)
+
+/* The message of every shutting_down reply. */
+#define SERVER_SHUTTING_DOWN_MSG "the daemon is shutting down"
+
+typedef struct server server_t;
+typedef struct conn conn_t;
+typedef struct session session_t;
+typedef struct req req_t;
+
+typedef enum req_state {
+    REQ_NEW = 0, /* just taken from the free list */
+    REQ_HELD,    /* parsed behind a stats not yet answered: not applied yet */
+    REQ_WAITING, /* in its session's FIFO, or a stats waiting for the head */
+    REQ_RUNNING, /* a job: in the batch, the workers' queue, or running */
+    REQ_DONE,    /* `reply` holds its line */
+} req_state_t;
+
+/** A request record: one line read, from parse until its reply is copied
+ * to the connection's output.  Taken from the server's free list by
+ * server_req_get() and given back by server_req_put(), which frees what
+ * the parsed request owns. */
+struct req {
+    worker_job_t job; /* the pool's while REQ_RUNNING */
+
+    /* Loop thread only. */
+    conn_t *conn;
+    session_t *session;  /* start, step, finish: the session acted on */
+    req_t *order_next;   /* the connection's order FIFO; the free list */
+    req_t *session_next; /* the session's FIFO */
+    req_state_t state;
+
+    /* The job's input: set by the loop before submit, read-only after. */
+    proto_request_t rq;   /* owns tag and tokens */
+    const model_t *model; /* start, logits, generate */
+    uint64_t owner_key;   /* the connection's serial number */
+
+    /* The job's result: written by its worker while REQ_RUNNING, by the
+     * loop thread otherwise. */
+    cache_session_t cs; /* start: the new session; step: in and out */
+    int rc;             /* SLOTD_OK, or the code of the error in `reply` */
+    proto_buf_t reply;  /* owned; one reply line once REQ_DONE */
+
+    /* Set by the loop thread when the connection has gone: a worker that
+     * has not started the job skips it. */
+    _Atomic bool canceled;
+};
+
+/** A session record: one start on one connection, from its parse until
+ * its last queued request has run and its slot is released.  Freed by
+ * server_session_put(). */
+struct session {
+    session_map_node_t node; /* id; linked in conn->map while in_map */
+    conn_t *conn;
+    session_t *prev, *next;         /* conn->sessions: every record of the connection */
+    session_t *lru_prev, *lru_next; /* server->lru while in_lru */
+    uint64_t idle_since;            /* uv_now() when it went idle */
+    req_t *fifo_head, *fifo_tail;   /* requests waiting to run, in order */
+    req_t *running;                 /* the request whose job is out, or NULL */
+    cache_session_t cs;             /* valid while has_slot */
+    bool in_map;                    /* the id names it: steps and finish can still reach it */
+    bool has_slot;                  /* its start succeeded and it was not released yet */
+    bool in_lru;                    /* idle: holds a slot, in the map, nothing queued or running */
+};
+
+/** One session connection.  Allocated on accept; freed by conn_unref()
+ * when both the handle's close callback has run and no job of the
+ * connection is out (`refs`). */
+struct conn {
+    uv_tcp_t tcp;
+    uv_write_t write_req;
+    server_t *server;
+    uint64_t serial;     /* pool owner key; never reused */
+    unsigned refs;       /* the handle until its close callback, plus one per job out */
+    conn_t *prev, *next; /* server->conns while open */
+    conn_t *dirty_next;  /* server->dirty while `dirty` */
+    proto_framer_t framer;
+    session_map_t map;              /* live ids -> session records */
+    session_t *sessions;            /* every session record of the connection */
+    req_t *order_head, *order_tail; /* requests not yet answered, in read order */
+    req_t *barrier;                 /* a stats not yet answered: the lines after it are REQ_HELD */
+    size_t outstanding;             /* records in the order FIFO */
+    size_t held_bytes;              /* reply bytes of REQ_DONE records in the FIFO */
+    proto_buf_t out;                /* replies for the next write */
+    proto_buf_t wbuf;               /* the bytes of the write in flight */
+    metrics_release_t release_reason; /* set when closed */
+    bool dirty;                       /* `out` has bytes to write at the end of this loop turn */
+    bool reading;                     /* uv_read_start() in force */
+    bool writing;                     /* write_req in flight */
+    bool input_done;                  /* EOF, line_too_long or drain: close once all is answered */
+    bool closed;                      /* uv_close() called */
+};
+
+/** The daemon.  One, owned by server_run(). */
+struct server {
+    const server_config_t *cfg;
+    uv_loop_t loop;
+    uv_tcp_t listener;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t idle_timer, shutdown_timer;
+    uv_check_t flush_check; /* end of each loop turn: submit the batch, write */
+    admin_t *admin;
+    worker_pool_t *workers; /* NULL once closed */
+    cache_pool_t *pool;     /* immutable pointer: workers read it */
+    model_t *models[CONFIG_MAX_MODELS];
+    size_t nmodels;
+    const model_t *default_model;
+    uint64_t start_ns; /* uv_hrtime() at start-up */
+
+    worker_batch_t batch; /* jobs to submit at the end of this loop turn */
+    conn_t *dirty;        /* connections to write at the end of this loop turn */
+    conn_t *conns;        /* open connections */
+    size_t nconns;        /* open connections */
+    size_t nconns_alive;  /* connection structs not yet freed */
+    uint64_t next_serial;
+    size_t admitted;                /* session records in some connection's map */
+    size_t live_sessions;           /* session records holding a slot */
+    session_t *lru_head, *lru_tail; /* idle sessions, oldest first */
+    req_t *free_reqs;
+    size_t nfree_reqs;
+    session_t *free_sessions;
+    size_t nfree_sessions;
+    bool draining;
+    bool finished; /* every handle closed or closing */
+
+    char readbuf[SERVER_READ_BUF]; /* reads are synchronous on the loop: one buffer */
+};
+
+/* ---- server.c ---- */
+
+/** A clean request record, or NULL (ENOMEM). */
+req_t *server_req_get(server_t *s);
+/** Takes the record back, freeing what its request owns. */
+void server_req_put(server_t *s, req_t *r);
+/** A zeroed session record, or NULL (ENOMEM). */
+session_t *server_session_get(server_t *s);
+void server_session_put(server_t *s, session_t *sess);
+/** Adds the job of `r` to this loop turn's batch. */
+void server_submit(server_t *s, req_t *r);
+/** Has `c` written at the end of this loop turn. */
+void server_mark_dirty(server_t *s, conn_t *c);
+/** Puts an idle session at the young end of the idle list. */
+void server_lru_add(server_t *s, session_t *sess);
+void server_lru_remove(server_t *s, session_t *sess);
+/** The loaded model called `name`, or NULL. */
+const model_t *server_model(const server_t *s, const char *name);
+/** Fills the stats object. */
+void server_stats(server_t *s, proto_stats_t *st);
+/** Called when a connection struct has been freed. */
+void server_conn_freed(server_t *s);
+
+/* ---- conn.c ---- */
+
+/** Accepts the next connection from the listener (or turns it away when
+ * the connection limit is reached). */
+void conn_accept(server_t *s);
+/** Takes back a job that came back from the workers (or was taken back
+ * unstarted, with its result set by req_set_error()). */
+void conn_job_done(req_t *r);
+/** Starts the write of whatever `c` has accumulated. */
+void conn_write(conn_t *c);
+/** Shutdown: stops reading `c`, answers its waiting requests with
+ * shutting_down, and closes it once the running ones are answered. */
+void conn_drain(conn_t *c);
+/** Releases an idle session whose time is up. */
+void conn_expire_session(session_t *sess);
+/** Sets `r`'s result to the error `code` with `message`, as its reply.
+ * Returns SLOTD_OK or SLOTD_ENOMEM. */
+int req_set_error(req_t *r, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- job.c ---- */
+
+/** The worker side of a job: runs the model call of `job` (a req_t) and
+ * formats its reply into the record.  `arg` is the server_t. */
+void job_run(worker_t *w, worker_job_t *job, void *arg);
+
+#endif

@@ -1,0 +1,108 @@
+/*
+ * worker.h: the daemon's worker threads, a job queue the loop thread fills
+ * and one completion queue it drains.
+ *
+ * A job is a worker_job_t embedded in the caller's record (recovered with
+ * container_of).  The loop thread collects jobs in a worker_batch_t and
+ * hands a whole batch over with worker_pool_submit(): one lock, one
+ * condition-variable signal.  A worker runs the pool's `run` callback on a
+ * job, then appends it to the completion queue; the loop thread gets every
+ * completed job, in completion order, through the pool's `done` callback,
+ * called from one uv_async_t.  Between submit and `done` the job belongs to
+ * the pool and the worker running it; the loop thread must not touch it.
+ */
+#ifndef SLOTD_SERVER_WORKER_H
+#define SLOTD_SERVER_WORKER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+/** Embedded in the caller's record; `next` belongs to the pool or the
+ * batch the job is in. */
+typedef struct worker_job {
+    struct worker_job *next;
+} worker_job_t;
+
+/** A FIFO of jobs not yet submitted (or taken back).  A plain value owned
+ * by the loop thread; it does not own the jobs. */
+typedef struct worker_batch {
+    worker_job_t *head;
+    worker_job_t *tail;
+    size_t n;
+} worker_batch_t;
+
+#define WORKER_BATCH_INIT                                                                          \
+    {                                                                                              \
+        NULL, NULL, 0                                                                              \
+    }
+
+typedef struct worker worker_t;
+typedef struct worker_pool worker_pool_t;
+
+/** Runs `job` on worker `w`.  May use the worker's scratch and buffers;
+ * must touch no libuv handle and nothing outside the job but what is
+ * thread-safe. */
+typedef void (*worker_run_cb)(worker_t *w, worker_job_t *job, void *arg);
+
+/** Hands a completed job back, on the loop thread; the job is the
+ * caller's again. */
+typedef void (*worker_done_cb)(worker_job_t *job, void *arg);
+
+typedef struct worker_pool_config {
+    unsigned threads;     /* at least 1 */
+    size_t scratch_bytes; /* per worker, for the model (may be 0) */
+    size_t tokens_cap;    /* uint32_t tokens each worker keeps ready */
+    size_t logits_cap;    /* doubles each worker keeps ready */
+    worker_run_cb run;
+    worker_done_cb done;
+    void *arg; /* passed to both callbacks */
+} worker_pool_config_t;
+
+/** Appends `job` to `b`. */
+void worker_batch_push(worker_batch_t *b, worker_job_t *job);
+
+/** Starts the threads and the completion handle on `loop`.  *out is owned
+ * by the caller until worker_pool_close(), which frees it.  Returns 0, or
+ * a negative libuv error (UV_ENOMEM, or the thread creation failure). */
+int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_pool_t **out);
+
+/** Moves every job of `b` to the end of the queue (one lock, one signal)
+ * and empties `b`.  Loop thread. */
+void worker_pool_submit(worker_pool_t *wp, worker_batch_t *b);
+
+/** Takes every job that no worker has started out of the queue and
+ * appends it to `out`, in queue order; they are the caller's again and
+ * will never be run or passed to `done`.  Loop thread. */
+void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out);
+
+/** True if some worker has been running its current job for more than
+ * `bound_ns` at monotonic time `now_ns` (uv_hrtime()).  Any thread. */
+bool worker_pool_wedged(const worker_pool_t *wp, uint64_t now_ns, uint64_t bound_ns);
+
+/** Jobs completed and not yet handed to `done`, plus jobs queued or
+ * running.  Loop thread; for tests and assertions. */
+size_t worker_pool_pending(worker_pool_t *wp);
+
+/** Lets the workers finish what is queued, joins them, hands every
+ * remaining completion to `done`, closes the completion handle and frees
+ * the pool in its close callback (the loop must run once more).  Loop
+ * thread. */
+void worker_pool_close(worker_pool_t *wp);
+
+/** uv_hrtime() when the worker started its current job (from within `run`). */
+uint64_t worker_job_start(const worker_t *w);
+
+/** The worker's scratch, cfg.scratch_bytes bytes, owned by the worker. */
+void *worker_scratch(worker_t *w);
+
+/** The worker's token buffer with room for `n` values, grown if needed
+ * (and shrunk back after the job); NULL if it cannot grow.  Owned by the
+ * worker, valid until the job's `run` returns. */
+uint32_t *worker_tokens(worker_t *w, size_t n);
+
+/** As worker_tokens(), for `n` doubles of logits. */
+double *worker_logits(worker_t *w, size_t n);
+
+#endif

@@ -1,0 +1,265 @@
+/*
+ * test_config.c: the Check suite of server/config.c: the defaults, every
+ * flag in both spellings, every SLOTD_* variable, flags over the
+ * environment, and the values and flags that must be refused.
+ */
+#include <check.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/config.h"
+
+static char err[256];
+
+/* Parses a NULL-terminated list of arguments (after argv[0]) with `env`. */
+static config_result_t parse_env(server_config_t *cfg, char *const *env, ...)
+{
+    char *argv[64];
+    int argc = 0;
+    va_list ap;
+
+    argv[argc++] = "slotd";
+    va_start(ap, env);
+    for (char *a; (a = va_arg(ap, char *)) != NULL;)
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    err[0] = '\0';
+    return config_parse(cfg, argc, argv, env, err, sizeof(err));
+}
+
+static char *const no_env[] = {NULL};
+
+#define parse(cfg, ...) parse_env(cfg, no_env, __VA_ARGS__, (char *)NULL)
+
+START_TEST(test_defaults)
+{
+    server_config_t cfg;
+
+    ck_assert_int_eq(parse_env(&cfg, no_env, (char *)NULL), CONFIG_OK);
+    ck_assert_str_eq(cfg.listen, "127.0.0.1");
+    ck_assert_int_eq(cfg.port, 7070);
+    ck_assert_int_eq(cfg.admin_port, 7071);
+    ck_assert_uint_ge(cfg.threads, 1);
+    ck_assert_uint_eq(cfg.cache_mb, 256);
+    ck_assert_uint_eq(cfg.max_sessions, 100000);
+    ck_assert_uint_eq(cfg.max_connections, 10000);
+    ck_assert_uint_eq(cfg.max_line, 65536);
+    ck_assert_uint_eq(cfg.idle_timeout, 300);
+    ck_assert_uint_eq(cfg.shutdown_timeout, 10);
+    ck_assert_uint_eq(cfg.wedge_timeout, 10);
+    ck_assert_uint_eq(cfg.nmodels, 2);
+    ck_assert_str_eq(cfg.models[0], "tiny");
+    ck_assert_str_eq(cfg.models[1], "hash");
+    ck_assert_str_eq(cfg.default_model, "tiny");
+    ck_assert_int_eq(cfg.log_level, LOG_LEVEL_INFO);
+}
+END_TEST
+
+START_TEST(test_every_flag)
+{
+    server_config_t cfg;
+
+    ck_assert_int_eq(parse(&cfg, "--listen", "::1", "--port", "0", "--admin-port=9", "--threads",
+                           "3", "--cache-mb=17", "--max-sessions", "5", "--max-connections=6",
+                           "--max-line", "100", "--idle-timeout=0", "--shutdown-timeout", "2",
+                           "--wedge-timeout=4", "--models", "small,hash,tiny",
+                           "--default-model=small", "--log-level", "debug"),
+                     CONFIG_OK);
+    ck_assert_str_eq(cfg.listen, "::1");
+    ck_assert_int_eq(cfg.port, 0);
+    ck_assert_int_eq(cfg.admin_port, 9);
+    ck_assert_uint_eq(cfg.threads, 3);
+    ck_assert_uint_eq(cfg.cache_mb, 17);
+    ck_assert_uint_eq(cfg.max_sessions, 5);
+    ck_assert_uint_eq(cfg.max_connections, 6);
+    ck_assert_uint_eq(cfg.max_line, 100);
+    ck_assert_uint_eq(cfg.idle_timeout, 0);
+    ck_assert_uint_eq(cfg.shutdown_timeout, 2);
+    ck_assert_uint_eq(cfg.wedge_timeout, 4);
+    ck_assert_uint_eq(cfg.nmodels, 3);
+    ck_assert_str_eq(cfg.models[0], "small");
+    ck_assert_str_eq(cfg.models[1], "hash");
+    ck_assert_str_eq(cfg.models[2], "tiny");
+    ck_assert_str_eq(cfg.default_model, "small");
+    ck_assert_int_eq(cfg.log_level, LOG_LEVEL_DEBUG);
+
+    /* The last occurrence wins. */
+    ck_assert_int_eq(parse(&cfg, "--port", "1", "--port=2"), CONFIG_OK);
+    ck_assert_int_eq(cfg.port, 2);
+}
+END_TEST
+
+START_TEST(test_environment)
+{
+    server_config_t cfg;
+    char *const env[] = {"PATH=/bin",
+                         "SLOTD_LISTEN=0.0.0.0",
+                         "SLOTD_PORT=1234",
+                         "SLOTD_ADMIN_PORT=1235",
+                         "SLOTD_THREADS=7",
+                         "SLOTD_CACHE_MB=64",
+                         "SLOTD_MAX_SESSIONS=10",
+                         "SLOTD_MAX_CONNECTIONS=11",
+                         "SLOTD_MAX_LINE=4096",
+                         "SLOTD_IDLE_TIMEOUT=12",
+                         "SLOTD_SHUTDOWN_TIMEOUT=13",
+                         "SLOTD_WEDGE_TIMEOUT=14",
+                         "SLOTD_MODELS=hash",
+                         "SLOTD_DEFAULT_MODEL=hash",
+                         "SLOTD_LOG_LEVEL=warn",
+                         "SLOTD_PORTX=1",
+                         NULL};
+
+    ck_assert_int_eq(parse_env(&cfg, env, (char *)NULL), CONFIG_OK);
+    ck_assert_str_eq(cfg.listen, "0.0.0.0");
+    ck_assert_int_eq(cfg.port, 1234);
+    ck_assert_int_eq(cfg.admin_port, 1235);
+    ck_assert_uint_eq(cfg.threads, 7);
+    ck_assert_uint_eq(cfg.cache_mb, 64);
+    ck_assert_uint_eq(cfg.max_sessions, 10);
+    ck_assert_uint_eq(cfg.max_connections, 11);
+    ck_assert_uint_eq(cfg.max_line, 4096);
+    ck_assert_uint_eq(cfg.idle_timeout, 12);
+    ck_assert_uint_eq(cfg.shutdown_timeout, 13);
+    ck_assert_uint_eq(cfg.wedge_timeout, 14);
+    ck_assert_uint_eq(cfg.nmodels, 1);
+    ck_assert_str_eq(cfg.models[0], "hash");
+    ck_assert_str_eq(cfg.default_model, "hash");
+    ck_assert_int_eq(cfg.log_level, LOG_LEVEL_WARN);
+
+    /* Flags win over the environment. */
+    ck_assert_int_eq(parse_env(&cfg, env, "--port", "99", "--models=tiny,hash", "--default-model",
+                               "tiny", "--log-level=error", (char *)NULL),
+                     CONFIG_OK);
+    ck_assert_int_eq(cfg.port, 99);
+    ck_assert_uint_eq(cfg.nmodels, 2);
+    ck_assert_str_eq(cfg.default_model, "tiny");
+    ck_assert_int_eq(cfg.log_level, LOG_LEVEL_ERROR);
+    ck_assert_int_eq(cfg.admin_port, 1235); /* not overridden */
+}
+END_TEST
+
+START_TEST(test_bad_environment)
+{
+    server_config_t cfg;
+    char *const env[] = {"SLOTD_PORT=seven", NULL};
+
+    ck_assert_int_eq(parse_env(&cfg, env, (char *)NULL), CONFIG_ERROR);
+    ck_assert_ptr_nonnull(strstr(err, "SLOTD_PORT"));
+    /* A bad environment value is an error even if a flag would override it. */
+    ck_assert_int_eq(parse_env(&cfg, env, "--port", "1", (char *)NULL), CONFIG_ERROR);
+}
+END_TEST
+
+/* Each bad command line, and a word its message must contain. */
+static const struct {
+    const char *args[3];
+    const char *says;
+} bad[] = {
+    {{"--port", "65536"}, "--port"},
+    {{"--port", "-1"}, "--port"},
+    {{"--port", ""}, "--port"},
+    {{"--port", "12x"}, "--port"},
+    {{"--port", " 12"}, "--port"},
+    {{"--port"}, "needs a value"},
+    {{"--admin-port=99999"}, "--admin-port"},
+    {{"--threads", "0"}, "--threads"},
+    {{"--threads", "1025"}, "--threads"},
+    {{"--cache-mb", "0"}, "--cache-mb"},
+    {{"--max-sessions", "0"}, "--max-sessions"},
+    {{"--max-connections", "0"}, "--max-connections"},
+    {{"--max-line", "15"}, "--max-line"},
+    {{"--idle-timeout", "1.5"}, "--idle-timeout"},
+    {{"--shutdown-timeout", "0"}, "--shutdown-timeout"},
+    {{"--wedge-timeout", "0"}, "--wedge-timeout"},
+    {{"--models", "tiny,bogus"}, "bogus"},
+    {{"--models", "tiny,,hash"}, "empty"},
+    {{"--models", "tiny,tiny"}, "twice"},
+    {{"--models", ""}, "empty"},
+    {{"--models", "hash"}, "--default-model"}, /* default tiny no longer loaded */
+    {{"--default-model", "bogus"}, "bogus"},
+    {{"--default-model", "small"}, "--default-model"},
+    {{"--log-level", "loud"}, "--log-level"},
+    {{"--listen", "localhost"}, "--listen"},
+    {{"--listen", "1.2.3.4.5"}, "--listen"},
+    {{"--bogus"}, "unknown flag"},
+    {{"--bogus=1"}, "unknown flag"},
+    {{"-p", "1"}, "unexpected"},
+    {{"stray"}, "unexpected"},
+    {{"--"}, "unexpected"},
+    {{"--help=yes"}, "no value"},
+    {{"--port", "7", "--admin-port=7"}, "both"},
+    {{"--port", "99999999999999999999999"}, "--port"},
+};
+
+START_TEST(test_bad_values)
+{
+    server_config_t cfg;
+    char *argv[5] = {"slotd"};
+    int argc = 1;
+
+    for (int j = 0; j < 3 && bad[_i].args[j] != NULL; j++)
+        argv[argc++] = (char *)bad[_i].args[j];
+    argv[argc] = NULL;
+    err[0] = '\0';
+    ck_assert_msg(config_parse(&cfg, argc, argv, no_env, err, sizeof(err)) == CONFIG_ERROR,
+                  "case %d (%s) was accepted", _i, bad[_i].args[0]);
+    ck_assert_msg(strstr(err, bad[_i].says) != NULL, "case %d: '%s' does not say '%s'", _i, err,
+                  bad[_i].says);
+    ck_assert_ptr_null(strchr(err, '\n'));
+}
+END_TEST
+
+START_TEST(test_help_version)
+{
+    server_config_t cfg;
+
+    ck_assert_int_eq(parse(&cfg, "--help"), CONFIG_HELP);
+    ck_assert_int_eq(parse(&cfg, "--port", "1", "--version"), CONFIG_VERSION);
+    /* A bad flag before --help is still an error. */
+    ck_assert_int_eq(parse(&cfg, "--port", "x", "--help"), CONFIG_ERROR);
+}
+END_TEST
+
+START_TEST(test_edges)
+{
+    server_config_t cfg;
+
+    ck_assert_int_eq(parse(&cfg, "--port", "65535", "--admin-port", "0"), CONFIG_OK);
+    ck_assert_int_eq(cfg.port, 65535);
+    /* Both ephemeral is fine. */
+    ck_assert_int_eq(parse(&cfg, "--port=0", "--admin-port=0"), CONFIG_OK);
+    /* A value that starts with "--" is still the value of --listen (and bad). */
+    ck_assert_int_eq(parse(&cfg, "--listen", "--port"), CONFIG_ERROR);
+    ck_assert_int_eq(parse(&cfg, "--models=base,small,tiny,hash", "--default-model=base"),
+                     CONFIG_OK);
+    ck_assert_uint_eq(cfg.nmodels, 4);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("parse");
+    tcase_add_test(tc, test_defaults);
+    tcase_add_test(tc, test_every_flag);
+    tcase_add_test(tc, test_environment);
+    tcase_add_test(tc, test_bad_environment);
+    tcase_add_loop_test(tc, test_bad_values, 0, (int)(sizeof(bad) / sizeof(bad[0])));
+    tcase_add_test(tc, test_help_version);
+    tcase_add_test(tc, test_edges);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(suite());
+    int failed;
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,274 @@
+/*
+ * test_worker.c: the Check suite of server/worker.c, the worker pool: a
+ * batch submitted at once runs on every thread and comes back whole
+ * through the completion callback; jobs not yet started are taken back in
+ * queue order and never run; a job running too long shows as wedged;
+ * closing the pool runs what is queued and hands back every completion;
+ * the per-worker buffers grow for a large job.
+ */
+#include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <uv.h>
+
+#include "server/worker.h"
+
+typedef struct test_job {
+    worker_job_t job;
+    int index;
+    size_t buf_n; /* > 0: fill worker_tokens()/worker_logits() of this size */
+    _Atomic int ran;
+    pthread_t thread;
+    int done_order;
+    bool slow; /* sleeps a little, so that other workers get their share */
+} test_job_t;
+
+/* Shared with the run callback. */
+static _Atomic int started;
+static _Atomic int gate_open;
+static _Atomic int gated_index = -1;
+static int done_count;
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void run_cb(worker_t *w, worker_job_t *job, void *arg)
+{
+    test_job_t *t = (test_job_t *)job;
+
+    (void)arg;
+    atomic_fetch_add(&started, 1);
+    if (t->index == atomic_load(&gated_index))
+        while (!atomic_load(&gate_open))
+            sleep_ms(1);
+    if (t->slow) {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+    if (t->buf_n > 0) {
+        uint32_t *tok = worker_tokens(w, t->buf_n);
+        double *lg = worker_logits(w, t->buf_n);
+        ck_assert_ptr_nonnull(tok);
+        ck_assert_ptr_nonnull(lg);
+        for (size_t i = 0; i < t->buf_n; i++) {
+            tok[i] = (uint32_t)i;
+            lg[i] = (double)i;
+        }
+        ck_assert_uint_eq(tok[t->buf_n - 1], t->buf_n - 1);
+    }
+    ck_assert_ptr_nonnull(worker_scratch(w));
+    memset(worker_scratch(w), 0xab, 64);
+    t->thread = pthread_self();
+    atomic_store(&t->ran, 1);
+}
+
+static void done_cb(worker_job_t *job, void *arg)
+{
+    test_job_t *t = (test_job_t *)job;
+    (void)arg;
+    ck_assert_int_eq(atomic_load(&t->ran), 1);
+    ck_assert_int_eq(t->done_order, 0);
+    t->done_order = ++done_count;
+}
+
+static worker_pool_t *pool_new(uv_loop_t *loop, unsigned threads)
+{
+    worker_pool_config_t cfg = {threads, 64, 16, 16, run_cb, done_cb, NULL};
+    worker_pool_t *wp = NULL;
+
+    atomic_store(&started, 0);
+    atomic_store(&gate_open, 0);
+    atomic_store(&gated_index, -1);
+    done_count = 0;
+    ck_assert_int_eq(uv_loop_init(loop), 0);
+    ck_assert_int_eq(worker_pool_create(loop, &cfg, &wp), 0);
+    return wp;
+}
+
+static void pool_end(uv_loop_t *loop, worker_pool_t *wp)
+{
+    worker_pool_close(wp);
+    ck_assert_int_eq(uv_run(loop, UV_RUN_DEFAULT), 0);
+    ck_assert_int_eq(uv_loop_close(loop), 0);
+}
+
+#define NJOBS 2000
+
+START_TEST(test_batch_and_completion)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 4);
+    test_job_t *jobs = calloc(NJOBS, sizeof(*jobs));
+    worker_batch_t b = WORKER_BATCH_INIT;
+    pthread_t first;
+    bool several_threads = false;
+
+    /* Two batches, the second submitted while the first may be running. */
+    for (int i = 0; i < NJOBS / 2; i++) {
+        jobs[i].index = i;
+        jobs[i].slow = true;
+        worker_batch_push(&b, &jobs[i].job);
+    }
+    ck_assert_uint_eq(b.n, NJOBS / 2);
+    worker_pool_submit(wp, &b);
+    ck_assert_uint_eq(b.n, 0);
+    ck_assert_ptr_null(b.head);
+    for (int i = NJOBS / 2; i < NJOBS; i++) {
+        jobs[i].index = i;
+        worker_batch_push(&b, &jobs[i].job);
+    }
+    worker_pool_submit(wp, &b);
+    ck_assert_uint_eq(worker_pool_pending(wp), NJOBS);
+
+    while (done_count < NJOBS)
+        uv_run(&loop, UV_RUN_ONCE);
+    ck_assert_uint_eq(worker_pool_pending(wp), 0);
+    first = jobs[0].thread;
+    for (int i = 0; i < NJOBS; i++) {
+        ck_assert_int_eq(atomic_load(&jobs[i].ran), 1);
+        ck_assert_int_gt(jobs[i].done_order, 0);
+        several_threads = several_threads || !pthread_equal(jobs[i].thread, first);
+    }
+    ck_assert_msg(several_threads, "every job ran on one thread");
+    pool_end(&loop, wp);
+    free(jobs);
+}
+END_TEST
+
+START_TEST(test_take_back)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 1);
+    test_job_t jobs[10];
+    worker_batch_t b = WORKER_BATCH_INIT, back = WORKER_BATCH_INIT;
+    int i = 1;
+
+    memset(jobs, 0, sizeof(jobs));
+    atomic_store(&gated_index, 0);
+    for (int k = 0; k < 10; k++) {
+        jobs[k].index = k;
+        worker_batch_push(&b, &jobs[k].job);
+    }
+    worker_pool_submit(wp, &b);
+    while (atomic_load(&started) == 0) /* job 0 holds the only worker */
+        sleep_ms(1);
+
+    worker_pool_take_back(wp, &back);
+    ck_assert_uint_eq(back.n, 9);
+    for (worker_job_t *j = back.head; j != NULL; j = j->next, i++)
+        ck_assert_ptr_eq(j, &jobs[i].job); /* queue order */
+    ck_assert_int_eq(i, 10);
+    ck_assert_ptr_eq(back.tail, &jobs[9].job);
+    ck_assert_uint_eq(worker_pool_pending(wp), 1);
+
+    atomic_store(&gate_open, 1);
+    while (done_count < 1)
+        uv_run(&loop, UV_RUN_ONCE);
+    ck_assert_int_eq(jobs[0].done_order, 1);
+    /* Nothing taken back ever runs, even after close. */
+    pool_end(&loop, wp);
+    ck_assert_int_eq(atomic_load(&started), 1);
+    for (int k = 1; k < 10; k++) {
+        ck_assert_int_eq(atomic_load(&jobs[k].ran), 0);
+        ck_assert_int_eq(jobs[k].done_order, 0);
+    }
+    /* An empty queue gives nothing back. */
+}
+END_TEST
+
+START_TEST(test_wedged)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 2);
+    test_job_t job;
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    memset(&job, 0, sizeof(job));
+    ck_assert(!worker_pool_wedged(wp, uv_hrtime(), 0)); /* idle workers are never wedged */
+    atomic_store(&gated_index, 0);
+    worker_batch_push(&b, &job.job);
+    worker_pool_submit(wp, &b);
+    while (atomic_load(&started) == 0)
+        sleep_ms(1);
+    sleep_ms(20);
+    ck_assert(worker_pool_wedged(wp, uv_hrtime(), 5 * 1000000u));
+    ck_assert(!worker_pool_wedged(wp, uv_hrtime(), 60 * 1000000000ull));
+    atomic_store(&gate_open, 1);
+    while (done_count < 1)
+        uv_run(&loop, UV_RUN_ONCE);
+    ck_assert(!worker_pool_wedged(wp, uv_hrtime(), 0));
+    pool_end(&loop, wp);
+}
+END_TEST
+
+START_TEST(test_close_runs_queued)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 2);
+    test_job_t jobs[50];
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    memset(jobs, 0, sizeof(jobs));
+    for (int k = 0; k < 50; k++) {
+        jobs[k].index = k;
+        worker_batch_push(&b, &jobs[k].job);
+    }
+    worker_pool_submit(wp, &b);
+    /* Close at once: the queue is run, and every completion handed back
+     * before the handle closes, without another loop turn. */
+    worker_pool_close(wp);
+    ck_assert_int_eq(done_count, 50);
+    ck_assert_int_eq(uv_run(&loop, UV_RUN_DEFAULT), 0);
+    ck_assert_int_eq(uv_loop_close(&loop), 0);
+}
+END_TEST
+
+START_TEST(test_buffers_grow)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 1);
+    test_job_t jobs[3];
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    memset(jobs, 0, sizeof(jobs));
+    jobs[0].buf_n = 8;       /* within the start-up size */
+    jobs[1].buf_n = 1 << 20; /* grown for this job only */
+    jobs[2].buf_n = 16;
+    for (int k = 0; k < 3; k++)
+        worker_batch_push(&b, &jobs[k].job);
+    worker_pool_submit(wp, &b);
+    while (done_count < 3)
+        uv_run(&loop, UV_RUN_ONCE);
+    pool_end(&loop, wp);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("worker");
+    TCase *tc = tcase_create("pool");
+    tcase_add_test(tc, test_batch_and_completion);
+    tcase_add_test(tc, test_take_back);
+    tcase_add_test(tc, test_wedged);
+    tcase_add_test(tc, test_close_runs_queued);
+    tcase_add_test(tc, test_buffers_grow);
+    tcase_set_timeout(tc, 60);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(suite());
+    int failed;
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
