@@ -31,6 +31,10 @@ typedef struct admin_hooks {
 int admin_start(uv_loop_t *loop, const char *host, int port, const admin_hooks_t *hooks,
                 admin_t **out);
 
+/** The local port `a` listens on (useful after asking for port 0), or a
+ * negative libuv error. */
+int admin_port(const admin_t *a);
+
 /** Stops listening and closes every admin connection; `a` is freed once
  * the last handle's close callback has run (the loop keeps running until
  * then).  */

@@ -1,1 +1,478 @@
-/* placeholder: not written yet */
+/*
+ * admin_http.c: HTTP/1.x request handling for one admin connection, with
+ * http-parser and no I/O of its own.
+ *
+ * Owns the parser, a copy of the URL of the request being read, a scratch
+ * buffer for response bodies, and input held back while the caller drains a
+ * large output.  Routes:
+ *
+ *   GET /health   200 {"status":"ok"}, or 503 {"status":"<reason>"} with
+ *                 the reason from the healthy hook ("draining" if none);
+ *   GET /stats    200 application/json, the stats object as the `stats` op
+ *                 writes it (proto_reply_stats() with no tag), trailing
+ *                 newline kept;
+ *   GET /metrics  200 text/plain; version=0.0.4, from metrics_render().
+ *
+ * HEAD is served like GET without the body.  The query string is ignored.
+ * Any other method is 405 with "Allow: GET, HEAD" whatever the path (the
+ * admin port has no other method on any resource); an unknown path is 404.
+ * Those keep the connection open.  A request the parser rejects is 400, a
+ * request line and headers over ADMIN_HTTP_MAX_HEADER 431, a URL over
+ * ADMIN_HTTP_MAX_URL 414, a body over ADMIN_HTTP_MAX_BODY 413, an HTTP
+ * version other than 1.x 505; each of these is the connection's last
+ * response.  JSON bodies end with a newline.
+ *
+ * The header limit is http-parser's own, which counts every byte of the
+ * request line and headers exactly; it is process-wide, and the first
+ * admin_http_new() sets it (the daemon has no other http-parser user).
+ *
+ * Pipelining: the parser is paused in on_message_complete after every
+ * request, so that run() knows where each one ends; it goes on with the
+ * next unless the connection must close or the output has reached
+ * ADMIN_HTTP_OUT_HIGH, in which case the unparsed rest of the input is
+ * copied aside and parsed by admin_http_resume() after the caller has
+ * written out.
+ *
+ * DESIGN.  Single-threaded: one admin_http_t is used by one thread at a
+ * time; see admin_http.h.
+ */
+#include "admin_http.h"
+
+#include <http_parser.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/metrics.h"
+
+struct admin_http {
+    http_parser parser;
+    admin_hooks_t hooks;
+    admin_http_clock_fn now_ns;
+    proto_buf_t *out;                    /* the caller's, during feed and resume only */
+    proto_buf_t body;                    /* scratch for the body being answered */
+    proto_buf_t held;                    /* unparsed input held back by ADMIN_HTTP_FULL */
+    char url[ADMIN_HTTP_MAX_HEADER + 1]; /* the request line fits the header limit */
+    size_t url_len;
+    uint64_t body_bytes; /* announced by the chunk headers so far */
+    uint64_t req_bytes;  /* parsed since the last request ended */
+    bool headers_done;   /* on_headers_complete accepted this request */
+    int fail_status;     /* set by a callback that stopped the parser */
+    bool nomem;          /* a response could not be appended */
+    bool closed;         /* ADMIN_HTTP_CLOSE was returned */
+    bool full;           /* ADMIN_HTTP_FULL is pending */
+    uint64_t responses;
+};
+
+#define PARSER_OWNER(p) ((admin_http_t *)(p)->data)
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- Responses ---- */
+
+static const char *status_text(int status)
+{
+    switch (status) {
+    case 200:
+        return "OK";
+    case 400:
+        return "Bad Request";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 413:
+        return "Payload Too Large";
+    case 414:
+        return "URI Too Long";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 503:
+        return "Service Unavailable";
+    case 505:
+        return "HTTP Version Not Supported";
+    default:
+        return "Internal Server Error";
+    }
+}
+
+typedef struct response {
+    int status;
+    const char *content_type;
+    const char *extra; /* more header lines, each ending "\r\n", or NULL */
+    const char *body;
+    size_t body_len;
+    bool head; /* send the headers only */
+    bool close;
+    bool keep_alive_10; /* an HTTP/1.0 keep-alive: say so */
+} response_t;
+
+static int append_response(admin_http_t *h, const response_t *r)
+{
+    char hdr[512];
+    int n = snprintf(hdr, sizeof(hdr),
+                     "HTTP/1.1 %d %s\r\n"
+                     "Content-Type: %s\r\n"
+                     "Content-Length: %zu\r\n"
+                     "Cache-Control: no-store\r\n"
+                     "%s%s\r\n",
+                     r->status, status_text(r->status), r->content_type, r->body_len,
+                     r->extra ? r->extra : "",
+                     r->close           ? "Connection: close\r\n"
+                     : r->keep_alive_10 ? "Connection: keep-alive\r\n"
+                                        : "");
+    if (n < 0 || (size_t)n >= sizeof(hdr))
+        return SLOTD_EINVAL;
+    size_t body_len = r->head ? 0 : r->body_len;
+    if (proto_buf_reserve(h->out, (size_t)n + body_len) != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    proto_buf_append(h->out, hdr, (size_t)n);
+    if (body_len > 0)
+        proto_buf_append(h->out, r->body, body_len);
+    h->responses++;
+    return SLOTD_OK;
+}
+
+/* Appends the connection's last response, for a request that could not be
+ * read. */
+static int append_failure(admin_http_t *h, int status)
+{
+    char body[64];
+    int n = snprintf(body, sizeof(body), "%s\n", status_text(status));
+    response_t r = {.status = status,
+                    .content_type = "text/plain; charset=utf-8",
+                    .body = body,
+                    .body_len = (size_t)n,
+                    .close = true};
+    return append_response(h, &r);
+}
+
+/* Appends `s` to `b` as a JSON string. */
+static int json_string(proto_buf_t *b, const char *s)
+{
+    if (proto_buf_append(b, "\"", 1) != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char esc[8];
+        int rc;
+        if (c == '"' || c == '\\') {
+            esc[0] = '\\';
+            esc[1] = (char)c;
+            rc = proto_buf_append(b, esc, 2);
+        } else if (c < 0x20) {
+            snprintf(esc, sizeof(esc), "\\u%04x", c);
+            rc = proto_buf_append(b, esc, 6);
+        } else {
+            rc = proto_buf_append(b, s, 1);
+        }
+        if (rc != SLOTD_OK)
+            return SLOTD_ENOMEM;
+    }
+    return proto_buf_append(b, "\"", 1);
+}
+
+static void get_stats(admin_http_t *h, proto_stats_t *st)
+{
+    memset(st, 0, sizeof(*st));
+    if (h->hooks.stats != NULL)
+        h->hooks.stats(h->hooks.arg, st);
+}
+
+/* Fills h->body and `r` for a GET or HEAD of `path`. */
+static int route(admin_http_t *h, const char *path, size_t len, response_t *r)
+{
+#define IS(lit) (len == sizeof(lit) - 1 && memcmp(path, lit, len) == 0)
+    proto_stats_t st;
+    int rc;
+
+    if (IS("/health")) {
+        const char *why = NULL;
+        bool ok = h->hooks.healthy == NULL || h->hooks.healthy(h->hooks.arg, &why);
+        if (!ok && (why == NULL || *why == '\0'))
+            why = "draining";
+        r->status = ok ? 200 : 503;
+        r->content_type = "application/json";
+        rc = proto_buf_append(&h->body, "{\"status\":", 10);
+        if (rc == SLOTD_OK)
+            rc = json_string(&h->body, ok ? "ok" : why);
+        if (rc == SLOTD_OK)
+            rc = proto_buf_append(&h->body, "}\n", 2);
+        return rc;
+    }
+    if (IS("/stats")) {
+        get_stats(h, &st);
+        r->status = 200;
+        r->content_type = "application/json";
+        return proto_reply_stats(&h->body, NULL, &st);
+    }
+    if (IS("/metrics")) {
+        get_stats(h, &st);
+        r->status = 200;
+        r->content_type = "text/plain; version=0.0.4; charset=utf-8";
+        return metrics_render(&h->body, &st, h->now_ns());
+    }
+#undef IS
+    r->status = 404;
+    r->content_type = "text/plain; charset=utf-8";
+    return proto_buf_append(&h->body, "Not Found\n", 10);
+}
+
+/* Answers the request the parser has just completed.  Returns SLOTD_OK or
+ * SLOTD_ENOMEM; sets h->closed when this is the last response. */
+static int respond(admin_http_t *h)
+{
+    http_parser *p = &h->parser;
+    response_t r = {0};
+    int rc = SLOTD_OK;
+
+    /* An Upgrade or CONNECT request hands the connection to another
+     * protocol: answer it and close. */
+    r.close = !http_should_keep_alive(p) || p->upgrade;
+    r.keep_alive_10 = !r.close && p->http_major == 1 && p->http_minor == 0;
+    r.head = p->method == HTTP_HEAD;
+    h->body.len = 0;
+
+    if (p->method != HTTP_GET && p->method != HTTP_HEAD) {
+        r.status = 405;
+        r.content_type = "text/plain; charset=utf-8";
+        r.extra = "Allow: GET, HEAD\r\n";
+        rc = proto_buf_append(&h->body, "Method Not Allowed\n", 19);
+    } else {
+        struct http_parser_url u;
+        http_parser_url_init(&u);
+        if (http_parser_parse_url(h->url, h->url_len, 0, &u) != 0 ||
+            !(u.field_set & (1u << UF_PATH))) {
+            h->closed = true;
+            return append_failure(h, 400);
+        }
+        rc = route(h, h->url + u.field_data[UF_PATH].off, u.field_data[UF_PATH].len, &r);
+    }
+    if (rc != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    if (r.close)
+        h->closed = true;
+    r.body = h->body.data;
+    r.body_len = h->body.len;
+    return append_response(h, &r);
+}
+
+/* ---- Parser callbacks: nonzero stops the parser with an error ---- */
+
+static int fail(admin_http_t *h, int status)
+{
+    h->fail_status = status;
+    return -1;
+}
+
+static int on_message_begin(http_parser *p)
+{
+    admin_http_t *h = PARSER_OWNER(p);
+    h->url_len = 0;
+    h->body_bytes = 0;
+    return 0;
+}
+
+static int on_url(http_parser *p, const char *at, size_t len)
+{
+    admin_http_t *h = PARSER_OWNER(p);
+    /* The parser counts the request line against the header limit before
+     * it hands the URL over, so this cannot overflow; be sure anyway. */
+    if (len > ADMIN_HTTP_MAX_HEADER - h->url_len)
+        return fail(h, 431);
+    memcpy(h->url + h->url_len, at, len);
+    h->url_len += len;
+    h->url[h->url_len] = '\0';
+    return 0;
+}
+
+static int on_headers_complete(http_parser *p)
+{
+    admin_http_t *h = PARSER_OWNER(p);
+    if (p->http_major != 1)
+        return fail(h, 505);
+    if (h->url_len > ADMIN_HTTP_MAX_URL)
+        return fail(h, 414);
+    /* A declared body too long to bother reading. */
+    if (!(p->flags & F_CHUNKED) && p->content_length != ULLONG_MAX &&
+        p->content_length > ADMIN_HTTP_MAX_BODY)
+        return fail(h, 413);
+    h->headers_done = true;
+    return 0;
+}
+
+static int on_chunk_header(http_parser *p)
+{
+    admin_http_t *h = PARSER_OWNER(p);
+    /* content_length is the size of the chunk announced. */
+    if (p->content_length > ADMIN_HTTP_MAX_BODY - h->body_bytes)
+        return fail(h, 413);
+    h->body_bytes += p->content_length;
+    return 0;
+}
+
+static int on_message_complete(http_parser *p)
+{
+    admin_http_t *h = PARSER_OWNER(p);
+    if (respond(h) != SLOTD_OK) {
+        h->nomem = true;
+        return -1;
+    }
+    h->full = !h->closed && h->out->len >= ADMIN_HTTP_OUT_HIGH;
+    /* Always stop here, so run() knows where each request ends. */
+    http_parser_pause(p, 1);
+    return 0;
+}
+
+/* Every check above runs at a point of the byte stream that does not
+ * depend on how the stream was cut into reads (data callbacks do), so the
+ * responses are the same however the bytes arrive. */
+static const http_parser_settings settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_headers_complete = on_headers_complete,
+    .on_chunk_header = on_chunk_header,
+    .on_message_complete = on_message_complete,
+};
+
+static void set_header_limit(void)
+{
+    http_parser_set_max_header_size(ADMIN_HTTP_MAX_HEADER);
+}
+
+/* ---- Driving the parser ---- */
+
+/* The status for a request the parser gave up on after `seen` bytes of it
+ * (the offending byte included).  http-parser checks its header limit at
+ * points that depend on where reads were cut, and may meet a bad byte past
+ * the limit first when the bytes come in one piece; so any failure in the
+ * request line or headers past the limit is 431, as the limit would have
+ * been seen first had the bytes come one by one.  Past the headers
+ * (bodies, trailers) every failure is 400 for the same reason. */
+static int failure_status(const admin_http_t *h, enum http_errno e, uint64_t seen)
+{
+    if (h->fail_status != 0)
+        return h->fail_status;
+    if (!h->headers_done && (e == HPE_HEADER_OVERFLOW || seen > ADMIN_HTTP_MAX_HEADER))
+        return 431;
+    return 400;
+}
+
+/* Parses `len` bytes, one request at a time; *used gets how many were
+ * consumed (all of them unless the result is ADMIN_HTTP_FULL). */
+static int run(admin_http_t *h, const char *data, size_t len, size_t *used)
+{
+    size_t off = 0;
+    int rc = ADMIN_HTTP_MORE;
+
+    /* An empty feed would read as EOF to http-parser. */
+    while (off < len) {
+        size_t n = http_parser_execute(&h->parser, &settings, data + off, len - off);
+        enum http_errno e = HTTP_PARSER_ERRNO(&h->parser);
+        if (e == HPE_PAUSED) {
+            /* A request was answered: the next starts after it. */
+            http_parser_pause(&h->parser, 0);
+            off += n;
+            h->req_bytes = 0;
+            h->headers_done = false;
+            if (h->closed || h->full) {
+                rc = h->closed ? ADMIN_HTTP_CLOSE : ADMIN_HTTP_FULL;
+                break;
+            }
+            continue;
+        }
+        if (h->nomem) {
+            h->closed = true;
+            rc = SLOTD_ENOMEM;
+            break;
+        }
+        if (e != HPE_OK || n != len - off) {
+            h->closed = true;
+            rc = append_failure(h, failure_status(h, e, h->req_bytes + n + 1));
+            rc = rc == SLOTD_OK ? ADMIN_HTTP_CLOSE : SLOTD_ENOMEM;
+            break;
+        }
+        h->req_bytes += n;
+        off += n;
+    }
+    *used = off;
+    return rc;
+}
+
+admin_http_t *admin_http_new(const admin_hooks_t *hooks, admin_http_clock_fn now_ns)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, set_header_limit);
+    admin_http_t *h = calloc(1, sizeof(*h));
+    if (h == NULL)
+        return NULL;
+    if (hooks != NULL)
+        h->hooks = *hooks;
+    h->now_ns = now_ns != NULL ? now_ns : monotonic_ns;
+    proto_buf_init(&h->body);
+    proto_buf_init(&h->held);
+    http_parser_init(&h->parser, HTTP_REQUEST);
+    h->parser.data = h;
+    return h;
+}
+
+void admin_http_free(admin_http_t *h)
+{
+    if (h == NULL)
+        return;
+    proto_buf_free(&h->body);
+    proto_buf_free(&h->held);
+    free(h);
+}
+
+int admin_http_feed(admin_http_t *h, const char *data, size_t len, proto_buf_t *out)
+{
+    if (h->closed)
+        return ADMIN_HTTP_CLOSE;
+    if (h->full) {
+        if (proto_buf_append(&h->held, data, len) != SLOTD_OK)
+            return SLOTD_ENOMEM;
+        return ADMIN_HTTP_FULL;
+    }
+    h->out = out;
+    size_t used;
+    int rc = run(h, data, len, &used);
+    h->out = NULL;
+    if (rc == ADMIN_HTTP_FULL && proto_buf_append(&h->held, data + used, len - used) != SLOTD_OK) {
+        h->closed = true;
+        return SLOTD_ENOMEM;
+    }
+    return rc;
+}
+
+int admin_http_resume(admin_http_t *h, proto_buf_t *out)
+{
+    if (h->closed)
+        return ADMIN_HTTP_CLOSE;
+    if (!h->full)
+        return ADMIN_HTTP_MORE;
+    h->full = false;
+    h->out = out;
+    size_t used;
+    int rc = run(h, h->held.data, h->held.len, &used);
+    h->out = NULL;
+    if (rc == ADMIN_HTTP_FULL)
+        proto_buf_consume(&h->held, used);
+    else
+        h->held.len = 0;
+    return rc;
+}
+
+uint64_t admin_http_responses(const admin_http_t *h)
+{
+    return h->responses;
+}

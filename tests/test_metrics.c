@@ -1,0 +1,403 @@
+/*
+ * test_metrics.c: Check suite for server/metrics.c: the counters, the step
+ * histogram, and the Prometheus text they render to.
+ *
+ * `test_metrics --dump FILE` writes one rendering with known counters to
+ * FILE and exits, `--dump-fresh FILE` one right after metrics_init(); CTest
+ * feeds both to `promtool check metrics`.
+ */
+#include <check.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "proto/proto.h"
+#include "server/metrics.h"
+
+#define SEC 1000000000ull
+
+static const proto_stats_t known_stats = {
+    .cache_entries = 7,
+    .live_sessions = 3,
+    .g_calls = 120,
+    .rows = 456,
+    .connections = 2,
+    .requests_total = 0, /* render takes the labelled counts from metrics */
+    .errors_total = 0,
+    .pool_bytes_total = 1 << 20,
+    .pool_bytes_used = 4096,
+    .pool_slots_total = 16,
+    .pool_slots_used = 3,
+    .uptime_seconds = 5,
+    .threads = 4,
+};
+
+/* Durations observed by fill(), in ns, with the bucket each lands in. */
+static const uint64_t observed[] = {
+    1,             /* le 5e-06 */
+    5000,          /* le 5e-06: the bound is inclusive */
+    5001,          /* le 1e-05 */
+    3000000,       /* le 0.005 */
+    10 * SEC,      /* le 10 */
+    10 * SEC + 1,  /* +Inf only */
+    3600ull * SEC, /* +Inf only */
+};
+#define NOBSERVED (sizeof(observed) / sizeof(observed[0]))
+
+/* A rendering of known counters at t = 100 s, started at t = 1 s. */
+static void fill(void)
+{
+    metrics_init(1 * SEC);
+    for (int op = 0; op < PROTO_OP__COUNT; op++)
+        for (int i = 0; i <= op; i++)
+            metrics_count_request((proto_op_t)op); /* op k counted k+1 times */
+    metrics_count_error(SLOTD_EBAD_JSON);
+    metrics_count_error(SLOTD_EUNKNOWN_ID);
+    metrics_count_error(SLOTD_EUNKNOWN_ID);
+    metrics_count_error(SLOTD_ENOMEM);
+    metrics_count_error(SLOTD_ESTALE);
+    metrics_count_error(-1000); /* not in the list: internal */
+    metrics_count_release(METRICS_RELEASE_FINISH);
+    metrics_count_release(METRICS_RELEASE_DISCONNECT);
+    metrics_count_release(METRICS_RELEASE_DISCONNECT);
+    metrics_count_release(METRICS_RELEASE_IDLE);
+    metrics_count_release(METRICS_RELEASE_IDLE);
+    metrics_count_release(METRICS_RELEASE_IDLE);
+    metrics_count_divergence();
+    for (size_t i = 0; i < NOBSERVED; i++)
+        metrics_observe_step(observed[i], 90 * SEC - i); /* out of order stamps */
+}
+
+static char *render(const proto_stats_t *st, uint64_t now_ns)
+{
+    proto_buf_t b;
+    proto_buf_init(&b);
+    ck_assert_int_eq(metrics_render(&b, st, now_ns), SLOTD_OK);
+    ck_assert_int_eq(proto_buf_append(&b, "", 1), SLOTD_OK);
+    return b.data; /* NUL-terminated; the caller frees */
+}
+
+/* The value of the sample line starting with `prefix` (name and labels, no
+ * trailing space), or fails the test. */
+static double sample(const char *text, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    for (const char *p = text; *p;) {
+        const char *eol = strchr(p, '\n');
+        ck_assert_ptr_nonnull(eol);
+        if (strncmp(p, prefix, n) == 0 && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+        p = eol + 1;
+    }
+    ck_abort_msg("no sample '%s'", prefix);
+    return 0;
+}
+
+static int has_line(const char *text, const char *line)
+{
+    size_t n = strlen(line);
+    for (const char *p = text; *p;) {
+        const char *eol = strchr(p, '\n');
+        if (eol == NULL)
+            return 0;
+        if ((size_t)(eol - p) == n && memcmp(p, line, n) == 0)
+            return 1;
+        p = eol + 1;
+    }
+    return 0;
+}
+
+static void assert_family(const char *text, const char *name, const char *type)
+{
+    char line[256];
+    snprintf(line, sizeof(line), "# TYPE %s %s", name, type);
+    ck_assert_msg(has_line(text, line), "missing '%s'", line);
+    snprintf(line, sizeof(line), "# HELP %s ", name);
+    ck_assert_msg(strstr(text, line) != NULL, "missing '%s'", line);
+}
+
+START_TEST(test_every_family)
+{
+    fill();
+    char *t = render(&known_stats, 100 * SEC);
+    static const struct {
+        const char *name, *type;
+    } fam[] = {
+        {"slotd_cache_entries", "gauge"},
+        {"slotd_live_sessions", "gauge"},
+        {"slotd_pool_bytes", "gauge"},
+        {"slotd_pool_slots", "gauge"},
+        {"slotd_g_calls_total", "counter"},
+        {"slotd_attention_rows_total", "counter"},
+        {"slotd_requests_total", "counter"},
+        {"slotd_errors_total", "counter"},
+        {"slotd_sessions_released_total", "counter"},
+        {"slotd_connections", "gauge"},
+        {"slotd_step_seconds", "histogram"},
+        {"slotd_last_step_age_seconds", "gauge"},
+        {"slotd_cache_divergence_total", "counter"},
+        {"slotd_uptime_seconds", "gauge"},
+        {"slotd_threads", "gauge"},
+    };
+    for (size_t i = 0; i < sizeof(fam) / sizeof(fam[0]); i++)
+        assert_family(t, fam[i].name, fam[i].type);
+
+    /* Exactly one HELP and one TYPE per family, every sample named after a
+     * family declared before it, no trailing white space. */
+    size_t ntype = 0;
+    for (const char *p = t; *p;) {
+        const char *eol = strchr(p, '\n');
+        ck_assert_ptr_nonnull(eol);
+        ck_assert_msg(eol > p && eol[-1] != ' ', "blank or trailing space");
+        if (strncmp(p, "# TYPE ", 7) == 0)
+            ntype++;
+        else if (*p != '#')
+            ck_assert_msg(strncmp(p, "slotd_", 6) == 0, "sample without the prefix");
+        p = eol + 1;
+    }
+    ck_assert_uint_eq(ntype, sizeof(fam) / sizeof(fam[0]));
+    free(t);
+}
+END_TEST
+
+START_TEST(test_stats_figures)
+{
+    fill();
+    char *t = render(&known_stats, 100 * SEC);
+    ck_assert(has_line(t, "slotd_cache_entries 7"));
+    ck_assert(has_line(t, "slotd_live_sessions 3"));
+    ck_assert(has_line(t, "slotd_g_calls_total 120"));
+    ck_assert(has_line(t, "slotd_attention_rows_total 456"));
+    ck_assert(has_line(t, "slotd_connections 2"));
+    ck_assert(has_line(t, "slotd_pool_bytes{state=\"used\"} 4096"));
+    ck_assert(has_line(t, "slotd_pool_bytes{state=\"free\"} 1044480"));
+    ck_assert(has_line(t, "slotd_pool_slots{state=\"used\"} 3"));
+    ck_assert(has_line(t, "slotd_pool_slots{state=\"free\"} 13"));
+    ck_assert(has_line(t, "slotd_threads 4"));
+    ck_assert(has_line(t, "slotd_cache_divergence_total 1"));
+    ck_assert_double_eq_tol(sample(t, "slotd_uptime_seconds"), 99.0, 1e-9);
+    free(t);
+
+    /* More used than total (figures read at different instants): free is 0. */
+    proto_stats_t odd = known_stats;
+    odd.pool_bytes_used = odd.pool_bytes_total + 1;
+    odd.pool_slots_used = odd.pool_slots_total + 1;
+    t = render(&odd, 100 * SEC);
+    ck_assert(has_line(t, "slotd_pool_bytes{state=\"free\"} 0"));
+    ck_assert(has_line(t, "slotd_pool_slots{state=\"free\"} 0"));
+    free(t);
+}
+END_TEST
+
+START_TEST(test_requests_by_op)
+{
+    fill();
+    char *t = render(&known_stats, 100 * SEC);
+    uint64_t total = 0;
+    for (int op = 0; op < PROTO_OP__COUNT; op++) {
+        char line[128];
+        snprintf(line, sizeof(line), "slotd_requests_total{op=\"%s\"} %d",
+                 op == PROTO_OP_NONE ? "invalid" : proto_op_name((proto_op_t)op), op + 1);
+        ck_assert_msg(has_line(t, line), "missing '%s'", line);
+        total += (uint64_t)op + 1;
+    }
+    ck_assert_uint_eq(metrics_requests_total(), total);
+    /* An op out of range counts as invalid. */
+    metrics_count_request((proto_op_t)PROTO_OP__COUNT);
+    ck_assert_uint_eq(metrics_requests_total(), total + 1);
+    free(t);
+    t = render(&known_stats, 100 * SEC);
+    ck_assert(has_line(t, "slotd_requests_total{op=\"invalid\"} 2"));
+    free(t);
+}
+END_TEST
+
+START_TEST(test_errors_by_code)
+{
+    fill();
+    char *t = render(&known_stats, 100 * SEC);
+    static const char *const wire[] = {
+#define XX(name, w, desc) w,
+        SLOTD_ERRNO_MAP(XX)
+#undef XX
+    };
+    for (size_t i = 0; i < sizeof(wire) / sizeof(wire[0]); i++) {
+        char prefix[128];
+        snprintf(prefix, sizeof(prefix), "slotd_errors_total{code=\"%s\"} ", wire[i]);
+        const char *first = strstr(t, prefix);
+        ck_assert_msg(first != NULL, "missing code %s", wire[i]);
+        ck_assert_msg(strstr(first + 1, prefix) == NULL, "code %s twice", wire[i]);
+    }
+    ck_assert(has_line(t, "slotd_errors_total{code=\"bad_json\"} 1"));
+    ck_assert(has_line(t, "slotd_errors_total{code=\"unknown_id\"} 2"));
+    ck_assert(has_line(t, "slotd_errors_total{code=\"shutting_down\"} 0"));
+    ck_assert(has_line(t, "slotd_errors_total{code=\"internal\"} 3"));
+    ck_assert_uint_eq(metrics_errors_total(), 6);
+    free(t);
+}
+END_TEST
+
+START_TEST(test_released_by_reason)
+{
+    fill();
+    char *t = render(&known_stats, 100 * SEC);
+    ck_assert(has_line(t, "slotd_sessions_released_total{reason=\"finish\"} 1"));
+    ck_assert(has_line(t, "slotd_sessions_released_total{reason=\"disconnect\"} 2"));
+    ck_assert(has_line(t, "slotd_sessions_released_total{reason=\"idle\"} 3"));
+    ck_assert(has_line(t, "slotd_sessions_released_total{reason=\"shutdown\"} 0"));
+    ck_assert_uint_eq(metrics_released(METRICS_RELEASE_FINISH), 1);
+    ck_assert_uint_eq(metrics_released(METRICS_RELEASE_IDLE), 3);
+    ck_assert_uint_eq(metrics_released(METRICS_RELEASE__COUNT), 0);
+    ck_assert_uint_eq(metrics_divergence_total(), 1);
+    free(t);
+}
+END_TEST
+
+START_TEST(test_histogram)
+{
+    fill();
+    char *t = render(&known_stats, 100 * SEC);
+    static const char *const le[] = {"5e-06",  "1e-05", "2.5e-05", "5e-05", "0.0001", "0.00025",
+                                     "0.0005", "0.001", "0.0025",  "0.005", "0.01",   "0.025",
+                                     "0.05",   "0.1",   "0.25",    "0.5",   "1",      "2.5",
+                                     "5",      "10",    "+Inf"};
+    static const double expect[] = {2, 3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 7};
+    double prev = 0;
+    for (size_t i = 0; i < sizeof(le) / sizeof(le[0]); i++) {
+        char prefix[96];
+        snprintf(prefix, sizeof(prefix), "slotd_step_seconds_bucket{le=\"%s\"}", le[i]);
+        double v = sample(t, prefix);
+        ck_assert_msg(v >= prev, "bucket %s not cumulative", le[i]);
+        ck_assert_double_eq(v, expect[i]);
+        prev = v;
+    }
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_count"), (double)NOBSERVED);
+    double sum = 0;
+    for (size_t i = 0; i < NOBSERVED; i++)
+        sum += (double)observed[i] / 1e9;
+    ck_assert_double_eq_tol(sample(t, "slotd_step_seconds_sum"), sum, 1e-6);
+    free(t);
+}
+END_TEST
+
+START_TEST(test_last_step)
+{
+    metrics_init(1 * SEC);
+    ck_assert_uint_eq(metrics_last_step_ns(), 0);
+    char *t = render(&known_stats, 2 * SEC);
+    /* Announced, but no sample before the first step. */
+    assert_family(t, "slotd_last_step_age_seconds", "gauge");
+    ck_assert_ptr_null(strstr(t, "\nslotd_last_step_age_seconds "));
+    ck_assert(has_line(t, "slotd_step_seconds_count 0"));
+    ck_assert(has_line(t, "slotd_step_seconds_bucket{le=\"+Inf\"} 0"));
+    free(t);
+
+    metrics_observe_step(1000, 50 * SEC);
+    metrics_observe_step(1000, 40 * SEC); /* finished earlier, reported later */
+    ck_assert_uint_eq(metrics_last_step_ns(), 50 * SEC);
+    t = render(&known_stats, 52 * SEC + SEC / 2);
+    ck_assert_double_eq_tol(sample(t, "slotd_last_step_age_seconds"), 2.5, 1e-9);
+    free(t);
+    /* A clock read before the stamp gives age 0, never a huge number. */
+    t = render(&known_stats, 49 * SEC);
+    ck_assert_double_eq(sample(t, "slotd_last_step_age_seconds"), 0);
+    free(t);
+
+    /* metrics_init() resets everything. */
+    metrics_init(0);
+    ck_assert_uint_eq(metrics_last_step_ns(), 0);
+    ck_assert_uint_eq(metrics_requests_total(), 0);
+}
+END_TEST
+
+#define NTHREADS 8
+#define PER_THREAD 20000
+
+static void *observer(void *arg)
+{
+    uintptr_t k = (uintptr_t)arg;
+    for (uint64_t i = 0; i < PER_THREAD; i++) {
+        metrics_observe_step((i * 7919 + k) % (20 * SEC), i + 1);
+        metrics_count_request(PROTO_OP_STEP);
+        metrics_count_error(SLOTD_ECONTEXT_FULL);
+    }
+    return NULL;
+}
+
+START_TEST(test_concurrent)
+{
+    metrics_init(0);
+    pthread_t th[NTHREADS];
+    for (uintptr_t i = 0; i < NTHREADS; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, observer, (void *)i), 0);
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_join(th[i], NULL);
+    ck_assert_uint_eq(metrics_requests_total(), NTHREADS * PER_THREAD);
+    ck_assert_uint_eq(metrics_errors_total(), NTHREADS * PER_THREAD);
+    ck_assert_uint_eq(metrics_last_step_ns(), PER_THREAD);
+    char *t = render(&known_stats, SEC);
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_count"), NTHREADS * PER_THREAD);
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_bucket{le=\"+Inf\"}"), NTHREADS * PER_THREAD);
+    free(t);
+}
+END_TEST
+
+static Suite *metrics_suite(void)
+{
+    Suite *s = suite_create("metrics");
+    TCase *tc = tcase_create("render");
+    tcase_add_test(tc, test_every_family);
+    tcase_add_test(tc, test_stats_figures);
+    tcase_add_test(tc, test_requests_by_op);
+    tcase_add_test(tc, test_errors_by_code);
+    tcase_add_test(tc, test_released_by_reason);
+    tcase_add_test(tc, test_histogram);
+    tcase_add_test(tc, test_last_step);
+    tcase_add_test(tc, test_concurrent);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static int dump(const char *path, bool fresh)
+{
+    if (fresh)
+        metrics_init(1 * SEC); /* no step yet: no age sample */
+    else
+        fill();
+    proto_buf_t b;
+    proto_buf_init(&b);
+    if (metrics_render(&b, &known_stats, 100 * SEC) != SLOTD_OK) {
+        fprintf(stderr, "metrics_render failed\n");
+        return 1;
+    }
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        perror(path);
+        return 1;
+    }
+    size_t n = fwrite(b.data, 1, b.len, f);
+    int bad = fclose(f) != 0 || n != b.len;
+    proto_buf_free(&b);
+    if (bad) {
+        perror(path);
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--dump") == 0)
+        return dump(argv[2], false);
+    if (argc == 3 && strcmp(argv[1], "--dump-fresh") == 0)
+        return dump(argv[2], true);
+    SRunner *sr = srunner_create(metrics_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
