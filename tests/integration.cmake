@@ -1,0 +1,22 @@
+# Integration tests: each executable starts the real daemon (the slotd
+# target) on free loopback ports and talks to it over TCP, through the
+# helpers of itest.c.  CTest hands them the daemon's path in SLOTD_BIN and
+# promtool's in PROMTOOL (when found); `ctest -L integration` runs them.
+
+find_program(PROMTOOL_EXECUTABLE promtool)
+
+add_library(slotd_itest STATIC itest.c)
+target_include_directories(slotd_itest PUBLIC ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+target_link_libraries(slotd_itest PUBLIC slotd_core cjson PkgConfig::CHECK PRIVATE slotd_flags)
+
+set(_itest_env "SLOTD_BIN=$<TARGET_FILE:slotd>")
+if(PROMTOOL_EXECUTABLE)
+  list(APPEND _itest_env "PROMTOOL=${PROMTOOL_EXECUTABLE}")
+endif()
+
+foreach(theme ops cache errors malformed lifetimes admin shutdown)
+  set(_name test_integration_${theme})
+  slotd_check_test(${_name} SOURCES ${_name}.c LIBS slotd_itest slotd_core cjson TIMEOUT 90)
+  add_dependencies(${_name} slotd)
+  set_tests_properties(${_name} PROPERTIES ENVIRONMENT "${_itest_env}" LABELS integration)
+endforeach()

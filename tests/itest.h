@@ -1,0 +1,307 @@
+/*
+ * itest.h: the helper library of the integration tests.
+ *
+ * The integration tests run the real daemon (the `slotd` executable named by
+ * the SLOTD_BIN environment variable) on free loopback ports and talk to it
+ * over TCP, as a client would.  This header gives them the few verbs they
+ * need: start and stop a daemon, open a connection, send raw bytes, read one
+ * reply line with a timeout, send a JSON request and get the reply parsed,
+ * make an HTTP request to the admin port, run a program to completion, and
+ * compute the uncached reference of a model with the library's
+ * model_generate().
+ *
+ * Every wait is bounded.  A daemon started here belongs to the test process
+ * that started it: it dies with that process (PR_SET_PDEATHSIG, and Check
+ * kills the test's process group); itest_teardown(), the checked teardown of
+ * every test case, stops it with SIGTERM and fails the test unless it exits
+ * with status 0; and the unchecked teardown, run by the parent after the
+ * forked test ended however it ended (a failed assertion leaves with _exit,
+ * a timeout with SIGKILL), prints the log of any daemon the test did not
+ * stop, makes sure it is gone and removes the temporary files.
+ *
+ * Functions that can only fail because the daemon misbehaved fail the
+ * current test themselves (ck_assert), with the bytes involved in the
+ * message; functions whose failure a test may want to observe return it.
+ */
+#ifndef SLOTD_TESTS_ITEST_H
+#define SLOTD_TESTS_ITEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <check.h>
+#include <cjson/cJSON.h>
+
+#include "core/model.h"
+
+/** How long a read waits for a reply before the test gives up (ms). */
+#define ITEST_REPLY_MS 10000
+/** How long a daemon gets to exit after SIGTERM before it is killed (ms). */
+#define ITEST_STOP_MS 15000
+/** The Check timeout of every integration test case (s). */
+#define ITEST_CASE_TIMEOUT 60
+
+/* ---- The daemon ---- */
+
+/** A running (or exited) daemon.  Owned by the library from
+ * itest_daemon_start() until itest_teardown() or process exit. */
+typedef struct itest_daemon {
+    pid_t pid;
+    int port;       /* the session port */
+    int admin_port; /* the admin (HTTP) port */
+    char dir[256];  /* temporary directory holding the log */
+    char log[320];  /* the daemon's stdout and stderr */
+    bool reaped;    /* waitpid() has collected it */
+    int status;     /* its wait status once reaped */
+} itest_daemon_t;
+
+/** Starts the daemon with `--listen 127.0.0.1 --port P --admin-port A`
+ * followed by the given extra flags (a NULL-terminated list), and waits
+ * (bounded) until both ports accept connections.  Fails the test if it
+ * does not come up.  The result is valid until the test process ends. */
+itest_daemon_t *itest_daemon_start(const char *flag, ...);
+/** Same, with the extra flags as a NULL-terminated array (NULL for none). */
+itest_daemon_t *itest_daemon_startv(const char *const *flags);
+
+/** A loopback port that was free a moment ago (bind port 0, read it back,
+ * close). */
+int itest_free_port(void);
+
+/** Sends `sig` to the daemon (unless it was reaped already). */
+void itest_daemon_signal(itest_daemon_t *d, int sig);
+
+/** Waits up to `timeout_ms` for the daemon to exit.  If it does not, kills
+ * it with SIGKILL, prints its log and fails the test.  Returns its exit
+ * status, or 128 + the signal number if a signal killed it. */
+int itest_daemon_wait(itest_daemon_t *d, int timeout_ms);
+
+/** SIGTERM, then itest_daemon_wait(d, ITEST_STOP_MS). */
+int itest_daemon_stop(itest_daemon_t *d);
+
+/** True while the daemon has not exited (reaps it if it has). */
+bool itest_daemon_alive(itest_daemon_t *d);
+
+/** Prints the daemon's log on stderr, framed, with `why` as a heading. */
+void itest_daemon_print_log(const itest_daemon_t *d, const char *why);
+
+/** The checked teardown of every integration test case: stops every daemon
+ * this test started that still runs and fails the test unless each exits
+ * with status 0 (its log is printed if not); removes the temporary files. */
+void itest_teardown(void);
+
+/** Adds a test case `name` with function `fn`, the fixtures above and
+ * ITEST_CASE_TIMEOUT to `s`. */
+void itest_add(Suite *s, const char *name, const TTest *fn);
+#define ITEST_ADD(suite, fn) itest_add((suite), #fn, fn)
+
+/** Runs the suite (CK_ENV verbosity, fork mode from CK_FORK, default fork)
+ * and returns the process exit code: 0 when every test passed. */
+int itest_main(Suite *s);
+
+/* ---- Connections ---- */
+
+typedef struct itest_conn itest_conn_t;
+
+/** What the last read or wait on a connection met. */
+typedef enum itest_io {
+    ITEST_IO_OK = 0,
+    ITEST_IO_TIMEOUT,
+    ITEST_IO_EOF,   /* orderly close by the peer */
+    ITEST_IO_RESET, /* connection reset or another socket error */
+} itest_io_t;
+
+/** Connects to 127.0.0.1:`port`; NULL (and errno) if refused.  The result
+ * is owned by the caller and freed by itest_close(). */
+itest_conn_t *itest_try_connect(int port);
+/** Connects to the daemon's session port; fails the test if refused. */
+itest_conn_t *itest_connect(const itest_daemon_t *d);
+/** Closes the socket (an orderly close) and frees `c`.  NULL is fine. */
+void itest_close(itest_conn_t *c);
+/** Closes with SO_LINGER 0, so the peer sees a reset, and frees `c`. */
+void itest_close_reset(itest_conn_t *c);
+/** Half-closes the sending side (shutdown SHUT_WR). */
+void itest_shutdown_write(itest_conn_t *c);
+int itest_conn_fd(const itest_conn_t *c);
+
+/** Sends all `len` bytes, reading whatever the peer sends meanwhile into the
+ * connection's buffer (so a large pipeline cannot deadlock).  Returns false
+ * if the peer closed or reset, or after ITEST_REPLY_MS without progress. */
+bool itest_send(itest_conn_t *c, const void *data, size_t len);
+bool itest_send_str(itest_conn_t *c, const char *s);
+bool itest_sendf(itest_conn_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/** Reads one line, waiting up to `timeout_ms`.  Returns it without its "\n"
+ * (malloc, owned by the caller; *len gets its length if len is not NULL),
+ * or NULL on timeout, close or error: see itest_last_io().  A "\r" or any
+ * other byte is kept as received. */
+char *itest_read_line(itest_conn_t *c, int timeout_ms, size_t *len);
+itest_io_t itest_last_io(const itest_conn_t *c);
+/** Bytes received and not yet returned as a line (a partial line). */
+size_t itest_pending(const itest_conn_t *c);
+
+/** Waits up to `timeout_ms` for the peer to close.  Returns true if it
+ * closed (or reset) with no further bytes; false if bytes came or it stayed
+ * open.  Bytes received are kept. */
+bool itest_expect_closed(itest_conn_t *c, int timeout_ms);
+
+/** True if no byte at all arrives within `ms`. */
+bool itest_expect_silence(itest_conn_t *c, int ms);
+
+/** Sends the printf-formatted request followed by "\n", reads one reply line
+ * and parses it; fails the test if no line comes or it is not a JSON
+ * object.  Returns the parsed reply, owned by the caller (cJSON_Delete).
+ * The raw reply line stays readable with itest_last_line() until the next
+ * read on `c`. */
+cJSON *itest_rpc(itest_conn_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** Reads one reply line (no send) and parses it, as itest_rpc(). */
+cJSON *itest_read_reply(itest_conn_t *c);
+/** The last line returned by itest_rpc() or itest_read_reply(). */
+const char *itest_last_line(const itest_conn_t *c);
+
+/* ---- Checking replies ---- */
+
+/** Fails the test unless `reply` is an error reply: exactly one member
+ * "error" (plus "tag" when `tag_json` is not NULL), an object with a string
+ * "code" equal to `code` and a string "message" containing every one of the
+ * NULL-terminated words that follow (a word of one or two characters, such
+ * as the field `n` or an id "a", must stand as a word of its own).  `tag_json` is the tag as JSON
+ * text
+ * ("7", "\"x\"") that the reply must echo, or NULL for no tag. */
+void itest_expect_error(const cJSON *reply, const char *tag_json, const char *code, ...);
+/** The checks of itest_expect_error() without failing: true, or false with
+ * the reason in `why`.  The words follow `size`, NULL-terminated. */
+bool itest_error_is(const cJSON *reply, const char *tag_json, const char *code, char *why,
+                    size_t size, ...);
+
+/** Records a failed check and goes on, so that one run of a battery lists
+ * every case that fails; itest_soft_verdict() (also run by the teardown)
+ * then fails the test with all of them. */
+void itest_soft_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void itest_soft_verdict(void);
+
+/** Fails the test unless `reply` is not an error reply. */
+void itest_expect_ok(const cJSON *reply);
+/** True if `reply` is an error reply with code `code`. */
+bool itest_is_error(const cJSON *reply, const char *code);
+/** The error code of `reply`, or NULL if it is not an error reply. */
+const char *itest_error_code(const cJSON *reply);
+/** Fails the test unless `reply` echoes `tag_json` exactly (or has no
+ * "tag" when `tag_json` is NULL). */
+void itest_expect_tag(const cJSON *reply, const char *tag_json);
+
+/** Member `name` of `obj` as an integer; fails the test unless it is
+ * present, a number and integral.  `name` may be "released.idle". */
+int64_t itest_int(const cJSON *obj, const char *name);
+/** Member `name` as a string; fails the test unless present and a string. */
+const char *itest_str(const cJSON *obj, const char *name);
+
+/** Sends {"op":"stats"} and returns the reply, checked to be a stats object
+ * naming every member of PROTOCOL.md.  Owned by the caller. */
+cJSON *itest_stats(itest_conn_t *c);
+/** One stats figure (as itest_int()). */
+int64_t itest_stat(itest_conn_t *c, const char *name);
+/** Fails the test unless `st` has every stats member of PROTOCOL.md, each a
+ * non-negative integer, and the released object with its four reasons. */
+void itest_check_stats_shape(const cJSON *st);
+
+/** Collects the numbers of member `key` of the raw JSON line as printed (the
+ * first occurrence of "key" in the line), in order, into `out` (up to `max`
+ * strings of up to 63 characters).  Returns how many, or -1 if the member
+ * is not there or the value is not a number or nested arrays of numbers. */
+int itest_raw_numbers(const char *line, const char *key, char (*out)[64], int max);
+/** True if `s` is printed as printf("%.6f") prints: -?digits.dddddd. */
+bool itest_is_six_decimals(const char *s);
+
+/** Fails the test unless the raw line's "logits" member holds exactly
+ * `count` numbers (flattened), each printed as printf("%.6f") prints the
+ * corresponding reference value. */
+void itest_expect_logits(const char *line, const double *ref, size_t count);
+
+/* ---- The admin port ---- */
+
+typedef struct itest_http {
+    int status;      /* 0 if no status line was read */
+    char *head;      /* status line and headers, NUL-terminated */
+    char *body;      /* NUL-terminated (the body may hold NULs: see body_len) */
+    size_t body_len; /* bytes of body */
+} itest_http_t;
+
+/** Sends `len` raw bytes to 127.0.0.1:`port` on a new connection and reads
+ * one response (Content-Length or until the peer closes), waiting up to
+ * ITEST_REPLY_MS.  Returns false if nothing parsable came back.  *out is
+ * filled in either case; free it with itest_http_free(). */
+bool itest_http_raw(int port, const void *req, size_t len, itest_http_t *out);
+/** GET `path` on the admin port with "Connection: close"; fails the test if
+ * no response comes. */
+void itest_http_get(const itest_daemon_t *d, const char *path, itest_http_t *out);
+/** The value of header `name` (case-insensitive) into `buf`; false if absent. */
+bool itest_http_header(const itest_http_t *r, const char *name, char *buf, size_t size);
+void itest_http_free(itest_http_t *r);
+
+/* ---- Other processes ---- */
+
+/** Runs argv[0] (a path) with `input` (len bytes) on its stdin, collecting
+ * stdout and stderr (malloc, NUL-terminated, owned by the caller; either
+ * pointer may be NULL).  Waits up to `timeout_ms`, then kills it.  Returns
+ * its exit status, 128 + signal if killed by one, or -1 on timeout. */
+int itest_run(const char *const *argv, const void *input, size_t len, char **out, char **err,
+              int timeout_ms);
+
+/** The slotd executable (SLOTD_BIN); fails the test if unset. */
+const char *itest_slotd_bin(void);
+
+/* ---- The uncached reference ---- */
+
+/** The library's model for `preset`, created once per process. */
+const model_t *itest_model(const char *preset);
+
+/** The uncached reference: model_generate(tokens, steps, use_cache=false).
+ * `out_tokens` gets n + steps tokens, `logits` (may be NULL; ignored for
+ * hash) steps * V rounded logits.  Fails the test if the call fails. */
+void itest_reference(const char *preset, const int64_t *tokens, size_t n, int64_t steps,
+                     uint32_t *out_tokens, double *logits);
+
+/** The reference scores after `tokens` (model_logits(): V rounded logits). */
+void itest_reference_logits(const char *preset, const int64_t *tokens, size_t n, double *logits);
+
+/** A session as the test believes it to be: its model, prompt and the
+ * steps taken so far.  A plain value. */
+typedef struct itest_session {
+    char id[80];
+    const char *model; /* preset name */
+    int64_t *prompt;   /* malloc, owned */
+    size_t nprompt;
+    size_t steps; /* greedy steps taken */
+} itest_session_t;
+
+void itest_session_init(itest_session_t *s, const char *id, const char *model,
+                        const int64_t *prompt, size_t n);
+void itest_session_free(itest_session_t *s);
+/** Entries the session holds: prompt plus steps. */
+size_t itest_session_entries(const itest_session_t *s);
+
+/** Sends start for `s` (naming its model) and checks the reply. */
+void itest_session_start(itest_conn_t *c, const itest_session_t *s);
+
+/** Checks `reply` (raw line `line`) against the next `n` steps of `s`:
+ * id, the tokens and the printed logits of the reference, and entries;
+ * then counts the steps into `s`.  `tag_json` as for itest_expect_tag(). */
+void itest_session_check_step(itest_session_t *s, const cJSON *reply, const char *line, uint32_t n,
+                              const char *tag_json);
+
+/** Sends step (n) for `s` and checks the reply as above. */
+void itest_session_step(itest_conn_t *c, itest_session_t *s, uint32_t n);
+
+/** Sends finish for `s` and checks released == its entries. */
+void itest_session_finish(itest_conn_t *c, const itest_session_t *s);
+
+/** Formats `n` tokens as a JSON array "[1,2,3]" into a malloc'd string. */
+char *itest_json_tokens(const int64_t *tokens, size_t n);
+
+/** Monotonic milliseconds. */
+int64_t itest_now_ms(void);
+void itest_sleep_ms(int ms);
+
+#endif

@@ -1,0 +1,323 @@
+/*
+ * test_integration_admin.c: the admin port, over real HTTP/1.1.
+ *
+ * GET /health answers 200 and {"status":"ok"}; GET /stats answers the same
+ * figures as the stats op on the session port, taken at the same moment;
+ * GET /metrics answers Prometheus text with the 0.0.4 content type, every
+ * name prefixed slotd_, counters ending _total, every stats figure present,
+ * and `promtool check metrics` (PROMTOOL, or promtool on the PATH; the test
+ * fails without it) accepts the body.  An unknown path is 404, another
+ * method 405, a malformed request 400; after each of those, and after
+ * connections that send half a request or nothing, the daemon still serves
+ * both ports.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "itest.h"
+
+START_TEST(test_health)
+{
+    itest_daemon_t *d = itest_daemon_start(NULL);
+    itest_http_t h;
+    itest_http_get(d, "/health", &h);
+    ck_assert_msg(h.status == 200, "GET /health: %d\n%s", h.status, h.head);
+    cJSON *j = cJSON_Parse(h.body);
+    ck_assert_msg(cJSON_IsObject(j), "GET /health body is not a JSON object: %s", h.body);
+    ck_assert_str_eq(itest_str(j, "status"), "ok");
+    cJSON_Delete(j);
+    itest_http_free(&h);
+}
+END_TEST
+
+/* The figures that cannot move between the two readings. */
+static const char *const stable[] = {
+    "cache_entries",
+    "live_sessions",
+    "g_calls",
+    "rows",
+    "connections",
+    "errors_total",
+    "pool_bytes_total",
+    "pool_bytes_used",
+    "pool_slots_total",
+    "pool_slots_used",
+    "released.finish",
+    "released.disconnect",
+    "released.idle",
+    "released.shutdown",
+    NULL,
+};
+
+START_TEST(test_stats_endpoint)
+{
+    itest_daemon_t *d = itest_daemon_start(NULL);
+    itest_conn_t *c = itest_connect(d);
+    int64_t p[] = {1, 2, 3};
+    itest_session_t s, h, f;
+    itest_session_init(&s, "s", "tiny", p, 3);
+    itest_session_init(&h, "h", "hash", p, 2);
+    itest_session_init(&f, "f", "tiny", p, 1);
+    itest_session_start(c, &s);
+    itest_session_start(c, &h);
+    itest_session_start(c, &f);
+    itest_session_step(c, &s, 2);
+    itest_session_step(c, &h, 7);
+    itest_session_finish(c, &f);
+    cJSON *r = itest_rpc(c, "{\"op\":\"nope\"}");
+    cJSON_Delete(r);
+    r = itest_rpc(c, "{\"op\":\"generate\",\"tokens\":[1],\"steps\":3,\"use_cache\":true}");
+    cJSON_Delete(r);
+
+    cJSON *op = itest_stats(c);
+    itest_http_t resp;
+    itest_http_get(d, "/stats", &resp);
+    ck_assert_msg(resp.status == 200, "GET /stats: %d", resp.status);
+    cJSON *web = cJSON_Parse(resp.body);
+    ck_assert_msg(cJSON_IsObject(web), "GET /stats body is not a JSON object: %s", resp.body);
+    itest_check_stats_shape(web);
+    for (int i = 0; stable[i] != NULL; i++) {
+        ck_assert_msg(itest_int(web, stable[i]) == itest_int(op, stable[i]),
+                      "%s: GET /stats says %lld, the stats op %lld", stable[i],
+                      (long long)itest_int(web, stable[i]), (long long)itest_int(op, stable[i]));
+    }
+    int64_t wr = itest_int(web, "requests_total"), orq = itest_int(op, "requests_total");
+    ck_assert_msg(wr >= orq && wr <= orq + 1, "requests_total: GET /stats %lld, stats op %lld",
+                  (long long)wr, (long long)orq);
+    ck_assert_int_eq(itest_int(web, "live_sessions"), 2);
+    ck_assert_int_eq(itest_int(web, "cache_entries"), 5 + 9);
+    ck_assert_int_eq(itest_int(web, "released.finish"), 1);
+    ck_assert_int_eq(itest_int(web, "errors_total"), 1);
+    cJSON_Delete(web);
+    cJSON_Delete(op);
+    itest_http_free(&resp);
+    itest_session_free(&s);
+    itest_session_free(&h);
+    itest_session_free(&f);
+    itest_close(c);
+}
+END_TEST
+
+/* The value of the first sample whose name is `name` (no labels) or -1. */
+static double sample(const char *body, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *line = body; line != NULL && *line != '\0';) {
+        if (line[0] != '#' && strncmp(line, name, n) == 0 && (line[n] == ' ' || line[n] == '{')) {
+            const char *v = line[n] == '{' ? strchr(line, '}') : line + n;
+            if (v != NULL) {
+                if (*v == '}') {
+                    v++;
+                }
+                return strtod(v, NULL);
+            }
+        }
+        line = strchr(line, '\n');
+        if (line != NULL) {
+            line++;
+        }
+    }
+    return -1;
+}
+
+static const char *promtool_path(void)
+{
+    const char *p = getenv("PROMTOOL");
+    if (p != NULL && p[0] != '\0') {
+        return p;
+    }
+    static const char *const guesses[] = {"/usr/bin/promtool", "/usr/local/bin/promtool", NULL};
+    for (int i = 0; guesses[i] != NULL; i++) {
+        if (access(guesses[i], X_OK) == 0) {
+            return guesses[i];
+        }
+    }
+    return NULL;
+}
+
+START_TEST(test_metrics)
+{
+    itest_daemon_t *d = itest_daemon_start(NULL);
+    itest_conn_t *c = itest_connect(d);
+    cJSON *r =
+        itest_rpc(c, "{\"op\":\"start\",\"id\":\"m\",\"model\":\"hash\",\"prompt\":[1,2,3]}");
+    cJSON_Delete(r);
+    r = itest_rpc(c, "{\"op\":\"step\",\"id\":\"m\",\"n\":4}");
+    cJSON_Delete(r);
+    r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"f\",\"prompt\":[1]}");
+    cJSON_Delete(r);
+    r = itest_rpc(c, "{\"op\":\"finish\",\"id\":\"f\"}");
+    cJSON_Delete(r);
+    r = itest_rpc(c, "{\"op\":\"bogus\"}");
+    cJSON_Delete(r);
+
+    itest_http_t m;
+    itest_http_get(d, "/metrics", &m);
+    ck_assert_msg(m.status == 200, "GET /metrics: %d", m.status);
+    char ct[128];
+    ck_assert_msg(itest_http_header(&m, "Content-Type", ct, sizeof(ct)),
+                  "GET /metrics has no Content-Type:\n%s", m.head);
+    ck_assert_msg(strncmp(ct, "text/plain; version=0.0.4", 25) == 0,
+                  "GET /metrics Content-Type is \"%s\"", ct);
+
+    /* Every sample and every TYPE/HELP names slotd_*; counters end _total. */
+    int samples = 0;
+    char *body = strdup(m.body);
+    char *save = NULL;
+    for (char *line = strtok_r(body, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "# TYPE ", 7) == 0 || strncmp(line, "# HELP ", 7) == 0) {
+            ck_assert_msg(strncmp(line + 7, "slotd_", 6) == 0, "metric without the prefix: %s",
+                          line);
+            if (strncmp(line, "# TYPE ", 7) == 0) {
+                char name[200], type[32];
+                ck_assert_int_eq(sscanf(line + 7, "%199s %31s", name, type), 2);
+                if (strcmp(type, "counter") == 0) {
+                    size_t n = strlen(name);
+                    ck_assert_msg(n > 6 && strcmp(name + n - 6, "_total") == 0,
+                                  "counter %s does not end _total", name);
+                }
+            }
+        } else if (line[0] != '#' && line[0] != '\0') {
+            ck_assert_msg(strncmp(line, "slotd_", 6) == 0, "sample without the prefix: %s", line);
+            samples++;
+        }
+    }
+    free(body);
+    ck_assert_int_gt(samples, 0);
+
+    /* At least the stats figures. */
+    const char *figures[] = {"cache_entries", "live_sessions", "g_calls", "rows",
+                             "connections",   "requests",      "errors",  "pool_bytes",
+                             "pool_slots",    "released",      NULL};
+    for (int i = 0; figures[i] != NULL; i++) {
+        ck_assert_msg(strstr(m.body, figures[i]) != NULL, "/metrics has nothing for %s:\n%s",
+                      figures[i], m.body);
+    }
+    for (int i = 0; figures[i] != NULL; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "slotd_%s", figures[i]);
+        double v = sample(m.body, name);
+        if (v >= 0 && strcmp(figures[i], "cache_entries") == 0) {
+            ck_assert_msg(v == 7, "slotd_cache_entries is %g, expected 7", v);
+        }
+        if (v >= 0 && strcmp(figures[i], "live_sessions") == 0) {
+            ck_assert_msg(v == 1, "slotd_live_sessions is %g, expected 1", v);
+        }
+    }
+
+    /* promtool accepts it. */
+    const char *promtool = promtool_path();
+    ck_assert_msg(promtool != NULL, "promtool not found (set PROMTOOL)");
+    const char *argv[] = {promtool, "check", "metrics", NULL};
+    char *out = NULL, *err = NULL;
+    int code = itest_run(argv, m.body, m.body_len, &out, &err, 20000);
+    ck_assert_msg(code == 0, "promtool check metrics exited %d:\n%s%s\n--- body ---\n%s", code, out,
+                  err, m.body);
+    free(out);
+    free(err);
+    itest_http_free(&m);
+    itest_close(c);
+}
+END_TEST
+
+/* Sends a raw request and returns the status (0 if none). */
+static int raw_status(const itest_daemon_t *d, const char *req, size_t len)
+{
+    itest_http_t h;
+    itest_http_raw(d->admin_port, req, len, &h);
+    int status = h.status;
+    itest_http_free(&h);
+    return status;
+}
+
+#define RAW(d, s) raw_status((d), (s), sizeof(s) - 1)
+
+static void still_serving(const itest_daemon_t *d, itest_conn_t *c, const char *after)
+{
+    itest_http_t h;
+    itest_http_get(d, "/health", &h);
+    ck_assert_msg(h.status == 200, "after %s: GET /health is %d", after, h.status);
+    itest_http_free(&h);
+    cJSON *st = itest_stats(c);
+    cJSON_Delete(st);
+}
+
+START_TEST(test_admin_errors)
+{
+    itest_daemon_t *d = itest_daemon_start(NULL);
+    itest_conn_t *c = itest_connect(d);
+    int s;
+
+    s = RAW(d, "GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    ck_assert_msg(s == 404, "GET /nope: %d", s);
+    s = RAW(d, "GET /health/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    ck_assert_msg(s == 404, "GET /health/x: %d", s);
+    s = RAW(d, "GET /metricsx HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    ck_assert_msg(s == 404, "GET /metricsx: %d", s);
+    s = RAW(d, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    ck_assert_msg(s == 404, "GET /: %d", s);
+    still_serving(d, c, "404s");
+
+    s = RAW(d,
+            "POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    ck_assert_msg(s == 405, "POST /health: %d", s);
+    s = RAW(d,
+            "POST /stats HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}");
+    ck_assert_msg(s == 405, "POST /stats: %d", s);
+    s = RAW(d, "DELETE /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    ck_assert_msg(s == 405, "DELETE /metrics: %d", s);
+    s = RAW(d, "PUT /stats HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    ck_assert_msg(s == 405, "PUT /stats: %d", s);
+    still_serving(d, c, "405s");
+
+    s = RAW(d, "GARBAGE\r\n\r\n");
+    ck_assert_msg(s == 400, "GARBAGE: %d", s);
+    s = RAW(d, "GET /health HTTP/1.1\r\nBad Header Line\r\n\r\n");
+    ck_assert_msg(s == 400, "a header line without a colon: %d", s);
+    s = RAW(d, "\x01\x02\x03\x04\r\n\r\n");
+    ck_assert_msg(s == 400, "binary garbage: %d", s);
+    s = RAW(d, "GET /health HTTP/1.1\r\nHo\x01st: x\r\n\r\n");
+    ck_assert_msg(s == 400, "a control byte in a header name: %d", s);
+    s = RAW(d, "GET /health HTTP/1.1\r\nContent-Length: -5\r\n\r\n");
+    ck_assert_msg(s == 400, "a negative Content-Length: %d", s);
+    still_serving(d, c, "400s");
+
+    /* Half a request, then a close; and a connection that says nothing. */
+    for (int i = 0; i < 20; i++) {
+        itest_conn_t *h = itest_try_connect(d->admin_port);
+        ck_assert_ptr_nonnull(h);
+        if (i % 2 == 0) {
+            itest_send_str(h, "GET /hea");
+        }
+        if (i % 3 == 0) {
+            itest_close_reset(h);
+        } else {
+            itest_close(h);
+        }
+    }
+    still_serving(d, c, "half requests");
+
+    /* Many requests in a row. */
+    for (int i = 0; i < 50; i++) {
+        itest_http_t h;
+        itest_http_get(d, i % 2 ? "/stats" : "/metrics", &h);
+        ck_assert_int_eq(h.status, 200);
+        itest_http_free(&h);
+    }
+    still_serving(d, c, "100 requests");
+    itest_close(c);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("integration_admin");
+    ITEST_ADD(s, test_health);
+    ITEST_ADD(s, test_stats_endpoint);
+    ITEST_ADD(s, test_metrics);
+    ITEST_ADD(s, test_admin_errors);
+    return itest_main(s);
+}
