@@ -3,9 +3,12 @@
  *
  *   slotd-cli [-h host] [-p port] [-t seconds] [--raw] [COMMAND|JSON]...
  *
- * Each argument is one command line, as it would be typed at the prompt;
- * all of them go over one connection and each reply is printed before the
- * next line is sent.  With no argument the lines come from stdin (with a
+ * As with redis-cli, words make one command: `slotd-cli start a 1 2 3`.
+ * When the first argument is a lone shortcut word, all the arguments are
+ * joined into that one command line; otherwise each argument is one command
+ * line, as it would be typed at the prompt (`slotd-cli 'start a 1 2'
+ * 'step a 3' stats`, or JSON lines).  All of them go over one connection
+ * and each reply is printed before the next line is sent.  With no argument the lines come from stdin (with a
  * "slotd> " prompt when stdin is a terminal).  A line whose first word is
  * one of the shortcuts below is turned into its JSON request; any other
  * line is sent as it is, so the server judges it:
@@ -444,6 +447,36 @@ static int run_arg(cli_t *c, const char *arg)
     return rc;
 }
 
+/* True for an argument that is exactly one shortcut word ("start"). */
+static bool is_shortcut_word(const char *arg)
+{
+    static const char *const words[] = {"stats", "start", "step", "finish", "help"};
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+        if (strcasecmp(arg, words[i]) == 0)
+            return true;
+    return false;
+}
+
+/* Joins `n` words with spaces into one command line and runs it. */
+static int run_words(cli_t *c, char **words, int n)
+{
+    size_t len = 1;
+    for (int i = 0; i < n; i++)
+        len += strlen(words[i]) + 1;
+    char *line = malloc(len);
+    if (line == NULL)
+        return -1;
+    line[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (i > 0)
+            strcat(line, " ");
+        strcat(line, words[i]);
+    }
+    int rc = run_line(c, line);
+    free(line);
+    return rc;
+}
+
 static int run_stdin(cli_t *c)
 {
     bool tty = isatty(STDIN_FILENO);
@@ -521,7 +554,9 @@ int main(int argc, char **argv)
     if (cli_connect(&c) != 0)
         return 1;
     int rc = 0;
-    if (optind < argc) {
+    if (optind < argc && is_shortcut_word(argv[optind])) {
+        rc = run_words(&c, argv + optind, argc - optind);
+    } else if (optind < argc) {
         for (int i = optind; i < argc && rc == 0; i++)
             rc = run_arg(&c, argv[i]);
     } else {
