@@ -8,6 +8,7 @@
  * and model_round6() against printf("%.6f").  It includes the module's
  * private header to reach the mixer and the block layout.
  */
+#include "test_util.h"
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -404,7 +405,7 @@ START_TEST(test_cached_equals_uncached)
     rng_state = 12345;
     for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
         model_t *m = create(runs[i].name);
-        for (int c = 0; c < runs[i].cases; c++) {
+        for (int c = 0; c < SLOTD_TEST_SCALED(runs[i].cases); c++) {
             size_t total = 1 + rng_below(runs[i].max_total);
             size_t n = 1 + rng_below((uint32_t)total);
             compare_case(m, n, (int64_t)(total - n));
@@ -798,7 +799,7 @@ START_TEST(test_round6)
         check_round6(fixed[i]);
     }
     rng_state = 99;
-    for (int i = 0; i < 200000; i++) {
+    for (int i = 0; i < SLOTD_TEST_SCALED(200000); i++) {
         uint64_t r = rng_next();
         double x;
         switch (i % 5) {

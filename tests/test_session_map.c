@@ -4,6 +4,7 @@
  * shrinking over many ids, iteration (also removing as it goes), and ids
  * that differ only in their last byte or length.
  */
+#include "test_util.h"
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,7 +84,7 @@ START_TEST(test_long_and_similar_ids)
 }
 END_TEST
 
-#define MANY 100000
+#define MANY SLOTD_TEST_SCALED(100000)
 
 START_TEST(test_many_ids)
 {
