@@ -10,6 +10,12 @@
  * preconditions instead of checking them, and those were checked here.
  * The step path allocates nothing: it writes into blocks the pool reserved.
  *
+ * A rebuild (cache_session_rebuild()) reruns every position of a live slot
+ * from the tokens the caller recorded, in the room the slot already has:
+ * the repair the server's cache audit applies to a slot it found wrong.
+ * Test builds (SLOTD_FAULT_INJECTION) add cache_session_fault_corrupt(),
+ * which damages a slot on purpose so that the audit has something to find.
+ *
  * The stateless operations (logits, generate) run in a slot borrowed under
  * an owner no client can name (key 0 and the empty id; request ids have at
  * least one character) and give it back before returning, so a borrowed
@@ -126,6 +132,53 @@ int cache_session_finish(cache_pool_t *p, cache_session_t *s, uint32_t *released
     }
     return SLOTD_OK;
 }
+
+int cache_session_rebuild(cache_pool_t *p, cache_session_t *s, const uint32_t *tokens, uint32_t n,
+                          void *scratch)
+{
+    const model_t *m = s->model;
+    model_kv_t kv;
+    int rc;
+
+    if (n != s->entries || n == 0) {
+        return SLOTD_EINVAL;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (tokens[i] >= model_vocab(m)) {
+            return SLOTD_EINVAL;
+        }
+    }
+    /* A reserve of nothing: the slot's chain as it stands, no block taken. */
+    rc = cache_pool_reserve(p, s->handle, &s->owner, 0, &kv);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    assert(kv.len == n);
+    model_kv_rewind(&kv);
+    for (uint32_t i = 0; i < n; i++) {
+        model_run(m, &kv, tokens[i], scratch);
+    }
+    /* Same length: the commit only confirms the handle. */
+    return cache_pool_commit(p, s->handle, &s->owner, &kv);
+}
+
+#if SLOTD_FAULT_INJECTION
+int cache_session_fault_corrupt(cache_pool_t *p, cache_session_t *s)
+{
+    model_kv_t kv;
+    int rc;
+
+    rc = cache_pool_reserve(p, s->handle, &s->owner, 0, &kv);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    if (kv.len == 0) {
+        return SLOTD_EINVAL;
+    }
+    model_fault_corrupt(s->model, &kv, kv.len - 1);
+    return SLOTD_OK;
+}
+#endif
 
 /* Borrows an empty slot of `m` with room for `positions`: on success the
  * caller owns *h until session__give_back(), and *kv is the slot's chain. */

@@ -52,6 +52,25 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
  * value is dead afterwards (a second finish gets SLOTD_ESTALE from the pool). */
 int cache_session_finish(cache_pool_t *p, cache_session_t *s, uint32_t *released);
 
+/** Recomputes every entry of the slot from `tokens`, which must be the
+ * session's whole sequence (n == s->entries: prompt plus picks), in place:
+ * after it the slot holds exactly what a start with those tokens would
+ * have left, whatever its entries held before.  This is how a slot found
+ * to disagree with the uncached reference is repaired.  Costs n model
+ * runs (counted as usual) and allocates nothing.  SLOTD_ESTALE for a
+ * finished session, SLOTD_EINVAL if n != s->entries or a token is out of
+ * range; neither changes anything. */
+int cache_session_rebuild(cache_pool_t *p, cache_session_t *s, const uint32_t *tokens, uint32_t n,
+                          void *scratch);
+
+#if SLOTD_FAULT_INJECTION
+/** Test builds only: damages the slot's most recent entry through the
+ * model (model_fault_corrupt()), so that the session's later cached steps
+ * go wrong.  SLOTD_ESTALE for a finished session, SLOTD_EINVAL for one
+ * with no entries. */
+int cache_session_fault_corrupt(cache_pool_t *p, cache_session_t *s);
+#endif
+
 /** model_logits() in a slot borrowed from the pool and returned before this
  * returns.  SLOTD_ECACHE_FULL if none can be had; SLOTD_EBAD_REQUEST naming
  * `model` for a hash model.  A borrowed slot's owner is key 0 with the

@@ -436,3 +436,36 @@ void model_kv_rewind(model_kv_t *kv)
     kv->len = 0;
     kv->tail = kv->head;
 }
+
+#if SLOTD_FAULT_INJECTION
+/* ---- Fault injection (test builds only) ---- */
+
+void model_fault_corrupt(const model_t *m, model_kv_t *kv, uint32_t pos)
+{
+    const uint32_t per = m->shape.block_positions;
+    const uint32_t slot = model__block_slot(m, pos);
+    model_block_t *b = kv->head;
+
+    assert(pos < kv->len);
+    for (uint32_t i = 0; i < pos / per; i++) {
+        b = b->next;
+    }
+    if (m->shape.family == MODEL_FAMILY_HASH) {
+        uint64_t *entry = (uint64_t *)(void *)b->data + slot;
+        uint64_t old = *entry, bad = old ^ UINT64_C(0x8000000100000001);
+        uint64_t *sum = kv->state;
+
+        *entry = bad;
+        *sum = *sum - old + bad;
+    } else {
+        /* Layer 0's area: Kt (d rows of `per`), then V row major. */
+        double *v =
+            (double *)(void *)b->data + (size_t)per * m->shape.d + (size_t)slot * m->shape.d;
+        uint64_t bits;
+
+        memcpy(&bits, v, sizeof(bits));
+        bits ^= UINT64_C(0x8010000000000000); /* the sign, and the exponent's lowest bit */
+        memcpy(v, &bits, sizeof(bits));
+    }
+}
+#endif

@@ -151,4 +151,16 @@ void model_kv_heap_free(model_kv_t *kv);
  * (the next model_run at position 0 overwrites it). */
 void model_kv_rewind(model_kv_t *kv);
 
+#if SLOTD_FAULT_INJECTION
+/* ---- Test builds only (-DSLOTD_FAULT_INJECTION=ON) ---- */
+
+/** Damages the cached entry at position `pos` (< kv->len) so that the
+ * positions run after it compute from a wrong value, as a memory fault
+ * would: hash flips bits of the entry's g and carries the change into the
+ * running sum (the state is the sum of the entries, and no later call
+ * reads an entry back); attn flips the sign and one exponent bit of the
+ * first V value of layer 0.  No model call; nothing is counted. */
+void model_fault_corrupt(const model_t *m, model_kv_t *kv, uint32_t pos);
+#endif
+
 #endif

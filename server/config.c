@@ -6,7 +6,11 @@
  * and where the value goes.  The environment variable is derived from the
  * flag (--cache-mb is SLOTD_CACHE_MB).  Values are checked as they are
  * parsed; settings that depend on each other (the default model among the
- * loaded ones, two distinct ports) are checked once everything is read.
+ * loaded ones, two distinct ports) or on the machine (the pool within
+ * physical memory) are checked once everything is read.
+ *
+ * Test builds (SLOTD_FAULT_INJECTION) add the --fault-* rows; elsewhere
+ * those flags do not exist and are refused as unknown.
  */
 #include "config.h"
 
@@ -34,6 +38,7 @@ typedef enum opt_kind {
     OPT_MODELS,
     OPT_MODEL,
     OPT_LEVEL,
+    OPT_RATE,
     OPT_FLAG,
 } opt_kind_t;
 
@@ -67,6 +72,14 @@ static const option_t options[] = {
     {"models", OPT_MODELS, 0, 0, 0, 0, "presets to load, comma separated (tiny,hash)"},
     {"default-model", OPT_MODEL, 0, 0, FIELD(default_model), "model of a start without one (tiny)"},
     {"log-level", OPT_LEVEL, 0, 0, FIELD(log_level), "debug, info, warn or error (info)"},
+    {"audit-rate", OPT_RATE, 0, 0, FIELD(audit_rate),
+     "fraction 0..1 of step requests checked against an uncached recompute (0)"},
+#if SLOTD_FAULT_INJECTION
+    {"fault-corrupt-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_corrupt_after),
+     "test build: damage the slot of the N-th step job (0, off)"},
+    {"fault-wedge-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_wedge_after),
+     "test build: the N-th job holds its worker until SIGUSR1 (0, off)"},
+#endif
     {"help", OPT_FLAG, 0, 0, 0, 0, "print this help and exit"},
     {"version", OPT_FLAG, 0, 0, 0, 0, "print the version and exit"},
 };
@@ -140,6 +153,25 @@ static int parse_uint(const char *s, uint64_t *out)
     errno = 0;
     v = strtoull(s, &end, 10);
     if (errno != 0 || *end != '\0')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Parses a fraction in 0..1 written in decimal ("0", "1", "0.25", "1e-3"):
+ * no sign, no hexadecimal, no inf or nan, nothing around it. */
+static int parse_rate(const char *s, double *out)
+{
+    char *end;
+    double v;
+
+    if (!isdigit((unsigned char)s[0]) && s[0] != '.')
+        return -1;
+    if (s[strspn(s, "0123456789.eE+-")] != '\0')
+        return -1;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno != 0 || *end != '\0' || !(v >= 0.0 && v <= 1.0))
         return -1;
     *out = v;
     return 0;
@@ -226,6 +258,10 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
     case OPT_LEVEL:
         if (log_level_parse(value, &cfg->log_level) != 0)
             return fail(err, errlen, "%s: '%s' is not one of debug, info, warn, error", src, value);
+        return CONFIG_OK;
+    case OPT_RATE:
+        if (parse_rate(value, &cfg->audit_rate) != 0)
+            return fail(err, errlen, "%s: '%s' is not a number in 0..1", src, value);
         return CONFIG_OK;
     case OPT_FLAG:
         break;
@@ -325,7 +361,24 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
         return fail(err, errlen, "--default-model: '%s' is not among --models", cfg->default_model);
     if (cfg->port != 0 && cfg->port == cfg->admin_port)
         return fail(err, errlen, "--port and --admin-port are both %d", cfg->port);
+    uint64_t phys = config_physical_mb();
+    if (phys != 0 && cfg->cache_mb > phys)
+        return fail(err, errlen,
+                    "--cache-mb: %" PRIu64 " MiB is more than this machine's %" PRIu64
+                    " MiB of physical memory",
+                    cfg->cache_mb, phys);
     return CONFIG_OK;
+}
+
+uint64_t config_physical_mb(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES);
+    long page_size = sysconf(_SC_PAGESIZE);
+
+    if (pages <= 0 || page_size <= 0)
+        return 0;
+    return (uint64_t)pages / (UINT64_C(1) << 20) * (uint64_t)page_size +
+           (uint64_t)pages % (UINT64_C(1) << 20) * (uint64_t)page_size / (UINT64_C(1) << 20);
 }
 
 void config_usage(FILE *out)

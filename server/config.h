@@ -33,6 +33,12 @@ typedef struct server_config {
     char models[CONFIG_MAX_MODELS][PROTO_MODEL_MAX + 1];
     char default_model[PROTO_MODEL_MAX + 1]; /* one of `models` */
     log_level_t log_level;
+    double audit_rate; /* fraction of step requests recomputed uncached, 0..1 */
+#if SLOTD_FAULT_INJECTION
+    /* Test builds only: the hooks of job.c (0 = off). */
+    uint64_t fault_corrupt_after; /* damage the slot of the N-th step job, after it ran */
+    uint64_t fault_wedge_after;   /* the N-th job holds its worker until released */
+#endif
 } server_config_t;
 
 typedef enum config_result {
@@ -51,6 +57,10 @@ void config_defaults(server_config_t *cfg);
  * CONFIG_ERROR, `err` (errlen bytes) gets a message without a newline. */
 config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, char *const *envp,
                              char *err, size_t errlen);
+
+/** This machine's physical memory in MiB (sysconf(_SC_PHYS_PAGES) times the
+ * page size), or 0 if it cannot be read.  --cache-mb may not exceed it. */
+uint64_t config_physical_mb(void);
 
 /** Writes the --help text to `out`. */
 void config_usage(FILE *out);

@@ -141,6 +141,7 @@ static uint32_t session_release(session_t *sess, metrics_release_t why)
     if (cache_session_finish(s->pool, &sess->cs, &released) != SLOTD_OK)
         log_error("session '%s': release failed (stale handle)", sess->node.id);
     sess->has_slot = false;
+    audit_tokens_free(&sess->toks);
     s->live_sessions--;
     metrics_count_release(why);
     return released;
@@ -411,8 +412,10 @@ static void session_kick(session_t *sess)
                             "step: no live session '%s' on this connection", r->rq.id);
             ok = req_fail(r, &err);
         } else {
-            if (r->rq.op == PROTO_OP_STEP)
+            if (r->rq.op == PROTO_OP_STEP) {
                 r->cs = sess->cs;
+                r->toks = sess->toks; /* the job's until it comes back */
+            }
             sess->running = r;
             req_submit(r);
         }
@@ -697,12 +700,14 @@ void conn_job_done(req_t *r)
         assert(sess->running == r);
         if (r->rq.op == PROTO_OP_START && r->rc == SLOTD_OK) {
             sess->cs = r->cs;
+            sess->toks = r->toks;
             sess->has_slot = true;
             s->live_sessions++;
         } else if (r->rq.op == PROTO_OP_START) {
             session_unmap(sess); /* the steps queued behind it get unknown_id */
         } else {
             sess->cs = r->cs; /* a failed step left it as it was */
+            sess->toks = r->toks;
         }
     }
     if (!c->closed && (r->rc == SLOTD_ENOMEM || r->rc == SLOTD_ESTALE || r->rc == SLOTD_EINVAL)) {
@@ -765,6 +770,7 @@ void conn_accept(server_t *s)
     int rc;
 
     if (s->nconns >= s->cfg->max_connections) {
+        metrics_count_refused();
         conn_reject(s);
         return;
     }

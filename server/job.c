@@ -1,31 +1,84 @@
 /*
  * job.c: what a worker thread does with a request record: the model call
  * of a start (prefill), a step, a logits or a generate, and the formatting
- * of its reply line into the record.
+ * of its reply line into the record; with --audit-rate, the recording of a
+ * session's tokens and the audit of sampled steps (see audit.h).
  *
  * DESIGN.  Runs on the worker threads only, one record per call.  It reads
  * the record's request and input fields and writes only its result fields
- * (cs, rc, reply); the server's pool pointer is immutable after start-up,
- * and the pool and the models are thread-safe.  It never touches the
- * connection, the session record or any libuv handle.  Token and logit
+ * (cs, toks, rc, reply); the server's pool and audit pointers are
+ * immutable after start-up, the pool and the models are thread-safe, and
+ * the audit's per-worker part belongs to this worker.  It never touches
+ * the connection, the session record or any libuv handle.  Token and logit
  * buffers are the worker's own (worker_tokens(), worker_logits()).
  */
+#include <assert.h>
+#include <inttypes.h>
 #include <string.h>
 
 #include "log.h"
 #include "server_int.h"
 
 #if SLOTD_FAULT_INJECTION
-/* Test-only faults (a wedged worker, a corrupted slot) hook in here, at the
- * start of every job a worker runs; see SLOTD_FAULT_INJECTION in
- * cmake/flags.cmake.  None is defined yet. */
-static void job_fault(req_t *r)
+#include <time.h>
+
+/*
+ * Test-only faults; see SLOTD_FAULT_INJECTION in cmake/flags.cmake.
+ *
+ * --fault-wedge-after N: the N-th job any worker starts holds its worker
+ * (so that /health reports it past --wedge-timeout) until
+ * job_fault_release() (SIGUSR1, or the start of a shutdown) or for
+ * FAULT_WEDGE_MAX_MS at most, then runs as usual.
+ *
+ * --fault-corrupt-after N: right after the N-th step job that ran (counted
+ * as each finishes its step, audit included) the worker damages the most
+ * recent entry of that job's slot (cache_session_fault_corrupt()), so the
+ * session's later cached steps diverge from the uncached reference.
+ */
+#define FAULT_WEDGE_MAX_MS 30000
+
+static _Atomic uint64_t fault_jobs;  /* jobs started */
+static _Atomic uint64_t fault_steps; /* step jobs done */
+static _Atomic bool fault_released;
+
+void job_fault_release(void)
 {
-    (void)r;
+    atomic_store_explicit(&fault_released, true, memory_order_release);
 }
-#define JOB_FAULT_POINT(r) job_fault(r)
+
+static void job_fault(server_t *s, req_t *r)
+{
+    uint64_t k = atomic_fetch_add_explicit(&fault_jobs, 1, memory_order_relaxed) + 1;
+    struct timespec tick = {0, 10 * 1000000L};
+
+    if (s->cfg->fault_wedge_after == 0 || k != s->cfg->fault_wedge_after)
+        return;
+    log_warn("fault: job %" PRIu64 " (%s) wedges its worker until SIGUSR1 or shutdown", k,
+             proto_op_name(r->rq.op));
+    for (int ms = 0; ms < FAULT_WEDGE_MAX_MS; ms += 10) {
+        if (atomic_load_explicit(&fault_released, memory_order_acquire))
+            break;
+        nanosleep(&tick, NULL);
+    }
+    log_warn("fault: job %" PRIu64 " released", k);
+}
+
+static void job_fault_after_step(server_t *s, req_t *r)
+{
+    uint64_t k = atomic_fetch_add_explicit(&fault_steps, 1, memory_order_relaxed) + 1;
+
+    if (s->cfg->fault_corrupt_after == 0 || k != s->cfg->fault_corrupt_after)
+        return;
+    if (cache_session_fault_corrupt(s->pool, &r->cs) == SLOTD_OK)
+        log_warn("fault: step job %" PRIu64
+                 ": damaged entry %u of session '%s' (connection %" PRIu64 ")",
+                 k, r->cs.entries - 1, r->rq.id, r->cs.owner.key);
+}
+#define JOB_FAULT_POINT(s, r) job_fault(s, r)
+#define JOB_FAULT_AFTER_STEP(s, r) job_fault_after_step(s, r)
 #else
-#define JOB_FAULT_POINT(r) ((void)0)
+#define JOB_FAULT_POINT(s, r) ((void)0)
+#define JOB_FAULT_AFTER_STEP(s, r) ((void)0)
 #endif
 
 static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
@@ -35,14 +88,65 @@ static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 
     owner.key = r->owner_key;
     memcpy(owner.id, r->rq.id, sizeof(owner.id));
+    /* The recorded prompt first: nothing to undo if there is no room. */
+    if (s->audit != NULL) {
+        if (audit_tokens_reserve(&r->toks, (uint32_t)r->rq.ntokens) != SLOTD_OK)
+            return SLOTD_ENOMEM;
+        for (size_t i = 0; i < r->rq.ntokens; i++)
+            r->toks.v[i] = (uint32_t)r->rq.tokens[i]; /* validated on the loop: in [0, V) */
+        r->toks.len = (uint32_t)r->rq.ntokens;
+    }
     rc = cache_session_start(s->pool, r->model, &owner, r->rq.tokens, r->rq.ntokens,
                              worker_scratch(w), &r->cs, err);
-    if (rc != SLOTD_OK)
-        return rc;
-    rc = proto_reply_start(&r->reply, r->rq.tag, r->rq.id, model_name(r->model), r->cs.entries);
-    if (rc != SLOTD_OK) /* no reply, no session: give the slot back */
-        (void)cache_session_finish(s->pool, &r->cs, &(uint32_t){0});
+    if (rc == SLOTD_OK) {
+        rc = proto_reply_start(&r->reply, r->rq.tag, r->rq.id, model_name(r->model), r->cs.entries);
+        if (rc != SLOTD_OK) /* no reply, no session: give the slot back */
+            (void)cache_session_finish(s->pool, &r->cs, &(uint32_t){0});
+    }
+    if (rc != SLOTD_OK) /* no session: nobody else will free them */
+        audit_tokens_free(&r->toks);
     return rc;
+}
+
+/* The audit of a step that just ran: records its n picks after the
+ * session's tokens, and if this request is sampled, checks them (and
+ * their logits) against the uncached reference.  On a mismatch the picks
+ * and logits become the reference's, and the slot is rebuilt from the
+ * corrected tokens so that later steps continue the right sequence. */
+static void audit_step(server_t *s, worker_t *w, req_t *r, uint32_t n, uint32_t *tokens,
+                       double *logits)
+{
+    unsigned wi = worker_index(w);
+    uint32_t len = r->toks.len, bad;
+    int rc;
+
+    assert(len + n == r->cs.entries); /* the recording follows the slot */
+
+    if (!audit_due(s->audit, wi)) {
+        audit_tokens_append(&r->toks, tokens, n);
+        return;
+    }
+    metrics_count_audit();
+    rc = audit_check(s->audit, wi, r->cs.model, r->toks.v, len, n, worker_scratch(w), tokens,
+                     logits, &bad);
+    if (rc != SLOTD_OK) {
+        log_warn("audit: connection %" PRIu64 " session '%s': not checked: %s", r->cs.owner.key,
+                 r->rq.id, slotd_strerror(rc));
+        bad = UINT32_MAX;
+    }
+    audit_tokens_append(&r->toks, tokens, n);
+    if (bad == UINT32_MAX)
+        return;
+
+    metrics_count_divergence();
+    log_warn("audit: connection %" PRIu64 " session '%s' position %" PRIu32
+             ": the cached step diverges from the uncached reference; replying with the "
+             "reference and rebuilding the slot",
+             r->cs.owner.key, r->rq.id, len + bad);
+    rc = cache_session_rebuild(s->pool, &r->cs, r->toks.v, r->toks.len, worker_scratch(w));
+    if (rc != SLOTD_OK)
+        log_error("audit: connection %" PRIu64 " session '%s': rebuild failed: %s", r->cs.owner.key,
+                  r->rq.id, slotd_strerror(rc));
 }
 
 static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
@@ -65,9 +169,15 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
         logits = worker_logits(w, (size_t)n * vocab);
     if (tokens == NULL || (attn && logits == NULL))
         return SLOTD_ENOMEM;
+    /* The audit's room first, so that a step that ran can always be recorded. */
+    if (s->audit != NULL && audit_tokens_reserve(&r->toks, n) != SLOTD_OK)
+        return SLOTD_ENOMEM;
     rc = cache_session_step(s->pool, &r->cs, n, worker_scratch(w), tokens, logits, err);
     if (rc != SLOTD_OK)
         return rc;
+    if (s->audit != NULL)
+        audit_step(s, w, r, n, tokens, logits);
+    JOB_FAULT_AFTER_STEP(s, r);
     return proto_reply_step(&r->reply, r->rq.tag, r->rq.id, tokens, n, logits, vocab,
                             r->cs.entries);
 }
@@ -118,7 +228,7 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
         r->rc = SLOTD_ESHUTTING_DOWN; /* the connection is gone: nobody reads it */
         return;
     }
-    JOB_FAULT_POINT(r);
+    JOB_FAULT_POINT(s, r);
 
     switch (r->rq.op) {
     case PROTO_OP_START:

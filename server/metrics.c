@@ -5,12 +5,13 @@
  * This file owns one static set of counters: requests by op (PROTO_OP_NONE
  * counts lines that had no valid op and is rendered as op="invalid"), error
  * replies by position in SLOTD_ERRNO_MAP, released sessions by reason, cache
- * divergences, and a fixed-bucket histogram of step request latencies with
- * the time of the last completed step.
+ * audits and divergences, refused connections, and a fixed-bucket histogram
+ * of step request latencies with the time of the last completed step.
  *
  * DESIGN.  Every counter is a C11 atomic updated and read with relaxed
- * ordering; there is no lock.  The loop thread counts requests, errors and
- * releases, worker threads call metrics_observe_step(), and readers
+ * ordering; there is no lock.  The loop thread counts requests, errors,
+ * releases and refused connections; worker threads call
+ * metrics_observe_step() and count audits and divergences; readers
  * (metrics_render() and the accessors, on the loop thread) see each value
  * whole but may see a mix of values from either side of a concurrent
  * update.  The histogram keeps per-bucket (non-cumulative) counts and
@@ -93,6 +94,8 @@ static struct {
     _Atomic uint64_t errors[NERRORS];
     _Atomic uint64_t released[METRICS_RELEASE__COUNT];
     _Atomic uint64_t divergence;
+    _Atomic uint64_t audits;
+    _Atomic uint64_t refused;
     /* buckets[i] counts observations in (bucket_ns[i-1], bucket_ns[i]];
      * buckets[NBUCKETS] those above the last bound. */
     _Atomic uint64_t buckets[NBUCKETS + 1];
@@ -114,6 +117,8 @@ void metrics_init(uint64_t now_ns)
     for (size_t i = 0; i < METRICS_RELEASE__COUNT; i++)
         STORE(m.released[i], 0);
     STORE(m.divergence, 0);
+    STORE(m.audits, 0);
+    STORE(m.refused, 0);
     for (size_t i = 0; i <= NBUCKETS; i++)
         STORE(m.buckets[i], 0);
     STORE(m.sum_ns, 0);
@@ -159,6 +164,16 @@ void metrics_count_divergence(void)
     BUMP(m.divergence, 1);
 }
 
+void metrics_count_audit(void)
+{
+    BUMP(m.audits, 1);
+}
+
+void metrics_count_refused(void)
+{
+    BUMP(m.refused, 1);
+}
+
 void metrics_observe_step(uint64_t duration_ns, uint64_t now_ns)
 {
     size_t i = 0;
@@ -201,6 +216,16 @@ uint64_t metrics_released(metrics_release_t why)
 uint64_t metrics_divergence_total(void)
 {
     return LOAD(m.divergence);
+}
+
+uint64_t metrics_audits_total(void)
+{
+    return LOAD(m.audits);
+}
+
+uint64_t metrics_refused_total(void)
+{
+    return LOAD(m.refused);
 }
 
 uint64_t metrics_last_step_ns(void)
@@ -326,6 +351,9 @@ int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
                st->rows));
     TRY(simple(out, "slotd_connections", "gauge", "Open session port connections.",
                st->connections));
+    TRY(simple(out, "slotd_connections_refused_total", "counter",
+               "Connections turned away with too_many_connections (--max-connections).",
+               LOAD(m.refused)));
 
     TRY(render_requests(out));
     TRY(render_errors(out));
@@ -337,6 +365,9 @@ int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
 
     TRY(simple(out, "slotd_cache_divergence_total", "counter",
                "Cached decodes found to diverge from the uncached result.", LOAD(m.divergence)));
+    TRY(simple(out, "slotd_cache_audits_total", "counter",
+               "Step requests recomputed without the cache and compared (--audit-rate).",
+               LOAD(m.audits)));
 
     TRY(render_histogram(out));
 

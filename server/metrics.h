@@ -3,8 +3,9 @@
  * Prometheus text rendering.
  *
  * DESIGN.  One process-wide set of counters, all C11 atomics with relaxed
- * ordering: the loop thread counts requests, errors and releases; worker
- * threads record step latencies and the time of their last completed step.
+ * ordering: the loop thread counts requests, errors, releases and refused
+ * connections; worker threads record step latencies, the time of their
+ * last completed step, audits and divergences.
  * Readers (the stats op, the admin port) read them on the loop thread
  * without a lock; a reading may mix counts from either side of a concurrent
  * update, never a torn value.
@@ -33,6 +34,10 @@ void metrics_count_request(proto_op_t op);
 void metrics_count_error(int code);
 void metrics_count_release(metrics_release_t why);
 void metrics_count_divergence(void);
+/** Counts one step request recomputed by the cache audit.  Any thread. */
+void metrics_count_audit(void);
+/** Counts one connection turned away with too_many_connections. */
+void metrics_count_refused(void);
 
 /** Records one model request's latency (a step request, whatever its n)
  * and stamps `now_ns` as the time of the last completed step.  Any thread. */
@@ -42,6 +47,8 @@ uint64_t metrics_requests_total(void);
 uint64_t metrics_errors_total(void);
 uint64_t metrics_released(metrics_release_t why);
 uint64_t metrics_divergence_total(void);
+uint64_t metrics_audits_total(void);
+uint64_t metrics_refused_total(void);
 /** Monotonic ns of the last completed step; 0 if none yet. */
 uint64_t metrics_last_step_ns(void);
 

@@ -22,6 +22,11 @@
  * with reason shutdown).  When the last connection is freed, the workers
  * are joined and every handle closed, and uv_run() returns.  A drain that
  * overruns --shutdown-timeout ends the process with status 1.
+ *
+ * With --audit-rate above 0 it also owns the audit (audit.h), created with
+ * the workers and freed after they are joined.  Test builds
+ * (SLOTD_FAULT_INJECTION) add a SIGUSR1 handle that releases a worker
+ * wedged by --fault-wedge-after; a drain releases it too.
  */
 #include "server.h"
 
@@ -98,6 +103,7 @@ session_t *server_session_get(server_t *s)
 
 void server_session_put(server_t *s, session_t *sess)
 {
+    audit_tokens_free(&sess->toks); /* released with its slot already, but never leaked */
     if (s->nfree_sessions >= MAX_FREE_SESSIONS) {
         free(sess);
         return;
@@ -316,6 +322,9 @@ static void server_finish(server_t *s)
     close_quietly((uv_handle_t *)&s->listener);
     close_quietly((uv_handle_t *)&s->sigterm);
     close_quietly((uv_handle_t *)&s->sigint);
+#if SLOTD_FAULT_INJECTION
+    close_quietly((uv_handle_t *)&s->sigusr1);
+#endif
     close_quietly((uv_handle_t *)&s->idle_timer);
     close_quietly((uv_handle_t *)&s->shutdown_timer);
     close_quietly((uv_handle_t *)&s->flush_check);
@@ -345,6 +354,9 @@ static void server_drain(server_t *s)
     conn_t *c, *cnext;
 
     s->draining = true;
+#if SLOTD_FAULT_INJECTION
+    job_fault_release(); /* a wedged job must not hold the drain */
+#endif
     close_quietly((uv_handle_t *)&s->listener);
     uv_timer_stop(&s->idle_timer);
     uv_timer_start(&s->shutdown_timer, shutdown_timer_cb, (uint64_t)s->cfg->shutdown_timeout * 1000,
@@ -411,6 +423,18 @@ static int start_workers(server_t *s)
     worker_pool_config_t wc;
     int rc;
 
+    if (s->cfg->audit_rate > 0) {
+        rc = audit_create(s->cfg->audit_rate, s->cfg->threads, (const model_t *const *)s->models,
+                          s->nmodels, &s->audit);
+        if (rc != SLOTD_OK) {
+            log_error("audit: %s", slotd_strerror(rc));
+            s->audit = NULL;
+            return rc;
+        }
+        log_info("audit: %g of step requests recomputed without the cache; %zu bytes per worker",
+                 s->cfg->audit_rate, audit_worker_bytes(s->audit));
+    }
+
     memset(&wc, 0, sizeof(wc));
     wc.threads = s->cfg->threads;
     for (size_t i = 0; i < s->nmodels; i++) {
@@ -465,6 +489,14 @@ static int start_listener(server_t *s)
     return 0;
 }
 
+#if SLOTD_FAULT_INJECTION
+static void sigusr1_cb(uv_signal_t *h, int signum)
+{
+    log_info("signal %d: fault: releasing a wedged job", signum);
+    job_fault_release();
+}
+#endif
+
 static int start_signals(server_t *s)
 {
     int rc;
@@ -474,6 +506,10 @@ static int start_signals(server_t *s)
     rc = uv_signal_start(&s->sigterm, signal_cb, SIGTERM);
     if (rc == 0)
         rc = uv_signal_start(&s->sigint, signal_cb, SIGINT);
+#if SLOTD_FAULT_INJECTION
+    if (rc == 0)
+        rc = uv_signal_start(&s->sigusr1, sigusr1_cb, SIGUSR1);
+#endif
     if (rc != 0)
         log_error("signals: %s", uv_strerror(rc));
     return rc;
@@ -509,6 +545,10 @@ int server_run(const server_config_t *cfg)
     uv_tcp_init(&s->loop, &s->listener);
     uv_signal_init(&s->loop, &s->sigterm);
     uv_signal_init(&s->loop, &s->sigint);
+#if SLOTD_FAULT_INJECTION
+    uv_signal_init(&s->loop, &s->sigusr1);
+    log_warn("built with fault injection (SLOTD_FAULT_INJECTION): a test build, not for service");
+#endif
     uv_timer_init(&s->loop, &s->idle_timer);
     uv_timer_init(&s->loop, &s->shutdown_timer);
     uv_check_init(&s->loop, &s->flush_check);
@@ -558,6 +598,7 @@ fail:
 done:
     if (uv_loop_close(&s->loop) != 0)
         log_warn("event loop: handles left open at exit");
+    audit_destroy(s->audit); /* the workers are joined */
     if (s->pool != NULL)
         cache_pool_destroy(s->pool);
     for (size_t i = 0; i < s->nmodels; i++)

@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "admin.h"
+#include "audit.h"
 #include "cache/pool.h"
 #include "cache/session.h"
 #include "config.h"
@@ -75,9 +76,10 @@ struct req {
 
     /* The job's result: written by its worker while REQ_RUNNING, by the
      * loop thread otherwise. */
-    cache_session_t cs; /* start: the new session; step: in and out */
-    int rc;             /* SLOTD_OK, or the code of the error in `reply` */
-    proto_buf_t reply;  /* owned; one reply line once REQ_DONE */
+    cache_session_t cs;  /* start: the new session; step: in and out */
+    audit_tokens_t toks; /* audit on: the session's tokens, as `cs` (start: its prompt) */
+    int rc;              /* SLOTD_OK, or the code of the error in `reply` */
+    proto_buf_t reply;   /* owned; one reply line once REQ_DONE */
 
     /* Set by the loop thread when the connection has gone: a worker that
      * has not started the job skips it. */
@@ -96,6 +98,7 @@ struct session {
     req_t *fifo_head, *fifo_tail;   /* requests waiting to run, in order */
     req_t *running;                 /* the request whose job is out, or NULL */
     cache_session_t cs;             /* valid while has_slot */
+    audit_tokens_t toks;            /* audit on: its tokens while has_slot; owned, freed with it */
     bool in_map;                    /* the id names it: steps and finish can still reach it */
     bool has_slot;                  /* its start succeeded and it was not released yet */
     bool in_lru;                    /* idle: holds a slot, in the map, nothing queued or running */
@@ -135,11 +138,15 @@ struct server {
     uv_loop_t loop;
     uv_tcp_t listener;
     uv_signal_t sigterm, sigint;
+#if SLOTD_FAULT_INJECTION
+    uv_signal_t sigusr1; /* test builds: job_fault_release() */
+#endif
     uv_timer_t idle_timer, shutdown_timer;
     uv_check_t flush_check; /* end of each loop turn: submit the batch, write */
     admin_t *admin;
     worker_pool_t *workers; /* NULL once closed */
     cache_pool_t *pool;     /* immutable pointer: workers read it */
+    audit_t *audit;         /* immutable pointer; NULL when --audit-rate is 0 */
     model_t *models[CONFIG_MAX_MODELS];
     size_t nmodels;
     const model_t *default_model;
@@ -211,5 +218,11 @@ int req_set_error(req_t *r, int code, const char *fmt, ...) __attribute__((forma
 /** The worker side of a job: runs the model call of `job` (a req_t) and
  * formats its reply into the record.  `arg` is the server_t. */
 void job_run(worker_t *w, worker_job_t *job, void *arg);
+
+#if SLOTD_FAULT_INJECTION
+/** Test builds only: lets a job wedged by --fault-wedge-after go on (and
+ * any later one through at once).  Any thread. */
+void job_fault_release(void);
+#endif
 
 #endif

@@ -112,6 +112,11 @@ uint64_t worker_job_start(const worker_t *w)
     return atomic_load_explicit(&w->job_start, memory_order_relaxed);
 }
 
+unsigned worker_index(const worker_t *w)
+{
+    return (unsigned)(w - w->pool->workers);
+}
+
 void *worker_scratch(worker_t *w)
 {
     return w->scratch;

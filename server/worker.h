@@ -94,6 +94,10 @@ void worker_pool_close(worker_pool_t *wp);
 /** uv_hrtime() when the worker started its current job (from within `run`). */
 uint64_t worker_job_start(const worker_t *w);
 
+/** The worker's number, 0 .. cfg.threads - 1: an index for per-worker
+ * state the caller keeps (from within `run`). */
+unsigned worker_index(const worker_t *w);
+
 /** The worker's scratch, cfg.scratch_bytes bytes, owned by the worker. */
 void *worker_scratch(worker_t *w);
 

@@ -68,6 +68,11 @@ static void fill(void)
     metrics_count_release(METRICS_RELEASE_IDLE);
     metrics_count_release(METRICS_RELEASE_IDLE);
     metrics_count_divergence();
+    metrics_count_audit();
+    metrics_count_audit();
+    metrics_count_refused();
+    metrics_count_refused();
+    metrics_count_refused();
     for (size_t i = 0; i < NOBSERVED; i++)
         metrics_observe_step(observed[i], 90 * SEC - i); /* out of order stamps */
 }
@@ -137,9 +142,11 @@ START_TEST(test_every_family)
         {"slotd_errors_total", "counter"},
         {"slotd_sessions_released_total", "counter"},
         {"slotd_connections", "gauge"},
+        {"slotd_connections_refused_total", "counter"},
         {"slotd_step_seconds", "histogram"},
         {"slotd_last_step_age_seconds", "gauge"},
         {"slotd_cache_divergence_total", "counter"},
+        {"slotd_cache_audits_total", "counter"},
         {"slotd_uptime_seconds", "gauge"},
         {"slotd_threads", "gauge"},
     };
@@ -179,6 +186,10 @@ START_TEST(test_stats_figures)
     ck_assert(has_line(t, "slotd_pool_slots{state=\"free\"} 13"));
     ck_assert(has_line(t, "slotd_threads 4"));
     ck_assert(has_line(t, "slotd_cache_divergence_total 1"));
+    ck_assert(has_line(t, "slotd_cache_audits_total 2"));
+    ck_assert(has_line(t, "slotd_connections_refused_total 3"));
+    ck_assert_uint_eq(metrics_audits_total(), 2);
+    ck_assert_uint_eq(metrics_refused_total(), 3);
     ck_assert_double_eq_tol(sample(t, "slotd_uptime_seconds"), 99.0, 1e-9);
     free(t);
 
@@ -308,9 +319,13 @@ START_TEST(test_last_step)
     free(t);
 
     /* metrics_init() resets everything. */
+    metrics_count_refused();
+    metrics_count_audit();
     metrics_init(0);
     ck_assert_uint_eq(metrics_last_step_ns(), 0);
     ck_assert_uint_eq(metrics_requests_total(), 0);
+    ck_assert_uint_eq(metrics_refused_total(), 0);
+    ck_assert_uint_eq(metrics_audits_total(), 0);
 }
 END_TEST
 
