@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs what the tests need, builds slotd several ways and runs the whole
 # suite in each:
-#   plain     Debug build (assertions on, released cache memory poisoned)
+#   plain     Debug build (assertions on, released cache memory poisoned) with
+#             the test-only fault hooks (-DSLOTD_FAULT_INJECTION=ON), so that
+#             the audit's tests against real damage run too
 #   address   ASan + UBSan
 #   thread    TSan
-#   valgrind  memcheck over the unit tests
+#   valgrind  memcheck over the unit tests, then the integration tests
+#             labelled valgrind with the daemon under memcheck
 #   fuzz      a short libFuzzer run of every parser (clang)
 # Pick stages with STAGES="plain address" scripts/test.sh.  Exit status is
 # non-zero if any stage fails; the last line counts the stages.
@@ -29,17 +32,36 @@ stage() {
   fi
 }
 
-run_suite() { # dir sanitizer [ctest args...]
+# The plain build's extra configuration: the fault hooks exist only in
+# test builds like this one, never in what scripts/build.sh makes by default.
+plain_cmake_args=(-DSLOTD_FAULT_INJECTION=ON)
+
+run_suite() { # dir sanitizer [cmake args...]
   local dir=$1 san=$2; shift 2
-  scripts/build.sh "$dir" "$san" -DCMAKE_BUILD_TYPE=Debug >/dev/null || return 1
-  ctest --test-dir "$dir" --output-on-failure -j"$jobs" "$@"
+  scripts/build.sh "$dir" "$san" -DCMAKE_BUILD_TYPE=Debug "$@" >/dev/null || return 1
+  # The sanitizer stages run this in a child bash, where $jobs is unset.
+  ctest --test-dir "$dir" --output-on-failure -j"${jobs:-$(nproc)}"
 }
 
 run_valgrind() {
   local dir=build-test-plain
-  [ -d "$dir" ] || scripts/build.sh "$dir" none -DCMAKE_BUILD_TYPE=Debug >/dev/null || return 1
+  [ -d "$dir" ] || scripts/build.sh "$dir" none -DCMAKE_BUILD_TYPE=Debug "${plain_cmake_args[@]}" >/dev/null || return 1
+  local rc=0
   CK_FORK=no ctest --test-dir "$dir" --output-on-failure -j"$jobs" -L unit \
-    -T memcheck --overwrite MemoryCheckCommandOptions="--error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect --track-origins=no"
+    -T memcheck --overwrite MemoryCheckCommandOptions="--error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect --track-origins=no" || rc=1
+
+  # The integration tests labelled valgrind (tests/hostile.cmake names
+  # them), with the daemon under memcheck and the test itself native:
+  # tests/itest.c puts SLOTD_WRAPPER before the daemon's command line and
+  # fails a test whose daemon does not exit 0 (99: a memcheck error or a
+  # definite or indirect leak), printing the valgrind log.  SLOTD_TIME_SCALE
+  # stretches the tests' own waits, SLOTD_TEST_TIME_SCALE (a configure
+  # option, hence a build directory of its own) their CTest timeouts.
+  local vdir=build-test-valgrind
+  scripts/build.sh "$vdir" none -DCMAKE_BUILD_TYPE=Debug -DSLOTD_TEST_TIME_SCALE=4 >/dev/null || return 1
+  SLOTD_WRAPPER="valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect --track-origins=no --log-file=%q{SLOTD_ITEST_DIR}/valgrind.log" \
+    SLOTD_TIME_SCALE=10 ctest --test-dir "$vdir" --output-on-failure -j"$jobs" -L valgrind || rc=1
+  return $rc
 }
 
 run_fuzz() {
@@ -49,10 +71,10 @@ run_fuzz() {
 
 for s in $stages; do
   case $s in
-    plain)    stage plain    run_suite build-test-plain none ;;
-    address)  stage address  env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    plain)    stage plain    run_suite build-test-plain none "${plain_cmake_args[@]}" ;;
+    address)  stage address  env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 SLOTD_TIME_SCALE=2 \
                               bash -c "$(declare -f run_suite); run_suite build-test-asan address" ;;
-    thread)   stage thread   env TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    thread)   stage thread   env TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 SLOTD_TIME_SCALE=4 \
                               bash -c "$(declare -f run_suite); run_suite build-test-tsan thread" ;;
     valgrind) stage valgrind run_valgrind ;;
     fuzz)     stage fuzz     run_fuzz ;;

@@ -10,6 +10,11 @@
  * that neither a failed assertion nor a Check timeout (which kills the test
  * with SIGKILL) can leave one running; it writes its pid and ports into its
  * directory, so that the parent can print its log afterwards.
+ *
+ * SLOTD_TIME_SCALE stretches every wait, for a slow daemon.  With
+ * SLOTD_WRAPPER set, the daemon's command line starts with the wrapper's
+ * words (valgrind and its options), and a non-zero exit status (the
+ * wrapper's verdict) is printed with the wrapper's log and fails the test.
  */
 #include "itest.h"
 
@@ -28,6 +33,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -40,6 +46,29 @@
 #define ITEST_START_ATTEMPTS 5
 
 /* ---- Small utilities ---- */
+
+double itest_time_scale(void)
+{
+    const char *v = getenv("SLOTD_TIME_SCALE");
+    if (v == NULL || v[0] == '\0') {
+        return 1.0;
+    }
+    char *end = NULL;
+    double f = strtod(v, &end);
+    return end != v && *end == '\0' && isfinite(f) && f >= 1.0 && f <= 1000.0 ? f : 1.0;
+}
+
+int itest_scale_ms(int ms)
+{
+    double v = (double)ms * itest_time_scale();
+    return v > 2e9 ? 2000000000 : (int)v;
+}
+
+bool itest_wrapped(void)
+{
+    const char *w = getenv("SLOTD_WRAPPER");
+    return w != NULL && strspn(w, " \t") < strlen(w);
+}
 
 int64_t itest_now_ms(void)
 {
@@ -185,8 +214,61 @@ void itest_daemon_print_log(const itest_daemon_t *d, const char *why)
         fprintf(stderr, "(no log at %s)\n", d->log);
     }
     fprintf(stderr, "---- end of slotd log ----\n");
-    fflush(stderr);
     free(text);
+
+    /* A wrapper's log (valgrind --log-file=%q{SLOTD_ITEST_DIR}/...) beside it. */
+    char dir[sizeof(d->log)];
+    snprintf(dir, sizeof(dir), "%s", d->log);
+    char *slash = strrchr(dir, '/');
+    DIR *dh = NULL;
+    if (slash != NULL) {
+        *slash = '\0';
+        dh = opendir(dir);
+    }
+    struct dirent *e;
+    while (dh != NULL && (e = readdir(dh)) != NULL) {
+        if (e->d_name[0] == '.' || strcmp(e->d_name, "pid") == 0 ||
+            strcmp(e->d_name, "slotd.log") == 0) {
+            continue;
+        }
+        char path[600];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        size_t n = 0;
+        char *other = slurp(path, &n);
+        fprintf(stderr, "---- %s ----\n", e->d_name);
+        if (other != NULL) {
+            fwrite(other, 1, n, stderr);
+            if (n > 0 && other[n - 1] != '\n') {
+                fputc('\n', stderr);
+            }
+        }
+        fprintf(stderr, "---- end of %s ----\n", e->d_name);
+        free(other);
+    }
+    if (dh != NULL) {
+        closedir(dh);
+    }
+    fflush(stderr);
+}
+
+int64_t itest_daemon_rss_kib(const itest_daemon_t *d)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)d->pid);
+    char *text = slurp(path, NULL);
+    if (text == NULL) {
+        return -1;
+    }
+    int64_t kib = -1;
+    const char *p = strstr(text, "\nVmRSS:");
+    if (p != NULL) {
+        long long v = 0;
+        if (sscanf(p + 7, " %lld", &v) == 1) {
+            kib = v;
+        }
+    }
+    free(text);
+    return kib;
 }
 
 /* The directory of this test case, made by the parent before the fork
@@ -329,16 +411,44 @@ static pid_t spawn(const char *const *argv, int in_fd, int out_fd, int err_fd)
         for (int fd = 3; fd < 1024; fd++) {
             close(fd);
         }
-        execv(argv[0], (char *const *)argv);
+        execvp(argv[0], (char *const *)argv); /* a path, or a wrapper found on PATH */
         _exit(127);
     }
     return pid;
+}
+
+/* The probes of start_once() are connections too: a slow daemon (under
+ * valgrind) may not have seen them close yet, and they would count against
+ * a small --max-connections.  Waits (until `deadline` at most) for the
+ * admin port's /stats to show no session connection.  Best effort: a test
+ * that cares about the figure checks it itself. */
+static void settle_probes(const itest_daemon_t *d, int64_t deadline)
+{
+    static const char req[] = "GET /stats HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    int64_t cap = itest_now_ms() + itest_scale_ms(2000);
+    if (cap < deadline) {
+        deadline = cap;
+    }
+    while (itest_now_ms() < deadline) {
+        itest_http_t r;
+        bool ok = itest_http_raw(d->admin_port, req, sizeof(req) - 1, &r);
+        cJSON *st = ok && r.status == 200 ? cJSON_ParseWithLength(r.body, r.body_len) : NULL;
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(st, "connections");
+        bool settled = cJSON_IsNumber(n) && n->valuedouble == 0;
+        cJSON_Delete(st);
+        itest_http_free(&r);
+        if (settled || !ok) {
+            return;
+        }
+        itest_sleep_ms(10);
+    }
 }
 
 /* One attempt.  Returns the daemon, or NULL after a port collision (the
  * daemon exited on its own and said so); fails the test otherwise. */
 static itest_daemon_t *start_once(const char *const *flags, bool last_attempt)
 {
+    (void)itest_slotd_bin(); /* fails before any directory is made */
     itest_daemon_t *d = calloc(1, sizeof(*d));
     ck_assert_ptr_nonnull(d);
     make_dir(d->dir, sizeof(d->dir), "d-");
@@ -352,8 +462,20 @@ static itest_daemon_t *start_once(const char *const *flags, bool last_attempt)
     char port[16], admin[16];
     snprintf(port, sizeof(port), "%d", d->port);
     snprintf(admin, sizeof(admin), "%d", d->admin_port);
-    const char *argv[ITEST_MAX_FLAGS + 8];
+    const char *argv[2 * ITEST_MAX_FLAGS + 8];
     int argc = 0;
+    /* SLOTD_WRAPPER's words first (valgrind and its options). */
+    char wrapper[1024] = "";
+    if (itest_wrapped()) {
+        snprintf(wrapper, sizeof(wrapper), "%s", getenv("SLOTD_WRAPPER"));
+        char *save = NULL;
+        for (char *w = strtok_r(wrapper, " \t", &save); w != NULL;
+             w = strtok_r(NULL, " \t", &save)) {
+            ck_assert_msg(argc < ITEST_MAX_FLAGS, "SLOTD_WRAPPER has too many words");
+            argv[argc++] = w;
+        }
+    }
+    setenv("SLOTD_ITEST_DIR", d->dir, 1); /* inherited by the daemon (and its wrapper) */
     argv[argc++] = itest_slotd_bin();
     argv[argc++] = "--listen";
     argv[argc++] = "127.0.0.1";
@@ -362,7 +484,7 @@ static itest_daemon_t *start_once(const char *const *flags, bool last_attempt)
     argv[argc++] = "--admin-port";
     argv[argc++] = admin;
     for (int i = 0; flags != NULL && flags[i] != NULL; i++) {
-        ck_assert_int_lt(argc, ITEST_MAX_FLAGS);
+        ck_assert_int_lt(argc, 2 * ITEST_MAX_FLAGS);
         argv[argc++] = flags[i];
     }
     argv[argc] = NULL;
@@ -384,7 +506,7 @@ static itest_daemon_t *start_once(const char *const *flags, bool last_attempt)
         fclose(pf);
     }
 
-    int64_t deadline = itest_now_ms() + ITEST_START_MS;
+    int64_t deadline = itest_now_ms() + itest_scale_ms(ITEST_START_MS);
     while (itest_now_ms() < deadline) {
         if (!itest_daemon_alive(d)) {
             char *text = slurp(d->log, NULL);
@@ -400,6 +522,7 @@ static itest_daemon_t *start_once(const char *const *flags, bool last_attempt)
             ck_abort_msg("slotd exited while starting (wait status 0x%x)", (unsigned)d->status);
         }
         if (port_accepts(d->port) && port_accepts(d->admin_port)) {
+            settle_probes(d, deadline);
             return d;
         }
         itest_sleep_ms(20);
@@ -412,7 +535,7 @@ static itest_daemon_t *start_once(const char *const *flags, bool last_attempt)
     itest_daemon_print_log(d, "the daemon did not accept connections in time (killed)");
     remove_files(d);
     ck_abort_msg("slotd did not accept on ports %d and %d within %d ms", d->port, d->admin_port,
-                 ITEST_START_MS);
+                 itest_scale_ms(ITEST_START_MS));
     return NULL;
 }
 
@@ -492,7 +615,13 @@ int itest_daemon_wait(itest_daemon_t *d, int timeout_ms)
         }
         itest_sleep_ms(10);
     }
-    return exit_code(d->status);
+    int code = exit_code(d->status);
+    if (code != 0 && itest_wrapped()) {
+        /* Under valgrind (--error-exitcode) a non-zero status is its verdict. */
+        itest_daemon_print_log(d, "the daemon, run under SLOTD_WRAPPER, exited with a non-zero "
+                                  "status");
+    }
+    return code;
 }
 
 int itest_daemon_stop(itest_daemon_t *d)
@@ -516,7 +645,9 @@ void itest_teardown(void)
         if (!d->reaped) {
             int code = itest_daemon_stop(d);
             if (code != 0) {
-                itest_daemon_print_log(d, "the daemon did not exit with status 0 on SIGTERM");
+                if (!itest_wrapped()) { /* itest_daemon_wait() printed it then */
+                    itest_daemon_print_log(d, "the daemon did not exit with status 0 on SIGTERM");
+                }
                 if (bad++ == 0) {
                     snprintf(what, sizeof(what),
                              "slotd (pid %d) exited with %d on SIGTERM at teardown, not 0",
@@ -557,7 +688,23 @@ static bool is_our_daemon(pid_t pid)
     exe[n] = '\0';
     const char *bin = getenv("SLOTD_BIN");
     char real[512];
-    return bin != NULL && realpath(bin, real) != NULL && strcmp(real, exe) == 0;
+    if (bin != NULL && realpath(bin, real) != NULL && strcmp(real, exe) == 0) {
+        return true;
+    }
+    if (bin == NULL || !itest_wrapped()) {
+        return false;
+    }
+    /* Under a wrapper the executable is the wrapper's: look for SLOTD_BIN
+     * among the arguments. */
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    size_t len = 0;
+    char *cmd = slurp(path, &len);
+    bool found = false;
+    for (size_t o = 0; cmd != NULL && o < len; o += strlen(cmd + o) + 1) {
+        found = found || strcmp(cmd + o, bin) == 0;
+    }
+    free(cmd);
+    return found;
 }
 
 /* Unchecked teardown, in the parent, after the forked test ended however it
@@ -607,14 +754,37 @@ static void case_teardown(void)
     g_run_dir[0] = '\0';
 }
 
-void itest_add(Suite *s, const char *name, const TTest *fn)
+void itest_add_timeout(Suite *s, const char *name, const TTest *fn, int seconds)
 {
     TCase *tc = tcase_create(name);
     tcase_add_unchecked_fixture(tc, case_setup, case_teardown);
     tcase_add_checked_fixture(tc, NULL, itest_teardown);
-    tcase_set_timeout(tc, ITEST_CASE_TIMEOUT);
+    tcase_set_timeout(tc, seconds * itest_time_scale());
     tcase_add_test(tc, fn);
     suite_add_tcase(s, tc);
+}
+
+void itest_add(Suite *s, const char *name, const TTest *fn)
+{
+    itest_add_timeout(s, name, fn, ITEST_CASE_TIMEOUT);
+}
+
+long itest_raise_nofile(long want)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        return -1;
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && (long)rl.rlim_cur < want) {
+        rlim_t target = (rlim_t)want;
+        if (rl.rlim_max != RLIM_INFINITY && target > rl.rlim_max) {
+            target = rl.rlim_max;
+        }
+        rl.rlim_cur = target;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    return rl.rlim_cur == RLIM_INFINITY ? want : (long)rl.rlim_cur;
 }
 
 int itest_main(Suite *s)
@@ -772,6 +942,49 @@ bool itest_send(itest_conn_t *c, const void *data, size_t len)
         }
     }
     return true;
+}
+
+size_t itest_send_noread(itest_conn_t *c, const void *data, size_t len, int stall_ms, bool *stalled)
+{
+    const char *p = data;
+    size_t off = 0;
+    int64_t last = itest_now_ms();
+    if (stalled != NULL) {
+        *stalled = false;
+    }
+    while (off < len) {
+        ssize_t n = send(c->fd, p + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            off += (size_t)n;
+            last = itest_now_ms();
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            c->closed = true;
+            c->io = ITEST_IO_RESET;
+            break;
+        }
+        int64_t left = last + stall_ms - itest_now_ms();
+        if (left <= 0) {
+            if (stalled != NULL) {
+                *stalled = true;
+            }
+            break;
+        }
+        struct pollfd pfd = {.fd = c->fd, .events = POLLOUT};
+        poll(&pfd, 1, (int)(left < 50 ? left : 50));
+    }
+    return off;
+}
+
+void itest_conn_buffers(itest_conn_t *c, int rcvbuf, int sndbuf)
+{
+    if (rcvbuf > 0) {
+        setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+    }
+    if (sndbuf > 0) {
+        setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+    }
 }
 
 bool itest_send_str(itest_conn_t *c, const char *s)
@@ -1165,6 +1378,39 @@ cJSON *itest_stats(itest_conn_t *c)
 {
     cJSON *st = itest_rpc(c, "{\"op\":\"stats\"}");
     itest_check_stats_shape(st);
+    return st;
+}
+
+cJSON *itest_admin_stats(const itest_daemon_t *d)
+{
+    itest_http_t r;
+    itest_http_get(d, "/stats", &r);
+    ck_assert_msg(r.status == 200, "GET /stats: status %d, body %s", r.status, r.body);
+    cJSON *st = cJSON_ParseWithLength(r.body, r.body_len);
+    ck_assert_msg(cJSON_IsObject(st), "GET /stats: not a JSON object: %s", r.body);
+    itest_http_free(&r);
+    itest_check_stats_shape(st);
+    return st;
+}
+
+cJSON *itest_await_drained(itest_conn_t *c, int timeout_ms)
+{
+    int64_t deadline = itest_now_ms() + itest_scale_ms(timeout_ms);
+    cJSON *st = NULL;
+    for (;;) {
+        cJSON_Delete(st);
+        st = itest_stats(c);
+        if (itest_int(st, "live_sessions") == 0 && itest_int(st, "cache_entries") == 0 &&
+            itest_int(st, "pool_slots_used") == 0 && itest_int(st, "pool_bytes_used") == 0) {
+            return st;
+        }
+        if (itest_now_ms() >= deadline) {
+            break;
+        }
+        itest_sleep_ms(10);
+    }
+    ck_abort_msg("the daemon did not release every session within %d ms: %s",
+                 itest_scale_ms(timeout_ms), itest_last_line(c));
     return st;
 }
 
@@ -1605,4 +1851,176 @@ void itest_session_finish(itest_conn_t *c, const itest_session_t *s)
     ck_assert_str_eq(itest_str(r, "id"), s->id);
     ck_assert_int_eq(itest_int(r, "released"), (int64_t)itest_session_entries(s));
     cJSON_Delete(r);
+}
+
+/* ---- Sessions against a reference computed once ---- */
+
+void itest_ref_init(itest_ref_t *r, const char *id, const char *model, const int64_t *prompt,
+                    size_t n, size_t max_steps)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->id, sizeof(r->id), "%s", id);
+    r->model = model;
+    r->nprompt = n;
+    r->max_steps = max_steps;
+    r->prompt = malloc((n > 0 ? n : 1) * sizeof(int64_t));
+    ck_assert_ptr_nonnull(r->prompt);
+    memcpy(r->prompt, prompt, n * sizeof(int64_t));
+    const model_t *m = itest_model(model);
+    r->vocab = model_vocab(m);
+    r->tokens = malloc((n + max_steps) * sizeof(uint32_t));
+    ck_assert_ptr_nonnull(r->tokens);
+    if (model_family(m) == MODEL_FAMILY_ATTN) {
+        r->logits = malloc((max_steps > 0 ? max_steps : 1) * r->vocab * sizeof(double));
+        ck_assert_ptr_nonnull(r->logits);
+    }
+    itest_reference(model, prompt, n, (int64_t)max_steps, r->tokens, r->logits);
+}
+
+void itest_ref_init_like(itest_ref_t *r, const char *id, const itest_ref_t *like)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->id, sizeof(r->id), "%s", id);
+    r->model = like->model;
+    r->nprompt = like->nprompt;
+    r->max_steps = like->max_steps;
+    r->vocab = like->vocab;
+    r->prompt = malloc((like->nprompt > 0 ? like->nprompt : 1) * sizeof(int64_t));
+    r->tokens = malloc((like->nprompt + like->max_steps) * sizeof(uint32_t));
+    ck_assert_ptr_nonnull(r->prompt);
+    ck_assert_ptr_nonnull(r->tokens);
+    memcpy(r->prompt, like->prompt, like->nprompt * sizeof(int64_t));
+    memcpy(r->tokens, like->tokens, (like->nprompt + like->max_steps) * sizeof(uint32_t));
+    if (like->logits != NULL) {
+        size_t nl = (like->max_steps > 0 ? like->max_steps : 1) * like->vocab;
+        r->logits = malloc(nl * sizeof(double));
+        ck_assert_ptr_nonnull(r->logits);
+        memcpy(r->logits, like->logits, nl * sizeof(double));
+    }
+}
+
+void itest_ref_free(itest_ref_t *r)
+{
+    free(r->prompt);
+    free(r->tokens);
+    free(r->logits);
+    memset(r, 0, sizeof(*r));
+}
+
+size_t itest_ref_entries(const itest_ref_t *r)
+{
+    return r->nprompt + r->steps;
+}
+
+char *itest_ref_start_line(const itest_ref_t *r)
+{
+    char *prompt = itest_json_tokens(r->prompt, r->nprompt);
+    size_t cap = strlen(prompt) + strlen(r->id) + strlen(r->model) + 64;
+    char *line = malloc(cap);
+    ck_assert_ptr_nonnull(line);
+    snprintf(line, cap, "{\"op\":\"start\",\"id\":\"%s\",\"model\":\"%s\",\"prompt\":%s}\n", r->id,
+             r->model, prompt);
+    free(prompt);
+    return line;
+}
+
+bool itest_ref_start_ok(const itest_ref_t *r, const cJSON *reply, const char *line, char *why,
+                        size_t size)
+{
+    char buf[300];
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(reply, "id");
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(reply, "model");
+    const cJSON *entries = cJSON_GetObjectItemCaseSensitive(reply, "entries");
+    if (cJSON_GetObjectItemCaseSensitive(reply, "error") != NULL || !cJSON_IsString(id) ||
+        strcmp(id->valuestring, r->id) != 0 || !cJSON_IsString(model) ||
+        strcmp(model->valuestring, r->model) != 0 || !cJSON_IsNumber(entries) ||
+        entries->valuedouble != (double)r->nprompt ||
+        cJSON_GetObjectItemCaseSensitive(reply, "tag") != NULL) {
+        snprintf(why, size, "start of '%s' (%s, prompt of %zu): reply %s", r->id, r->model,
+                 r->nprompt, shown(line, strlen(line), buf, sizeof(buf)));
+        return false;
+    }
+    return true;
+}
+
+bool itest_ref_step_ok(itest_ref_t *r, const cJSON *reply, const char *line, uint32_t n, char *why,
+                       size_t size)
+{
+    char buf[300];
+    const char *sl = shown(line, strlen(line), buf, sizeof(buf));
+    if (r->steps + n > r->max_steps) {
+        snprintf(why, size, "session '%s': %zu steps taken, %u more pass the reference's %zu",
+                 r->id, r->steps, n, r->max_steps);
+        return false;
+    }
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(reply, "id");
+    if (cJSON_GetObjectItemCaseSensitive(reply, "error") != NULL || !cJSON_IsString(id) ||
+        strcmp(id->valuestring, r->id) != 0 ||
+        cJSON_GetObjectItemCaseSensitive(reply, "tag") != NULL) {
+        snprintf(why, size, "session '%s' step %zu (n=%u): reply %s", r->id, r->steps + 1, n, sl);
+        return false;
+    }
+    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(reply, "tokens");
+    if (!cJSON_IsArray(tk) || cJSON_GetArraySize(tk) != (int)n) {
+        snprintf(why, size, "session '%s' step %zu: \"tokens\" is not an array of %u: %s", r->id,
+                 r->steps + 1, n, sl);
+        return false;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const cJSON *t = cJSON_GetArrayItem(tk, (int)i);
+        uint32_t want = r->tokens[r->nprompt + r->steps + i];
+        if (!cJSON_IsNumber(t) || t->valuedouble != (double)want) {
+            snprintf(why, size,
+                     "session '%s' (%s) step %zu: token differs from the uncached reference %u: %s",
+                     r->id, r->model, r->steps + i + 1, want, sl);
+            return false;
+        }
+    }
+    const cJSON *entries = cJSON_GetObjectItemCaseSensitive(reply, "entries");
+    if (!cJSON_IsNumber(entries) || entries->valuedouble != (double)(r->nprompt + r->steps + n)) {
+        snprintf(why, size, "session '%s': entries should be %zu: %s", r->id,
+                 r->nprompt + r->steps + n, sl);
+        return false;
+    }
+    const cJSON *lg = cJSON_GetObjectItemCaseSensitive(reply, "logits");
+    if (r->logits == NULL) {
+        if (lg != NULL) {
+            snprintf(why, size, "a hash step reply has \"logits\": %s", sl);
+            return false;
+        }
+    } else {
+        size_t cnt = (size_t)n * r->vocab;
+        char(*raw)[64] = malloc(cnt * sizeof(*raw));
+        ck_assert_ptr_nonnull(raw);
+        int got = itest_raw_numbers(line, "logits", raw, (int)cnt);
+        bool ok = cJSON_IsArray(lg) && cJSON_GetArraySize(lg) == (int)n && got == (int)cnt;
+        if (!ok) {
+            snprintf(why, size, "session '%s' step %zu: expected %u rows of %u logits: %s", r->id,
+                     r->steps + 1, n, r->vocab, sl);
+        }
+        for (size_t i = 0; ok && i < cnt; i++) {
+            char want[64];
+            snprintf(want, sizeof(want), "%.6f", r->logits[r->steps * r->vocab + i]);
+            if (strcmp(raw[i], want) != 0) {
+                snprintf(why, size,
+                         "session '%s' step %zu logit %zu: wire %s, uncached reference %s", r->id,
+                         r->steps + i / r->vocab + 1, i % r->vocab, raw[i], want);
+                ok = false;
+            }
+        }
+        free(raw);
+        if (!ok) {
+            return false;
+        }
+    }
+    r->steps += n;
+    return true;
+}
+
+void itest_ref_step(itest_conn_t *c, itest_ref_t *r, uint32_t n)
+{
+    cJSON *reply = itest_rpc(c, "{\"op\":\"step\",\"id\":\"%s\",\"n\":%u}", r->id, n);
+    char why[600];
+    ck_assert_msg(itest_ref_step_ok(r, reply, itest_last_line(c), n, why, sizeof(why)), "%s", why);
+    cJSON_Delete(reply);
 }

@@ -36,12 +36,33 @@
 
 #include "core/model.h"
 
-/** How long a read waits for a reply before the test gives up (ms). */
-#define ITEST_REPLY_MS 10000
-/** How long a daemon gets to exit after SIGTERM before it is killed (ms). */
-#define ITEST_STOP_MS 15000
-/** The Check timeout of every integration test case (s). */
+/** How long a read waits for a reply before the test gives up (ms),
+ * multiplied by itest_time_scale(). */
+#define ITEST_REPLY_MS itest_scale_ms(10000)
+/** How long a daemon gets to exit after SIGTERM before it is killed (ms),
+ * multiplied by itest_time_scale(). */
+#define ITEST_STOP_MS itest_scale_ms(15000)
+/** The Check timeout of every integration test case (s); itest_add()
+ * multiplies it by itest_time_scale(). */
 #define ITEST_CASE_TIMEOUT 60
+
+/* ---- Running under a wrapper (valgrind) ---- */
+
+/** The factor of SLOTD_TIME_SCALE (a number >= 1; 1 when unset or not a
+ * number): every wait of this library is multiplied by it, for a daemon
+ * that runs slower than usual (under valgrind, 10 is about right). */
+double itest_time_scale(void);
+/** `ms` multiplied by itest_time_scale(). */
+int itest_scale_ms(int ms);
+
+/** True when SLOTD_WRAPPER is set.  Its words (split at white space, no
+ * quoting) then go before the daemon's command line, as in
+ * SLOTD_WRAPPER="valgrind -q --error-exitcode=99 --log-file=%q{SLOTD_ITEST_DIR}/valgrind.log".
+ * The daemon is started with SLOTD_ITEST_DIR set to its own temporary
+ * directory, and every file there besides its log (a valgrind log) is
+ * printed with the log whenever the daemon's exit status is not 0, which
+ * fails the test (itest_teardown(), or the test's own check). */
+bool itest_wrapped(void);
 
 /* ---- The daemon ---- */
 
@@ -83,8 +104,13 @@ int itest_daemon_stop(itest_daemon_t *d);
 /** True while the daemon has not exited (reaps it if it has). */
 bool itest_daemon_alive(itest_daemon_t *d);
 
-/** Prints the daemon's log on stderr, framed, with `why` as a heading. */
+/** Prints the daemon's log on stderr, framed, with `why` as a heading,
+ * followed by any other log in its directory (a wrapper's). */
 void itest_daemon_print_log(const itest_daemon_t *d, const char *why);
+
+/** The daemon's resident memory (VmRSS of /proc/<pid>/status) in KiB, or
+ * -1 if it cannot be read.  Under a wrapper this is the wrapper's. */
+int64_t itest_daemon_rss_kib(const itest_daemon_t *d);
 
 /** The checked teardown of every integration test case: stops every daemon
  * this test started that still runs and fails the test unless each exits
@@ -95,6 +121,10 @@ void itest_teardown(void);
  * ITEST_CASE_TIMEOUT to `s`. */
 void itest_add(Suite *s, const char *name, const TTest *fn);
 #define ITEST_ADD(suite, fn) itest_add((suite), #fn, fn)
+/** As itest_add(), with a Check timeout of `seconds` (multiplied by
+ * itest_time_scale()) for a case that needs more than ITEST_CASE_TIMEOUT. */
+void itest_add_timeout(Suite *s, const char *name, const TTest *fn, int seconds);
+#define ITEST_ADD_TIMEOUT(suite, fn, seconds) itest_add_timeout((suite), #fn, fn, (seconds))
 
 /** Runs the suite (CK_ENV verbosity, fork mode from CK_FORK, default fork)
  * and returns the process exit code: 0 when every test passed. */
@@ -140,6 +170,19 @@ char *itest_read_line(itest_conn_t *c, int timeout_ms, size_t *len);
 itest_io_t itest_last_io(const itest_conn_t *c);
 /** Bytes received and not yet returned as a line (a partial line). */
 size_t itest_pending(const itest_conn_t *c);
+
+/** Sends from `data` without reading anything, as a client that never reads
+ * its replies: writes until all `len` bytes are out or the socket has
+ * accepted nothing for `stall_ms` (the peer stopped reading and every
+ * buffer between is full).  Returns the bytes sent; sets *stalled (if not
+ * NULL) to whether it stopped on a stall; stops early, returning what was
+ * sent, if the peer closed or reset. */
+size_t itest_send_noread(itest_conn_t *c, const void *data, size_t len, int stall_ms,
+                         bool *stalled);
+
+/** Sets SO_RCVBUF and SO_SNDBUF of the connection's socket (0 leaves one
+ * as it is), so that a client that does not read fills its buffers soon. */
+void itest_conn_buffers(itest_conn_t *c, int rcvbuf, int sndbuf);
 
 /** Waits up to `timeout_ms` for the peer to close.  Returns true if it
  * closed (or reset) with no further bytes; false if bytes came or it stayed
@@ -205,6 +248,21 @@ int64_t itest_stat(itest_conn_t *c, const char *name);
 /** Fails the test unless `st` has every stats member of PROTOCOL.md, each a
  * non-negative integer, and the released object with its four reasons. */
 void itest_check_stats_shape(const cJSON *st);
+
+/** GET /stats on the admin port, checked as itest_check_stats_shape().
+ * Owned by the caller (cJSON_Delete). */
+cJSON *itest_admin_stats(const itest_daemon_t *d);
+
+/** Polls stats on `c` every 10 ms until cache_entries, live_sessions and
+ * pool_slots_used are all 0 (and pool_bytes_used too), for up to
+ * `timeout_ms` (scaled); fails the test with the last stats line if they
+ * are not.  Returns the last stats, owned by the caller. */
+cJSON *itest_await_drained(itest_conn_t *c, int timeout_ms);
+
+/** Raises the soft RLIMIT_NOFILE towards `want` (at most the hard limit)
+ * and returns the soft limit in force afterwards.  Daemons started later
+ * inherit it. */
+long itest_raise_nofile(long want);
 
 /** Collects the numbers of member `key` of the raw JSON line as printed (the
  * first occurrence of "key" in the line), in order, into `out` (up to `max`
@@ -296,6 +354,47 @@ void itest_session_step(itest_conn_t *c, itest_session_t *s, uint32_t n);
 
 /** Sends finish for `s` and checks released == its entries. */
 void itest_session_finish(itest_conn_t *c, const itest_session_t *s);
+
+/** A session checked against a reference computed once, up front, for up
+ * to `max_steps` steps (itest_session_check_step() recomputes the reference
+ * at every step, which is quadratic for long hash sessions).  Owns its
+ * buffers; freed by itest_ref_free(). */
+typedef struct itest_ref {
+    char id[80];
+    const char *model; /* preset name */
+    int64_t *prompt;
+    size_t nprompt;
+    size_t max_steps;
+    uint32_t *tokens; /* nprompt + max_steps: the uncached reference */
+    double *logits;   /* max_steps * V (attn), NULL for hash */
+    uint32_t vocab;
+    size_t steps; /* steps taken so far */
+} itest_ref_t;
+
+void itest_ref_init(itest_ref_t *r, const char *id, const char *model, const int64_t *prompt,
+                    size_t n, size_t max_steps);
+/** As itest_ref_init(), for id `id`, with the model, prompt and reference
+ * of `like` (copied; no recomputation), and no steps taken. */
+void itest_ref_init_like(itest_ref_t *r, const char *id, const itest_ref_t *like);
+void itest_ref_free(itest_ref_t *r);
+/** Entries the session holds: prompt plus steps. */
+size_t itest_ref_entries(const itest_ref_t *r);
+/** The start request line of `r` (with "\n"), malloc'd, owned by the caller. */
+char *itest_ref_start_line(const itest_ref_t *r);
+/** True if `reply` (raw `line`) is the right start reply for `r`; otherwise
+ * false with the reason in `why`. */
+bool itest_ref_start_ok(const itest_ref_t *r, const cJSON *reply, const char *line, char *why,
+                        size_t size);
+/** True if `reply` (raw `line`) is the right reply to the next `n` steps of
+ * `r`: id, no tag, the reference tokens, each logit printed as "%.6f"
+ * prints the reference (attn) or no logits (hash), and entries; then
+ * counts the steps into `r`.  Otherwise false with the reason in `why`,
+ * and `r` unchanged. */
+bool itest_ref_step_ok(itest_ref_t *r, const cJSON *reply, const char *line, uint32_t n, char *why,
+                       size_t size);
+/** Sends step n for `r`, reads the reply and fails the test unless
+ * itest_ref_step_ok(). */
+void itest_ref_step(itest_conn_t *c, itest_ref_t *r, uint32_t n);
 
 /** Formats `n` tokens as a JSON array "[1,2,3]" into a malloc'd string. */
 char *itest_json_tokens(const int64_t *tokens, size_t n);

@@ -1,0 +1,613 @@
+/*
+ * test_integration_pressure.c: the cache pool under memory pressure.
+ *
+ * The daemon runs with a pool of 1 MiB (--cache-mb 1), which holds about
+ * fifteen `small` blocks of 16 positions, or some 1800 `hash` blocks of 64.
+ * The tests fill it and then check the rules of running out: a start past
+ * the budget gets cache_full; a step that needs a new block gets cache_full
+ * and changes nothing, so that the same session, continued once room is
+ * made, gives exactly the uncached reference (model_generate with
+ * use_cache=false, computed here); a step that needs several blocks when
+ * only some are free takes none (all or nothing); no other session is
+ * touched; finishing sessions gives their bytes back and the next start
+ * succeeds; and at the end the pool is empty.
+ *
+ * Throughout, the test keeps its own books: the sessions it believes live,
+ * their entries, and the pool bytes each holds (the change of
+ * pool_bytes_used seen when it started or grew, the test being the only
+ * client).  After every operation the daemon's figures must match them:
+ * cache_entries, live_sessions and pool_slots_used equal the books,
+ * pool_bytes_used equals the sum of the sessions' bytes, never passes
+ * pool_bytes_total, a failed operation moves nothing, a finish frees
+ * exactly what its session held; the stats op, the admin port's /stats and
+ * /metrics (whose used and free bytes must add up to the total) agree.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "itest.h"
+
+#define MAX_TRACKED 256
+
+/* Deterministic prompt tokens in [0, V). */
+static void make_prompt(int64_t *p, size_t n, uint32_t vocab, uint64_t seed)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15u + 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[i] = (int64_t)(x % vocab);
+    }
+}
+
+/* ---- The books ---- */
+
+typedef struct tracked {
+    itest_ref_t ref;
+    itest_conn_t *c; /* the connection it lives on */
+    int64_t bytes;   /* pool bytes it holds, as seen when it started and grew */
+    bool live;
+} tracked_t;
+
+typedef struct books {
+    itest_daemon_t *d;
+    itest_conn_t *watch; /* asks stats; holds no session */
+    int64_t total;       /* pool_bytes_total: never changes */
+    tracked_t s[MAX_TRACKED];
+    int n;
+} books_t;
+
+static int64_t books_bytes(const books_t *b)
+{
+    int64_t sum = 0;
+    for (int i = 0; i < b->n; i++) {
+        if (b->s[i].live) {
+            sum += b->s[i].bytes;
+        }
+    }
+    return sum;
+}
+
+static int64_t books_entries(const books_t *b)
+{
+    int64_t sum = 0;
+    for (int i = 0; i < b->n; i++) {
+        if (b->s[i].live) {
+            sum += (int64_t)itest_ref_entries(&b->s[i].ref);
+        }
+    }
+    return sum;
+}
+
+static int64_t books_live(const books_t *b)
+{
+    int64_t n = 0;
+    for (int i = 0; i < b->n; i++) {
+        n += b->s[i].live;
+    }
+    return n;
+}
+
+/* The value of the first sample line of /metrics that starts with `name`. */
+static double metric(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; p != NULL && *p != '\0'; p = strchr(p, '\n'), p = p ? p + 1 : p) {
+        if (strncmp(p, name, n) == 0 && p[n] == ' ') {
+            return strtod(p + n + 1, NULL);
+        }
+    }
+    ck_abort_msg("/metrics has no sample %s", name);
+    return 0;
+}
+
+/* One stats object against the books. */
+static void check_figures(const books_t *b, const cJSON *st, const char *where)
+{
+    int64_t total = itest_int(st, "pool_bytes_total"), used = itest_int(st, "pool_bytes_used");
+    ck_assert_msg(total == b->total, "%s: pool_bytes_total changed from %lld to %lld", where,
+                  (long long)b->total, (long long)total);
+    ck_assert_msg(used >= 0 && used <= total, "%s: pool_bytes_used %lld is outside 0..%lld", where,
+                  (long long)used, (long long)total);
+    ck_assert_msg(used == books_bytes(b),
+                  "%s: pool_bytes_used %lld, but the live sessions' bytes add up to %lld", where,
+                  (long long)used, (long long)books_bytes(b));
+    ck_assert_msg(itest_int(st, "cache_entries") == books_entries(b),
+                  "%s: cache_entries %lld, the live sessions hold %lld", where,
+                  (long long)itest_int(st, "cache_entries"), (long long)books_entries(b));
+    ck_assert_msg(itest_int(st, "live_sessions") == books_live(b),
+                  "%s: live_sessions %lld, the test knows %lld", where,
+                  (long long)itest_int(st, "live_sessions"), (long long)books_live(b));
+    ck_assert_msg(itest_int(st, "pool_slots_used") == books_live(b),
+                  "%s: pool_slots_used %lld, the test knows %lld live sessions", where,
+                  (long long)itest_int(st, "pool_slots_used"), (long long)books_live(b));
+}
+
+/* After an operation on session `idx` (-1: one that must have changed
+ * nothing): credits the change of pool_bytes_used to it, then checks every
+ * figure against the books, on the session port, /stats and /metrics.
+ * Returns the bytes the operation took (negative: freed). */
+static int64_t settle(books_t *b, int idx, const char *where)
+{
+    cJSON *st = itest_stats(b->watch);
+    int64_t delta = itest_int(st, "pool_bytes_used") - books_bytes(b);
+    if (idx < 0) {
+        ck_assert_msg(delta == 0, "%s: pool_bytes_used moved by %lld", where, (long long)delta);
+    } else {
+        b->s[idx].bytes += delta;
+    }
+    check_figures(b, st, where);
+    cJSON_Delete(st);
+
+    cJSON *ad = itest_admin_stats(b->d);
+    check_figures(b, ad, where);
+    cJSON_Delete(ad);
+
+    itest_http_t m;
+    itest_http_get(b->d, "/metrics", &m);
+    ck_assert_int_eq(m.status, 200);
+    double used = metric(m.body, "slotd_pool_bytes{state=\"used\"}");
+    double free_bytes = metric(m.body, "slotd_pool_bytes{state=\"free\"}");
+    ck_assert_msg(used == (double)books_bytes(b) && used + free_bytes == (double)b->total,
+                  "%s: /metrics says %.0f used + %.0f free, the total is %lld and the sessions "
+                  "hold %lld",
+                  where, used, free_bytes, (long long)b->total, (long long)books_bytes(b));
+    itest_http_free(&m);
+    return delta;
+}
+
+static void books_open(books_t *b, itest_daemon_t *d)
+{
+    memset(b, 0, sizeof(*b));
+    b->d = d;
+    b->watch = itest_connect(d);
+    cJSON *st = itest_stats(b->watch);
+    b->total = itest_int(st, "pool_bytes_total");
+    ck_assert_int_eq(b->total, 1 << 20);
+    ck_assert_int_eq(itest_int(st, "pool_bytes_used"), 0);
+    cJSON_Delete(st);
+}
+
+/* Sends the start of a new tracked session.  Returns its index, or -1 after
+ * a cache_full reply (checked: the right error, and nothing moved). */
+static int try_start_ref(books_t *b, itest_conn_t *c, const itest_ref_t *ref)
+{
+    ck_assert_int_lt(b->n, MAX_TRACKED);
+    tracked_t *t = &b->s[b->n];
+    t->ref = *ref; /* takes it over */
+    char *line = itest_ref_start_line(&t->ref);
+    line[strlen(line) - 1] = '\0';
+    cJSON *r = itest_rpc(c, "%s", line);
+    free(line);
+    char why[600];
+    if (itest_is_error(r, "cache_full")) {
+        itest_expect_error(r, NULL, "cache_full", NULL);
+        cJSON_Delete(r);
+        itest_ref_free(&t->ref);
+        settle(b, -1, "a start that got cache_full");
+        return -1;
+    }
+    ck_assert_msg(itest_ref_start_ok(&t->ref, r, itest_last_line(c), why, sizeof(why)), "%s", why);
+    cJSON_Delete(r);
+    t->c = c;
+    t->live = true;
+    int idx = b->n++;
+    int64_t took = settle(b, idx, "after a start");
+    ck_assert_msg(took > 0, "a start took %lld pool bytes", (long long)took);
+    return idx;
+}
+
+static int try_start(books_t *b, itest_conn_t *c, const char *id, const char *model,
+                     const int64_t *prompt, size_t n, size_t max_steps)
+{
+    itest_ref_t ref;
+    itest_ref_init(&ref, id, model, prompt, n, max_steps);
+    return try_start_ref(b, c, &ref);
+}
+
+/* Steps session `idx` by `n`.  Returns true if it stepped (checked against
+ * the reference), false after cache_full (checked: nothing moved). */
+static bool try_step(books_t *b, int idx, uint32_t n)
+{
+    tracked_t *t = &b->s[idx];
+    size_t before = itest_ref_entries(&t->ref);
+    cJSON *r = itest_rpc(t->c, "{\"op\":\"step\",\"id\":\"%s\",\"n\":%u}", t->ref.id, n);
+    char why[600];
+    if (itest_is_error(r, "cache_full")) {
+        itest_expect_error(r, NULL, "cache_full", t->ref.id, NULL);
+        cJSON_Delete(r);
+        settle(b, -1, "a step that got cache_full");
+        ck_assert_int_eq(itest_ref_entries(&t->ref), before);
+        return false;
+    }
+    ck_assert_msg(itest_ref_step_ok(&t->ref, r, itest_last_line(t->c), n, why, sizeof(why)), "%s",
+                  why);
+    cJSON_Delete(r);
+    settle(b, idx, "after a step");
+    return true;
+}
+
+static void finish(books_t *b, int idx)
+{
+    tracked_t *t = &b->s[idx];
+    cJSON *r = itest_rpc(t->c, "{\"op\":\"finish\",\"id\":\"%s\"}", t->ref.id);
+    itest_expect_ok(r);
+    ck_assert_int_eq(itest_int(r, "released"), (int64_t)itest_ref_entries(&t->ref));
+    cJSON_Delete(r);
+    t->live = false; /* settle() then checks that exactly its bytes came back */
+    settle(b, -1, "after a finish");
+}
+
+static void books_close(books_t *b)
+{
+    for (int i = 0; i < b->n; i++) {
+        if (b->s[i].live) {
+            finish(b, i);
+        }
+    }
+    cJSON *st = itest_stats(b->watch);
+    ck_assert_int_eq(itest_int(st, "pool_bytes_used"), 0);
+    ck_assert_int_eq(itest_int(st, "cache_entries"), 0);
+    ck_assert_int_eq(itest_int(st, "live_sessions"), 0);
+    ck_assert_int_eq(itest_int(st, "pool_slots_used"), 0);
+    cJSON_Delete(st);
+    for (int i = 0; i < b->n; i++) {
+        itest_ref_free(&b->s[i].ref);
+    }
+    itest_close(b->watch);
+}
+
+/* A stateless op under a full pool: either cache_full (and nothing moved)
+ * or the uncached reference. */
+static void stateless_under_pressure(books_t *b, itest_conn_t *c, bool use_cache)
+{
+    int64_t toks[] = {3, 1, 4, 1, 5};
+    const int64_t steps = 20;
+    uint32_t ref[5 + 20];
+    uint32_t vocab = model_vocab(itest_model("small"));
+    double *lg = malloc((size_t)steps * vocab * sizeof(double));
+    ck_assert_ptr_nonnull(lg);
+    itest_reference("small", toks, 5, steps, ref, lg);
+    cJSON *r =
+        itest_rpc(c,
+                  "{\"op\":\"generate\",\"model\":\"small\",\"tokens\":[3,1,4,1,5],\"steps\":%lld,"
+                  "\"use_cache\":%s}",
+                  (long long)steps, use_cache ? "true" : "false");
+    if (itest_error_code(r) != NULL) {
+        itest_expect_error(r, NULL, "cache_full", NULL);
+    } else {
+        const cJSON *tk = cJSON_GetObjectItemCaseSensitive(r, "tokens");
+        ck_assert(cJSON_IsArray(tk) && cJSON_GetArraySize(tk) == 25);
+        for (int i = 0; i < 25; i++) {
+            ck_assert_int_eq((int64_t)cJSON_GetArrayItem(tk, i)->valuedouble, ref[i]);
+        }
+        itest_expect_logits(itest_last_line(c), lg, (size_t)steps * vocab);
+    }
+    cJSON_Delete(r);
+    free(lg);
+    settle(b, -1, "a generate under a full pool");
+}
+
+START_TEST(test_pressure_small_fill_and_recover)
+{
+    itest_daemon_t *d = itest_daemon_start("--cache-mb", "1", "--models", "small",
+                                           "--default-model", "small", "--threads", "2", NULL);
+    const model_t *m = itest_model("small");
+    const uint32_t B = model_block_positions(m), V = model_vocab(m);
+    ck_assert_uint_ge(B, 2);
+    books_t *b = calloc(1, sizeof(*b));
+    ck_assert_ptr_nonnull(b);
+    books_open(b, d);
+    itest_conn_t *a = itest_connect(d);
+    itest_conn_t *other = itest_connect(d);
+    int64_t prompt[64];
+
+    /* A session on another connection with room left in its one block. */
+    make_prompt(prompt, 3, V, 1);
+    int roomy = try_start(b, other, "roomy", "small", prompt, 3, 8);
+    ck_assert_int_ge(roomy, 0);
+    ck_assert(try_step(b, roomy, 1));
+
+    /* Sessions of exactly one full block each, until a start gets
+     * cache_full: the pool is at its budget. */
+    int full[64], nfull = 0;
+    for (int i = 0; i < 64; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "full%d", i);
+        make_prompt(prompt, B, V, 100 + (uint64_t)i);
+        int idx = try_start(b, a, id, "small", prompt, B, i == 0 ? 2 * B : 8);
+        if (idx < 0) {
+            break;
+        }
+        full[nfull++] = idx;
+    }
+    ck_assert_msg(nfull >= 8 && nfull < 64, "%d starts of one block fit in 1 MiB", nfull);
+    /* All blocks alike: every one-block session holds the same bytes. */
+    for (int i = 1; i < nfull; i++) {
+        ck_assert_int_eq(b->s[full[i]].bytes, b->s[full[0]].bytes);
+    }
+    /* Whatever the start lacked, grow full0 by one block at a time until a
+     * step gets cache_full too: then no block is free. */
+    int grown = 0;
+    while (try_step(b, full[0], B)) {
+        ck_assert_int_lt(++grown, 3);
+    }
+    /* A step needing a new block: cache_full, the session as it was, and
+     * again (the failure had no side effect). */
+    for (int i = 1; i < nfull && i < 4; i++) {
+        ck_assert(!try_step(b, full[i], 1));
+        ck_assert(!try_step(b, full[i], 1));
+        ck_assert(!try_step(b, full[i], 2 * B));
+    }
+    /* A start past the budget: cache_full (on either connection). */
+    make_prompt(prompt, 1, V, 7);
+    ck_assert_int_lt(try_start(b, a, "late", "small", prompt, 1, 8), 0);
+    ck_assert_int_lt(try_start(b, other, "late", "small", prompt, 1, 8), 0);
+    /* The session with room is untouched and still steps, to the reference. */
+    ck_assert(try_step(b, roomy, 2));
+    /* Stateless ops borrow from the same pool: cache_full or right. */
+    stateless_under_pressure(b, other, true);
+    stateless_under_pressure(b, other, false);
+
+    /* Room comes back with a finish: exactly the bytes of the session. */
+    finish(b, full[nfull - 1]);
+    /* The sessions whose steps failed go on as if nothing had happened:
+     * their next picks are the reference's (position B + 1 onwards). */
+    ck_assert(try_step(b, full[1], 1));
+    ck_assert(try_step(b, full[1], 3));
+    /* With one more finish, the start that failed succeeds. */
+    finish(b, full[nfull - 2]);
+    int late = try_start(b, a, "late", "small", prompt, 1, 8);
+    ck_assert_int_ge(late, 0);
+    ck_assert(try_step(b, late, 4));
+    for (int i = 2; i < nfull - 2 && i < 4; i++) {
+        while (!try_step(b, full[i], 1)) {
+            /* Each failure here means the pool is full again: make room. */
+            int victim = full[nfull - 3];
+            ck_assert(b->s[victim].live);
+            finish(b, victim);
+            nfull--;
+        }
+    }
+    ck_assert(try_step(b, roomy, 1));
+    books_close(b);
+    free(b);
+    itest_close(a);
+    itest_close(other);
+}
+END_TEST
+
+START_TEST(test_pressure_hash_all_or_nothing)
+{
+    /* hash: 64 positions a block, max_ctx 4096: a step of n=4095 needs 63
+     * new blocks at once. */
+    itest_daemon_t *d = itest_daemon_start("--cache-mb", "1", "--models", "hash", "--default-model",
+                                           "hash", "--threads", "2", NULL);
+    const model_t *m = itest_model("hash");
+    const uint32_t B = model_block_positions(m), V = model_vocab(m), C = model_max_ctx(m);
+    books_t *b = calloc(1, sizeof(*b));
+    ck_assert_ptr_nonnull(b);
+    books_open(b, d);
+    itest_conn_t *c = itest_connect(d);
+    int64_t prompt[4];
+    int idx[64], n = 0, failed = -1;
+    /* Three prompts, each reference computed once. */
+    itest_ref_t like[3];
+    for (int i = 0; i < 3; i++) {
+        make_prompt(prompt, 1, V, 200 + (uint64_t)i);
+        itest_ref_init(&like[i], "like", "hash", prompt, 1, C - 1);
+    }
+    for (int i = 0; i < 64; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "h%d", i);
+        itest_ref_t ref;
+        itest_ref_init_like(&ref, id, &like[i % 3]);
+        int k = try_start_ref(b, c, &ref);
+        if (k < 0) {
+            break;
+        }
+        idx[n++] = k;
+        if (!try_step(b, k, C - 1)) {
+            failed = k; /* some blocks were free, not 63: it took none */
+            break;
+        }
+    }
+    ck_assert_msg(failed >= 0, "1 MiB held %d full hash sessions", n);
+    ck_assert_int_eq(itest_ref_entries(&b->s[failed].ref), 1);
+    /* The free blocks are still there: the session grows one block at a
+     * time until none is left, each step the reference's. */
+    ck_assert(try_step(b, failed, B - 1)); /* fills its first block */
+    int blocks = 0;
+    while (try_step(b, failed, B)) {
+        blocks++;
+        ck_assert_int_lt(blocks, 64);
+    }
+    ck_assert_msg(blocks > 0, "no block was free after the all-or-nothing step failed");
+    /* A start now fails too; a finish makes room for exactly its blocks. */
+    ck_assert_int_lt(try_start(b, c, "x", "hash", prompt, 1, 8), 0);
+    finish(b, idx[0]);
+    ck_assert(try_step(b, failed, B));
+    books_close(b);
+    free(b);
+    for (int i = 0; i < 3; i++) {
+        itest_ref_free(&like[i]);
+    }
+    itest_close(c);
+}
+END_TEST
+
+/* Eight connections, four hash sessions each, pipelining steps of n=256 (4
+ * blocks) at once until the pool runs out in the middle of the race.  Each
+ * reply is either the reference's next 256 picks or cache_full; the daemon's
+ * figures then match the books; half the connections finish their sessions,
+ * the others reset, and the pool drains to 0. */
+START_TEST(test_pressure_race)
+{
+    enum { NCONN = 8, NSESS = 4, ROUNDS = 15, N = 256 };
+    itest_daemon_t *d = itest_daemon_start("--cache-mb", "1", "--models", "hash", "--default-model",
+                                           "hash", "--threads", "2", NULL);
+    const uint32_t V = model_vocab(itest_model("hash"));
+    itest_conn_t *watch = itest_connect(d);
+    itest_conn_t *c[NCONN];
+    itest_ref_t *ref = calloc(NCONN * NSESS, sizeof(*ref));
+    ck_assert_ptr_nonnull(ref);
+    itest_ref_t like[5]; /* five prompts, each reference computed once */
+    for (int i = 0; i < 5; i++) {
+        int64_t p[1];
+        make_prompt(p, 1, V, 300 + (uint64_t)i);
+        itest_ref_init(&like[i], "like", "hash", p, 1, ROUNDS * N);
+    }
+    for (int i = 0; i < NCONN; i++) {
+        c[i] = itest_connect(d);
+        for (int j = 0; j < NSESS; j++) {
+            char id[16];
+            snprintf(id, sizeof(id), "r%d", j);
+            itest_ref_t *r = &ref[i * NSESS + j];
+            itest_ref_init_like(r, id, &like[(i * NSESS + j) % 5]);
+            char *line = itest_ref_start_line(r);
+            ck_assert(itest_send_str(c[i], line));
+            free(line);
+        }
+    }
+    /* The whole race goes out before any reply is read. */
+    for (int i = 0; i < NCONN; i++) {
+        char *buf = malloc(ROUNDS * NSESS * 64);
+        size_t o = 0;
+        for (int k = 0; k < ROUNDS; k++) {
+            for (int j = 0; j < NSESS; j++) {
+                o += (size_t)sprintf(buf + o, "{\"op\":\"step\",\"id\":\"r%d\",\"n\":%d}\n", j, N);
+            }
+        }
+        ck_assert(itest_send(c[i], buf, o));
+        free(buf);
+    }
+    int ok = 0, full = 0;
+    char why[600];
+    for (int i = 0; i < NCONN; i++) {
+        for (int j = 0; j < NSESS; j++) {
+            cJSON *r = itest_read_reply(c[i]);
+            ck_assert_msg(
+                itest_ref_start_ok(&ref[i * NSESS + j], r, itest_last_line(c[i]), why, sizeof(why)),
+                "%s", why);
+            cJSON_Delete(r);
+        }
+        for (int k = 0; k < ROUNDS; k++) {
+            for (int j = 0; j < NSESS; j++) {
+                cJSON *r = itest_read_reply(c[i]);
+                if (itest_is_error(r, "cache_full")) {
+                    itest_expect_error(r, NULL, "cache_full", ref[i * NSESS + j].id, NULL);
+                    full++;
+                } else {
+                    ck_assert_msg(itest_ref_step_ok(&ref[i * NSESS + j], r, itest_last_line(c[i]),
+                                                    N, why, sizeof(why)),
+                                  "connection %d: %s", i, why);
+                    ok++;
+                }
+                cJSON_Delete(r);
+            }
+        }
+    }
+    ck_assert_msg(full > 0 && ok > 0, "the race had %d steps and %d cache_full", ok, full);
+    int64_t entries = 0;
+    for (int i = 0; i < NCONN * NSESS; i++) {
+        entries += (int64_t)itest_ref_entries(&ref[i]);
+    }
+    cJSON *st = itest_stats(watch);
+    ck_assert_int_eq(itest_int(st, "cache_entries"), entries);
+    ck_assert_int_eq(itest_int(st, "live_sessions"), NCONN * NSESS);
+    ck_assert_int_le(itest_int(st, "pool_bytes_used"), itest_int(st, "pool_bytes_total"));
+    fprintf(stderr,
+            "pressure race: %d steps of n=%d served, %d cache_full, %lld entries, "
+            "%lld of %lld pool bytes used\n",
+            ok, N, full, (long long)entries, (long long)itest_int(st, "pool_bytes_used"),
+            (long long)itest_int(st, "pool_bytes_total"));
+    cJSON_Delete(st);
+
+    /* Half finish (released = their entries), half reset. */
+    for (int i = 0; i < NCONN; i++) {
+        if (i % 2 == 0) {
+            for (int j = 0; j < NSESS; j++) {
+                cJSON *r = itest_rpc(c[i], "{\"op\":\"finish\",\"id\":\"r%d\"}", j);
+                ck_assert_int_eq(itest_int(r, "released"),
+                                 (int64_t)itest_ref_entries(&ref[i * NSESS + j]));
+                cJSON_Delete(r);
+            }
+            itest_close(c[i]);
+        } else {
+            itest_close_reset(c[i]);
+        }
+    }
+    st = itest_await_drained(watch, 10000);
+    ck_assert_int_eq(itest_int(st, "released.finish"), NCONN / 2 * NSESS);
+    ck_assert_int_eq(itest_int(st, "released.disconnect"), NCONN / 2 * NSESS);
+    cJSON_Delete(st);
+    for (int i = 0; i < NCONN * NSESS; i++) {
+        itest_ref_free(&ref[i]);
+    }
+    for (int i = 0; i < 5; i++) {
+        itest_ref_free(&like[i]);
+    }
+    free(ref);
+    itest_close(watch);
+}
+END_TEST
+
+START_TEST(test_pressure_max_sessions)
+{
+    /* The other budget: --max-sessions.  The start past it is cache_full;
+     * a finish or a closed connection makes room at once. */
+    itest_daemon_t *d = itest_daemon_start("--max-sessions", "3", NULL);
+    itest_conn_t *c1 = itest_connect(d), *c2 = itest_connect(d);
+    const char *ok[] = {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1]}",
+                        "{\"op\":\"start\",\"id\":\"b\",\"prompt\":[2]}"};
+    for (int i = 0; i < 2; i++) {
+        cJSON *r = itest_rpc(c1, "%s", ok[i]);
+        itest_expect_ok(r);
+        cJSON_Delete(r);
+    }
+    cJSON *r = itest_rpc(c2, "{\"op\":\"start\",\"id\":\"a\",\"prompt\":[3]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    for (int i = 0; i < 3; i++) {
+        r = itest_rpc(i % 2 ? c1 : c2, "{\"op\":\"start\",\"id\":\"z\",\"prompt\":[1]}");
+        itest_expect_error(r, NULL, "cache_full", NULL);
+        cJSON_Delete(r);
+    }
+    ck_assert_int_eq(itest_stat(c1, "live_sessions"), 3);
+    r = itest_rpc(c1, "{\"op\":\"finish\",\"id\":\"b\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    int64_t p[] = {4, 5};
+    itest_session_t z;
+    itest_session_init(&z, "z", "tiny", p, 2);
+    itest_session_start(c2, &z);
+    itest_session_step(c2, &z, 3);
+    r = itest_rpc(c1, "{\"op\":\"start\",\"id\":\"y\",\"prompt\":[1]}");
+    itest_expect_error(r, NULL, "cache_full", NULL);
+    cJSON_Delete(r);
+    itest_close(c2); /* two sessions go with it */
+    itest_conn_t *watch = itest_connect(d);
+    for (int i = 0; i < 500 && itest_stat(watch, "live_sessions") != 1; i++) {
+        itest_sleep_ms(10);
+    }
+    r = itest_rpc(c1, "{\"op\":\"start\",\"id\":\"y\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    itest_session_free(&z);
+    itest_close(c1);
+    cJSON_Delete(itest_await_drained(watch, 5000));
+    itest_close(watch);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("integration_pressure");
+    ITEST_ADD(s, test_pressure_small_fill_and_recover);
+    ITEST_ADD(s, test_pressure_hash_all_or_nothing);
+    ITEST_ADD(s, test_pressure_race);
+    ITEST_ADD(s, test_pressure_max_sessions);
+    return itest_main(s);
+}
