@@ -1,7 +1,12 @@
-# slotd in a container.  Both stages install and build through the same
-# scripts as the README and CI (scripts/deps.sh, scripts/build.sh).
+# slotd in a container.  The build stage installs and builds through the
+# same scripts as the README and CI (scripts/deps.sh, scripts/build.sh); the
+# runtime stage holds the two binaries, their shared libraries and curl for
+# the health check, and runs as an unprivileged user.
 #   docker build -t slotd .
 #   docker run -p 7070:7070 -p 7071:7071 slotd
+# Settings come from SLOTD_* variables (docker run -e SLOTD_CACHE_MB=1024 ...);
+# see docs/operations.md.
+# tests/test_dockerfile.sh checks this file against the built daemon.
 FROM debian:12-slim AS build
 WORKDIR /src
 COPY . .
@@ -15,6 +20,8 @@ RUN apt-get update -qq \
 COPY --from=build /src/build/server/slotd /src/build/server/slotd-cli /usr/local/bin/
 USER slotd
 EXPOSE 7070 7071
-HEALTHCHECK --interval=10s --timeout=3s --retries=3 CMD curl -fsS http://127.0.0.1:7071/health || exit 1
+# Follows SLOTD_ADMIN_PORT when the admin port is moved.
+HEALTHCHECK --interval=10s --timeout=3s --retries=3 \
+  CMD curl -fsS "http://127.0.0.1:${SLOTD_ADMIN_PORT:-7071}/health" || exit 1
 # Inside the container the daemon must listen on all interfaces to be reached.
 CMD ["slotd", "--listen", "0.0.0.0"]

@@ -1,0 +1,371 @@
+#!/usr/bin/env bash
+# Three slotd instances behind HAProxy, on loopback, driven by slotd-bench
+# through the balancer: the deployment of docs/operations.md, checked end to
+# end.  It builds nothing.
+#
+#   tests/scaleout.sh [BUILD_DIR]      (or SLOTD_BUILD_DIR; default build/)
+#
+# SLOTD_BIN and SLOTD_BENCH name the binaries if they are not under
+# BUILD_DIR (CTest passes them).  HAProxy runs on the committed
+# deploy/haproxy.cfg, which reads its addresses from the environment.
+#
+# What it checks, in order:
+#   1. the three instances and HAProxy come up, and HAProxy marks all three UP;
+#   2. slotd-bench --verify through HAProxy finds no mismatch, every instance
+#      gets a fair share of the connections and requests, and every
+#      instance's cache is empty afterwards;
+#   3. kill -9 of one instance during a run: the clients on it lose their
+#      connections (and nothing else goes wrong), HAProxy marks it DOWN within
+#      3 s, new sessions land on the two survivors and pass --verify;
+#   4. the instance restarted on the same ports is marked UP again and gets
+#      its share of a new run;
+#   5. SIGTERM to an instance held open by a client that does not read: its
+#      /health answers 503, HAProxy marks it DOWN for that reason and sends it
+#      nothing, and once the client goes the instance exits with status 0.
+# Each check prints PASS or FAIL; the exit status is 1 if any failed.  Every
+# wait is bounded, and every process started here is stopped on exit.
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-${SLOTD_BUILD_DIR:-$root/build}}
+slotd=${SLOTD_BIN:-$build/server/slotd}
+bench=${SLOTD_BENCH:-$build/bench/slotd-bench}
+cfg=$root/deploy/haproxy.cfg
+
+# Settings the operator's environment may hold must not reach the daemons.
+for v in $(compgen -e | grep '^SLOTD_'); do
+  case $v in SLOTD_BIN | SLOTD_BENCH | SLOTD_BUILD_DIR) ;; *) unset "$v" ;; esac
+done
+
+passed=0
+failed=0
+pids=()
+work=$(mktemp -d "${TMPDIR:-/tmp}/slotd-scaleout.XXXXXX") || exit 1
+
+pass() { passed=$((passed + 1)); echo "PASS: $*"; }
+fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
+# check DESCRIPTION COMMAND...: PASS if the command succeeds.
+check() {
+  local what=$1; shift
+  if "$@"; then pass "$what"; else fail "$what"; fi
+}
+die() {
+  fail "$*"
+  exit 1
+}
+
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for _ in $(seq 20); do
+    local alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ $alive -eq 0 ] && break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+  if [ $failed -gt 0 ] && [ -n "$(ls -A "$work")" ]; then
+    echo "--- logs (kept in $work) ---"
+    for f in "$work"/*.log "$work"/*.err; do
+      [ -s "$f" ] && { echo "--- $(basename "$f") (last lines)"; tail -n 15 "$f"; }
+    done
+  else
+    rm -rf "$work"
+  fi
+  echo "scaleout: $passed passed, $failed failed"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+# ---- Helpers ----
+
+now_ms() { local t=${EPOCHREALTIME/./}; echo $((t / 1000)); }
+
+# wait_for SECONDS COMMAND...: polls every 0.1 s until the command succeeds.
+wait_for() {
+  local limit=$(($(now_ms) + $1 * 1000)); shift
+  until "$@"; do
+    [ "$(now_ms)" -ge $limit ] && return 1
+    sleep 0.1
+  done
+}
+
+used_ports=" "
+# A TCP port nothing listens on, below the usual ephemeral range.
+free_port() {
+  local p
+  for _ in $(seq 200); do
+    p=$((20000 + RANDOM % 12000))
+    case $used_ports in *" $p "*) continue ;; esac
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      used_ports+="$p "
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# num KEY < JSON: the first integer member KEY.
+num() { grep -o "\"$1\": *-\?[0-9]*" | head -n 1 | grep -o -- '-\?[0-9]*$'; }
+
+# stat I KEY: an integer of instance I's /stats ("" if it does not answer).
+stat() { curl -s -m 2 "http://127.0.0.1:${admin[$1]}/stats" | num "$2"; }
+health_code() { curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:${admin[$1]}/health"; }
+healthy() { [ "$(health_code "$1")" = 200 ]; }
+
+# lb SERVER COLUMN: one column of HAProxy's stats CSV for server s1..s3.
+lb() {
+  curl -s -m 2 "http://$lb_stats/;csv" | awk -F, -v s="$1" -v c="$2" '
+    NR == 1 { sub(/^# /, ""); for (i = 1; i <= NF; i++) col[$i] = i; next }
+    $1 == "slotd" && $2 == s { print $(col[c]) }'
+}
+lb_is() { [ "$(lb "$1" status)" = "$2" ]; }
+
+start_instance() { # I: on its fixed ports, logging to sI.log
+  "$slotd" --listen 127.0.0.1 --port "${port[$1]}" --admin-port "${admin[$1]}" \
+    --threads 2 --shutdown-timeout 60 >>"$work/s$1.log" 2>&1 &
+  pid[$1]=$!
+  pids+=("$!")
+  wait_for 10 healthy "$1"
+}
+
+# run_bench NAME ARGS...: slotd-bench through HAProxy, JSON in NAME.json,
+# diagnostics in NAME.err; returns its exit status.
+run_bench() {
+  local name=$1; shift
+  timeout 60 "$bench" -h 127.0.0.1 -p "$lb_port" -q -j "$@" >"$work/$name.json" 2>"$work/$name.err"
+}
+
+before_req=()
+before_conn=()
+snapshot() { # every instance's requests_total and HAProxy's stot, now
+  local i
+  for i in 1 2 3; do
+    before_req[i]=$(stat $i requests_total)
+    before_conn[i]=$(lb "s$i" stot)
+  done
+}
+
+# spread LABEL I...: every listed instance got at least 10 % of the requests
+# and at least a sixth of the connections since the `before` snapshot.
+spread() {
+  local label=$1; shift
+  local i total=0 conns=0 ok=0 line=""
+  declare -A dr dc
+  for i in "$@"; do
+    dr[$i]=$(($(stat "$i" requests_total) - before_req[i]))
+    dc[$i]=$(($(lb "s$i" stot) - before_conn[i]))
+    total=$((total + dr[$i]))
+    conns=$((conns + dc[$i]))
+  done
+  for i in "$@"; do
+    line+=" s$i: ${dc[$i]} connections, ${dr[$i]} requests ($((total > 0 ? dr[$i] * 100 / total : 0)) %);"
+    if [ "${dr[$i]}" -le 0 ] || [ $((dr[$i] * 10)) -lt $total ] || [ $((dc[$i] * 6)) -lt $conns ] ||
+       [ "${dc[$i]}" -le 0 ]; then
+      ok=1
+    fi
+  done
+  check "$label:$line" test $ok -eq 0
+}
+
+drained() { # I...: cache_entries and live_sessions 0 on each
+  local i
+  for i in "$@"; do
+    [ "$(stat "$i" cache_entries)" = 0 ] && [ "$(stat "$i" live_sessions)" = 0 ] || return 1
+  done
+}
+check_drained() { # LABEL I...
+  local label=$1; shift
+  if wait_for 3 drained "$@"; then
+    pass "$label: cache_entries and live_sessions are 0 on$(printf ' s%s' "$@")"
+  else
+    local i detail=""
+    for i in "$@"; do detail+=" s$i: $(stat "$i" cache_entries) entries, $(stat "$i" live_sessions) sessions;"; done
+    fail "$label: cache not empty after 3 s:$detail"
+  fi
+}
+
+bench_ok() { # LABEL NAME RC: exit 0, no mismatch, no error reply
+  local label=$1 name=$2 rc=$3
+  local mm err
+  mm=$(num mismatches <"$work/$name.json")
+  err=$(num total <"$work/$name.json")
+  if [ "$rc" -eq 0 ] && [ "$mm" = 0 ] && [ "$err" = 0 ]; then
+    pass "$label: slotd-bench --verify exit 0, $(num checked_tokens <"$work/$name.json") tokens checked, 0 mismatches"
+  else
+    fail "$label: slotd-bench exit $rc, mismatches '${mm}', error replies '${err}' (see $name.err)"
+  fi
+}
+
+# ---- Preflight ----
+
+command -v haproxy >/dev/null || die "haproxy is not installed (scripts/deps.sh --test installs it)"
+command -v curl >/dev/null || die "curl is not installed (scripts/deps.sh --test installs it)"
+[ -x "$slotd" ] || die "no daemon at $slotd (build first: scripts/build.sh)"
+[ -x "$bench" ] || die "no slotd-bench at $bench (build first: scripts/build.sh)"
+[ -f "$cfg" ] || die "no $cfg"
+
+declare -a port admin pid
+for i in 1 2 3; do
+  port[$i]=$(free_port) && admin[$i]=$(free_port) || die "no free loopback port"
+done
+lb_port=$(free_port) && lb_stats_port=$(free_port) || die "no free loopback port"
+lb_stats=127.0.0.1:$lb_stats_port
+
+export SLOTD_LB_BIND=127.0.0.1:$lb_port SLOTD_LB_STATS=$lb_stats SLOTD_LB_MAXCONN=2000
+for i in 1 2 3; do
+  export "SLOTD_S$i=127.0.0.1:${port[$i]}" "SLOTD_S${i}_ADMIN_PORT=${admin[$i]}"
+done
+echo "scaleout: instances on ${port[1]}, ${port[2]}, ${port[3]} (admin ${admin[1]}, ${admin[2]}, ${admin[3]});" \
+  "HAProxy on $lb_port, its stats on $lb_stats_port; logs in $work"
+
+# ---- 1. Start ----
+
+if haproxy -c -q -f "$cfg" >"$work/haproxy-check.log" 2>&1; then
+  pass "deploy/haproxy.cfg is valid (haproxy -c)"
+else
+  die "haproxy -c rejects deploy/haproxy.cfg (see haproxy-check.log)"
+fi
+
+for i in 1 2 3; do
+  start_instance $i || die "instance s$i did not answer /health within 10 s"
+done
+pass "three instances answer /health 200"
+
+haproxy -db -f "$cfg" >"$work/haproxy.log" 2>&1 &
+pids+=("$!")
+all_up() { lb_is s1 UP && lb_is s2 UP && lb_is s3 UP; }
+if wait_for 10 all_up; then
+  pass "HAProxy marks s1, s2, s3 UP"
+else
+  die "HAProxy did not mark all three UP within 10 s: s1 '$(lb s1 status)', s2 '$(lb s2 status)', s3 '$(lb s3 status)'"
+fi
+
+# ---- 2. Load through HAProxy ----
+
+snapshot
+run_bench spread -c 48 -P 4 -d 5 --verify
+bench_ok "balanced run" spread $?
+spread "balanced run spreads over all three" 1 2 3
+check_drained "balanced run" 1 2 3
+
+# ---- 3. kill -9 during a run ----
+
+run_bench lossy -c 48 -P 4 -d 8 --verify --no-check-drain &
+lossy=$!
+pids+=("$lossy")
+on_s2() { [ "$(stat 2 connections)" -ge 1 ] 2>/dev/null; }
+wait_for 5 on_s2 || fail "no bench connection reached s2 within 5 s"
+sleep 1
+victims=$(stat 2 connections)
+kill -KILL "${pid[2]}"
+t0=$(now_ms)
+wait "${pid[2]}" 2>/dev/null
+if wait_for 3 lb_is s2 DOWN; then
+  pass "HAProxy marks the killed s2 DOWN after $(($(now_ms) - t0)) ms ($(lb s2 check_status))"
+else
+  fail "HAProxy still shows s2 as '$(lb s2 status)' 3 s after kill -9"
+fi
+
+wait "$lossy"
+rc=$?
+lost=$(num connection <"$work/lossy.json")
+mm=$(num mismatches <"$work/lossy.json")
+err=$(num total <"$work/lossy.json")
+proto=$(num protocol <"$work/lossy.json")
+# Exit 1 is how slotd-bench reports lost connections (bench/README.md).
+if [ "$rc" -eq 1 ] && [ "${lost:-0}" -ge "${victims:-1}" ] && [ "$mm" = 0 ] && [ "$err" = 0 ] &&
+   [ "$proto" = 0 ] && ! grep -q '"fatal": *"' "$work/lossy.json"; then
+  pass "clients on s2 saw their connections close: $lost lost ($victims were on s2), 0 mismatches, 0 error replies, run completed"
+else
+  fail "run across the kill: exit $rc (want 1), lost '$lost' (want >= $victims), mismatches '$mm', error replies '$err', unreadable '$proto' (see lossy.err)"
+fi
+
+snapshot
+run_bench survivors -c 24 -P 4 -d 3 --verify
+bench_ok "after the kill" survivors $?
+check "the killed s2 gets no connection from HAProxy" test "$(lb s2 stot)" = "${before_conn[2]}"
+spread "new sessions land on s1 and s3" 1 3
+check_drained "after the kill" 1 3
+
+# ---- 4. Restart on the same ports ----
+
+start_instance 2 || die "s2 did not restart on ports ${port[2]}/${admin[2]}"
+t0=$(now_ms)
+if wait_for 5 lb_is s2 UP; then
+  pass "restarted s2 is marked UP after $(($(now_ms) - t0)) ms"
+else
+  fail "restarted s2 is '$(lb s2 status)' after 5 s"
+fi
+snapshot
+run_bench rejoined -c 48 -P 4 -d 4 --verify
+bench_ok "after the restart" rejoined $?
+spread "a new run spreads over all three again" 1 2 3
+check_drained "after the restart" 1 2 3
+
+# ---- 5. Drain: SIGTERM with a client holding the instance open ----
+
+# The client writes requests and never reads: the instance fills its socket
+# and output buffers, stops reading, and cannot finish answering, so its
+# drain lasts until the client goes (or --shutdown-timeout, 60 s here).
+# Each request is a step on an unknown id with a 16 KB tag, which the error
+# reply echoes: 16 KB of output for no work, a few hundred fill the buffers.
+bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1; exec yes "$2" >&3' _ "${port[3]}" \
+  "{\"op\":\"step\",\"id\":\"none\",\"tag\":\"$(printf '%016000d' 0)\"}" 2>"$work/holder.err" &
+holder=$!
+pids+=("$holder")
+# Bytes the daemon has written to the holding client's connection that the
+# kernel cannot send, because the client's receive window is full: the
+# tx_queue of the daemon's end in /proc/net/tcp (the largest, if several).
+unsent() {
+  local hex
+  hex=$(awk -v p="$(printf ':%04X' "$1")" '$2 ~ (p "$") && $4 == "01" { split($5, q, ":"); print q[1] }' \
+    /proc/net/tcp 2>/dev/null | sort | tail -n 1)
+  echo $((16#${hex:-0}))
+}
+# The holder has filled s3: it stopped reading (requests_total steady) and
+# its output is stuck in a full socket buffer (tx_queue above 0 and steady),
+# so what it answers during a drain cannot be written either.
+stalled() {
+  local a b u v
+  a=$(stat 3 requests_total); u=$(unsent "${port[3]}")
+  sleep 0.5
+  b=$(stat 3 requests_total); v=$(unsent "${port[3]}")
+  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" -gt 100 ] && [ "$u" -gt 0 ] && [ "$u" = "$v" ]
+}
+wait_for 15 stalled || fail "the holding client did not fill s3's buffers within 15 s"
+
+kill -TERM "${pid[3]}"
+t0=$(now_ms)
+if wait_for 2 test "$(health_code 3)" = 503; then
+  pass "draining s3 answers /health 503"
+else
+  fail "draining s3 answers /health '$(health_code 3)', not 503"
+fi
+if wait_for 3 lb_is s3 DOWN; then
+  pass "HAProxy marks draining s3 DOWN after $(($(now_ms) - t0)) ms ($(lb s3 check_status) $(lb s3 check_code))"
+else
+  fail "HAProxy shows draining s3 as '$(lb s3 status)' after 3 s"
+fi
+check "the drain is held open by the client (s3 still running)" kill -0 "${pid[3]}"
+check "HAProxy's verdict is the 503 of /health" test "$(lb s3 check_code)" = 503
+
+snapshot
+run_bench draining -c 24 -P 4 -d 3 --verify
+bench_ok "during the drain" draining $?
+check "draining s3 gets no connection from HAProxy" test "$(lb s3 stot)" = "${before_conn[3]}"
+check_drained "during the drain" 1 2
+
+{ kill -KILL "$holder" && wait "$holder"; } 2>/dev/null
+exited() { ! kill -0 "${pid[3]}" 2>/dev/null; }
+if wait_for 10 exited; then
+  wait "${pid[3]}"
+  rc=$?
+  check "s3 exits with status 0 once the client is gone (got $rc)" test $rc -eq 0
+else
+  fail "s3 still running 10 s after the holding client went"
+fi
+
+[ $failed -eq 0 ]
