@@ -40,7 +40,7 @@
  * moments other processes held the CPU (memory stalls count in both), so
  * the growth table uses it unless --clock wall; part 2 prints both.
  *
- * Output is markdown, for bench/PERF.md.
+ * Output is markdown, for bench/RESULTS.md.
  */
 #include <inttypes.h>
 #include <math.h>
