@@ -2024,3 +2024,24 @@ void itest_ref_step(itest_conn_t *c, itest_ref_t *r, uint32_t n)
     ck_assert_msg(itest_ref_step_ok(r, reply, itest_last_line(c), n, why, sizeof(why)), "%s", why);
     cJSON_Delete(reply);
 }
+
+int64_t itest_metric(const itest_daemon_t *d, const char *name)
+{
+    itest_http_t h;
+    size_t n = strlen(name);
+    int64_t v = -1;
+
+    itest_http_get(d, "/metrics", &h);
+    ck_assert_msg(h.status == 200, "GET /metrics: %d", h.status);
+    for (const char *p = h.body; p != NULL && *p != '\0';) {
+        const char *eol = strchr(p, '\n');
+        if (strncmp(p, name, n) == 0 && p[n] == ' ') {
+            v = strtoll(p + n + 1, NULL, 10);
+            break;
+        }
+        p = eol != NULL ? eol + 1 : NULL;
+    }
+    ck_assert_msg(v >= 0, "no sample %s in /metrics:\n%s", name, h.body);
+    itest_http_free(&h);
+    return v;
+}

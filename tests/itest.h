@@ -104,6 +104,10 @@ int itest_daemon_stop(itest_daemon_t *d);
 /** True while the daemon has not exited (reaps it if it has). */
 bool itest_daemon_alive(itest_daemon_t *d);
 
+/** The value of the unlabelled sample `name` in the daemon's GET /metrics;
+ * fails the test if the sample is missing or negative. */
+int64_t itest_metric(const itest_daemon_t *d, const char *name);
+
 /** Prints the daemon's log on stderr, framed, with `why` as a heading,
  * followed by any other log in its directory (a wrapper's). */
 void itest_daemon_print_log(const itest_daemon_t *d, const char *why);

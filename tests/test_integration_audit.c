@@ -25,28 +25,6 @@
 
 #include "itest.h"
 
-/* The value of the unlabelled sample `name` in GET /metrics. */
-static int64_t metric(const itest_daemon_t *d, const char *name)
-{
-    itest_http_t h;
-    size_t n = strlen(name);
-    int64_t v = -1;
-
-    itest_http_get(d, "/metrics", &h);
-    ck_assert_msg(h.status == 200, "GET /metrics: %d", h.status);
-    for (const char *p = h.body; p != NULL && *p != '\0';) {
-        const char *eol = strchr(p, '\n');
-        if (strncmp(p, name, n) == 0 && p[n] == ' ') {
-            v = strtoll(p + n + 1, NULL, 10);
-            break;
-        }
-        p = eol != NULL ? eol + 1 : NULL;
-    }
-    ck_assert_msg(v >= 0, "no sample %s in /metrics:\n%s", name, h.body);
-    itest_http_free(&h);
-    return v;
-}
-
 /* The daemon's log so far (malloc, NUL-terminated). */
 static char *read_log(const itest_daemon_t *d)
 {
@@ -101,9 +79,9 @@ START_TEST(test_caught_tiny)
      * against the uncached reference, token and printed logit. */
     for (int k = 0; k < 5; k++)
         itest_session_step(c, &s, 1);
-    ck_assert_int_eq(metric(d, "slotd_cache_audits_total"), 5);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_audits_total"), 5);
     /* Caught once at position 5, then the rebuilt slot agrees again. */
-    ck_assert_int_eq(metric(d, "slotd_cache_divergence_total"), 1);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_divergence_total"), 1);
 
     char *line = log_line_with(d, "warn", "audit: connection ", "session 'a'", "position 5",
                                "diverges", NULL);
@@ -133,7 +111,7 @@ START_TEST(test_caught_in_one_request)
     /* Four picks at once, the second already on the damage: the whole
      * reply is the reference's. */
     itest_session_step(c, &s, 4);
-    ck_assert_int_eq(metric(d, "slotd_cache_divergence_total"), 1);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_divergence_total"), 1);
     char *line = log_line_with(d, "warn", "session 'x'", "position 5", NULL);
     ck_assert_ptr_nonnull(line);
     free(line);
@@ -158,7 +136,7 @@ START_TEST(test_caught_hash)
     itest_session_step(c, &other, 2); /* another session is untouched */
     for (int k = 0; k < 6; k++)
         itest_session_step(c, &s, 1 + (uint32_t)k % 3);
-    ck_assert_int_eq(metric(d, "slotd_cache_divergence_total"), 1);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_divergence_total"), 1);
     /* The running sum carries the damage into the very next pick: position 6. */
     char *line = log_line_with(d, "warn", "session 'h'", "position 6", NULL);
     if (line == NULL)
@@ -222,8 +200,8 @@ START_TEST(test_uncaught_tiny)
     ck_assert_msg(differs_from_reference("tiny", seq, 4, 4, r, itest_last_line(c)),
                   "the damaged slot gave the reference anyway: %s", itest_last_line(c));
     cJSON_Delete(r);
-    ck_assert_int_eq(metric(d, "slotd_cache_audits_total"), 0);
-    ck_assert_int_eq(metric(d, "slotd_cache_divergence_total"), 0);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_audits_total"), 0);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_divergence_total"), 0);
     char *line = log_line_with(d, "audit:", NULL);
     ck_assert_msg(line == NULL, "an audit line with the audit off: %s", line);
     line = log_line_with(d, "fault:", "damaged entry 3", NULL);
@@ -256,7 +234,7 @@ START_TEST(test_uncaught_hash)
         cJSON_Delete(r);
     }
     ck_assert_msg(differs, "the damaged hash slot gave the reference anyway");
-    ck_assert_int_eq(metric(d, "slotd_cache_divergence_total"), 0);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_divergence_total"), 0);
     itest_close(c);
 }
 END_TEST

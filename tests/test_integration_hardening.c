@@ -25,29 +25,6 @@
 
 #include "itest.h"
 
-/* The value of the unlabelled sample `name` in GET /metrics; fails the
- * test if it is missing. */
-static int64_t metric(const itest_daemon_t *d, const char *name)
-{
-    itest_http_t h;
-    size_t n = strlen(name);
-    int64_t v = -1;
-
-    itest_http_get(d, "/metrics", &h);
-    ck_assert_msg(h.status == 200, "GET /metrics: %d", h.status);
-    for (const char *p = h.body; p != NULL && *p != '\0';) {
-        const char *eol = strchr(p, '\n');
-        if (strncmp(p, name, n) == 0 && p[n] == ' ') {
-            v = strtoll(p + n + 1, NULL, 10);
-            break;
-        }
-        p = eol != NULL ? eol + 1 : NULL;
-    }
-    ck_assert_msg(v >= 0, "no sample %s in /metrics:\n%s", name, h.body);
-    itest_http_free(&h);
-    return v;
-}
-
 /* Runs slotd with `flags` (after free ports) and returns its exit status;
  * *err gets its stderr. */
 static int run_slotd(const char *const *flags, char **err)
@@ -116,8 +93,8 @@ START_TEST(test_audit_all_exact)
     itest_session_finish(c, &h);
     itest_session_finish(c, &s);
 
-    ck_assert_int_eq(metric(d, "slotd_cache_audits_total"), requests);
-    ck_assert_int_eq(metric(d, "slotd_cache_divergence_total"), 0);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_audits_total"), requests);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_divergence_total"), 0);
     cJSON *st = itest_stats(c);
     ck_assert_int_eq(itest_int(st, "cache_entries"), 0);
     cJSON_Delete(st);
@@ -170,8 +147,8 @@ START_TEST(test_audit_off)
     itest_session_start(c, &t);
     itest_session_step(c, &t, 2);
     itest_session_step(c, &t, 3);
-    ck_assert_int_eq(metric(d, "slotd_cache_audits_total"), 0);
-    ck_assert_int_eq(metric(d, "slotd_cache_divergence_total"), 0);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_audits_total"), 0);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_divergence_total"), 0);
     itest_session_free(&t);
     itest_close(c);
 }
@@ -214,10 +191,10 @@ START_TEST(test_audit_under_load)
             }
         }
     }
-    int64_t audits = metric(d, "slotd_cache_audits_total");
+    int64_t audits = itest_metric(d, "slotd_cache_audits_total");
     ck_assert_msg(audits > 0 && audits < requests, "%lld audits of %d step requests",
                   (long long)audits, requests);
-    ck_assert_int_eq(metric(d, "slotd_cache_divergence_total"), 0);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_divergence_total"), 0);
     for (int i = 0; i < LOAD_CONNS; i++) {
         for (int j = 0; j < LOAD_SESSIONS; j++) {
             if (j % 2 == 0)
@@ -291,7 +268,7 @@ START_TEST(test_hash_only_audited)
     itest_session_start(c, &s);
     itest_session_step(c, &s, 3);
     itest_session_step(c, &s, 1);
-    ck_assert_int_eq(metric(d, "slotd_cache_audits_total"), 2);
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_audits_total"), 2);
     itest_session_free(&s);
     itest_close(c);
 }
@@ -314,7 +291,7 @@ START_TEST(test_refused_counted)
         cJSON_Delete(r);
     }
     ck_assert_ptr_nonnull(c);
-    int64_t base = metric(d, "slotd_connections_refused_total");
+    int64_t base = itest_metric(d, "slotd_connections_refused_total");
 
     for (int k = 0; k < 3; k++) {
         itest_conn_t *x = itest_connect(d);
@@ -324,9 +301,9 @@ START_TEST(test_refused_counted)
         ck_assert(itest_expect_closed(x, ITEST_REPLY_MS));
         itest_close(x);
     }
-    ck_assert_int_eq(metric(d, "slotd_connections_refused_total"), base + 3);
+    ck_assert_int_eq(itest_metric(d, "slotd_connections_refused_total"), base + 3);
     /* The admin port is not a session connection: it counts nothing. */
-    ck_assert_int_eq(metric(d, "slotd_connections_refused_total"), base + 3);
+    ck_assert_int_eq(itest_metric(d, "slotd_connections_refused_total"), base + 3);
     cJSON *r = itest_rpc(c, "{\"op\":\"stats\"}");
     ck_assert_int_eq(itest_int(r, "connections"), 1);
     cJSON_Delete(r);
