@@ -65,6 +65,8 @@ static const option_t options[] = {
      "longest request line in bytes (65536)"},
     {"idle-timeout", OPT_UINT, 0, 100000000, FIELD(idle_timeout),
      "seconds before an idle session is released, 0 for never (300)"},
+    {"conn-timeout", OPT_UINT, 0, 100000000, FIELD(conn_timeout),
+     "seconds before a silent connection without sessions is closed, 0 for never (0)"},
     {"shutdown-timeout", OPT_UINT, 1, 86400, FIELD(shutdown_timeout),
      "seconds a shutdown may take (10)"},
     {"wedge-timeout", OPT_UINT, 1, 86400, FIELD(wedge_timeout),

@@ -27,6 +27,8 @@ typedef struct server_config {
     uint32_t max_connections;         /* open session connections */
     size_t max_line;                  /* longest request line, without "\n" */
     uint32_t idle_timeout;            /* seconds a session may sit idle; 0 = forever */
+    uint32_t conn_timeout;            /* seconds a connection with no live session and no
+                                         request in flight may sit silent; 0 = forever */
     uint32_t shutdown_timeout;        /* seconds a drain may take before exit 1 */
     uint32_t wedge_timeout;           /* seconds one job may run before /health fails */
     size_t nmodels;                   /* presets to load, in the order given */
