@@ -7,11 +7,20 @@
  * flag (--cache-mb is SLOTD_CACHE_MB).  Values are checked as they are
  * parsed; settings that depend on each other (the default model among the
  * loaded ones, two distinct ports) or on the machine (the pool within
- * physical memory) are checked once everything is read.
+ * physical memory and the cgroup's memory limit) are checked once
+ * everything is read.
+ *
+ * Defaults follow the limits the process actually runs under, not the
+ * machine's: --threads is the smallest of the online cores, the CPU
+ * affinity mask and the cgroup's CPU quota; --cache-mb is 256 MiB or half
+ * the cgroup's memory limit if that is smaller.  Both cgroup v2 (cpu.max,
+ * memory.max) and v1 (cpu.cfs_quota_us / cpu.cfs_period_us,
+ * memory.limit_in_bytes) are read.
  *
  * Test builds (SLOTD_FAULT_INJECTION) add the --fault-* rows; elsewhere
  * those flags do not exist and are refused as unknown.
  */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "config.h"
 
 #include <ctype.h>
@@ -19,6 +28,8 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -88,16 +99,123 @@ static const option_t options[] = {
 
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 
-void config_defaults(server_config_t *cfg)
+/* Reads the first unsigned integer of `dir`/`file` into *v (0 on success).
+ * "max" (cgroup v2's "no limit") is UINT64_MAX. */
+static int read_limit(const char *dir, const char *file, uint64_t *v)
 {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char path[4096], buf[64];
+    FILE *f;
+    size_t n;
 
+    if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, file) >= sizeof(path) ||
+        (f = fopen(path, "re")) == NULL)
+        return -1;
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    if (strncmp(buf, "max", 3) == 0) {
+        *v = UINT64_MAX;
+        return 0;
+    }
+    if (buf[0] == '-') { /* v1's cfs_quota_us of -1: no quota */
+        *v = UINT64_MAX;
+        return 0;
+    }
+    errno = 0;
+    char *end;
+    unsigned long long x = strtoull(buf, &end, 10);
+    if (end == buf || errno != 0)
+        return -1;
+    *v = (uint64_t)x;
+    return 0;
+}
+
+/* The directory of a controller: `root`/`mount``path` if it exists (a
+ * host's view), else `root`/`mount` (a container whose cgroup is mounted
+ * as the root of its hierarchy). */
+static void cgroup_dir(char *out, size_t outlen, const char *root, const char *mount,
+                       const char *path)
+{
+    if ((size_t)snprintf(out, outlen, "%s/%s%s", root, mount, path) < outlen &&
+        access(out, F_OK) == 0)
+        return;
+    snprintf(out, outlen, "%s/%s", root, mount);
+}
+
+void config_cgroup_limits(const char *cgroup_file, const char *root, config_limits_t *out)
+{
+    char line[4096], dir[4096];
+    FILE *f;
+    uint64_t quota, period, mem;
+
+    out->cpus = 0;
+    out->memory_mb = 0;
+    if ((f = fopen(cgroup_file, "re")) == NULL)
+        return;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        char *ctrl = strchr(line, ':'), *path;
+        if (ctrl == NULL || (path = strchr(++ctrl, ':')) == NULL)
+            continue;
+        *path++ = '\0';
+        path[strcspn(path, "\n")] = '\0';
+        if (strcmp(path, "/") == 0)
+            path[0] = '\0';
+        if (ctrl[0] == '\0') { /* v2: "0::/path" */
+            cgroup_dir(dir, sizeof(dir), root, "", path);
+            char v2[4096];
+            if ((size_t)snprintf(v2, sizeof(v2), "%s/cpu.max", dir) < sizeof(v2)) {
+                FILE *c = fopen(v2, "re");
+                unsigned long long q, per;
+                char word[16];
+                if (c != NULL) {
+                    if (fscanf(c, "%15s %llu", word, &per) == 2 && strcmp(word, "max") != 0 &&
+                        sscanf(word, "%llu", &q) == 1 && per > 0)
+                        out->cpus = (unsigned)((q + per - 1) / per);
+                    fclose(c);
+                }
+            }
+            if (read_limit(dir, "memory.max", &mem) == 0 && mem != UINT64_MAX)
+                out->memory_mb = mem >> 20;
+            continue;
+        }
+        /* v1: "N:cpu,cpuacct:/path", "N:memory:/path" */
+        char *save = NULL;
+        for (char *tok = strtok_r(ctrl, ",", &save); tok != NULL;
+             tok = strtok_r(NULL, ",", &save)) {
+            if (strcmp(tok, "memory") == 0) {
+                cgroup_dir(dir, sizeof(dir), root, "memory", path);
+                /* v1 reports "no limit" as a huge page-rounded number. */
+                if (read_limit(dir, "memory.limit_in_bytes", &mem) == 0 &&
+                    mem < (UINT64_C(1) << 62))
+                    out->memory_mb = mem >> 20;
+            } else if (strcmp(tok, "cpu") == 0) {
+                cgroup_dir(dir, sizeof(dir), root, "cpu", path);
+                if (read_limit(dir, "cpu.cfs_quota_us", &quota) == 0 && quota != UINT64_MAX &&
+                    read_limit(dir, "cpu.cfs_period_us", &period) == 0 && period > 0)
+                    out->cpus = (unsigned)((quota + period - 1) / period);
+            }
+        }
+    }
+    fclose(f);
+}
+
+void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_cores,
+                         const config_limits_t *lim)
+{
+    long cores = online_cores;
+
+    if (affinity_cores > 0 && affinity_cores < cores)
+        cores = affinity_cores;
+    if (lim->cpus > 0 && (long)lim->cpus < cores)
+        cores = (long)lim->cpus;
     memset(cfg, 0, sizeof(*cfg));
     strcpy(cfg->listen, "127.0.0.1");
     cfg->port = 7070;
     cfg->admin_port = 7071;
     cfg->threads = cores < 1 ? 1 : cores > 1024 ? 1024 : (unsigned)cores;
     cfg->cache_mb = 256;
+    if (lim->memory_mb != 0 && lim->memory_mb / 2 < cfg->cache_mb)
+        cfg->cache_mb = lim->memory_mb / 2 > 0 ? lim->memory_mb / 2 : 1;
     cfg->max_sessions = 100000;
     cfg->max_connections = 10000;
     cfg->max_line = PROTO_DEFAULT_MAX_LINE;
@@ -109,6 +227,18 @@ void config_defaults(server_config_t *cfg)
     strcpy(cfg->models[1], "hash");
     strcpy(cfg->default_model, "tiny");
     cfg->log_level = LOG_LEVEL_INFO;
+}
+
+void config_defaults(server_config_t *cfg)
+{
+    config_limits_t lim;
+    cpu_set_t set;
+    long affinity = 0;
+
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        affinity = CPU_COUNT(&set);
+    config_cgroup_limits("/proc/self/cgroup", "/sys/fs/cgroup", &lim);
+    config_defaults_for(cfg, sysconf(_SC_NPROCESSORS_ONLN), affinity, &lim);
 }
 
 static config_result_t fail(char *err, size_t errlen, const char *fmt, ...)
@@ -301,23 +431,15 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
 {
     config_result_t rc;
     bool help = false, version = false;
+    bool given[NOPTIONS] = {false};
 
     config_defaults(cfg);
 
-    for (size_t i = 0; i < NOPTIONS; i++) {
-        char name[64];
-        const char *v;
-        if (options[i].kind == OPT_FLAG)
-            continue;
-        env_name(&options[i], name, sizeof(name));
-        v = env_lookup(envp, name);
-        if (v != NULL && (rc = set_option(cfg, &options[i], name, v, err, errlen)) != CONFIG_OK)
-            return rc;
-    }
-
+    /* The flags' syntax first, so that a variable whose flag is given is
+     * never read: a flag replaces its variable, even a malformed one. */
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
-        const char *eq, *value;
+        const char *eq;
         const option_t *o;
         size_t len;
 
@@ -329,6 +451,7 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
         o = option_find(arg, len);
         if (o == NULL)
             return fail(err, errlen, "unknown flag '--%.*s' (see --help)", (int)len, arg);
+        given[o - options] = true;
         if (o->kind == OPT_FLAG) {
             if (eq != NULL)
                 return fail(err, errlen, "--%s takes no value", o->name);
@@ -338,14 +461,32 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
                 version = true;
             continue;
         }
-        if (eq != NULL) {
-            value = eq + 1;
-        } else {
-            if (i + 1 >= argc)
-                return fail(err, errlen, "--%s needs a value", o->name);
-            value = argv[++i];
-        }
+        if (eq == NULL && ++i >= argc)
+            return fail(err, errlen, "--%s needs a value", o->name);
+    }
+
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        char name[64];
+        const char *v;
+        if (options[i].kind == OPT_FLAG || given[i])
+            continue;
+        env_name(&options[i], name, sizeof(name));
+        v = env_lookup(envp, name);
+        if (v != NULL && (rc = set_option(cfg, &options[i], name, v, err, errlen)) != CONFIG_OK)
+            return rc;
+    }
+
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i] + 2;
+        const char *eq = strchr(arg, '=');
+        size_t len = eq != NULL ? (size_t)(eq - arg) : strlen(arg);
+        const option_t *o = option_find(arg, len);
+        const char *value;
         char src[64];
+
+        if (o->kind == OPT_FLAG)
+            continue;
+        value = eq != NULL ? eq + 1 : argv[++i];
         snprintf(src, sizeof(src), "--%s", o->name);
         if ((rc = set_option(cfg, o, src, value, err, errlen)) != CONFIG_OK)
             return rc;
@@ -369,6 +510,13 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
                     "--cache-mb: %" PRIu64 " MiB is more than this machine's %" PRIu64
                     " MiB of physical memory",
                     cfg->cache_mb, phys);
+    config_limits_t lim;
+    config_cgroup_limits("/proc/self/cgroup", "/sys/fs/cgroup", &lim);
+    if (lim.memory_mb != 0 && cfg->cache_mb > lim.memory_mb)
+        return fail(err, errlen,
+                    "--cache-mb: %" PRIu64 " MiB is more than this process's cgroup memory "
+                    "limit of %" PRIu64 " MiB",
+                    cfg->cache_mb, lim.memory_mb);
     return CONFIG_OK;
 }
 

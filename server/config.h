@@ -50,7 +50,27 @@ typedef enum config_result {
     CONFIG_ERROR,   /* `err` holds one line saying what is wrong: exit 2 */
 } config_result_t;
 
-/** Fills `cfg` with the defaults (threads = online cores). */
+/** Resource limits of the process's cgroup; 0 means none found. */
+typedef struct config_limits {
+    unsigned cpus;      /* CPU quota / period, rounded up */
+    uint64_t memory_mb; /* memory limit in MiB */
+} config_limits_t;
+
+/** Reads the limits of the cgroup named in `cgroup_file` (normally
+ * "/proc/self/cgroup") under the hierarchy mounted at `root` (normally
+ * "/sys/fs/cgroup"); v2 and v1 layouts.  Anything unreadable or unlimited
+ * leaves its field 0. */
+void config_cgroup_limits(const char *cgroup_file, const char *root, config_limits_t *out);
+
+/** Fills `cfg` with the defaults for a process that sees `online_cores`
+ * cores, may run on `affinity_cores` of them (0: unknown) and has the
+ * cgroup limits `lim`: threads is the smallest of the three, cache_mb 256
+ * or half the memory limit if that is smaller. */
+void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_cores,
+                         const config_limits_t *lim);
+
+/** Fills `cfg` with the defaults for this process (config_defaults_for()
+ * with sysconf, sched_getaffinity and the process's own cgroup). */
 void config_defaults(server_config_t *cfg);
 
 /** Parses the environment, then argv[1..argc-1] over it.  `envp` is a

@@ -1,10 +1,12 @@
 /*
  * test_config.c: the Check suite of server/config.c: the defaults, every
  * flag in both spellings, every SLOTD_* variable, flags over the
- * environment, and the values and flags that must be refused.
+ * environment, and the values and flags that must be refused; the cgroup
+ * limits the defaults follow.
  */
 #include <check.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,8 +150,126 @@ START_TEST(test_bad_environment)
 
     ck_assert_int_eq(parse_env(&cfg, env, (char *)NULL), CONFIG_ERROR);
     ck_assert_ptr_nonnull(strstr(err, "SLOTD_PORT"));
-    /* A bad environment value is an error even if a flag would override it. */
-    ck_assert_int_eq(parse_env(&cfg, env, "--port", "1", (char *)NULL), CONFIG_ERROR);
+    /* A flag replaces its variable, even a malformed one: it is never read. */
+    ck_assert_int_eq(parse_env(&cfg, env, "--port", "1", (char *)NULL), CONFIG_OK);
+    ck_assert_int_eq(cfg.port, 1);
+    ck_assert_int_eq(parse_env(&cfg, env, "--port=2", (char *)NULL), CONFIG_OK);
+    ck_assert_int_eq(cfg.port, 2);
+    /* Another flag does not: the bad variable is still read. */
+    ck_assert_int_eq(parse_env(&cfg, env, "--admin-port", "1", (char *)NULL), CONFIG_ERROR);
+    ck_assert_ptr_nonnull(strstr(err, "SLOTD_PORT"));
+    /* A command line with a syntax error is refused before any variable. */
+    ck_assert_int_eq(parse_env(&cfg, env, "--bogus", (char *)NULL), CONFIG_ERROR);
+    ck_assert_ptr_nonnull(strstr(err, "bogus"));
+}
+END_TEST
+
+/* Writes `text` to `dir`/`name`, making `dir` first. */
+static void put(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "mkdir -p '%s'", dir);
+    ck_assert_int_eq(system(path), 0);
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    ck_assert_ptr_nonnull(f = fopen(path, "w"));
+    fputs(text, f);
+    fclose(f);
+}
+
+static void rmtree(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_cgroup_v2)
+{
+    char root[] = "/tmp/slotd-cgroup.XXXXXX", dir[256], file[256];
+    config_limits_t lim;
+
+    ck_assert_ptr_nonnull(mkdtemp(root));
+    snprintf(file, sizeof(file), "%s/self", root);
+    put(root, "self", "0::/svc/slotd.service\n");
+    snprintf(dir, sizeof(dir), "%s/svc/slotd.service", root);
+    put(dir, "cpu.max", "150000 100000\n");
+    put(dir, "memory.max", "536870912\n");
+    config_cgroup_limits(file, root, &lim);
+    ck_assert_uint_eq(lim.cpus, 2); /* 1.5 CPUs, rounded up */
+    ck_assert_uint_eq(lim.memory_mb, 512);
+
+    put(dir, "cpu.max", "max 100000\n");
+    put(dir, "memory.max", "max\n");
+    config_cgroup_limits(file, root, &lim);
+    ck_assert_uint_eq(lim.cpus, 0);
+    ck_assert_uint_eq(lim.memory_mb, 0);
+
+    /* A container: its cgroup is the root of the mounted hierarchy. */
+    put(root, "self", "0::/\n");
+    put(root, "cpu.max", "100000 100000\n");
+    put(root, "memory.max", "134217728\n");
+    config_cgroup_limits(file, root, &lim);
+    ck_assert_uint_eq(lim.cpus, 1);
+    ck_assert_uint_eq(lim.memory_mb, 128);
+
+    /* Nothing readable: no limits. */
+    config_cgroup_limits("/nonexistent/cgroup", root, &lim);
+    ck_assert_uint_eq(lim.cpus, 0);
+    ck_assert_uint_eq(lim.memory_mb, 0);
+    rmtree(root);
+}
+END_TEST
+
+START_TEST(test_cgroup_v1)
+{
+    char root[] = "/tmp/slotd-cgroup.XXXXXX", dir[256], file[256];
+    config_limits_t lim;
+
+    ck_assert_ptr_nonnull(mkdtemp(root));
+    snprintf(file, sizeof(file), "%s/self", root);
+    put(root, "self", "4:memory:/box\n3:cpuset:/\n1:cpu,cpuacct:/box\n0::/\n");
+    snprintf(dir, sizeof(dir), "%s/memory/box", root);
+    put(dir, "memory.limit_in_bytes", "1073741824\n");
+    snprintf(dir, sizeof(dir), "%s/cpu/box", root);
+    put(dir, "cpu.cfs_quota_us", "300000\n");
+    put(dir, "cpu.cfs_period_us", "100000\n");
+    config_cgroup_limits(file, root, &lim);
+    ck_assert_uint_eq(lim.cpus, 3);
+    ck_assert_uint_eq(lim.memory_mb, 1024);
+
+    /* v1's "no limit": a quota of -1, a huge memory limit. */
+    put(dir, "cpu.cfs_quota_us", "-1\n");
+    snprintf(dir, sizeof(dir), "%s/memory/box", root);
+    put(dir, "memory.limit_in_bytes", "9223372036854771712\n");
+    config_cgroup_limits(file, root, &lim);
+    ck_assert_uint_eq(lim.cpus, 0);
+    ck_assert_uint_eq(lim.memory_mb, 0);
+    rmtree(root);
+}
+END_TEST
+
+START_TEST(test_defaults_follow_limits)
+{
+    server_config_t cfg;
+    config_limits_t none = {0, 0}, lim = {2, 300};
+
+    config_defaults_for(&cfg, 8, 0, &none);
+    ck_assert_uint_eq(cfg.threads, 8);
+    ck_assert_uint_eq(cfg.cache_mb, 256);
+    config_defaults_for(&cfg, 8, 4, &none); /* taskset to 4 cores */
+    ck_assert_uint_eq(cfg.threads, 4);
+    config_defaults_for(&cfg, 8, 4, &lim); /* a quota of 2 CPUs, 300 MiB */
+    ck_assert_uint_eq(cfg.threads, 2);
+    ck_assert_uint_eq(cfg.cache_mb, 150);
+    lim.memory_mb = 4096; /* roomy: the default stands */
+    config_defaults_for(&cfg, 8, 0, &lim);
+    ck_assert_uint_eq(cfg.cache_mb, 256);
+    lim.memory_mb = 1;
+    config_defaults_for(&cfg, 1, 0, &lim);
+    ck_assert_uint_eq(cfg.cache_mb, 1);
+    ck_assert_uint_eq(cfg.threads, 1);
 }
 END_TEST
 
@@ -247,6 +367,9 @@ static Suite *suite(void)
     tcase_add_test(tc, test_every_flag);
     tcase_add_test(tc, test_environment);
     tcase_add_test(tc, test_bad_environment);
+    tcase_add_test(tc, test_cgroup_v2);
+    tcase_add_test(tc, test_cgroup_v1);
+    tcase_add_test(tc, test_defaults_follow_limits);
     tcase_add_loop_test(tc, test_bad_values, 0, (int)(sizeof(bad) / sizeof(bad[0])));
     tcase_add_test(tc, test_help_version);
     tcase_add_test(tc, test_edges);

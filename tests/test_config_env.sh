@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Settings from flags and SLOTD_* environment variables, as server/config.c
 # and docs/operations.md describe them: every variable reaches the daemon
-# and changes what it does, a flag beats its variable, a bad value stops
-# start-up with status 2, and the operator's table lists every setting.
+# and changes what it does, a flag beats (and replaces) its variable, a bad
+# value stops start-up with status 2, and the operator's table lists every setting.
 #
 #   tests/test_config_env.sh [BUILD_DIR]   (or SLOTD_BUILD_DIR; default build/)
 #
@@ -158,19 +158,39 @@ exec {fd}>&-
 
 check "SLOTD_LOG_LEVEL=debug: the log has debug lines" grep -q ' debug ' "$work/env.log"
 
-# A job longer than the wedge timeout turns /health to 503 while it runs:
-# an uncached generate of 240 steps on small takes seconds (about 2.5 s in a
-# Release build, far longer under a sanitizer).  The job runs on after the
-# check; the drain below ends it.
-exec {fd}<>"/dev/tcp/127.0.0.1/$p"
-printf '%s\n' '{"op":"generate","model":"small","tokens":[1],"steps":240}' >&"$fd"
-wedged() { [ "$(health_code "$a")" = 503 ]; }
-if wait_for 8 wedged; then
-  pass "SLOTD_WEDGE_TIMEOUT=1: /health is 503 while one job runs past 1 s"
+# A job longer than the wedge timeout turns /health to 503 while it runs.
+# Test builds wedge a job on purpose (--fault-wedge-after: the N-th job
+# holds its worker until SIGUSR1), on a daemon of its own so that the count
+# starts at its first job; elsewhere an uncached generate of 240 steps on
+# small stands in (about 2.5 s in a Release build, longer under a
+# sanitizer), and runs on until the drain below ends it.
+wedged() { [ "$(health_code "$1")" = 503 ]; }
+if grep -q -- '--fault-wedge-after' <<<"$help"; then
+  pw=$(free_port) && aw=$(free_port) || { fail "no free port"; exit 1; }
+  daemon wedge SLOTD_PORT="$pw" SLOTD_ADMIN_PORT="$aw" SLOTD_WEDGE_TIMEOUT=1 SLOTD_FAULT_WEDGE_AFTER=1
+  wpid=$dpid
+  wait_for 10 healthy "$aw" || fail "the wedge daemon did not come up"
+  check "SLOTD_WEDGE_TIMEOUT=1: /health is 200 before any job" healthy "$aw"
+  exec {fd}<>"/dev/tcp/127.0.0.1/$pw"
+  printf '%s\n' '{"op":"start","id":"w","prompt":[1]}' >&"$fd"
+  check "SLOTD_WEDGE_TIMEOUT=1: /health turns 503 while a job is held past 1 s" \
+    wait_for 8 wedged "$aw"
+  kill -USR1 "$wpid"
+  IFS= read -r -t 5 line <&"$fd" || line=""
+  check "the released job is answered: ${line:-nothing}" test "$line" = '{"id":"w","model":"tiny","entries":1}'
+  check "SLOTD_WEDGE_TIMEOUT=1: /health is 200 again once the job ends" wait_for 5 healthy "$aw"
+  exec {fd}>&-
+  kill -TERM "$wpid"; wait "$wpid"
 else
-  fail "SLOTD_WEDGE_TIMEOUT=1: /health stayed '$(health_code "$a")' during a long job"
+  exec {fd}<>"/dev/tcp/127.0.0.1/$p"
+  printf '%s\n' '{"op":"generate","model":"small","tokens":[1],"steps":240}' >&"$fd"
+  if wait_for 8 wedged "$a"; then
+    pass "SLOTD_WEDGE_TIMEOUT=1: /health is 503 while one job runs past 1 s"
+  else
+    fail "SLOTD_WEDGE_TIMEOUT=1: /health stayed '$(health_code "$a")' during a long job"
+  fi
+  exec {fd}>&-
 fi
-exec {fd}>&-
 
 # A client that writes and never reads holds the drain open: with
 # SLOTD_SHUTDOWN_TIMEOUT=1 the daemon gives up after 1 s with status 1.
@@ -258,8 +278,13 @@ check "an empty SLOTD_CACHE_MB is refused" refuses SLOTD_CACHE_MB SLOTD_CACHE_MB
 check "SLOTD_LOG_LEVEL=loud is refused" refuses SLOTD_LOG_LEVEL SLOTD_LOG_LEVEL=loud -- --port 0 --admin-port 0
 check "SLOTD_DEFAULT_MODEL=small without small in --models is refused" \
   refuses default-model SLOTD_DEFAULT_MODEL=small -- --port 0 --admin-port 0
-check "a malformed SLOTD_PORT is refused even when --port is given" \
-  refuses SLOTD_PORT SLOTD_PORT=http -- --port 0 --admin-port 0
+check "a malformed SLOTD_PORT is refused when no --port replaces it" \
+  refuses SLOTD_PORT SLOTD_PORT=http -- --admin-port 0
+# A flag replaces its variable, so a malformed one it replaces is never read.
+pg=$(free_port) && ag=$(free_port) || { fail "no free port"; exit 1; }
+daemon override SLOTD_PORT=http -- --port "$pg" --admin-port "$ag"
+check "a malformed SLOTD_PORT is ignored when --port $pg replaces it" wait_for 10 healthy "$ag"
+kill -TERM "$dpid"; wait "$dpid"
 check "--threads=0 is refused" refuses --threads -- --threads=0 --port 0 --admin-port 0
 
 # ---- The operator's table lists every setting ----
