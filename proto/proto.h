@@ -10,6 +10,14 @@
  *     the op and every field's type and range (range against a model, such
  *     as a token below V, is the caller's: see model_check_prompt()); and
  *     the proto_reply_*() writers, each appending exactly one line.
+ *
+ * Memory: proto_request_parse() builds its cJSON tree in a bump arena of
+ * the calling thread (a static block per thread, plus overflow chunks that
+ * are freed before the call returns), through cJSON allocation hooks that
+ * proto_init() installs for the whole process.  Outside a parse those hooks
+ * are plain malloc and free, so other code may use cJSON as usual, on any
+ * thread; it must not replace the hooks while a parse runs (if it replaces
+ * them at another time, parsing still works, one malloc per node again).
  */
 #ifndef SLOTD_PROTO_PROTO_H
 #define SLOTD_PROTO_PROTO_H
@@ -85,6 +93,13 @@ typedef enum proto_op {
 
 /** The op's wire name ("start", ...); "none" for PROTO_OP_NONE.  Static. */
 const char *proto_op_name(proto_op_t op);
+
+/** Installs proto/'s cJSON allocation hooks (see above) once per process;
+ * later calls do nothing.  proto_request_parse() calls it itself; a program
+ * that uses cJSON on more than one thread should call it before it starts
+ * them, so that the hooks are never written while another thread reads
+ * them.  Thread-safe. */
+void proto_init(void);
 
 /** A validated request.  Owns `tag` and `tokens` (malloc), freed by
  * proto_request_free(). */

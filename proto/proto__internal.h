@@ -14,6 +14,25 @@
  * to make allocations fail on purpose; nothing else may change it. */
 extern void *(*proto__realloc)(void *ptr, size_t size);
 
+/** What the cJSON arena of the calling thread served during the last
+ * proto_request_parse() on that thread that got as far as cJSON (a line
+ * refused by the UTF-8 or syntax check never does; see request.c):
+ * allocations, bytes of the static block used, and overflow chunks and
+ * their bytes (already released when the parse returned).  For tests. */
+typedef struct proto__arena_stats {
+    size_t allocs;
+    size_t block_bytes;
+    size_t chunks;
+    size_t chunk_bytes;
+} proto__arena_stats_t;
+
+void proto__arena_last(proto__arena_stats_t *out);
+
+/** Installs proto/'s cJSON allocation hooks again, unconditionally: for a
+ * test that replaced them (cJSON_InitHooks) and wants them back.  Not
+ * thread-safe: no other thread may use cJSON meanwhile. */
+void proto__json_hooks_install(void);
+
 /** Room proto__fmt6() may need, the terminating NUL included: "%.6f" of
  * -DBL_MAX is 317 characters. */
 #define PROTO__FMT6_MAX 336

@@ -12,6 +12,19 @@
  *      digits;
  *   3. cJSON builds the tree, and the op and its fields are validated.
  *
+ * cJSON allocates every node and every string with its own malloc and frees
+ * each with cJSON_Delete.  So proto/ installs cJSON allocation hooks (once
+ * per process, proto_init()) backed by a bump arena per thread: while a
+ * parse is running on a thread, cJSON's allocations on that thread are cut
+ * from the thread's arena (a static block, plus overflow chunks from
+ * proto__realloc() for trees that do not fit), and the whole tree is let go
+ * at once when the parse returns, without walking it.  Outside a parse the
+ * hooks are malloc and free, so any other use of cJSON in the process, on
+ * any thread, sees the ordinary allocator; the free hook ignores pointers
+ * into the active arena (cJSON frees a partial tree when it fails).  If
+ * something else in the process replaced the hooks, the parse notices that
+ * the arena served nothing and frees the tree with cJSON_Delete as before.
+ *
  * cJSON alone is more lenient than JSON (it takes leading zeros, "1.",
  * control bytes as white space, raw control characters in strings, a
  * byte-order mark) and cannot apply the integer rule exactly: it reads a
@@ -31,15 +44,42 @@
 #include <assert.h>
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdalign.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define PROTO_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PROTO_ASAN 1
+#endif
+#endif
+#ifdef PROTO_ASAN
+#include <sanitizer/asan_interface.h>
+#define ARENA_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define ARENA_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#define ARENA_REDZONE 16 /* poisoned bytes after each allocation */
+#else
+#define ARENA_POISON(p, n) ((void)(p), (void)(n))
+#define ARENA_UNPOISON(p, n) ((void)(p), (void)(n))
+#define ARENA_REDZONE 0
+#endif
 
 #define PROTO_JSON_MAX_DEPTH 128
 #define PROTO_INT_LIMIT 9007199254740992.0 /* 2^53 */
 /* Longest replacement of a number literal ("-9007199254740992") less the
  * shortest literal that is replaced ("1.0", "1e5"), rounded up. */
 #define PROTO_NUMBER_GROWTH 16
+
+/* The arena: a static block per thread (a start with a prompt of about 200
+ * tokens fits), then overflow chunks of at least ARENA_CHUNK_MIN bytes,
+ * each twice the last. */
+#define ARENA_BLOCK 16384
+#define ARENA_CHUNK_MIN 65536
+#define ARENA_ALIGN (alignof(max_align_t))
 
 /* ---- Ops ---- */
 
@@ -54,6 +94,157 @@ const char *proto_op_name(proto_op_t op)
     if ((unsigned)op >= PROTO_OP__COUNT)
         return "none";
     return op_names[op];
+}
+
+/* ---- cJSON's memory: a bump arena per thread ---- */
+
+/* An overflow chunk, from proto__realloc(); freed by arena_end(). */
+typedef struct arena_chunk {
+    struct arena_chunk *prev; /* the chunk before it, NULL for the first */
+    size_t cap;               /* bytes in data */
+    max_align_t data[];
+} arena_chunk_t;
+
+/* One thread's arena.  Active only inside proto_request_parse(), and
+ * nothing allocated from it outlives that call. */
+typedef struct arena {
+    unsigned char *cur;    /* the block or the newest chunk */
+    size_t used, cap;      /* of cur */
+    size_t block_used;     /* of the block, once a chunk took over */
+    arena_chunk_t *chunks; /* overflow chunks, newest first; owned */
+    size_t allocs;         /* allocations served since arena_begin() */
+    bool active;
+    bool poisoned; /* ASan: the block was poisoned once */
+    proto__arena_stats_t last;
+} arena_t;
+
+static _Thread_local arena_t arena;
+static _Thread_local max_align_t arena_block[ARENA_BLOCK / sizeof(max_align_t)];
+
+static void arena_begin(void)
+{
+    arena_t *a = &arena;
+
+    assert(!a->active && a->chunks == NULL);
+    if (!a->poisoned) {
+        ARENA_POISON(arena_block, sizeof(arena_block));
+        a->poisoned = true;
+    }
+    a->cur = (unsigned char *)arena_block;
+    a->used = 0;
+    a->cap = sizeof(arena_block);
+    a->block_used = 0;
+    a->allocs = 0;
+    a->active = true;
+}
+
+/* `n` bytes aligned like malloc's, or NULL when no chunk could be had. */
+static void *arena_alloc(size_t n)
+{
+    arena_t *a = &arena;
+    size_t need = (n + ARENA_REDZONE + ARENA_ALIGN) & ~(ARENA_ALIGN - 1);
+    unsigned char *p;
+
+    assert(a->active);
+    if (need < n || need > (size_t)PTRDIFF_MAX - sizeof(arena_chunk_t))
+        return NULL;
+    if (a->cap - a->used < need) {
+        size_t size = a->chunks != NULL ? a->chunks->cap * 2 : ARENA_CHUNK_MIN;
+        arena_chunk_t *c;
+        if (size < need)
+            size = need;
+        c = proto__realloc(NULL, sizeof(*c) + size);
+        if (c == NULL)
+            return NULL;
+        if (a->chunks == NULL)
+            a->block_used = a->used;
+        c->prev = a->chunks;
+        c->cap = size;
+        a->chunks = c;
+        a->cur = (unsigned char *)c->data;
+        a->used = 0;
+        a->cap = size;
+        ARENA_POISON(c->data, size);
+    }
+    p = a->cur + a->used;
+    a->used += need;
+    a->allocs++;
+    ARENA_UNPOISON(p, n);
+    return p;
+}
+
+/* Whether `p` points into this thread's active arena. */
+static bool arena_owns(const void *p)
+{
+    const arena_t *a = &arena;
+    uintptr_t u = (uintptr_t)p, b = (uintptr_t)arena_block;
+
+    if (!a->active)
+        return false;
+    if (u >= b && u < b + sizeof(arena_block))
+        return true;
+    for (const arena_chunk_t *c = a->chunks; c != NULL; c = c->prev) {
+        b = (uintptr_t)c->data;
+        if (u >= b && u < b + c->cap)
+            return true;
+    }
+    return false;
+}
+
+/* Lets go of everything the arena handed out since arena_begin(). */
+static void arena_end(void)
+{
+    arena_t *a = &arena;
+    arena_chunk_t *c = a->chunks, *prev;
+
+    assert(a->active);
+    if (c == NULL)
+        a->block_used = a->used;
+    a->last = (proto__arena_stats_t){.allocs = a->allocs, .block_bytes = a->block_used};
+    for (; c != NULL; c = prev) {
+        prev = c->prev;
+        a->last.chunks++;
+        a->last.chunk_bytes += c->cap;
+        ARENA_UNPOISON(c->data, c->cap);
+        free(c);
+    }
+    a->chunks = NULL;
+#ifdef PROTO_ASAN
+    ARENA_POISON(arena_block, a->block_used);
+#elif !defined(NDEBUG)
+    /* A pointer kept past the parse reads garbage at once. */
+    memset(arena_block, 0xA5, a->block_used);
+#endif
+    a->active = false;
+}
+
+static void *json_malloc(size_t n)
+{
+    return arena.active ? arena_alloc(n) : malloc(n);
+}
+
+static void json_free(void *p)
+{
+    if (!arena_owns(p))
+        free(p);
+}
+
+static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
+
+void proto__json_hooks_install(void)
+{
+    cJSON_Hooks hooks = {json_malloc, json_free};
+    cJSON_InitHooks(&hooks);
+}
+
+void proto_init(void)
+{
+    pthread_once(&hooks_once, proto__json_hooks_install);
+}
+
+void proto__arena_last(proto__arena_stats_t *out)
+{
+    *out = arena.last;
 }
 
 /* ---- UTF-8 ---- */
@@ -456,6 +647,42 @@ static const char *const field_names[FIELD__COUNT] = {
     "tag", "op", "id", "model", "prompt", "tokens", "n", "steps", "use_cache",
 };
 
+/* The FIELD_ of a member name, or -1: one comparison at most. */
+static int field_index(const char *name)
+{
+    int k;
+
+    switch (name[0]) {
+    case 't':
+        k = name[1] == 'a' ? FIELD_TAG : FIELD_TOKENS;
+        break;
+    case 'o':
+        k = FIELD_OP;
+        break;
+    case 'i':
+        k = FIELD_ID;
+        break;
+    case 'm':
+        k = FIELD_MODEL;
+        break;
+    case 'p':
+        k = FIELD_PROMPT;
+        break;
+    case 'n':
+        k = FIELD_N;
+        break;
+    case 's':
+        k = FIELD_STEPS;
+        break;
+    case 'u':
+        k = FIELD_USE_CACHE;
+        break;
+    default:
+        return -1;
+    }
+    return strcmp(name, field_names[k]) == 0 ? k : -1;
+}
+
 /* A JSON number with an integral value within +-2^53.  (Literals that a
  * double would misjudge were replaced before cJSON saw them.) */
 static bool json_int(const cJSON *it, int64_t *out)
@@ -475,19 +702,33 @@ static bool json_int(const cJSON *it, int64_t *out)
     return true;
 }
 
-/* 1..max bytes of [A-Za-z0-9_.:-]. */
-static bool name_ok(const char *s, size_t max)
+/* The bytes of ids and model names: [A-Za-z0-9_.:-]. */
+static const unsigned char name_chars[256] = {
+    ['-'] = 1, ['.'] = 1, [':'] = 1, ['_'] = 1, ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1,
+    ['4'] = 1, ['5'] = 1, ['6'] = 1, ['7'] = 1, ['8'] = 1, ['9'] = 1, ['A'] = 1, ['B'] = 1,
+    ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1, ['G'] = 1, ['H'] = 1, ['I'] = 1, ['J'] = 1,
+    ['K'] = 1, ['L'] = 1, ['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1, ['Q'] = 1, ['R'] = 1,
+    ['S'] = 1, ['T'] = 1, ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1, ['Y'] = 1, ['Z'] = 1,
+    ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1, ['g'] = 1, ['h'] = 1,
+    ['i'] = 1, ['j'] = 1, ['k'] = 1, ['l'] = 1, ['m'] = 1, ['n'] = 1, ['o'] = 1, ['p'] = 1,
+    ['q'] = 1, ['r'] = 1, ['s'] = 1, ['t'] = 1, ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1,
+    ['y'] = 1, ['z'] = 1,
+};
+
+/* Copies `s` into `out` (max + 1 bytes) if it is 1..max bytes of
+ * [A-Za-z0-9_.:-], in one pass; otherwise leaves `out` empty. */
+static bool name_copy(char *out, const char *s, size_t max)
 {
     size_t n = 0;
 
     for (; s[n] != '\0'; n++) {
-        char c = s[n];
-        if (n >= max)
+        if (n >= max || !name_chars[(unsigned char)s[n]]) {
+            out[0] = '\0';
             return false;
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '.' || c == ':' || c == '-'))
-            return false;
+        }
+        out[n] = s[n];
     }
+    out[n] = '\0';
     return n > 0;
 }
 
@@ -497,12 +738,11 @@ static int field_id(const cJSON *it, proto_request_t *r, slotd_error_t *err)
 
     if (it == NULL)
         return slotd_error_set(err, SLOTD_EBAD_REQUEST, "%s: `id` is required", op);
-    if (!cJSON_IsString(it) || !name_ok(it->valuestring, PROTO_ID_MAX))
+    if (!cJSON_IsString(it) || !name_copy(r->id, it->valuestring, PROTO_ID_MAX))
         return slotd_error_set(err, SLOTD_EBAD_REQUEST,
                                "%s: `id` must be a string of 1-64 characters from "
                                "[A-Za-z0-9_.:-]",
                                op);
-    strcpy(r->id, it->valuestring);
     return SLOTD_OK;
 }
 
@@ -510,12 +750,11 @@ static int field_model(const cJSON *it, proto_request_t *r, slotd_error_t *err)
 {
     if (it == NULL)
         return SLOTD_OK;
-    if (!cJSON_IsString(it) || !name_ok(it->valuestring, PROTO_MODEL_MAX))
+    if (!cJSON_IsString(it) || !name_copy(r->model, it->valuestring, PROTO_MODEL_MAX))
         return slotd_error_set(err, SLOTD_EBAD_REQUEST,
                                "%s: `model` must be a string of 1-32 characters from "
                                "[A-Za-z0-9_.:-]",
                                proto_op_name(r->op));
-    strcpy(r->model, it->valuestring);
     return SLOTD_OK;
 }
 
@@ -581,37 +820,80 @@ static int field_use_cache(const cJSON *it, proto_request_t *r, slotd_error_t *e
     return SLOTD_OK;
 }
 
-/* The tag's JSON text into r->tag.  Returns SLOTD_OK, SLOTD_EBAD_REQUEST
- * (not a string or an integer; `err` untouched) or SLOTD_ENOMEM. */
+/* Writes `v` in decimal to `out` (24 bytes); returns the length. */
+static size_t fmt_i64(char *out, int64_t v)
+{
+    char d[20];
+    size_t nd = 0, o = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+
+    do {
+        d[nd++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u > 0);
+    if (v < 0)
+        out[o++] = '-';
+    while (nd > 0)
+        out[o++] = d[--nd];
+    return o;
+}
+
+/* A malloc'd, NUL-terminated copy of `n` bytes of `s`, quoted when `quote`. */
+static char *tag_text(const char *s, size_t n, bool quote)
+{
+    char *t = proto__realloc(NULL, n + (quote ? 3 : 1));
+    size_t o = 0;
+
+    if (t == NULL)
+        return NULL;
+    if (quote)
+        t[o++] = '"';
+    memcpy(t + o, s, n);
+    o += n;
+    if (quote)
+        t[o++] = '"';
+    t[o] = '\0';
+    return t;
+}
+
+/* The tag's JSON text into r->tag, one allocation of its exact size.
+ * Returns SLOTD_OK, SLOTD_EBAD_REQUEST (not a string or an integer; `err`
+ * untouched) or SLOTD_ENOMEM. */
 static int field_tag(const cJSON *it, proto_request_t *r)
 {
     proto_buf_t b;
     int64_t v;
     char *tag;
 
-    proto_buf_init(&b);
-    if (cJSON_IsString(it)) {
-        if (proto__put_json_string(&b, it->valuestring, strlen(it->valuestring)) != SLOTD_OK)
-            goto nomem;
-    } else if (json_int(it, &v)) {
+    if (json_int(it, &v)) {
         char num[24];
-        int k = snprintf(num, sizeof(num), "%" PRId64, v);
-        if (proto_buf_append(&b, num, (size_t)k) != SLOTD_OK)
-            goto nomem;
-    } else {
-        return SLOTD_EBAD_REQUEST;
+        r->tag = tag_text(num, fmt_i64(num, v), false);
+        return r->tag != NULL ? SLOTD_OK : SLOTD_ENOMEM;
     }
-    if (proto_buf_append(&b, "", 1) != SLOTD_OK)
-        goto nomem;
+    if (!cJSON_IsString(it))
+        return SLOTD_EBAD_REQUEST;
+    {
+        /* Printable ASCII other than '"' and '\\' is written as it is. */
+        const unsigned char *u = (const unsigned char *)it->valuestring;
+        size_t n = 0;
+        while (u[n] >= 0x20 && u[n] < 0x80 && u[n] != '"' && u[n] != '\\')
+            n++;
+        if (u[n] == '\0') {
+            r->tag = tag_text(it->valuestring, n, true);
+            return r->tag != NULL ? SLOTD_OK : SLOTD_ENOMEM;
+        }
+    }
+    proto_buf_init(&b);
+    if (proto__put_json_string(&b, it->valuestring, strlen(it->valuestring)) != SLOTD_OK ||
+        proto_buf_append(&b, "", 1) != SLOTD_OK) {
+        proto_buf_free(&b);
+        return SLOTD_ENOMEM;
+    }
     /* Keep only what the text needs: the request holds it until it is
      * answered. */
     tag = proto__realloc(b.data, b.len);
     r->tag = tag != NULL ? tag : b.data;
     return SLOTD_OK;
-
-nomem:
-    proto_buf_free(&b);
-    return SLOTD_ENOMEM;
 }
 
 /* Copies up to 32 bytes of `s` for a message, printable ASCII only. */
@@ -638,13 +920,9 @@ static int request_fill(const cJSON *root, proto_request_t *r, slotd_error_t *er
     int rc;
 
     for (it = root->child; it != NULL; it = it->next) {
-        for (int k = 0; k < FIELD__COUNT; k++) {
-            if (strcmp(it->string, field_names[k]) == 0) {
-                if (f[k] == NULL)
-                    f[k] = it;
-                break;
-            }
-        }
+        int k = field_index(it->string);
+        if (k >= 0 && f[k] == NULL)
+            f[k] = it;
     }
 
     /* The tag first, so that even an unknown_op reply can echo it; a bad
@@ -662,7 +940,7 @@ static int request_fill(const cJSON *root, proto_request_t *r, slotd_error_t *er
     if (!cJSON_IsString(it))
         return slotd_error_set(err, SLOTD_EUNKNOWN_OP, "`op` must be a string");
     for (int k = PROTO_OP_NONE + 1; k < PROTO_OP__COUNT; k++) {
-        if (strcmp(it->valuestring, op_names[k]) == 0) {
+        if (it->valuestring[0] == op_names[k][0] && strcmp(it->valuestring, op_names[k]) == 0) {
             r->op = (proto_op_t)k;
             break;
         }
@@ -732,12 +1010,13 @@ void proto_request_free(proto_request_t *r)
 int proto_request_parse(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
 {
     json_scan_t j = {.s = (const unsigned char *)line, .n = len};
-    char *copy = NULL;
     const char *text = line;
-    size_t off, textlen = len;
+    size_t off, textlen = len, served;
+    bool own_tree;
     cJSON *root;
     int rc;
 
+    proto_init();
     proto_request_free(r);
 
     off = proto__utf8_scan(line, len);
@@ -751,12 +1030,14 @@ int proto_request_parse(const char *line, size_t len, proto_request_t *r, slotd_
     if ((rc = json_scan_line(&j, err)) != SLOTD_OK)
         return rc;
 
+    arena_begin();
     if (j.rewrites > 0) {
-        if (j.rewrites > (SIZE_MAX - len - 1) / PROTO_NUMBER_GROWTH)
+        char *copy;
+        if (j.rewrites > (SIZE_MAX - len - 1) / PROTO_NUMBER_GROWTH ||
+            (copy = arena_alloc(len + j.rewrites * PROTO_NUMBER_GROWTH + 1)) == NULL) {
+            arena_end();
             return slotd_error_set(err, SLOTD_ENOMEM, "out of memory");
-        copy = proto__realloc(NULL, len + j.rewrites * PROTO_NUMBER_GROWTH + 1);
-        if (copy == NULL)
-            return slotd_error_set(err, SLOTD_ENOMEM, "out of memory");
+        }
         j = (json_scan_t){.s = (const unsigned char *)line, .n = len, .out = copy};
         rc = json_scan_line(&j, err);
         assert(rc == SLOTD_OK && j.outlen <= len + j.rewrites * PROTO_NUMBER_GROWTH);
@@ -766,12 +1047,19 @@ int proto_request_parse(const char *line, size_t len, proto_request_t *r, slotd_
 
     /* The line is known to be one well-formed object, so cJSON can only fail
      * for want of memory. */
+    served = arena.allocs;
     root = cJSON_ParseWithLengthOpts(text, textlen, NULL, 0);
-    free(copy);
-    if (root == NULL)
+    /* When the arena served none of the tree, cJSON's hooks are not ours
+     * (something replaced them): the tree is freed as it was allocated. */
+    own_tree = arena.allocs > served;
+    if (root == NULL) {
+        arena_end();
         return slotd_error_set(err, SLOTD_ENOMEM, "out of memory");
+    }
     rc = request_fill(root, r, err);
-    cJSON_Delete(root);
+    if (!own_tree)
+        cJSON_Delete(root);
+    arena_end();
     if (rc != SLOTD_OK) {
         free(r->tokens);
         r->tokens = NULL;

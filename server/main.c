@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "proto/proto.h"
 #include "server.h"
 
 extern char **environ;
@@ -36,5 +37,7 @@ int main(int argc, char **argv)
     /* A peer that resets the connection must not kill the daemon: libuv
      * reports EPIPE from the write instead. */
     signal(SIGPIPE, SIG_IGN);
+    /* The parser's cJSON hooks are set before any other thread exists. */
+    proto_init();
     return server_run(&cfg);
 }

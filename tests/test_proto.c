@@ -7,7 +7,9 @@
  * with its code, the field its message names and the order in which errors
  * win, the integer rule on awkward literals, the tag echo, every reply shape
  * parsed back with cJSON member by member, and proto__fmt6() against
- * snprintf("%.6f") over a few million values.  It includes the module's
+ * snprintf("%.6f") over a few million values, and the arena cJSON's tree
+ * is built in (no allocation for a usual line, chunks for a large tree,
+ * their failure, other code's cJSON alongside).  It includes the module's
  * private header to reach the formatter, the UTF-8 check and the allocator
  * hook that makes allocations fail on purpose.
  */
@@ -1224,6 +1226,181 @@ START_TEST(test_parse_nomem)
 }
 END_TEST
 
+/* ---- The cJSON arena ---- */
+
+/* Counts proto/'s allocations without failing any. */
+static long counted_allocs;
+
+static void *counting_realloc(void *p, size_t n)
+{
+    counted_allocs++;
+    return realloc(p, n);
+}
+
+/* A start line with `n` prompt tokens; the caller frees it. */
+static char *long_start(size_t n)
+{
+    char *line = malloc(64 + n * 8), *p = line;
+    ck_assert_ptr_nonnull(line);
+    p += sprintf(p, "{\"op\":\"start\",\"id\":\"big\",\"tag\":\"t\",\"prompt\":[");
+    for (size_t i = 0; i < n; i++)
+        p += sprintf(p, "%s%zu", i ? "," : "", i % 1000);
+    strcpy(p, "],\"x\":1.5e0}");
+    return line;
+}
+
+/* A usual line builds its tree in the thread's static block: no chunk, and
+ * no allocation of proto/'s but the request's own (tag, tokens). */
+START_TEST(test_parse_arena_no_alloc)
+{
+    static const struct {
+        const char *line;
+        long allocs; /* proto/'s: tag and tokens */
+    } cases[] = {
+        {"{\"op\":\"step\",\"id\":\"s12\"}", 0},
+        {"{\"op\":\"step\",\"id\":\"s12\",\"n\":4}", 0},
+        {"{\"op\":\"finish\",\"id\":\"s12\",\"tag\":7}", 1},
+        {"{\"op\":\"start\",\"id\":\"a\",\"model\":\"tiny\",\"prompt\":[1,2,3]}", 1},
+        {"{\"op\":\"stats\",\"unknown\":{\"a\":[1,{\"b\":null}]}}", 0},
+        /* A tag that needs escaping: its buffer, then trimmed; and tokens. */
+        {"{\"op\":\"generate\",\"tokens\":[1,2],\"steps\":3.0,\"tag\":\"x\\\"y\"}", 3},
+    };
+    proto_request_t r;
+    slotd_error_t e;
+    proto__arena_stats_t st;
+
+    proto__json_hooks_install();
+    proto_request_init(&r);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        counted_allocs = 0;
+        proto__realloc = counting_realloc;
+        ck_assert_int_eq(parse(cases[i].line, &r, &e), SLOTD_OK);
+        proto__realloc = realloc;
+        ck_assert_int_eq(counted_allocs, cases[i].allocs);
+        proto__arena_last(&st);
+        ck_assert_uint_gt(st.allocs, 2);
+        ck_assert_uint_gt(st.block_bytes, 0);
+        ck_assert_uint_eq(st.chunks, 0);
+    }
+    ck_assert_str_eq(r.tag, "\"x\\\"y\"");
+    ck_assert_int_eq(r.steps, 3);
+    proto_request_free(&r);
+}
+END_TEST
+
+/* A tree larger than the block goes on in chunks, which are released by
+ * the time the parse returns (ASan and valgrind see to that), and the
+ * request is the same as it always was. */
+START_TEST(test_parse_arena_chunks)
+{
+    proto_request_t r;
+    slotd_error_t e;
+    proto__arena_stats_t st;
+    char *line = long_start(5000);
+
+    proto__json_hooks_install();
+    proto_request_init(&r);
+    ck_assert_int_eq(parse(line, &r, &e), SLOTD_OK);
+    proto__arena_last(&st);
+    ck_assert_uint_ge(st.chunks, 2);
+    ck_assert_uint_gt(st.chunk_bytes, 5000 * 32);
+    ck_assert_uint_eq(r.ntokens, 5000);
+    for (size_t i = 0; i < 5000; i++)
+        ck_assert_int_eq(r.tokens[i], (int64_t)(i % 1000));
+    ck_assert_str_eq(r.tag, "\"t\"");
+    ck_assert_str_eq(r.id, "big");
+    /* And a small line after it is back in the block. */
+    ck_assert_int_eq(parse("{\"op\":\"step\",\"id\":\"big\"}", &r, &e), SLOTD_OK);
+    proto__arena_last(&st);
+    ck_assert_uint_eq(st.chunks, 0);
+    proto_request_free(&r);
+    free(line);
+}
+END_TEST
+
+/* Chunks that cannot be had: the parse fails with ENOMEM, holds nothing,
+ * and the next parse works. */
+START_TEST(test_parse_arena_nomem)
+{
+    char *line = long_start(3000);
+    proto_request_t r, want;
+    slotd_error_t e;
+    bool done = false;
+    long failures = 0;
+
+    proto__json_hooks_install();
+    proto_request_init(&r);
+    proto_request_init(&want);
+    ck_assert_int_eq(parse(line, &want, &e), SLOTD_OK);
+    for (long k = 0; !done; k++) {
+        int rc;
+        alloc_count = 0;
+        alloc_fail_at = k;
+        proto__realloc = failing_realloc; /* cJSON's hooks stay proto/'s */
+        rc = parse(line, &r, &e);
+        alloc_fail_at = -1;
+        proto__realloc = realloc;
+        if (rc == SLOTD_ENOMEM) {
+            ck_assert_int_eq(e.code, SLOTD_ENOMEM);
+            ck_assert_ptr_null(r.tokens);
+            failures++;
+            continue;
+        }
+        done = true;
+        ck_assert_int_eq(rc, SLOTD_OK);
+        ck_assert_uint_eq(r.ntokens, want.ntokens);
+        ck_assert(memcmp(r.tokens, want.tokens, want.ntokens * sizeof(*r.tokens)) == 0);
+    }
+    ck_assert_int_ge(failures, 3); /* chunks, tag, tokens */
+    proto_request_free(&r);
+    proto_request_free(&want);
+    free(line);
+}
+END_TEST
+
+/* Other code's cJSON: outside a parse the hooks are malloc and free (a
+ * tree built and deleted around parses, even one from before the hooks);
+ * with the hooks replaced, parsing still works and frees its tree. */
+START_TEST(test_parse_arena_other_cjson)
+{
+    static cJSON_Hooks plain = {malloc, free};
+    proto_request_t r;
+    slotd_error_t e;
+    proto__arena_stats_t st;
+    cJSON *before, *mine;
+    char *text;
+
+    cJSON_InitHooks(&plain);
+    before = cJSON_Parse("{\"a\":[1,2,3],\"b\":\"x\"}");
+    ck_assert_ptr_nonnull(before);
+    proto__json_hooks_install();
+    proto_request_init(&r);
+    mine = cJSON_CreateObject();
+    ck_assert_ptr_nonnull(cJSON_AddStringToObject(mine, "k", "v"));
+    ck_assert_int_eq(parse("{\"op\":\"step\",\"id\":\"q\"}", &r, &e), SLOTD_OK);
+    /* Both trees are intact after the parse, and free as usual. */
+    ck_assert_ptr_nonnull(cJSON_AddNumberToObject(mine, "n", 5));
+    text = cJSON_PrintUnformatted(mine);
+    ck_assert_str_eq(text, "{\"k\":\"v\",\"n\":5}");
+    cJSON_free(text);
+    cJSON_Delete(mine);
+    cJSON_Delete(before);
+
+    /* Hooks replaced by someone else: the arena serves nothing and the
+     * tree is freed by cJSON_Delete (valgrind and ASan see no leak). */
+    cJSON_InitHooks(&plain);
+    ck_assert_int_eq(parse("{\"op\":\"start\",\"id\":\"q\",\"prompt\":[1,2]}", &r, &e), SLOTD_OK);
+    proto__arena_last(&st);
+    ck_assert_uint_eq(st.allocs, 0);
+    ck_assert_uint_eq(r.ntokens, 2);
+    proto__json_hooks_install();
+    ck_assert_int_eq(parse("{\"op\":\"start\",\"id\":\"q\",\"prompt\":[1,2]}", &r, &e), SLOTD_OK);
+    proto__arena_last(&st);
+    ck_assert_uint_gt(st.allocs, 0);
+    proto_request_free(&r);
+}
+END_TEST
+
 /* ---- Replies ---- */
 
 /* The line written at b->data + from: exactly one line, valid UTF-8 and
@@ -1844,6 +2021,10 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, test_parse_members);
     tcase_add_test(tc, test_parse_tag);
     tcase_add_test(tc, test_parse_nomem);
+    tcase_add_test(tc, test_parse_arena_no_alloc);
+    tcase_add_test(tc, test_parse_arena_chunks);
+    tcase_add_test(tc, test_parse_arena_nomem);
+    tcase_add_test(tc, test_parse_arena_other_cjson);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("reply");
