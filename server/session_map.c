@@ -1,11 +1,13 @@
 /*
  * session_map.c: the id -> session map of one connection (see
- * session_map.h): separate chaining over a power-of-two bucket array,
+ * session_map.h): open addressing with linear probing over a power-of-two
+ * array of (hash, node, inline id) slots, backward-shift deletion,
  * SipHash-1-3 keyed once per process from getrandom(2).
  */
 #include "session_map.h"
 
 #include <assert.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,29 +81,34 @@ static uint64_t siphash13(const unsigned char *in, size_t len)
     return v0 ^ v1 ^ v2 ^ v3;
 }
 
-static uint64_t hash_id(const char *id)
+uint64_t (*session_map__hash)(const unsigned char *id, size_t len) = siphash13;
+
+/* Whether `count` nodes overfill `nbuckets` slots (more than 3/4). */
+static bool too_full(size_t count, size_t nbuckets)
 {
-    return siphash13((const unsigned char *)id, strlen(id));
+    return count > nbuckets / 4 * 3;
 }
 
-/* Moves every node into a new array of `nbuckets`.  On ENOMEM the map is
- * left as it was. */
+/* Moves every node into a new array of `nbuckets` slots.  On ENOMEM the map
+ * is left as it was. */
 static int rehash(session_map_t *m, size_t nbuckets)
 {
-    session_map_node_t **b = calloc(nbuckets, sizeof(*b));
-    if (b == NULL)
+    session_map_slot_t *a = calloc(nbuckets, sizeof(*a));
+    size_t mask = nbuckets - 1;
+
+    if (a == NULL)
         return SLOTD_ENOMEM;
     for (size_t i = 0; i < m->nbuckets; i++) {
-        session_map_node_t *n = m->buckets[i], *next;
-        for (; n != NULL; n = next) {
-            size_t j = n->hash & (nbuckets - 1);
-            next = n->next;
-            n->next = b[j];
-            b[j] = n;
-        }
+        const session_map_slot_t *s = &m->slots[i];
+        size_t j;
+        if (s->node == NULL)
+            continue;
+        for (j = s->hash & mask; a[j].node != NULL; j = (j + 1) & mask)
+            ;
+        a[j] = *s;
     }
-    free(m->buckets);
-    m->buckets = b;
+    free(m->slots);
+    m->slots = a;
     m->nbuckets = nbuckets;
     return SLOTD_OK;
 }
@@ -111,67 +118,135 @@ int session_map_init(session_map_t *m)
     pthread_once(&sip_once, sip_key_init);
     m->count = 0;
     m->nbuckets = MIN_BUCKETS;
-    m->buckets = calloc(MIN_BUCKETS, sizeof(*m->buckets));
-    return m->buckets != NULL ? SLOTD_OK : SLOTD_ENOMEM;
+    m->slots = calloc(MIN_BUCKETS, sizeof(*m->slots));
+    return m->slots != NULL ? SLOTD_OK : SLOTD_ENOMEM;
 }
 
 void session_map_free(session_map_t *m)
 {
-    free(m->buckets);
-    m->buckets = NULL;
+    free(m->slots);
+    m->slots = NULL;
     m->nbuckets = 0;
     m->count = 0;
 }
 
+/* The inline copy of an id of `len` bytes: the id zero-padded to 16 bytes
+ * when it has at most SESSION_MAP_INLINE_MAX bytes (ids hold no NUL, so
+ * the copy tells every short id apart from any other id), else its first
+ * 16 bytes. */
+static void inline_key(uint64_t key[2], const char *id, size_t len)
+{
+    char b[16] = {0};
+
+    memcpy(b, id, len < 16 ? len : 16);
+    memcpy(key, b, 16);
+}
+
 session_map_node_t *session_map_find(const session_map_t *m, const char *id)
 {
-    uint64_t h = hash_id(id);
-    session_map_node_t *n = m->buckets[h & (m->nbuckets - 1)];
-    for (; n != NULL; n = n->next)
-        if (n->hash == h && strcmp(n->id, id) == 0)
-            return n;
-    return NULL;
+    size_t len = strlen(id), mask = m->nbuckets - 1;
+    uint64_t h = session_map__hash((const unsigned char *)id, len), key[2];
+
+    inline_key(key, id, len);
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        const session_map_slot_t *s = &m->slots[i];
+        if (s->node == NULL)
+            return NULL;
+        if (s->hash != h || s->key[0] != key[0] || s->key[1] != key[1])
+            continue;
+        /* A short id is decided by the slot alone; only a long one is
+         * compared in the record. */
+        if (len <= SESSION_MAP_INLINE_MAX || memcmp(s->node->id, id, len + 1) == 0)
+            return s->node;
+    }
 }
 
 int session_map_insert(session_map_t *m, session_map_node_t *n)
 {
-    size_t i;
+    size_t i, mask, len = strlen(n->id);
+    session_map_slot_t s;
 
     assert(session_map_find(m, n->id) == NULL);
-    if (m->count >= m->nbuckets && rehash(m, m->nbuckets * 2) != SLOTD_OK)
+    if (too_full(m->count + 1, m->nbuckets) && rehash(m, m->nbuckets * 2) != SLOTD_OK)
         return SLOTD_ENOMEM;
     /* Shrinking happens here rather than in remove, so that an iteration
      * may remove nodes.  A failed allocation keeps the larger array. */
     if (m->nbuckets > MIN_BUCKETS && m->count < m->nbuckets / 8)
         (void)rehash(m, m->nbuckets / 2);
-    n->hash = hash_id(n->id);
-    i = n->hash & (m->nbuckets - 1);
-    n->next = m->buckets[i];
-    m->buckets[i] = n;
+    n->hash = session_map__hash((const unsigned char *)n->id, len);
+    s.hash = n->hash;
+    s.node = n;
+    inline_key(s.key, n->id, len);
+    mask = m->nbuckets - 1;
+    for (i = n->hash & mask; m->slots[i].node != NULL; i = (i + 1) & mask)
+        ;
+    m->slots[i] = s;
     m->count++;
     return SLOTD_OK;
 }
 
 void session_map_remove(session_map_t *m, session_map_node_t *n)
 {
-    session_map_node_t **pp = &m->buckets[n->hash & (m->nbuckets - 1)];
+    size_t mask = m->nbuckets - 1, i, j;
 
-    while (*pp != n) {
-        assert(*pp != NULL); /* `n` is in the map */
-        pp = &(*pp)->next;
+    for (i = n->hash & mask; m->slots[i].node != n; i = (i + 1) & mask)
+        assert(m->slots[i].node != NULL); /* `n` is in the map */
+    /* Backward shift: each later node of the run whose home is not in
+     * (i, j] moves into the hole at i, which then moves to j. */
+    for (j = (i + 1) & mask; m->slots[j].node != NULL; j = (j + 1) & mask) {
+        size_t home = m->slots[j].hash & mask;
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            m->slots[i] = m->slots[j];
+            i = j;
+        }
     }
-    *pp = n->next;
-    n->next = NULL;
+    m->slots[i] = (session_map_slot_t){0};
     m->count--;
 }
 
 session_map_node_t *session_map_next(const session_map_t *m, session_map_iter_t *it)
 {
-    session_map_node_t *n = it->next;
+    size_t mask = m->nbuckets - 1;
 
-    while (n == NULL && it->bucket < m->nbuckets)
-        n = m->buckets[it->bucket++];
-    if (n != NULL)
-        it->next = n->next;
-    return n;
+    if (!it->started) {
+        /* Start at an empty slot (there is one: the map is never full). */
+        it->started = 1;
+        it->pos = 0;
+        while (m->slots[it->pos].node != NULL)
+            it->pos++;
+        it->left = m->nbuckets - 1;
+    }
+    while (it->left > 0) {
+        it->pos = (it->pos - 1) & mask;
+        it->left--;
+        if (m->slots[it->pos].node != NULL)
+            return m->slots[it->pos].node;
+    }
+    return NULL;
+}
+
+int session_map_check(const session_map_t *m)
+{
+    size_t mask = m->nbuckets - 1, count = 0;
+    uint64_t key[2];
+
+    if (m->nbuckets < MIN_BUCKETS || (m->nbuckets & mask) != 0 || too_full(m->count, m->nbuckets))
+        return -1;
+    for (size_t i = 0; i < m->nbuckets; i++) {
+        const session_map_slot_t *s = &m->slots[i];
+        if (s->node == NULL)
+            continue;
+        count++;
+        inline_key(key, s->node->id, strlen(s->node->id));
+        if (s->key[0] != key[0] || s->key[1] != key[1])
+            return -1;
+        if (s->hash != s->node->hash ||
+            s->hash != session_map__hash((const unsigned char *)s->node->id, strlen(s->node->id)))
+            return -1;
+        /* No empty slot between its home and its slot. */
+        for (size_t j = s->hash & mask; j != i; j = (j + 1) & mask)
+            if (m->slots[j].node == NULL)
+                return -1;
+    }
+    return count == m->count ? 0 : -1;
 }
