@@ -15,8 +15,10 @@
  * 2. Bandwidth of a cached `base` step.  A heap chain (core/model.h) is
  *    prefilled with the same random tokens as the uncached reference; the
  *    cached step at context n is model_run() of position n-1 on the chain
- *    holding n-1 entries (rerunning a position rewrites its entry with the
- *    same bits, so the step can be timed again and again).  Bytes read per
+ *    holding n-1 entries, then model_pick() (which computes the logits from
+ *    the state; a session's step does both), and rerunning a position
+ *    rewrites its entry with the same bits, so the step can be timed again
+ *    and again.  Bytes read per
  *    step: K/V 2*L*d*8*n, plus the weights the position touches: Wq, Wk,
  *    Wv, Wo of every layer (d*d*8 each), U (d*V*8) and one row each of E
  *    and P.  Each round is one bandwidth pass over the big buffer, then one
@@ -30,8 +32,8 @@
  *    step: model_logits() over all n tokens on an empty preallocated chain,
  *    which is what an uncached generate does for every pick.  Cached and
  *    uncached runs alternate.  Every uncached run is checked bit for bit
- *    against the cached step (the V unrounded logits the model keeps as
- *    state, and the six-decimal logits).  An uncached cell is measured
+ *    against the cached step (the V unrounded logits of model_pick_raw(),
+ *    and the six-decimal logits).  An uncached cell is measured
  *    (at least one whole run) or printed as not measured with the reason;
  *    nothing is extrapolated.
  *
@@ -67,6 +69,7 @@ typedef struct opts {
     unsigned uncached_runs;   /* uncached runs per cell at most */
     double uncached_budget;   /* seconds of uncached runs in all, then stop */
     uint32_t max_n;           /* largest context of part 3 */
+    uint32_t min_n;           /* smallest context of part 3 */
     uint64_t seed;
 } opts_t;
 
@@ -194,6 +197,7 @@ typedef struct bench_model {
     model_kv_t kv;     /* the cached chain, prefilled to max_ctx - 1 entries */
     model_kv_t ukv;    /* the uncached runs' chain */
     void *scratch;
+    double *raw;       /* V unrounded logits of an uncached run */
     uint32_t filled;   /* entries prefilled: steps up to n = filled + 1 can be timed */
     double prefill_s;  /* seconds to prefill the cached chain */
 } bench_model_t;
@@ -226,7 +230,8 @@ static int bm_open(bench_model_t *b, const char *preset, uint64_t seed, uint32_t
     b->state_bytes = model_state_size(b->m);
     b->tokens = malloc(b->max_ctx * sizeof(*b->tokens));
     b->scratch = malloc(model_scratch_size(b->m));
-    if (b->tokens == NULL || b->scratch == NULL ||
+    b->raw = malloc(b->V * sizeof(double));
+    if (b->tokens == NULL || b->scratch == NULL || b->raw == NULL ||
         model_kv_heap_alloc(b->m, b->max_ctx, &b->kv) != SLOTD_OK ||
         model_kv_heap_alloc(b->m, b->max_ctx, &b->ukv) != SLOTD_OK) {
         fprintf(stderr, "kvbench: no memory for %s\n", preset);
@@ -237,7 +242,7 @@ static int bm_open(bench_model_t *b, const char *preset, uint64_t seed, uint32_t
     /* Touch the uncached chain once so that its first timed run pays no
      * page faults (the same for the cached one, prefilled below). */
     for (model_block_t *blk = b->ukv.head; blk != NULL; blk = blk->next)
-        memset(blk->data, 0, model_block_bytes(b->m) - sizeof(model_block_t));
+        memset(blk->data, 0, model_block_bytes_for(b->m, blk->capacity) - sizeof(model_block_t));
     if (upto > b->max_ctx)
         upto = b->max_ctx;
     b->filled = upto - 1;
@@ -256,6 +261,7 @@ static void bm_close(bench_model_t *b)
     model_kv_heap_free(&b->ukv);
     free(b->tokens);
     free(b->scratch);
+    free(b->raw);
     model_destroy(b->m);
     b->m = NULL;
 }
@@ -265,14 +271,14 @@ static void bm_close(bench_model_t *b)
 static void bm_seek(bench_model_t *b, uint32_t n)
 {
     model_block_t *blk = b->kv.head;
-    for (uint32_t i = 0; i < (n - 1) / b->per; i++)
+    while (n - 1 - blk->first >= blk->capacity)
         blk = blk->next;
     b->kv.len = n - 1;
     b->kv.tail = blk;
 }
 
 /* One cached step at context n; returns its time in seconds on both
- * clocks.  The model's state then holds the logits after position n-1. */
+ * clocks.  The model's state then holds position n-1's residual x. */
 static tm2_t bm_cached_step(bench_model_t *b, uint32_t n)
 {
     tm2_t t0;
@@ -280,6 +286,7 @@ static tm2_t bm_cached_step(bench_model_t *b, uint32_t n)
     bm_seek(b, n);
     t0 = now2();
     model_run(b->m, &b->kv, (uint32_t)b->tokens[n - 1], b->scratch);
+    (void)model_pick(b->m, &b->kv, NULL);
     return since(t0);
 }
 
@@ -303,8 +310,9 @@ static tm2_t bm_uncached_step(bench_model_t *b, uint32_t n, const double *want,
         fprintf(stderr, "kvbench: model_logits(%s, n=%u) failed: %s\n", b->name, n, err.message);
         exit(2);
     }
+    (void)model_pick_raw(b->m, &b->ukv, b->raw);
     *identical = rows == (uint64_t)b->L * n && b->ukv.len == n &&
-                 memcmp(b->ukv.state, want, b->state_bytes) == 0 &&
+                 memcmp(b->raw, want, b->V * sizeof(double)) == 0 &&
                  memcmp(logits, want_rounded, b->V * sizeof(double)) == 0;
     return t;
 }
@@ -405,7 +413,7 @@ static void part_growth(const opts_t *o, bench_model_t *b, double *budget_left)
     uint32_t ns[MAX_NS];
     cell_t cells[MAX_NS];
     size_t nn = 0;
-    double *want = malloc(b->state_bytes), *want_r = malloc(b->V * sizeof(double));
+    double *want = malloc(b->V * sizeof(double)), *want_r = malloc(b->V * sizeof(double));
     double *logits = malloc(b->V * sizeof(double));
     double *rep = calloc(o->reps * (o->uncached_runs + 1), sizeof(double));
     double *unc = calloc(o->uncached_runs, sizeof(double));
@@ -414,7 +422,7 @@ static void part_growth(const opts_t *o, bench_model_t *b, double *budget_left)
         fprintf(stderr, "kvbench: no memory\n");
         exit(2);
     }
-    for (uint32_t n = 64; n <= b->filled + 1 && n <= o->max_n && nn < MAX_NS; n *= 2)
+    for (uint32_t n = o->min_n; n <= b->filled + 1 && n <= o->max_n && nn < MAX_NS; n *= 2)
         ns[nn++] = n;
 
     for (size_t k = 0; k < nn; k++) {
@@ -427,10 +435,10 @@ static void part_growth(const opts_t *o, bench_model_t *b, double *budget_left)
         c->identical = -1;
         /* The cached step's logits, the reference of the bit check. */
         (void)bm_cached_step(b, n);
-        memcpy(want, b->kv.state, b->state_bytes);
+        (void)model_pick_raw(b->m, &b->kv, want);
         (void)model_pick(b->m, &b->kv, want_r);
         c->hash = UINT64_C(0xcbf29ce484222325);
-        for (size_t i = 0; i < b->state_bytes; i++)
+        for (size_t i = 0; i < b->V * sizeof(double); i++)
             c->hash = (c->hash ^ ((const unsigned char *)want)[i]) * UINT64_C(0x100000001b3);
 
         /* cached reps, then one uncached run, alternating */
@@ -511,7 +519,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: kvbench [--quick] [--bw-mib N] [--rounds N] [--reps N] [--uncached-runs N]\n"
-            "               [--uncached-budget SEC] [--max-n N] [--clock cpu|wall]\n"
+            "               [--uncached-budget SEC] [--min-n N] [--max-n N] [--clock cpu|wall]\n"
             "               [--seed N]\n"
             "  --quick             fewer rounds and reps, n up to 1024, a 20 s uncached budget\n"
             "  --bw-mib N          bandwidth buffer in MiB (1024)\n"
@@ -520,13 +528,14 @@ static void usage(FILE *f)
             "  --uncached-runs N   uncached runs per cell at most (3; quick 1)\n"
             "  --uncached-budget S seconds of uncached runs in all (600; quick 20)\n"
             "  --max-n N           largest context of the growth table (4096; quick 1024)\n"
+            "  --min-n N           smallest context of the growth table (64; doubled up)\n"
             "  --clock cpu|wall    clock of the growth table (cpu: the thread's CPU time)\n"
             "  --seed N            seed of the random tokens (1)\n");
 }
 
 int main(int argc, char **argv)
 {
-    opts_t o = {false, 1024, 7, 7, 15, 3, 600, 4096, 1};
+    opts_t o = {false, 1024, 7, 7, 15, 3, 600, 4096, 64, 1};
     bool set_rounds = false, set_reps = false, set_runs = false, set_budget = false,
          set_maxn = false;
     bwbuf_t bw;
@@ -564,6 +573,8 @@ int main(int argc, char **argv)
             o.uncached_runs = (unsigned)strtoul(v, NULL, 10), set_runs = true;
         else if (strcmp(a, "--uncached-budget") == 0)
             o.uncached_budget = strtod(v, NULL), set_budget = true;
+        else if (strcmp(a, "--min-n") == 0)
+            o.min_n = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--max-n") == 0)
             o.max_n = (uint32_t)strtoul(v, NULL, 10), set_maxn = true;
         else if (strcmp(a, "--clock") == 0)
@@ -588,7 +599,7 @@ int main(int argc, char **argv)
         if (!set_maxn)
             o.max_n = 1024;
     }
-    if (o.bw_mib == 0 || o.rounds == 0 || o.reps == 0 || o.max_n < 64) {
+    if (o.bw_mib == 0 || o.rounds == 0 || o.reps == 0 || o.min_n < 1 || o.max_n < o.min_n) {
         usage(stderr);
         return 2;
     }

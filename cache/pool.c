@@ -4,31 +4,38 @@
  * says which owner holds which chain of blocks and which state object.
  *
  * Memory.  cache_pool_create() maps one arena (never touched until used) and
- * cuts it into equal pages, each the smallest multiple of the largest object
- * of the configured models that reaches CACHE__PAGE_MIN.  Objects come in
- * size classes: one per distinct block size (model_block_bytes()) and state
- * size (model_state_size()), rounded up to CACHE__ALIGN; models whose sizes
- * round alike share a class.  A free page is given to a class when the class
- * runs out of free objects, carved lazily (one bump pointer, so assigning a
- * page is O(1) and touches nothing), and handed back to the free-page list
- * the moment its last object is freed, so that any other class can take it:
- * a page never stays calcified in a class whose load has moved elsewhere.
- * Page descriptors live in a table beside the arena, found from an object's
- * address by one division; a page keeps its own free list, and each class
- * a doubly-linked list of its partial pages.  Every path is O(1), apart
- * from reserve (one object per block taken), commit (its tail steps over
- * the blocks the entries filled) and release (one per block returned).
- * The pool never calls malloc after creation.
+ * cuts it into equal pages, each the smallest multiple that reaches
+ * CACHE__PAGE_MIN of the largest page unit (cache__page_unit(): of every
+ * block capacity a model uses, the blocks one largest block's positions
+ * make) or state of the configured models.  Objects come in size classes:
+ * one per distinct block size (model_block_bytes_for() of each capacity a
+ * model's chains use, model_block_capacity()) and state size
+ * (model_state_size()), rounded up to CACHE__ALIGN; models whose sizes
+ * round alike share a class.  A chain's blocks grow with it (core/model.h),
+ * so a slot holds at most 1.10 x entries x entry size + 512 bytes, blocks
+ * and state counted at their strides.  A free page is given to a class
+ * when the class runs out of free objects, carved lazily (one bump
+ * pointer, so assigning a page is O(1) and touches nothing), and handed
+ * back to the free-page list the moment its last object is freed, so that
+ * any other class can take it: a page never stays calcified in a class
+ * whose load has moved elsewhere.  Page descriptors live in a table beside
+ * the arena, found from an object's address by one division; a page keeps
+ * its own free list, and each class a doubly-linked list of its partial
+ * pages.  Every path is O(1), apart from reserve (one object per block
+ * taken), commit (its tail steps over the blocks the entries filled) and
+ * release (one per block returned).  The pool never calls malloc after
+ * creation.
  *
  * Accounting.  bytes_used is the sum of the objects live slots hold, counted
- * at the models' sizes, so used + free == capacity always.  A request is
- * refused with SLOTD_ECACHE_FULL, and nothing changes, when no slot is free,
- * when used + needed > capacity, or when the pages cannot supply the objects
- * (the rounding of objects, the tail of each page, the tail of the arena,
- * and pages held by other classes): free bytes are an upper bound on what
- * can still be had, not a promise.  As the arena is no larger than the
- * budget, the pages always run out before used + needed passes capacity;
- * the byte test stays as the rule the figures promise, at no cost.
+ * at their strides (what the arena gives up for them), so used + free ==
+ * capacity always.  A request is refused with SLOTD_ECACHE_FULL, and
+ * nothing changes, when no slot is free, when used + needed > capacity, or
+ * when the pages cannot supply the objects (the rounding of objects, the
+ * tail of each page, the tail of the arena, and pages held by other
+ * classes): free bytes are an upper bound on what can still be had, not a
+ * promise.  As the arena is no larger than the budget, the pages always run
+ * out before used + needed passes capacity; the byte test stays as the rule
+ * the figures promise, at no cost.
  *
  * Ownership.  A slot's generation is odd while it is live and even while it
  * is free; acquire and release each bump it.  Every call matches index,
@@ -47,19 +54,32 @@
  * The budget must hold at least one page (else create gives SLOTD_EINVAL).
  *
  * DESIGN.  Any thread may call any function; one slot is used by one thread
- * at a time (the caller's rule, see pool.h).  p->lock guards all
- * bookkeeping: the slot table, the page descriptors, the class lists and the
- * byte and slot counts, i.e. every field marked (lock) below.  It is held
- * for the table work of one call and never while a model runs: reserve hands
- * out blocks under it, the caller fills them without it, commit records the
- * result under it.  The bytes of a live slot's state and blocks belong to
- * the slot's user, apart from each block's `next`, which the pool writes
- * and reads under the lock; the pool never reads the rest.  Fields set at creation
- * are read without the lock.  The entry total is a C11 atomic, written under
- * the lock and read by cache_pool_entries() without it.  In debug builds a
- * release detaches the slot under the lock, poisons its objects without it
- * (nobody else can reach them: the slot is stale and the objects are on no
- * free list), then takes the lock again to give them back.
+ * at a time (the caller's rule, see pool.h).  p->lock guards all shared
+ * bookkeeping: the slot table's free stack and tenancies, the page
+ * descriptors, the class lists and the byte and slot counts, i.e. every
+ * field marked (lock) below.  It is held for the table work of one call and
+ * never while a model runs, and a step that fits in the room its slot
+ * already holds does not take it at all: reserve then only reads the
+ * slot's own fields, and commit (which never takes anything from the pool)
+ * only writes them and adds to the atomic entry total.  Those fields are
+ * marked (user): the slot's one user writes them, under the lock when a
+ * reserve adds blocks, without it in commit, and no other thread reads them
+ * while the slot is live except under the lock in the test check.  The lock
+ * is taken to add blocks, to acquire and to release.  The fast paths match
+ * the handle against the slot's generation, an atomic stored with release
+ * order when a tenancy begins (after its owner, model and state are
+ * written) and loaded with acquire order, so they see the owner that
+ * tenancy wrote; a stale handle fails on the generation before anything
+ * else is read.  The bytes of a live slot's state and blocks belong to the
+ * slot's user; each block's header is written by reserve, under the lock,
+ * on the user's thread.  Fields set at creation are read without the lock.
+ * cache_pool_entries() and cache_pool_stats() read the entry total
+ * atomically; stats takes the lock for the rest, so its bytes and slot
+ * counts are one snapshot, and its entry count is the total at that moment
+ * (commits do not wait for the lock).  In debug builds a release detaches
+ * the slot under the lock, poisons its objects without it (nobody else can
+ * reach them: the slot is stale and the objects are on no free list), then
+ * takes the lock again to give them back.
  */
 #include "cache/pool.h"
 #include "cache/pool_impl.h"
@@ -102,29 +122,39 @@ typedef struct cache__page {
     void *free;      /* (lock) freed objects, linked through their first word */
 } cache__page_t;
 
+/* Most distinct block capacities one model's chains use. */
+#define CACHE__MAX_CAPS 16
+
 /* What the pool needs of one configured model; immutable. */
 typedef struct cache__model {
     const model_t *m;
-    uint32_t positions; /* positions per block */
     uint32_t max_ctx;
-    size_t block_bytes; /* counted in bytes_used per block */
-    size_t state_bytes; /* counted in bytes_used per slot; 0: no state object */
-    uint32_t block_cls;
+    uint32_t ncaps;                     /* distinct block capacities */
+    uint32_t caps[CACHE__MAX_CAPS];     /* each capacity ... */
+    uint32_t caps_cls[CACHE__MAX_CAPS]; /* ... and its class */
+    size_t state_bytes; /* the state's stride, counted per slot; 0: no state object */
     uint32_t state_cls; /* NONE when state_bytes is 0 */
 } cache__model_t;
 
-/* One slot.  Every field is (lock). */
+/* One slot.  (lock): written only under the lock.  (user): written by
+ * the slot's user, the one thread at a time the caller lets use the slot,
+ * with or without the lock, and read by that thread without it; other
+ * threads read these only under the lock and only while no user can run
+ * (acquire, release and the test check).  `gen` is an atomic: written under
+ * the lock, read by the unlocked fast paths of reserve and commit. */
 typedef struct cache__slot {
-    uint32_t gen;        /* odd while live */
-    uint32_t next_free;  /* the free-slot stack, while free */
-    uint32_t model;      /* index into p->models, while live */
-    uint32_t entries;    /* committed positions */
-    uint32_t nblocks;    /* blocks in the chain: room is nblocks * positions */
-    model_block_t *head; /* first block, or NULL with no room */
-    model_block_t *tail; /* the block holding position `entries`; NULL when entries == room */
-    model_block_t *last; /* last block of the chain, where reserve appends */
-    void *state;         /* state_bytes bytes, or NULL */
-    cache_owner_t owner;
+    _Atomic uint32_t gen; /* odd while live; (lock) to write */
+    uint32_t next_free;   /* (lock) the free-slot stack, while free */
+    uint32_t model;       /* (lock) index into p->models, set before gen goes odd */
+    uint32_t entries;     /* (user) committed positions */
+    uint32_t nblocks;     /* (user, lock) blocks in the chain */
+    uint32_t room;        /* (user, lock) positions they hold: the sum of their capacities */
+    uint64_t bytes;       /* (user, lock) their strides */
+    model_block_t *head;  /* (user, lock) first block, or NULL with no room */
+    model_block_t *tail;  /* (user) the block holding `entries`; NULL when entries == room */
+    model_block_t *last;  /* (user, lock) last block of the chain, where reserve appends */
+    void *state;          /* (lock) state_bytes bytes, or NULL; set before gen goes odd */
+    cache_owner_t owner;  /* (lock) set before gen goes odd, fixed while live */
 } cache__slot_t;
 
 struct cache_pool {
@@ -262,6 +292,42 @@ static bool do_class_can(const cache_pool_t *p, uint32_t ci, uint64_t n)
     return n <= c->nfree + (uint64_t)p->pages_free * c->per_page;
 }
 
+/* The index in md->caps of capacity `cap`, one the model's chains use. */
+static uint32_t do_cap_index(const cache__model_t *md, uint32_t cap)
+{
+    uint32_t k = 0;
+
+    while (md->caps[k] != cap) {
+        k++;
+        assert(k < md->ncaps && "cache pool: a capacity the model does not use");
+    }
+    return k;
+}
+
+/* Whether the classes of model `md` can hand out count[k] objects of
+ * capacity md->caps[k], all at once: the free pages that classes short of
+ * free objects need are counted together, as they compete for them. */
+static bool do_classes_can(const cache_pool_t *p, const cache__model_t *md, const uint64_t *count)
+{
+    uint64_t want[CACHE__MAX_CAPS] = {0}, pages = 0;
+
+    /* Capacities of one model may share a class (equal strides). */
+    for (uint32_t k = 0; k < md->ncaps; k++) {
+        uint32_t first = 0;
+
+        while (md->caps_cls[first] != md->caps_cls[k])
+            first++;
+        want[first] += count[k];
+    }
+    for (uint32_t k = 0; k < md->ncaps; k++) {
+        const cache__class_t *c = &p->classes[md->caps_cls[k]];
+
+        if (want[k] > c->nfree)
+            pages += (want[k] - c->nfree + c->per_page - 1) / c->per_page;
+    }
+    return pages <= p->pages_free;
+}
+
 /* Takes one object of class `ci`; the caller has checked do_class_can().
  * The object's first two words are zeroed (a block's `next` and the debug
  * magic); the rest is left as the last user or the poison left it. */
@@ -356,7 +422,30 @@ static cache__slot_t *do_slot_get(cache_pool_t *p, cache_handle_t h, const cache
     if (h.slot >= p->max_slots || (h.gen & 1) == 0)
         return NULL;
     s = &p->slots[h.slot];
-    if (s->gen != h.gen || !cache__owner_eq(&s->owner, owner))
+    if (atomic_load_explicit(&s->gen, memory_order_relaxed) != h.gen ||
+        !cache__owner_eq(&s->owner, owner))
+        return NULL;
+    return s;
+}
+
+/* do_slot_get() without the lock, for the fast paths of reserve and
+ * commit.  The generation is read first, with acquire order: it matches
+ * only during the handle's own tenancy, and the owner, model and state were
+ * written before that tenancy's generation was stored (release order, in
+ * acquire) and do not change until its release.  A release can only come
+ * from the slot's user, which is the caller (one user at a time), so the
+ * owner read cannot race with the next acquire's write.  NULL sends the
+ * caller to the locked path, which gives the definitive answer. */
+static cache__slot_t *cache__slot_get_unlocked(cache_pool_t *p, cache_handle_t h,
+                                               const cache_owner_t *owner)
+{
+    cache__slot_t *s;
+
+    if (h.slot >= p->max_slots || (h.gen & 1) == 0)
+        return NULL;
+    s = &p->slots[h.slot];
+    if (atomic_load_explicit(&s->gen, memory_order_acquire) != h.gen ||
+        !cache__owner_eq(&s->owner, owner))
         return NULL;
     return s;
 }
@@ -375,7 +464,7 @@ static void do_slot_free(cache_pool_t *p, uint32_t si, model_block_t *head, void
 {
     cache__slot_t *s = &p->slots[si];
     const cache__model_t *md = &p->models[s->model];
-    uint64_t freed = (uint64_t)s->nblocks * md->block_bytes;
+    uint64_t freed = s->bytes;
 
     while (head != NULL) {
         model_block_t *next = cache__link_get(head);
@@ -390,7 +479,8 @@ static void do_slot_free(cache_pool_t *p, uint32_t si, model_block_t *head, void
     p->bytes_used -= freed;
     p->live_slots--;
     atomic_fetch_sub_explicit(&p->entries, s->entries, memory_order_relaxed);
-    s->entries = s->nblocks = 0;
+    s->entries = s->nblocks = s->room = 0;
+    s->bytes = 0;
     s->head = s->tail = s->last = NULL;
     s->state = NULL;
     s->next_free = p->free_slot;
@@ -402,10 +492,10 @@ static void do_slot_free(cache_pool_t *p, uint32_t si, model_block_t *head, void
 static void cache__poison_slot(const cache_pool_t *p, const cache__model_t *md, model_block_t *head,
                                void *state)
 {
-    size_t bstride = p->classes[md->block_cls].stride;
-
     while (head != NULL) {
         model_block_t *next = head->next;
+        size_t bstride = cache__round_up(model_block_bytes_for(md->m, head->capacity), CACHE__ALIGN);
+
         cache__poison(head, bstride, next);
         head = next;
     }
@@ -415,6 +505,29 @@ static void cache__poison_slot(const cache_pool_t *p, const cache__model_t *md, 
 #endif
 
 /* ---- Creation ---- */
+
+/* The page unit of model `m`: for each block capacity c its chains use,
+ * ceil(largest / c) blocks of c positions at their stride; the largest of
+ * these.  A page that is a multiple of it holds, of every capacity c, as
+ * many blocks as one largest block has positions / c, less at most their
+ * headers' rounding: with the models' power-of-two capacities (core/model.c)
+ * a page's unused tail is under 1 KiB for small and base, where a page the
+ * size of the largest block would leave up to half of it unused for blocks
+ * of 8 positions (resident in part, and never usable). */
+static size_t cache__page_unit(const model_t *m)
+{
+    uint32_t nb = model_chain_blocks(m, model_max_ctx(m), 1, NULL), big = model_block_positions(m);
+    size_t unit = 0;
+
+    for (uint32_t b = 0; b < nb; b++) {
+        uint32_t cap = model_block_capacity(m, b);
+        size_t u = cache__round_up(model_block_bytes_for(m, cap), CACHE__ALIGN) *
+                   ((big + cap - 1) / cap);
+        if (u > unit)
+            unit = u;
+    }
+    return unit;
+}
 
 /* The class of objects of `size` bytes, added if new. */
 static uint32_t cache__class_for(cache_pool_t *p, size_t size)
@@ -432,7 +545,7 @@ static uint32_t cache__class_for(cache_pool_t *p, size_t size)
 int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
 {
     cache_pool_t *p;
-    size_t stride_max = 0;
+    size_t unit_max = 0;
     size_t npages;
     void *arena;
     int rc = SLOTD_ENOMEM;
@@ -443,12 +556,14 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
     for (size_t i = 0; i < cfg->nmodels; i++) {
         const model_t *m = cfg->models[i];
         if (m == NULL || model_block_positions(m) == 0 ||
-            model_block_bytes(m) < sizeof(model_block_t) + 8)
+            model_block_bytes_for(m, model_block_capacity(m, 0)) < sizeof(model_block_t) + 8)
             return SLOTD_EINVAL;
-        if (cache__round_up(model_block_bytes(m), CACHE__ALIGN) > stride_max)
-            stride_max = cache__round_up(model_block_bytes(m), CACHE__ALIGN);
-        if (cache__round_up(model_state_size(m), CACHE__ALIGN) > stride_max)
-            stride_max = cache__round_up(model_state_size(m), CACHE__ALIGN);
+        size_t unit = cache__page_unit(m);
+
+        if (unit > unit_max)
+            unit_max = unit;
+        if (cache__round_up(model_state_size(m), CACHE__ALIGN) > unit_max)
+            unit_max = cache__round_up(model_state_size(m), CACHE__ALIGN);
     }
 
     p = cache__calloc(1, sizeof *p);
@@ -457,7 +572,7 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
     p->capacity = cfg->capacity_bytes;
     p->max_slots = cfg->max_slots;
     p->nmodels = cfg->nmodels;
-    p->page_size = stride_max * ((CACHE__PAGE_MIN + stride_max - 1) / stride_max);
+    p->page_size = unit_max * ((CACHE__PAGE_MIN + unit_max - 1) / unit_max);
     if (p->page_size > cfg->capacity_bytes) {
         /* Not one page of the largest object fits the budget. */
         rc = SLOTD_EINVAL;
@@ -472,17 +587,31 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
     p->models = cache__calloc(cfg->nmodels, sizeof *p->models);
     if (p->models == NULL)
         goto fail_pool;
-    p->classes = cache__calloc(2 * cfg->nmodels, sizeof *p->classes);
+    p->classes = cache__calloc((CACHE__MAX_CAPS + 1) * cfg->nmodels, sizeof *p->classes);
     if (p->classes == NULL)
         goto fail_models;
     for (size_t i = 0; i < cfg->nmodels; i++) {
         cache__model_t *md = &p->models[i];
+        uint32_t nb;
+
         md->m = cfg->models[i];
-        md->positions = model_block_positions(md->m);
         md->max_ctx = model_max_ctx(md->m);
-        md->block_bytes = model_block_bytes(md->m);
-        md->state_bytes = model_state_size(md->m);
-        md->block_cls = cache__class_for(p, md->block_bytes);
+        nb = model_chain_blocks(md->m, md->max_ctx, 1, NULL);
+        for (uint32_t b = 0; b < nb; b++) {
+            uint32_t cap = model_block_capacity(md->m, b), k = 0;
+
+            while (k < md->ncaps && md->caps[k] != cap)
+                k++;
+            if (k < md->ncaps)
+                continue;
+            if (md->ncaps == CACHE__MAX_CAPS) {
+                rc = SLOTD_EINVAL;
+                goto fail_classes;
+            }
+            md->caps[md->ncaps] = cap;
+            md->caps_cls[md->ncaps++] = cache__class_for(p, model_block_bytes_for(md->m, cap));
+        }
+        md->state_bytes = cache__round_up(model_state_size(md->m), CACHE__ALIGN);
         md->state_cls = md->state_bytes > 0 ? cache__class_for(p, md->state_bytes) : CACHE__NONE;
     }
     for (uint32_t i = 0; i < p->nclasses; i++)
@@ -575,8 +704,8 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
     s = &p->slots[si];
     p->free_slot = s->next_free;
     s->next_free = CACHE__NONE;
-    assert((s->gen & 1) == 0 && s->head == NULL && s->state == NULL && s->entries == 0);
-    s->gen++;
+    assert((atomic_load_explicit(&s->gen, memory_order_relaxed) & 1) == 0 && s->head == NULL &&
+           s->state == NULL && s->entries == 0);
     s->model = (uint32_t)mi;
     if (md->state_bytes > 0) {
         s->state = do_obj_alloc(p, md->state_cls);
@@ -585,9 +714,11 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
     s->owner.key = owner->key;
     memcpy(s->owner.id, owner->id, sizeof s->owner.id);
     s->owner.id[CACHE_ID_MAX] = '\0';
+    /* The tenancy begins: everything above is published with it. */
+    h->gen = atomic_load_explicit(&s->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&s->gen, h->gen, memory_order_release);
     p->live_slots++;
     h->slot = si;
-    h->gen = s->gen;
 out:
     pthread_mutex_unlock(&p->lock);
     return rc;
@@ -604,6 +735,20 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
     if (p == NULL || owner == NULL || kv == NULL)
         return SLOTD_EINVAL;
 
+    /* The fast path: the room is already the slot's, nothing is taken from
+     * the pool, and only the slot's user touches what is read here. */
+    s = cache__slot_get_unlocked(p, h, owner);
+    if (s != NULL) {
+        want = (uint64_t)s->entries + n;
+        if (want <= s->room && want <= p->models[s->model].max_ctx) {
+            kv->head = s->head;
+            kv->tail = s->tail;
+            kv->len = s->entries;
+            kv->state = s->state;
+            return SLOTD_OK;
+        }
+    }
+
     pthread_mutex_lock(&p->lock);
     s = do_slot_get(p, h, owner);
     if (s == NULL) {
@@ -612,24 +757,35 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
     }
     md = &p->models[s->model];
     want = (uint64_t)s->entries + n;
-    room = (uint64_t)s->nblocks * md->positions;
+    room = s->room;
     if (want > md->max_ctx) {
         /* The caller checks max_ctx first (SLOTD_ECONTEXT_FULL). */
         rc = SLOTD_EINVAL;
         goto out;
     }
     if (want > room) {
-        uint64_t need = (want - room + md->positions - 1) / md->positions;
+        uint64_t count[CACHE__MAX_CAPS] = {0}, bytes = 0;
+        uint32_t need = 0;
 
-        if (p->bytes_used + need * md->block_bytes > p->capacity ||
-            !do_class_can(p, md->block_cls, need)) {
+        /* The blocks the chain's next indices hold, counted per capacity. */
+        for (uint64_t r = room; r < want; need++) {
+            uint32_t cap = model_block_capacity(md->m, s->nblocks + need);
+
+            count[do_cap_index(md, cap)]++;
+            bytes += p->classes[md->caps_cls[do_cap_index(md, cap)]].stride;
+            r += cap;
+        }
+        if (p->bytes_used + bytes > p->capacity || !do_classes_can(p, md, count)) {
             rc = SLOTD_ECACHE_FULL;
             goto out;
         }
-        for (uint64_t i = 0; i < need; i++) {
-            model_block_t *b = do_obj_alloc(p, md->block_cls);
+        for (uint32_t i = 0; i < need; i++) {
+            uint32_t cap = model_block_capacity(md->m, s->nblocks);
+            model_block_t *b = do_obj_alloc(p, md->caps_cls[do_cap_index(md, cap)]);
 
             /* do_obj_alloc() zeroed b->next. */
+            b->capacity = cap;
+            b->first = s->room;
             if (s->last != NULL)
                 s->last->next = b;
             else
@@ -637,9 +793,11 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
             s->last = b;
             if (s->tail == NULL)
                 s->tail = b; /* entries was == room: position `entries` is here */
+            s->nblocks++;
+            s->room += cap;
         }
-        s->nblocks += (uint32_t)need;
-        p->bytes_used += need * md->block_bytes;
+        s->bytes += bytes;
+        p->bytes_used += bytes;
     }
     kv->head = s->head;
     kv->tail = s->tail;
@@ -653,41 +811,42 @@ out:
 int cache_pool_commit(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
                       const model_kv_t *kv)
 {
-    const cache__model_t *md;
     cache__slot_t *s;
     model_block_t *b;
     uint32_t room;
-    int rc = SLOTD_OK;
 
     if (p == NULL || owner == NULL || kv == NULL)
         return SLOTD_EINVAL;
 
-    pthread_mutex_lock(&p->lock);
-    s = do_slot_get(p, h, owner);
+    /* No lock: a commit takes nothing from the pool and changes only the
+     * slot's own (user) fields and the atomic entry total.  A handle that
+     * does not match goes to the lock for the definitive answer. */
+    s = cache__slot_get_unlocked(p, h, owner);
     if (s == NULL) {
-        rc = SLOTD_ESTALE;
-        goto out;
+        pthread_mutex_lock(&p->lock);
+        s = do_slot_get(p, h, owner);
+        pthread_mutex_unlock(&p->lock);
+        if (s == NULL)
+            return SLOTD_ESTALE;
+        /* Matched under the lock: the same answer as without it, as only
+         * the slot's user (the caller) acquires or releases it. */
     }
-    md = &p->models[s->model];
-    room = s->nblocks * md->positions;
+    /* The last block may reach past max_ctx; entries never do. */
+    room = s->room < p->models[s->model].max_ctx ? s->room : p->models[s->model].max_ctx;
     assert(kv->len >= s->entries && "cache pool: commit shrinks the slot");
     assert(kv->len <= room && "cache pool: commit past the reserved room");
-    if (kv->len < s->entries || kv->len > room) {
-        rc = SLOTD_EINVAL;
-        goto out;
-    }
+    if (kv->len < s->entries || kv->len > room)
+        return SLOTD_EINVAL;
     /* Walk the tail forward over the blocks the new entries filled: at most
      * the blocks the last reserves took, so amortised O(1) per entry. */
     b = s->tail;
-    for (uint32_t i = s->entries / md->positions; i < kv->len / md->positions; i++)
+    while (b != NULL && kv->len - b->first >= b->capacity)
         b = b->next;
-    assert(kv->len < room ? b != NULL : b == NULL);
+    assert(kv->len < s->room ? b != NULL : b == NULL);
     s->tail = b;
     atomic_fetch_add_explicit(&p->entries, kv->len - s->entries, memory_order_relaxed);
     s->entries = kv->len;
-out:
-    pthread_mutex_unlock(&p->lock);
-    return rc;
+    return SLOTD_OK;
 }
 
 int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
@@ -708,7 +867,7 @@ int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
     }
     /* From here the handle is stale; the slot is on no free list until
      * do_slot_free(), so nobody can acquire it in between. */
-    s->gen++;
+    atomic_fetch_add_explicit(&s->gen, 1, memory_order_relaxed);
     if (entries != NULL)
         *entries = s->entries;
     head = s->head;
@@ -815,7 +974,7 @@ void cache__pool_debug_free(cache_pool_t *p, void *obj)
 
 int cache__pool_check(cache_pool_t *p)
 {
-    uint64_t used = 0, entries = 0, live = 0, nfree_slots = 0;
+    uint64_t used = 0, entries = 0, live = 0, nfree_slots = 0, room, bytes;
     uint64_t *cls_free;
     uint32_t *cls_objs;
     uint32_t n;
@@ -831,7 +990,7 @@ int cache__pool_check(cache_pool_t *p)
     pthread_mutex_lock(&p->lock);
 
     for (uint32_t i = p->free_slot; i != CACHE__NONE; i = p->slots[i].next_free) {
-        CACHE__CHECK((p->slots[i].gen & 1) == 0, "free slot %u is live", i);
+        CACHE__CHECK((atomic_load(&p->slots[i].gen) & 1) == 0, "free slot %u is live", i);
         if (++nfree_slots > p->max_slots)
             break;
     }
@@ -840,7 +999,7 @@ int cache__pool_check(cache_pool_t *p)
         const cache__model_t *md;
         const model_block_t *b, *last = NULL, *tail = NULL;
 
-        if ((s->gen & 1) == 0) {
+        if ((atomic_load(&s->gen) & 1) == 0) {
             CACHE__CHECK(s->head == NULL && s->state == NULL && s->entries == 0,
                          "free slot %u holds memory", i);
             continue;
@@ -848,19 +1007,36 @@ int cache__pool_check(cache_pool_t *p)
         live++;
         md = &p->models[s->model];
         n = 0;
+        room = 0;
+        bytes = 0;
         for (b = s->head; b != NULL && n <= s->nblocks; b = b->next) {
-            CACHE__CHECK(cache__pool_page_of(p, b) >= 0, "slot %u block outside arena", i);
-            if (n == s->entries / md->positions)
+            int64_t pg = cache__pool_page_of(p, b);
+            size_t stride = cache__round_up(model_block_bytes_for(md->m, b->capacity), CACHE__ALIGN);
+
+            CACHE__CHECK(pg >= 0, "slot %u block outside arena", i);
+            CACHE__CHECK(b->capacity == model_block_capacity(md->m, n),
+                         "slot %u block %u capacity %u", i, n, b->capacity);
+            CACHE__CHECK(b->first == room, "slot %u block %u first %u, room before %llu", i, n,
+                         b->first, (unsigned long long)room);
+            CACHE__CHECK(pg < 0 || (p->pages[pg].cls != CACHE__NONE &&
+                                    p->classes[p->pages[pg].cls].stride == stride),
+                         "slot %u block %u on a page of another class", i, n);
+            if (s->entries >= room && s->entries - room < b->capacity)
                 tail = b;
+            room += b->capacity;
+            bytes += stride;
             last = b;
             n++;
         }
         CACHE__CHECK(n == s->nblocks, "slot %u chain has %u blocks, nblocks %u", i, n, s->nblocks);
+        CACHE__CHECK(room == s->room, "slot %u room %u, counted %llu", i, s->room,
+                     (unsigned long long)room);
+        CACHE__CHECK(bytes == s->bytes, "slot %u bytes", i);
         CACHE__CHECK(last == s->last, "slot %u last", i);
         CACHE__CHECK(tail == s->tail, "slot %u tail", i);
-        CACHE__CHECK(s->entries <= s->nblocks * md->positions, "slot %u entries past room", i);
+        CACHE__CHECK(s->entries <= s->room, "slot %u entries past room", i);
         CACHE__CHECK((s->state != NULL) == (md->state_bytes > 0), "slot %u state", i);
-        used += (uint64_t)s->nblocks * md->block_bytes + (s->state != NULL ? md->state_bytes : 0);
+        used += s->bytes + (s->state != NULL ? md->state_bytes : 0);
         entries += s->entries;
     }
     CACHE__CHECK(live == p->live_slots, "live %llu, counted %llu",

@@ -4,11 +4,14 @@
  *
  * The pool owns one arena of `capacity_bytes`, reserved at creation and
  * touched lazily, carved into fixed pages and the pages into blocks of the
- * size each model's chain needs (model_block_bytes()), plus each slot's
- * state (model_state_size()).  A slot holds memory in proportion to its
- * entries: one block per model_block_positions() positions, never max_ctx
- * up front.  The step path appends into blocks the pool already owns; the
- * pool never calls malloc after creation.
+ * sizes each model's chains need (model_block_bytes_for() of each
+ * model_block_capacity()), plus each slot's state (model_state_size()).
+ * A slot holds memory in proportion to its entries: its chain's blocks grow
+ * with it, so that blocks and state together stay within 1.10 x entries x
+ * entry size + 512 bytes (core/model.h), never max_ctx up front.  The
+ * pool writes each block's header (next, capacity, first).  The step path
+ * appends into blocks the pool already owns; the pool never calls malloc
+ * after creation.
  *
  * Ownership.  A slot belongs to one owner from cache_pool_acquire() until
  * cache_pool_release(); its handle carries a generation, and every call
@@ -16,13 +19,16 @@
  * reused) slot gets SLOTD_ESTALE, never another request's entries.  Released
  * memory is poisoned in debug builds (NDEBUG unset).
  *
- * DESIGN.  One mutex guards all bookkeeping (slot table, free lists, byte
- * counts) and is held only for O(1) work (plus one block per position
- * reserved), never while a model runs.  Between cache_pool_reserve() and
- * cache_pool_commit() the caller writes into the slot's blocks without the
- * lock: a slot is used by one thread at a time (the caller guarantees it:
- * the server runs one call per session at once).  cache_pool_entries() is an
- * atomic read and takes no lock.
+ * DESIGN.  One mutex guards the shared bookkeeping (slot tenancies, free
+ * lists, byte counts) and is held only for O(1) work (plus one block per
+ * block reserved), never while a model runs.  A slot is used by one thread
+ * at a time (the caller guarantees it: the server runs one call per session
+ * at once), so a step that fits in the room the slot already holds takes
+ * no lock: cache_pool_reserve() then reads, and cache_pool_commit() always
+ * writes, only the slot's own record and the atomic entry total.  The lock
+ * is taken to add blocks, to acquire and to release.  Between reserve and
+ * commit the caller writes into the slot's blocks without the lock.
+ * cache_pool_entries() is an atomic read and takes no lock.
  */
 #ifndef SLOTD_CACHE_POOL_H
 #define SLOTD_CACHE_POOL_H
@@ -61,14 +67,16 @@ typedef struct cache_pool_stats {
     uint64_t live_slots;
     uint64_t max_slots;
     uint64_t bytes_capacity; /* == bytes_used + bytes_free, always */
-    uint64_t bytes_used;     /* blocks and state held by live slots */
+    uint64_t bytes_used;     /* blocks and state held by live slots, at their 64-byte strides */
     uint64_t bytes_free;
 } cache_pool_stats_t;
 
 /** Creates a pool.  *out is owned by the caller, freed by
  * cache_pool_destroy().  SLOTD_EINVAL for a zero slot count or a budget
- * that cannot hold one page (pages are sized to the largest block of the
- * configured models); SLOTD_ENOMEM.  Free bytes are an upper bound on what
+ * that cannot hold one page (pages are sized to hold, for each block
+ * capacity of each configured model, the blocks one largest block's
+ * positions make: 16 blocks of one position for small and base);
+ * SLOTD_ENOMEM.  Free bytes are an upper bound on what
  * can be had: an object needs a free object of its class or a free page. */
 int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out);
 
@@ -92,9 +100,10 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
 int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner, uint32_t n,
                        model_kv_t *kv);
 
-/** Records kv->len (at least the slot's entries, within its room) as the
- * slot's entries.  SLOTD_ESTALE as above; a length outside those bounds is
- * a bug: asserted, and SLOTD_EINVAL when assertions are off. */
+/** Records kv->len (at least the slot's entries, within its room and the
+ * model's max_ctx) as the slot's entries.  SLOTD_ESTALE as above; a length
+ * outside those bounds is a bug: asserted, and SLOTD_EINVAL when
+ * assertions are off. */
 int cache_pool_commit(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
                       const model_kv_t *kv);
 

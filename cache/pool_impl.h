@@ -17,7 +17,8 @@
 /* Every object (block or state) starts on a multiple of this. */
 #define CACHE__ALIGN 64
 
-/* A page is the smallest multiple of the largest object that reaches this. */
+/* A page is the smallest multiple of the largest page unit (pool.c,
+ * cache__page_unit()) or state that reaches this. */
 #define CACHE__PAGE_MIN ((size_t)64 * 1024)
 
 /* Debug builds fill a released object with this byte; its first word keeps

@@ -12,18 +12,24 @@
  * then for each layer Wq, Wk, Wv, Wo ([d][d] each), then U[d][V], all row
  * major: the i-th double is the weight of the i-th draw.
  *
- * Block layout.  With B = model_block_positions() and d the width, a
- * block's data is L layer areas of 2 * B * d doubles, layer l first at
- * double offset l * 2 * B * d.  Each area holds K transposed, Kt[j][b] at
+ * Block layout.  With B = the block's capacity and d the width, a block's
+ * data is L layer areas of 2 * B * d doubles, layer l first at double
+ * offset l * 2 * B * d.  Each area holds K transposed, Kt[j][b] at
  * j * B + b (d rows of B), then V row major, V[b][j] at B * d + b * d + j
  * (B rows of d), where b is the position's slot in its block.  Transposing K
- * lets the scores of a block's B rows be computed together from contiguous
- * loads (one lane per row, each lane still summing j ascending); keeping V
- * row major lets a[j] be accumulated for all j together (one lane per j,
- * each still summing r ascending).
+ * lets the scores of LANES rows be computed together (one lane per row,
+ * each lane still summing j ascending); keeping V row major lets a[j] be
+ * accumulated for all j together (one lane per j, each still summing r
+ * ascending).  Blocks have any capacity (model_block_capacity()): a group
+ * of LANES rows inside one block loads them contiguously, a group across
+ * blocks (the small first blocks of a chain) loads each lane from its own
+ * block; either way each lane is the same sum in the same order.
  *
- * State.  The V unrounded logits of the last position run, as doubles; a
- * pick reads them and rounds on the way out.
+ * State.  x, the residual stream after the last layer of the last position
+ * run: d doubles.  A pick computes the logits from it (logits[c] = sum over
+ * i ascending of x[i] * U[i][c], the very sum MODELS.md writes), so a
+ * sequence keeps d doubles between calls rather than V, and a prefill does
+ * not compute logits it never uses.
  *
  * Scratch.  5 * d + max_ctx doubles: x, q, k, a, o, then one attention
  * row's scores s[r], which become e[r] and then the factors e[r] / z.
@@ -44,7 +50,7 @@ static void attn_sizes(model_t *m)
     size_t d = m->shape.d;
 
     m->entry_size = 2 * (size_t)m->shape.layers * d * sizeof(double);
-    m->state_size = (size_t)m->shape.vocab * sizeof(double);
+    m->state_size = d * sizeof(double);
     m->scratch_size = (5 * d + m->shape.max_ctx) * sizeof(double);
 }
 
@@ -139,74 +145,134 @@ static void matvec(const double *restrict x, const double *restrict w, double *r
     }
 }
 
+/* The rows of a chain in order: the block holding the next row, and that
+ * row's slot in it. */
+typedef struct row_cursor {
+    const model_block_t *b;
+    size_t slot;
+} row_cursor_t;
+
+static inline void cursor_next(row_cursor_t *c)
+{
+    if (++c->slot == c->b->capacity) {
+        c->b = c->b->next;
+        c->slot = 0;
+    }
+}
+
+/* Layer l's K area (Kt, d rows of the block's capacity) of block b. */
+static inline const double *block_kt(const model_block_t *b, size_t l, size_t d)
+{
+    return (const double *)(const void *)b->data + l * 2 * b->capacity * d;
+}
+
 /* One attention row of layer `l` over positions 0 .. n-1 of the chain from
  * `block`: writes a[0 .. d-1].  `s` has room for n doubles. */
 static void attend(const model_t *m, const model_block_t *block, uint32_t n, uint32_t l,
                    const double *restrict q, double *restrict s, double *restrict a)
 {
-    const size_t d = m->shape.d, per = m->shape.block_positions;
-    const size_t area = (size_t)l * 2 * per * d;
+    const size_t d = m->shape.d;
     const double inv_sqrt_d = m->inv_sqrt_d;
+    row_cursor_t cur = {block, 0};
     const model_block_t *b;
     double mx, z;
-    size_t r0;
+    size_t r = 0, r0;
 
-    /* s[r] = (sum over j of q[j] * K[r][j]) * (1 / sqrt(d)): the rows of a
-     * block side by side, K being stored transposed. */
-    for (b = block, r0 = 0; r0 < n; b = b->next, r0 += per) {
-        const double *restrict kt = (const double *)(const void *)b->data + area;
-        size_t cnt = n - r0 < per ? n - r0 : per, r = 0;
-        for (; r + LANES <= cnt; r += LANES) {
-            double acc[LANES] = {0.0};
+    /* s[r] = (sum over j of q[j] * K[r][j]) * (1 / sqrt(d)): LANES rows side
+     * by side, K being stored transposed. */
+    for (; r + LANES <= n; r += LANES) {
+        double acc[LANES] = {0.0};
+        const size_t cap = cur.b->capacity;
+
+        if (cap - cur.slot >= LANES) {
+            /* The LANES rows lie in one block: contiguous loads. */
+            const double *restrict kt = block_kt(cur.b, l, d) + cur.slot;
             for (size_t j = 0; j < d; j++) {
-                lanes_axpy(acc, q[j], kt + j * per + r);
+                lanes_axpy(acc, q[j], kt + j * cap);
             }
+            cur.slot += LANES;
+            if (cur.slot == cap) {
+                cur.b = cur.b->next;
+                cur.slot = 0;
+            }
+        } else {
+            /* Across blocks: each lane walks its own row's column. */
+            const double *kp[LANES];
+            size_t st[LANES];
             for (int k = 0; k < LANES; k++) {
-                s[r0 + r + k] = acc[k] * inv_sqrt_d;
+                kp[k] = block_kt(cur.b, l, d) + cur.slot;
+                st[k] = cur.b->capacity;
+                cursor_next(&cur);
             }
-        }
-        for (; r < cnt; r++) {
-            double acc = 0.0;
             for (size_t j = 0; j < d; j++) {
-                acc += q[j] * kt[j * per + r];
+                const double qj = q[j];
+                for (int k = 0; k < LANES; k++) {
+                    acc[k] += qj * *kp[k];
+                    kp[k] += st[k];
+                }
             }
-            s[r0 + r] = acc * inv_sqrt_d;
         }
+        for (int k = 0; k < LANES; k++) {
+            s[r + k] = acc[k] * inv_sqrt_d;
+        }
+    }
+    for (; r < n; r++) {
+        const double *restrict kt = block_kt(cur.b, l, d) + cur.slot;
+        const size_t cap = cur.b->capacity;
+        double acc = 0.0;
+        for (size_t j = 0; j < d; j++) {
+            acc += q[j] * kt[j * cap];
+        }
+        s[r] = acc * inv_sqrt_d;
+        cursor_next(&cur);
     }
 
     /* e[r] = exp(s[r] - m), z = sum of e[r], then s[r] = e[r] / z: the
      * factor of every term of row r, divided once and used for every j. */
     mx = s[0];
-    for (size_t r = 1; r < n; r++) {
+    for (r = 1; r < n; r++) {
         if (s[r] > mx) {
             mx = s[r];
         }
     }
     z = 0.0;
-    for (size_t r = 0; r < n; r++) {
+    for (r = 0; r < n; r++) {
         s[r] = exp(s[r] - mx);
         z += s[r];
     }
-    for (size_t r = 0; r < n; r++) {
+    for (r = 0; r < n; r++) {
         s[r] = s[r] / z;
     }
 
-    /* a[j] = sum over r ascending of (e[r] / z) * V[r][j]: each block adds
-     * its rows, in order, to the running sums, LANES values of j at a time. */
+    /* a[j] = sum over r ascending of (e[r] / z) * V[r][j]: the rows are
+     * added, in order, to the running sums, LANES values of j at a time,
+     * a run of blocks at a time: one block of LANES rows or more, or the
+     * longest stretch of smaller blocks (the sums stay in the lanes across
+     * those blocks rather than going back to a[] after each). */
     for (size_t j = 0; j < d; j++) {
         a[j] = 0.0;
     }
-    for (b = block, r0 = 0; r0 < n; b = b->next, r0 += per) {
-        const double *restrict vb = (const double *)(const void *)b->data + area + per * d;
-        const double *restrict w = s + r0;
-        size_t cnt = n - r0 < per ? n - r0 : per, j = 0;
+    for (b = block, r0 = 0; r0 < n;) {
+        const model_block_t *end = b;
+        size_t rows = 0, j = 0;
+
+        do {
+            rows += n - r0 - rows < end->capacity ? n - r0 - rows : end->capacity;
+            end = end->next;
+        } while (b->capacity < LANES && r0 + rows < n && end->capacity < LANES);
         for (; j + LANES <= d; j += LANES) {
             double acc[LANES];
+            size_t rr = r0;
             for (int k = 0; k < LANES; k++) {
                 acc[k] = a[j + k];
             }
-            for (size_t r = 0; r < cnt; r++) {
-                lanes_axpy(acc, w[r], vb + r * d + j);
+            for (const model_block_t *bb = b; bb != end; bb = bb->next) {
+                const double *restrict vb = block_kt(bb, l, d) + bb->capacity * d + j;
+                size_t cnt = n - rr < bb->capacity ? n - rr : bb->capacity;
+                for (size_t i = 0; i < cnt; i++) {
+                    lanes_axpy(acc, s[rr + i], vb + i * d);
+                }
+                rr += cnt;
             }
             for (int k = 0; k < LANES; k++) {
                 a[j + k] = acc[k];
@@ -214,22 +280,31 @@ static void attend(const model_t *m, const model_block_t *block, uint32_t n, uin
         }
         for (; j < d; j++) {
             double acc = a[j];
-            for (size_t r = 0; r < cnt; r++) {
-                acc += w[r] * vb[r * d + j];
+            size_t rr = r0;
+            for (const model_block_t *bb = b; bb != end; bb = bb->next) {
+                const double *restrict vb = block_kt(bb, l, d) + bb->capacity * d + j;
+                size_t cnt = n - rr < bb->capacity ? n - rr : bb->capacity;
+                for (size_t i = 0; i < cnt; i++) {
+                    acc += s[rr + i] * vb[i * d];
+                }
+                rr += cnt;
             }
             a[j] = acc;
         }
+        r0 += rows;
+        b = end;
     }
 }
 
 static void attn_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scratch)
 {
-    const size_t d = m->shape.d, per = m->shape.block_positions;
+    const size_t d = m->shape.d, per = kv->tail->capacity;
     const uint32_t p = kv->len;
-    const size_t slot = model__block_slot(m, p);
+    const size_t slot = model__block_slot(kv->tail, p);
     double *x = scratch, *q = x + d, *k = q + d, *a = k + d, *o = a + d, *s = o + d;
     double *data = (double *)(void *)kv->tail->data;
     const double *emb = m->emb + (size_t)token * d, *pos = m->pos + (size_t)p * d;
+    double *state = kv->state;
 
     for (size_t i = 0; i < d; i++) {
         x[i] = emb[i] + pos[i];
@@ -252,24 +327,61 @@ static void attn_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scr
             x[j] = x[j] + o[j];
         }
     }
-    matvec(x, m->unemb, kv->state, d, m->shape.vocab);
+    for (size_t i = 0; i < d; i++) {
+        state[i] = x[i];
+    }
     model__count_rows(m, m->shape.layers);
-    model__kv_advance(m, kv);
+    model__kv_advance(kv);
 }
 
-static uint32_t attn_pick(const model_t *m, const model_kv_t *kv, double *logits)
+/* Keeps `best` the index of the largest logit seen, the lowest on a tie:
+ * logits are offered in ascending index order. */
+static inline void pick_offer(double v, uint32_t c, double *best_v, uint32_t *best)
 {
-    const double *state = kv->state;
-    uint32_t best = 0;
+    if (c == 0 || v > *best_v) {
+        *best_v = v;
+        *best = c;
+    }
+}
 
-    for (uint32_t c = 1; c < m->shape.vocab; c++) {
-        if (state[c] > state[best]) {
-            best = c;
+/* logits[c] = sum over i ascending of x[i] * U[i][c], LANES columns at a
+ * time (as matvec() computes them), each offered to the pick as it is
+ * done and written unrounded to `raw` and rounded to `logits` when asked. */
+static uint32_t attn_pick(const model_t *m, const model_kv_t *kv, double *logits, double *raw)
+{
+    const size_t d = m->shape.d, cols = m->shape.vocab;
+    const double *restrict x = kv->state;
+    const double *restrict u = m->unemb;
+    double best_v = 0.0;
+    uint32_t best = 0;
+    size_t c = 0;
+
+    for (; c + LANES <= cols; c += LANES) {
+        double acc[LANES] = {0.0};
+        for (size_t i = 0; i < d; i++) {
+            lanes_axpy(acc, x[i], u + i * cols + c);
+        }
+        for (int l = 0; l < LANES; l++) {
+            pick_offer(acc[l], (uint32_t)(c + l), &best_v, &best);
+            if (raw != NULL) {
+                raw[c + l] = acc[l];
+            }
+            if (logits != NULL) {
+                logits[c + l] = model_round6(acc[l]);
+            }
         }
     }
-    if (logits != NULL) {
-        for (uint32_t c = 0; c < m->shape.vocab; c++) {
-            logits[c] = model_round6(state[c]);
+    for (; c < cols; c++) {
+        double acc = 0.0;
+        for (size_t i = 0; i < d; i++) {
+            acc += x[i] * u[i * cols + c];
+        }
+        pick_offer(acc, (uint32_t)c, &best_v, &best);
+        if (raw != NULL) {
+            raw[c] = acc;
+        }
+        if (logits != NULL) {
+            logits[c] = model_round6(acc);
         }
     }
     return best;

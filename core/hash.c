@@ -2,8 +2,8 @@
  * hash.c: the `hash` family, the stale-cache model of MODELS.md.
  *
  * It owns the layout of a hash block and of a hash sequence's state.  A
- * block's data is model_block_positions() entries of one uint64_t each:
- * entry b holds g(tokens[p], p) for the block's b-th position p.  The state
+ * block's data is `capacity` entries of one uint64_t each: entry b holds
+ * g(tokens[p], p) for the block's b-th position p (p = first + b).  The state
  * is one uint64_t, the running sum (mod 2^64) of g over positions
  * 0 .. len-1, so that a pick is the sum mod V with no call of g, and a run
  * makes exactly one call.
@@ -25,17 +25,18 @@ static void hash_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scr
     uint64_t *sum = kv->state;
 
     (void)scratch;
-    entries[model__block_slot(m, p)] = g;
+    entries[model__block_slot(kv->tail, p)] = g;
     *sum = p == 0 ? g : *sum + g;
     model__count_g_calls(m, 1);
-    model__kv_advance(m, kv);
+    model__kv_advance(kv);
 }
 
-static uint32_t hash_pick(const model_t *m, const model_kv_t *kv, double *logits)
+static uint32_t hash_pick(const model_t *m, const model_kv_t *kv, double *logits, double *raw)
 {
     const uint64_t *sum = kv->state;
 
     (void)logits;
+    (void)raw;
     return (uint32_t)(*sum % m->shape.vocab);
 }
 

@@ -16,16 +16,75 @@
 #include <stdlib.h>
 #include <string.h>
 
-_Static_assert(offsetof(model_block_t, data) == 64, "a block's data starts 64 bytes in");
+_Static_assert(offsetof(model_block_t, data) == MODEL_BLOCK_HEADER,
+               "a block's data starts MODEL_BLOCK_HEADER bytes in");
 
 #define BLOCK_ALIGN 64
 
+/* The memory bound the block sequence keeps (model.h): a chain and its
+ * state, each object rounded up to PLAN_ALIGN bytes, hold at most
+ * PLAN_NUM / PLAN_DEN x entries x entry size + PLAN_ALLOWANCE bytes. */
+#define PLAN_NUM 11
+#define PLAN_DEN 10
+#define PLAN_ALLOWANCE 512
+#define PLAN_ALIGN 64
+
+/*
+ * Candidate capacities.  hash: 16 + 8c a power of two (64 B ... 4 KiB), so
+ * that no byte is lost to rounding.  attn: powers of two up to 16 (tiny: up
+ * to its max_ctx), so that a pool page of 16 blocks of one position holds
+ * exactly 16 / c blocks of c positions with at most 15 x 64 bytes left over
+ * (the pool sizes its pages so, cache/pool.c); few sizes, so few classes.
+ */
 static const model__shape_t presets[] = {
-    {"hash", MODEL_FAMILY_HASH, 1000, 0, 1, 4096, 0, 64},
-    {"tiny", MODEL_FAMILY_ATTN, 6, 8, 2, 8, 1, 8},
-    {"small", MODEL_FAMILY_ATTN, 512, 64, 4, 1024, 2, 16},
-    {"base", MODEL_FAMILY_ATTN, 4096, 256, 8, 4096, 3, 16},
+    {"hash", MODEL_FAMILY_HASH, 1000, 0, 1, 4096, 0, {6, 14, 30, 62, 126, 254, 510}},
+    {"tiny", MODEL_FAMILY_ATTN, 6, 8, 2, 8, 1, {1, 2, 4, 8}},
+    {"small", MODEL_FAMILY_ATTN, 512, 64, 4, 1024, 2, {1, 2, 4, 8, 16}},
+    {"base", MODEL_FAMILY_ATTN, 4096, 256, 8, 4096, 3, {1, 2, 4, 8, 16}},
 };
+
+static uint64_t plan_round(uint64_t n)
+{
+    return (n + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+}
+
+/* Fixes the capacity of every block of a chain of max_ctx positions: each
+ * block the largest candidate with which the chain holding one entry past
+ * the blocks before it stays within the bound (the worst moment: a block
+ * just added, one entry in it).  Greedy largest keeps the block count, and
+ * so the headers, low.  Where no candidate fits, the smallest is taken
+ * (no preset reaches that; the unit tests check the bound at every
+ * length). */
+static void plan_blocks(model_t *m)
+{
+    const uint64_t S = m->entry_size;
+    uint64_t used = plan_round(m->state_size), room = 0;
+
+    m->nblocks = 0;
+    m->block_max = 0;
+    while (room < m->shape.max_ctx) {
+        uint64_t limit = PLAN_NUM * (room + 1) * S + PLAN_DEN * (uint64_t)PLAN_ALLOWANCE;
+        uint32_t cap = m->shape.candidates[0];
+
+        for (size_t i = 1; i < MODEL__MAX_CANDIDATES && m->shape.candidates[i] != 0; i++) {
+            uint32_t c = m->shape.candidates[i];
+            if (PLAN_DEN * (used + plan_round(MODEL_BLOCK_HEADER + c * S)) <= limit) {
+                cap = c;
+            }
+        }
+        if (m->nblocks == MODEL__MAX_BLOCKS) {
+            /* No preset comes near; later blocks repeat the last one. */
+            assert(!"model: more blocks than MODEL__MAX_BLOCKS");
+            break;
+        }
+        m->block_cap[m->nblocks++] = cap;
+        used += plan_round(MODEL_BLOCK_HEADER + cap * S);
+        room += cap;
+        if (cap > m->block_max) {
+            m->block_max = cap;
+        }
+    }
+}
 
 _Atomic int model__alloc_fail_in = 0;
 
@@ -68,8 +127,7 @@ int model_create(const char *preset, model_t **out)
     atomic_init(&m->g_calls, 0);
     atomic_init(&m->rows, 0);
     m->ops->sizes(m);
-    assert((shape->block_positions & (shape->block_positions - 1)) == 0);
-    assert(shape->block_positions <= shape->max_ctx);
+    plan_blocks(m);
 
     if (m->ops->init != NULL) {
         rc = m->ops->init(m);
@@ -130,12 +188,40 @@ size_t model_entry_size(const model_t *m)
 
 uint32_t model_block_positions(const model_t *m)
 {
-    return m->shape.block_positions;
+    return m->block_max;
 }
 
 size_t model_block_bytes(const model_t *m)
 {
-    return offsetof(model_block_t, data) + (size_t)m->shape.block_positions * m->entry_size;
+    return model_block_bytes_for(m, m->block_max);
+}
+
+size_t model_block_bytes_for(const model_t *m, uint32_t capacity)
+{
+    return offsetof(model_block_t, data) + (size_t)capacity * m->entry_size;
+}
+
+uint32_t model_block_capacity(const model_t *m, uint32_t index)
+{
+    return m->block_cap[index < m->nblocks ? index : m->nblocks - 1];
+}
+
+uint32_t model_chain_blocks(const model_t *m, uint32_t positions, size_t align, size_t *bytes)
+{
+    uint64_t room = 0;
+    size_t total = 0;
+    uint32_t n = 0;
+
+    assert(align > 0 && (align & (align - 1)) == 0);
+    for (; room < positions; n++) {
+        uint32_t cap = model_block_capacity(m, n);
+        total += (model_block_bytes_for(m, cap) + align - 1) & ~(align - 1);
+        room += cap;
+    }
+    if (bytes != NULL) {
+        *bytes = total;
+    }
+    return n;
 }
 
 size_t model_state_size(const model_t *m)
@@ -173,7 +259,14 @@ uint32_t model_pick(const model_t *m, const model_kv_t *kv, double *logits)
 {
     assert(m != NULL && kv != NULL && kv->state != NULL);
     assert(kv->len >= 1);
-    return m->ops->pick(m, kv, logits);
+    return m->ops->pick(m, kv, logits, NULL);
+}
+
+uint32_t model_pick_raw(const model_t *m, const model_kv_t *kv, double *raw)
+{
+    assert(m != NULL && kv != NULL && kv->state != NULL);
+    assert(kv->len >= 1);
+    return m->ops->pick(m, kv, NULL, raw);
 }
 
 /* The definition: print as printf("%.6f") does, and read the decimal back
@@ -396,23 +489,27 @@ int model_generate(const model_t *m, const int64_t *tokens, size_t n, int64_t st
 
 int model_kv_heap_alloc(const model_t *m, uint32_t positions, model_kv_t *kv)
 {
-    uint32_t per = m->shape.block_positions;
     model_block_t **link = &kv->head;
+    uint32_t i = 0;
 
     memset(kv, 0, sizeof(*kv));
     kv->state = model__alloc(0, m->state_size);
     if (kv->state == NULL) {
         return SLOTD_ENOMEM;
     }
-    for (uint64_t have = 0; have < positions; have += per) {
-        model_block_t *b = model__alloc(BLOCK_ALIGN, model_block_bytes(m));
+    for (uint64_t have = 0; have < positions; i++) {
+        uint32_t cap = model_block_capacity(m, i);
+        model_block_t *b = model__alloc(BLOCK_ALIGN, model_block_bytes_for(m, cap));
         if (b == NULL) {
             model_kv_heap_free(kv);
             return SLOTD_ENOMEM;
         }
         b->next = NULL;
+        b->capacity = cap;
+        b->first = (uint32_t)have;
         *link = b;
         link = &b->next;
+        have += cap;
     }
     kv->tail = kv->head;
     return SLOTD_OK;
@@ -442,14 +539,15 @@ void model_kv_rewind(model_kv_t *kv)
 
 void model_fault_corrupt(const model_t *m, model_kv_t *kv, uint32_t pos)
 {
-    const uint32_t per = m->shape.block_positions;
-    const uint32_t slot = model__block_slot(m, pos);
     model_block_t *b = kv->head;
+    uint32_t per, slot;
 
     assert(pos < kv->len);
-    for (uint32_t i = 0; i < pos / per; i++) {
+    while (pos - b->first >= b->capacity) {
         b = b->next;
     }
+    per = b->capacity;
+    slot = model__block_slot(b, pos);
     if (m->shape.family == MODEL_FAMILY_HASH) {
         uint64_t *entry = (uint64_t *)(void *)b->data + slot;
         uint64_t old = *entry, bad = old ^ UINT64_C(0x8000000100000001);

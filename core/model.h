@@ -8,11 +8,16 @@
  * counters while workers run.  Two families exist (see docs/models.md):
  * `hash` (preset "hash") and `attn` (presets "tiny", "small", "base").
  *
- * Cache memory.  A sequence's cached entries live in a chain of blocks, each
- * block holding model_block_positions() consecutive positions; the chain is
- * owned by whoever provides it (the slot pool in cache/, or a heap chain
- * from model_kv_heap_alloc()).  The model owns the layout of the bytes
- * inside a block's `data`; nobody else reads them.
+ * Cache memory.  A sequence's cached entries live in a chain of blocks of
+ * growing capacity: the i-th block of every chain of a model holds
+ * model_block_capacity(m, i) consecutive positions, a sequence the model
+ * fixes at creation so that a chain (with its state) never holds more than
+ * 1.10 x entries x entry size + 512 bytes, counting each block and the
+ * state as a multiple of 64 bytes (see model_block_capacity()).  The chain
+ * is owned by whoever provides it (the slot pool in cache/, or a heap chain
+ * from model_kv_heap_alloc()); the provider fills in each block's header.
+ * The model owns the layout of the bytes inside a block's `data`; nobody
+ * else reads them.
  */
 #ifndef SLOTD_CORE_MODEL_H
 #define SLOTD_CORE_MODEL_H
@@ -30,14 +35,21 @@ typedef enum model_family {
 
 typedef struct model model_t;
 
-/** A block of cached positions.  The 64-byte header is followed by
- * model_block_positions() * model_entry_size() bytes of `data`, laid out
- * as the model chooses.  A block is at least 64-byte aligned. */
+/** A block of cached positions.  The 16-byte header is followed by
+ * capacity * model_entry_size() bytes of `data`, laid out as the model
+ * chooses (model_block_bytes_for(m, capacity) bytes in all).  A block is at
+ * least 64-byte aligned, so `data` is 16-byte aligned.  The provider of
+ * the chain writes the header: `capacity` is model_block_capacity() of the
+ * block's index, `first` the sum of the capacities of the blocks before it. */
 typedef struct model_block {
     struct model_block *next; /* the block holding the following positions, or NULL */
-    uint64_t _reserved[7];    /* keeps `data` 64-byte aligned */
+    uint32_t capacity;        /* positions this block holds */
+    uint32_t first;           /* the position of its first entry */
     unsigned char data[];
 } model_block_t;
+
+/** Bytes of a block header: `data` starts this far into a block. */
+#define MODEL_BLOCK_HEADER 16
 
 /** A sequence's cache as the model sees it.  The memory it points to is not
  * the model's: the provider guarantees that the chain from `tail` has room
@@ -70,11 +82,29 @@ uint32_t model_max_ctx(const model_t *m);
 uint32_t model_layers(const model_t *m);
 /** Bytes of one cache entry: 8 for hash, 2*L*d*8 for attn. */
 size_t model_entry_size(const model_t *m);
-/** Positions per block of the chain (a power of two, at most max_ctx). */
+/** Positions of the largest block of any chain (hash 254, tiny 2, small
+ * and base 16): a chain's last blocks have this capacity. */
 uint32_t model_block_positions(const model_t *m);
-/** Bytes of one block including its header: 64 + positions * entry size. */
+/** Bytes of the largest block including its header:
+ * model_block_bytes_for(m, model_block_positions(m)). */
 size_t model_block_bytes(const model_t *m);
-/** Bytes of per-sequence state (hash: the running sum; attn: the last logits). */
+/** Bytes of a block of `capacity` positions: 16 + capacity * entry size. */
+size_t model_block_bytes_for(const model_t *m, uint32_t capacity);
+/** The capacity of the index-th block (0-based) of every chain of `m`.
+ * The sequence grows with the room already held: each block is the
+ * largest of the model's candidate capacities with which a chain holding
+ * one entry past the blocks before it, plus its state, stays within
+ * 1.10 x entries x entry size + 512 bytes (blocks and state rounded up to
+ * 64 bytes).  Past the blocks that reach max_ctx it stays at the last one's
+ * capacity.  Pure; O(1). */
+uint32_t model_block_capacity(const model_t *m, uint32_t index);
+/** The number of blocks a chain needs for `positions` positions, and
+ * (if `bytes` is not NULL) their bytes with each block rounded up to
+ * `align` (a power of two; 1 for the exact sizes).  O(blocks). */
+uint32_t model_chain_blocks(const model_t *m, uint32_t positions, size_t align, size_t *bytes);
+/** Bytes of per-sequence state (hash: the running sum; attn: the residual
+ * stream x after the last position, from which model_pick() computes the
+ * logits). */
 size_t model_state_size(const model_t *m);
 /** Bytes of scratch one call needs; a worker keeps one buffer per thread. */
 size_t model_scratch_size(const model_t *m);
@@ -82,7 +112,7 @@ size_t model_scratch_size(const model_t *m);
 /** Runs `token` at position kv->len: writes that position's entry into the
  * chain, updates kv->state (so that model_pick() gives the token that
  * follows), and advances kv (len + 1, and tail to the next block when this
- * one is full).  Exactly one g call (hash) or L attention rows (attn),
+ * one is full; kv->tail->first == kv->len when a run starts a block).  Exactly one g call (hash) or L attention rows (attn),
  * counted.  Requires token < vocab, kv->len < max_ctx, room in the chain,
  * and `scratch` of model_scratch_size() bytes; these are asserted, not
  * checked: callers validate first. */
@@ -91,8 +121,14 @@ void model_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scratch);
 /** The greedy pick after the last position run (kv->len >= 1): the index of
  * the largest logit, lowest on a tie (attn), or the running sum mod V
  * (hash).  If `logits` is not NULL and the family is attn, writes the V
- * logits behind the pick, rounded to six decimals.  No model call. */
+ * logits behind the pick, rounded to six decimals.  No attention row and no
+ * g call is counted; for attn the logits are computed here from the state
+ * (sum over i of x[i] * U[i][c]), which is why a pick reads U. */
 uint32_t model_pick(const model_t *m, const model_kv_t *kv, double *logits);
+
+/** model_pick(), writing the V logits unrounded into `raw` (attn; not
+ * written for hash).  `raw` may be NULL. */
+uint32_t model_pick_raw(const model_t *m, const model_kv_t *kv, double *raw);
 
 /** Rounds to six decimals exactly as printf("%.6f") does. */
 double model_round6(double x);

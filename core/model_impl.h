@@ -14,7 +14,13 @@
 
 #include "model.h"
 
-/* The shape of a preset: the parameters of MODELS.md plus the block size. */
+/* Most block capacities a preset may offer, and most blocks a chain of
+ * max_ctx positions may take. */
+#define MODEL__MAX_CANDIDATES 8
+#define MODEL__MAX_BLOCKS 512
+
+/* The shape of a preset: the parameters of MODELS.md plus the block
+ * capacities a chain may use. */
 typedef struct model__shape {
     const char *name;
     model_family_t family;
@@ -22,8 +28,12 @@ typedef struct model__shape {
     uint32_t d;      /* width (attn), 0 for hash */
     uint32_t layers; /* L (attn), 1 for hash */
     uint32_t max_ctx;
-    uint64_t seed;            /* weight seed S (attn), 0 for hash */
-    uint32_t block_positions; /* a power of two */
+    uint64_t seed; /* weight seed S (attn), 0 for hash */
+    /* The capacities a block may have, ascending, 0-terminated when fewer
+     * than MODEL__MAX_CANDIDATES.  Chosen so that few size classes serve a
+     * chain and each tiles a pool page of the largest block well (see
+     * docs/design.md, "Blocks of growing capacity"). */
+    uint32_t candidates[MODEL__MAX_CANDIDATES];
 } model__shape_t;
 
 /* One family's functions.  `sizes` fills in entry, state and scratch sizes
@@ -35,7 +45,7 @@ typedef struct model__ops {
     int (*init)(model_t *m);
     void (*fini)(model_t *m);
     void (*run)(const model_t *m, model_kv_t *kv, uint32_t token, void *scratch);
-    uint32_t (*pick)(const model_t *m, const model_kv_t *kv, double *logits);
+    uint32_t (*pick)(const model_t *m, const model_kv_t *kv, double *logits, double *raw);
 } model__ops_t;
 
 struct model {
@@ -44,6 +54,13 @@ struct model {
     size_t entry_size;   /* bytes of one position's entry */
     size_t state_size;   /* bytes of a sequence's state */
     size_t scratch_size; /* bytes of scratch a run needs */
+
+    /* The capacity of every chain's i-th block, for i < nblocks (the blocks
+     * that reach max_ctx); later blocks repeat the last.  block_max is the
+     * largest.  Computed at creation from the sizes above. */
+    uint32_t nblocks;
+    uint32_t block_max;
+    uint32_t block_cap[MODEL__MAX_BLOCKS];
 
     /* Weights of the attn family, one allocation owned by the model (NULL
      * for hash).  Immutable after model_create(). */
@@ -97,18 +114,19 @@ static inline void model__count_rows(const model_t *m, uint64_t n)
     atomic_fetch_add_explicit(&((model_t *)m)->rows, n, memory_order_relaxed);
 }
 
-/* The slot of position `p` inside its block. */
-static inline uint32_t model__block_slot(const model_t *m, uint32_t p)
+/* The slot of position `p` inside block `b`, which holds it. */
+static inline uint32_t model__block_slot(const model_block_t *b, uint32_t p)
 {
-    return p & (m->shape.block_positions - 1);
+    assert(p >= b->first && p - b->first < b->capacity);
+    return p - b->first;
 }
 
 /* Moves kv past the position just written: one more entry, and the tail on
  * to the next block (possibly NULL) when this one is full. */
-static inline void model__kv_advance(const model_t *m, model_kv_t *kv)
+static inline void model__kv_advance(model_kv_t *kv)
 {
     kv->len++;
-    if (model__block_slot(m, kv->len) == 0) {
+    if (kv->len - kv->tail->first == kv->tail->capacity) {
         kv->tail = kv->tail->next;
     }
 }

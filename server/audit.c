@@ -141,13 +141,13 @@ int audit_create(double rate, unsigned threads, const model_t *const *models, si
     a->max_ctx = 1;
     for (size_t i = 0; i < nmodels; i++) {
         const model_t *m = models[i];
-        size_t per = model_block_positions(m);
-        size_t blocks = (model_max_ctx(m) + per - 1) / per;
+        size_t chain_bytes = 0;
+        model_chain_blocks(m, model_max_ctx(m), 1, &chain_bytes);
         if (model_max_ctx(m) > a->max_ctx)
             a->max_ctx = model_max_ctx(m);
         if (model_family(m) == MODEL_FAMILY_ATTN && model_vocab(m) > max_vocab)
             max_vocab = model_vocab(m);
-        a->worker_bytes += blocks * model_block_bytes(m) + model_state_size(m);
+        a->worker_bytes += chain_bytes + model_state_size(m);
     }
     a->base_logits = AUDIT_BASE_ROWS * max_vocab;
     a->worker_bytes +=

@@ -40,7 +40,7 @@ def make_cases(seed, small_cases):
     """(preset, tokens, steps, python_uncached) tuples, seeded."""
     rnd = random.Random(seed)
     cases = []
-    # hash: sequences crossing several 64-position blocks.
+    # hash: sequences crossing several blocks (the first ones hold 30).
     for _ in range(40):
         total = rnd.randint(1, 300)
         n = rnd.randint(1, total)
@@ -51,12 +51,14 @@ def make_cases(seed, small_cases):
         total = rnd.randint(1, 8)
         n = rnd.randint(1, total)
         cases.append(("tiny", [rnd.randrange(6) for _ in range(n)], total - n, True))
-    # small: across 16-position blocks, short enough for Python.
+    # small: across its first blocks (1, 2, 3 positions), short enough for
+    # Python; and one case into its blocks of 5, 7, 15 and 16.
     for i in range(small_cases):
         total = rnd.randint(1, 40)
         n = rnd.randint(1, total)
         cases.append(("small", [rnd.randrange(512) for _ in range(n)], total - n, i < 3 and total <= 12))
     cases.append(("small", [rnd.randrange(512) for _ in range(3)], 0, True))
+    cases.append(("small", [rnd.randrange(512) for _ in range(170)], 6, False))
     return cases
 
 

@@ -14,7 +14,7 @@
  * "cached" and "uncached" are model_generate()'s results; each logit is a
  * pair [printf("%.6f"), printf("%a")] of the rounded double it returned.
  * "raw" is, for each pick of a cached run driven by model_run() and
- * model_pick(), the unrounded logits (the attn state) as pairs
+ * model_pick_raw(), the unrounded logits as pairs
  * [printf("%.6f"), printf("%a")]; it is empty for hash.  Exit status 0, or
  * 1 on a malformed line or a failed call.
  *
@@ -83,13 +83,14 @@ static int dump_case(model_t *m, const int64_t *in, size_t n, int64_t steps)
     size_t v = model_vocab(m), total = n + (size_t)steps;
     uint32_t *tokens = malloc(total * sizeof(uint32_t));
     double *logits = malloc(((size_t)steps * v + 1) * sizeof(double));
+    double *raw = malloc(v * sizeof(double));
     void *scratch = malloc(model_scratch_size(m) + 1);
     uint64_t rows;
     model_kv_t kv;
     slotd_error_t err;
     int rc = 1;
 
-    if (tokens == NULL || logits == NULL || scratch == NULL ||
+    if (tokens == NULL || logits == NULL || raw == NULL || scratch == NULL ||
         model_kv_heap_alloc(m, (uint32_t)total, &kv) != SLOTD_OK) {
         fprintf(stderr, "crosscheck_dump: out of memory\n");
         goto out;
@@ -114,13 +115,13 @@ static int dump_case(model_t *m, const int64_t *in, size_t n, int64_t steps)
     for (size_t i = 0; model_family(m) == MODEL_FAMILY_ATTN && steps > 0 && i < total - 1; i++) {
         model_run(m, &kv, i < n ? (uint32_t)in[i] : tokens[i], scratch);
         if (i + 1 >= n) {
-            const double *state = kv.state;
+            (void)model_pick_raw(m, &kv, raw);
             printf("%s[", i + 1 > n ? "," : "");
             for (size_t c = 0; c < v; c++) {
                 if (c) {
                     putchar(',');
                 }
-                print_pair(state[c]);
+                print_pair(raw[c]);
             }
             putchar(']');
         }
@@ -132,6 +133,7 @@ out_kv:
 out:
     free(tokens);
     free(logits);
+    free(raw);
     free(scratch);
     return rc;
 }

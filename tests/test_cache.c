@@ -141,10 +141,20 @@ static void view_eq(const view_t *a, const view_t *b)
     ck_assert_uint_eq(a->nblocks, b->nblocks);
 }
 
+/* Blocks a chain of `m` needs for `positions` (core/model.h). */
 static uint32_t blocks_for(const model_t *m, uint32_t positions)
 {
-    uint32_t per = model_block_positions(m);
-    return (positions + per - 1) / per;
+    return model_chain_blocks(m, positions, 1, NULL);
+}
+
+/* Positions the first `nblocks` blocks of a chain of `m` hold. */
+static uint32_t room_of(const model_t *m, uint32_t nblocks)
+{
+    uint32_t room = 0;
+
+    for (uint32_t i = 0; i < nblocks; i++)
+        room += model_block_capacity(m, i);
+    return room;
 }
 
 /* Grows a slot by n entries (reserve, then commit without running a model). */
@@ -159,21 +169,26 @@ static int grow(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o, uint3
     return cache_pool_commit(p, h, o, &kv);
 }
 
-/* Fills one new slot of `m` with blocks until the pool refuses; returns
- * the blocks it got.  *h is the slot (or, if even the acquire failed, left
- * untouched and 0 is returned). */
+/* Fills one new slot of `m` with blocks, one block a reserve, until the
+ * pool refuses or the next block would pass max_ctx; returns the blocks it
+ * got.  *h is the slot (or, if even the acquire failed, left untouched and
+ * 0 is returned). */
 static uint32_t fill_slot(cache_pool_t *p, const model_t *m, const cache_owner_t *o,
                           cache_handle_t *h)
 {
-    uint32_t per = model_block_positions(m), got = 0;
+    uint32_t got = 0, room = 0;
     model_kv_t kv;
 
     if (cache_pool_acquire(p, m, o, h) != SLOTD_OK)
         return 0;
-    while ((got + 1) * per <= model_max_ctx(m) &&
-           cache_pool_reserve(p, *h, o, per, &kv) == SLOTD_OK) {
+    for (;;) {
+        uint32_t per = model_block_capacity(m, got);
+
+        if (room + per > model_max_ctx(m) || cache_pool_reserve(p, *h, o, per, &kv) != SLOTD_OK)
+            break;
         kv.len += per;
         ck_assert_int_eq(cache_pool_commit(p, *h, o, &kv), SLOTD_OK);
+        room += per;
         got++;
     }
     return got;
@@ -184,18 +199,37 @@ static size_t round_align(size_t n)
     return (n + CACHE__ALIGN - 1) / CACHE__ALIGN * CACHE__ALIGN;
 }
 
+/* The pool bytes of a slot of `m` whose chain has `nblocks` blocks: the
+ * state and each block at their strides. */
+static uint64_t slot_bytes(const model_t *m, uint32_t nblocks)
+{
+    uint64_t bytes = round_align(model_state_size(m));
+
+    for (uint32_t i = 0; i < nblocks; i++)
+        bytes += round_align(model_block_bytes_for(m, model_block_capacity(m, i)));
+    return bytes;
+}
+
 /* The page size the pool picks for `models` (pool_impl.h): the smallest
- * multiple of the largest object, rounded to CACHE__ALIGN, that reaches
- * CACHE__PAGE_MIN. */
+ * multiple of the largest page unit (for each capacity c of a chain,
+ * ceil(largest / c) blocks of c positions at their strides) or state that
+ * reaches CACHE__PAGE_MIN. */
 static size_t page_for(const model_t *const *models, size_t n)
 {
     size_t big = 0;
 
     for (size_t i = 0; i < n; i++) {
-        if (round_align(model_block_bytes(models[i])) > big)
-            big = round_align(model_block_bytes(models[i]));
-        if (round_align(model_state_size(models[i])) > big)
-            big = round_align(model_state_size(models[i]));
+        const model_t *m = models[i];
+        uint32_t top = model_block_positions(m);
+
+        for (uint32_t b = 0; b < blocks_for(m, model_max_ctx(m)); b++) {
+            uint32_t c = model_block_capacity(m, b);
+            size_t u = round_align(model_block_bytes_for(m, c)) * ((top + c - 1) / c);
+            if (u > big)
+                big = u;
+        }
+        if (round_align(model_state_size(m)) > big)
+            big = round_align(model_state_size(m));
     }
     return (CACHE__PAGE_MIN + big - 1) / big * big;
 }
@@ -294,7 +328,7 @@ START_TEST(test_acquire_empty)
     st = stats(p);
     ck_assert_uint_eq(st.live_slots, 1);
     ck_assert_uint_eq(st.entries, 0);
-    ck_assert_uint_eq(st.bytes_used, model_state_size(tiny));
+    ck_assert_uint_eq(st.bytes_used, slot_bytes(tiny, 0));
     v = view(p, h, &o);
     ck_assert_ptr_null(v.kv.head);
     ck_assert_ptr_null(v.kv.tail);
@@ -331,25 +365,22 @@ START_TEST(test_reserve_commit_grows_exactly)
     cache_pool_t *p = pool((size_t)4 << 20, 4, models, 1);
     cache_owner_t o = owner(7, "grow");
     cache_handle_t h;
-    uint32_t entries = 0, per = model_block_positions(hash);
-    const uint32_t steps[] = {1, 1, per - 2, 1, 0, per, 3, 2 * per + 5, per - 1, 17};
+    uint32_t entries = 0, per = model_block_capacity(hash, 0), nb = 0;
+    const uint32_t steps[] = {1, 1, per - 2, 1, 0, per, 3, 2 * per + 5, per - 1, 17, 700, 1};
 
     ck_assert_int_eq(cache_pool_acquire(p, hash, &o, &h), SLOTD_OK);
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
         model_kv_t kv;
         cache_pool_stats_t st;
-        uint32_t room_before = blocks_for(hash, entries) * per;
 
         ck_assert_int_eq(cache_pool_reserve(p, h, &o, steps[i], &kv), SLOTD_OK);
         ck_assert_uint_eq(kv.len, entries);
         /* Room for exactly what was asked, in whole blocks, or what was there. */
-        ck_assert_uint_eq(chain_len(kv.head),
-                          blocks_for(hash, entries + steps[i]) > blocks_for(hash, entries)
-                              ? blocks_for(hash, entries + steps[i])
-                              : room_before / per);
+        if (blocks_for(hash, entries + steps[i]) > nb)
+            nb = blocks_for(hash, entries + steps[i]);
+        ck_assert_uint_eq(chain_len(kv.head), nb);
         st = stats(p);
-        ck_assert_uint_eq(st.bytes_used, model_state_size(hash) + (uint64_t)chain_len(kv.head) *
-                                                                      model_block_bytes(hash));
+        ck_assert_uint_eq(st.bytes_used, slot_bytes(hash, nb));
         ck_assert_uint_eq(st.entries, entries); /* nothing committed yet */
         kv.len += steps[i];
         ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
@@ -363,7 +394,7 @@ START_TEST(test_reserve_commit_grows_exactly)
     {
         cache_pool_stats_t before = stats(p), after;
         model_kv_t kv;
-        uint32_t spare = blocks_for(hash, entries) * per - entries;
+        uint32_t spare = room_of(hash, nb) - entries;
 
         ck_assert_int_eq(cache_pool_reserve(p, h, &o, spare, &kv), SLOTD_OK);
         after = stats(p);
@@ -381,7 +412,7 @@ START_TEST(test_block_boundaries)
     cache_pool_t *p = pool((size_t)4 << 20, 4, models, 1);
     cache_owner_t o = owner(3, "edge");
     cache_handle_t h;
-    uint32_t per = model_block_positions(hash);
+    uint32_t per = model_block_capacity(hash, 0);
     model_kv_t kv;
     view_t v;
 
@@ -409,14 +440,22 @@ START_TEST(test_block_boundaries)
     v = view(p, h, &o);
     ck_assert_ptr_eq(v.kv.tail, v.kv.head->next);
 
-    /* Across several boundaries at once: tail is block (len / per). */
-    ck_assert_int_eq(cache_pool_reserve(p, h, &o, 3 * per, &kv), SLOTD_OK);
+    /* Across several boundaries at once: tail is the block holding len. */
+    ck_assert_int_eq(cache_pool_reserve(p, h, &o, room_of(hash, 5) - (per + 1), &kv), SLOTD_OK);
     ck_assert_uint_eq(chain_len(kv.head), 5);
-    kv.len = 4 * per;
+    for (uint32_t i = 0; i < 5; i++) {
+        ck_assert_uint_eq(chain_at(kv.head, i)->capacity, model_block_capacity(hash, i));
+        ck_assert_uint_eq(chain_at(kv.head, i)->first, room_of(hash, i));
+    }
+    kv.len = room_of(hash, 4);
     ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
     v = view(p, h, &o);
     ck_assert_ptr_eq(v.kv.tail, chain_at(v.kv.head, 4));
-    kv.len = 5 * per;
+    kv.len = room_of(hash, 4) + 1;
+    ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
+    v = view(p, h, &o);
+    ck_assert_ptr_eq(v.kv.tail, chain_at(v.kv.head, 4));
+    kv.len = room_of(hash, 5);
     ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
     v = view(p, h, &o);
     ck_assert_ptr_null(v.kv.tail);
@@ -431,7 +470,7 @@ START_TEST(test_block_boundaries)
         before = stats(p);
         v = view(p, h, &o);
         ck_assert_uint_eq(v.kv.len, model_max_ctx(hash));
-        ck_assert_uint_eq(v.nblocks, model_max_ctx(hash) / per);
+        ck_assert_uint_eq(v.nblocks, blocks_for(hash, model_max_ctx(hash)));
         ck_assert_int_eq(cache_pool_reserve(p, h, &o, 1, &kv), SLOTD_EINVAL);
         after = stats(p);
         stats_eq(&before, &after);
@@ -513,7 +552,7 @@ START_TEST(test_models_run_in_slots)
         }
         for (int i = 0; i < 8; i++)
             ck_assert_uint_eq(got[i], golden[i]);
-        ck_assert_uint_eq(stats(p).bytes_used, model_state_size(tiny) + model_block_bytes(tiny));
+        ck_assert_uint_eq(stats(p).bytes_used, slot_bytes(tiny, blocks_for(tiny, 8)));
         ck_assert_int_eq(cache_pool_release(p, h, &o, &n), SLOTD_OK);
         ck_assert_uint_eq(n, 7);
     }
@@ -522,6 +561,75 @@ START_TEST(test_models_run_in_slots)
     cache_pool_destroy(p);
     model_destroy(hash);
     model_destroy(tiny);
+}
+END_TEST
+
+/* The memory target: the pool bytes a live slot holds (its blocks and its
+ * state, at their strides, as cache_pool_stats() counts them) are at most
+ * 1.10 x entries x entry size + 512 bytes at every length from 1 to
+ * max_ctx, for every model; and they are exactly the blocks of the chain's
+ * plan, so the figure is the memory the arena gives up. */
+START_TEST(test_slot_bytes_bound)
+{
+    model_t *ms[] = {model("hash"), model("tiny"), model("small"), model("base")};
+    const model_t *models[] = {ms[0], ms[1], ms[2], ms[3]};
+    cache_pool_t *p = pool((size_t)160 << 20, 4, models, 4);
+    cache_owner_t o = owner(1, "bound");
+
+    for (size_t i = 0; i < 4; i++) {
+        const model_t *m = ms[i];
+        uint64_t es = model_entry_size(m);
+        cache_handle_t h;
+
+        ck_assert_int_eq(cache_pool_acquire(p, m, &o, &h), SLOTD_OK);
+        for (uint32_t e = 1; e <= model_max_ctx(m); e++) {
+            cache_pool_stats_t st;
+
+            ck_assert_int_eq(grow(p, h, &o, 1), SLOTD_OK);
+            st = stats(p);
+            ck_assert_uint_eq(st.entries, e);
+            ck_assert_uint_eq(st.bytes_used, slot_bytes(m, blocks_for(m, e)));
+            ck_assert_msg(10 * st.bytes_used <= 11 * (uint64_t)e * es + 5120,
+                          "%s: %u entries of %llu bytes hold %llu pool bytes", model_name(m), e,
+                          (unsigned long long)es, (unsigned long long)st.bytes_used);
+            if (e % 512 == 0 || e == model_max_ctx(m))
+                sound(p);
+        }
+        ck_assert_int_eq(cache_pool_release(p, h, &o, NULL), SLOTD_OK);
+        ck_assert_uint_eq(stats(p).bytes_used, 0);
+    }
+    sound(p);
+    cache_pool_destroy(p);
+    for (size_t i = 0; i < 4; i++)
+        model_destroy(ms[i]);
+}
+END_TEST
+
+/* Pages hold whole blocks of every capacity a chain uses, with little
+ * left over: nothing for hash (power-of-two strides), under 16 headers'
+ * worth (1 KiB) for small and base, whose pages hold 16 one-position
+ * blocks. */
+START_TEST(test_pages_fit_blocks)
+{
+    static const char *names[] = {"hash", "tiny", "small", "base"};
+
+    for (size_t i = 0; i < 4; i++) {
+        model_t *m = model(names[i]);
+        const model_t *models[] = {m};
+        cache_pool_t *p = pool(4 * page_for(models, 1), 4, models, 1);
+        size_t page = cache__pool_page_size(p);
+
+        ck_assert_uint_eq(page, page_for(models, 1));
+        for (uint32_t b = 0; b < blocks_for(m, model_max_ctx(m)); b++) {
+            size_t stride = round_align(model_block_bytes_for(m, model_block_capacity(m, b)));
+            size_t left = page % stride;
+            ck_assert_msg(left < (model_family(m) == MODEL_FAMILY_HASH ? 1 : 1024),
+                          "%s: blocks of %u positions leave %zu of a %zu-byte page", names[i],
+                          model_block_capacity(m, b), left, page);
+        }
+        cache_pool_destroy(p);
+        model_destroy(m);
+    }
 }
 END_TEST
 
@@ -612,41 +720,48 @@ START_TEST(test_slot_count_exhausted)
 END_TEST
 
 /* The budget runs out through the pages (the arena is no larger than the
- * budget, so pages always give out before used + needed passes capacity):
- * "small" has one block per page, and its states share one page.  With 6
- * pages, one state page and five block pages are all there is. */
+ * budget, so pages always give out before used + needed passes capacity).
+ * With six pages, one slot of "small" grows block by block until a block's
+ * class finds no object and no free page; every refusal is all or nothing,
+ * room already held is still handed out, states run out the same way, and
+ * releasing makes room again. */
 START_TEST(test_budget_exhausted)
 {
     model_t *small = model("small");
     const model_t *models[] = {small};
     cache_pool_t *p;
     size_t page;
-    uint32_t per = model_block_positions(small);
     cache_owner_t a = owner(1, "a"), b = owner(1, "b"), c = owner(2, "c");
-    cache_handle_t ha, hb, hc, hs[32];
-    cache_owner_t os[32];
+    cache_handle_t ha, hb, hc, hs[160];
+    cache_owner_t os[160];
     cache_pool_stats_t st, after;
-    view_t va, vb, vc;
+    view_t va, vb;
     model_kv_t kv;
-    uint32_t nstates = 0;
+    uint32_t nstates = 0, na;
 
     page = page_for(models, 1);
-    p = pool(6 * page, 64, models, 1);
+    p = pool(6 * page, 200, models, 1);
     ck_assert_uint_eq(cache__pool_page_size(p), page);
     ck_assert_uint_eq(cache__pool_pages(p), 6);
-    ck_assert_uint_eq(page / model_block_bytes(small), 1);
+    ck_assert_uint_eq(page / round_align(model_block_bytes(small)), 1);
 
-    ck_assert_int_eq(cache_pool_acquire(p, small, &a, &ha), SLOTD_OK);
     ck_assert_int_eq(cache_pool_acquire(p, small, &b, &hb), SLOTD_OK);
-    ck_assert_int_eq(grow(p, ha, &a, 2 * per + 3), SLOTD_OK); /* 3 blocks */
-    ck_assert_int_eq(grow(p, hb, &b, per), SLOTD_OK);         /* 1 block, full */
-    ck_assert_uint_eq(cache__pool_pages_free(p), 1);
-    va = view(p, ha, &a);
+    ck_assert_int_eq(grow(p, hb, &b, 1), SLOTD_OK);
     vb = view(p, hb, &b);
+    na = fill_slot(p, small, &a, &ha);
+    ck_assert_uint_gt(na, 10);
+    ck_assert_uint_lt(room_of(small, na), model_max_ctx(small));
+    ck_assert_uint_eq(cache__pool_pages_free(p), 0);
+    va = view(p, ha, &a);
+    ck_assert_uint_eq(va.nblocks, na);
+    ck_assert_uint_eq(va.kv.len, room_of(small, na));
+    sound(p);
 
-    /* On reserve, all or nothing: b asks for 2 blocks, one page is left. */
+    /* On reserve, all or nothing: the next block, or several, do not fit. */
     st = stats(p);
-    ck_assert_int_eq(cache_pool_reserve(p, hb, &b, per + 1, &kv), SLOTD_ECACHE_FULL);
+    ck_assert_int_eq(cache_pool_reserve(p, ha, &a, 1, &kv), SLOTD_ECACHE_FULL);
+    ck_assert_int_eq(cache_pool_reserve(p, ha, &a, 40, &kv), SLOTD_ECACHE_FULL);
+    ck_assert_int_eq(cache_pool_reserve(p, hb, &b, 200, &kv), SLOTD_ECACHE_FULL);
     after = stats(p);
     stats_eq(&st, &after);
     {
@@ -655,22 +770,16 @@ START_TEST(test_budget_exhausted)
         v = view(p, hb, &b);
         view_eq(&vb, &v);
     }
-    ck_assert_uint_eq(cache__pool_pages_free(p), 1);
-    sound(p);
-
-    /* Exactly one block fits. */
-    ck_assert_int_eq(grow(p, hb, &b, per), SLOTD_OK);
-    vb = view(p, hb, &b);
     ck_assert_uint_eq(cache__pool_pages_free(p), 0);
-    st = stats(p);
-    ck_assert_int_eq(cache_pool_reserve(p, ha, &a, per, &kv), SLOTD_ECACHE_FULL);
-    /* Room already held is still handed out: a has a partial block. */
-    ck_assert_int_eq(cache_pool_reserve(p, ha, &a, per - 3, &kv), SLOTD_OK);
+    /* Room already held is still handed out: b's first block is full, but
+     * a reserve of nothing (and of its own room) succeeds. */
+    ck_assert_int_eq(cache_pool_reserve(p, hb, &b, 0, &kv), SLOTD_OK);
     after = stats(p);
     stats_eq(&st, &after);
+    sound(p);
 
-    /* On acquire: states fill the one state page, then there is none. */
-    while (nstates < 32) {
+    /* On acquire: states fill the state page, then there is none. */
+    while (nstates < 160) {
         char id[16];
         snprintf(id, sizeof id, "s%u", nstates);
         os[nstates] = owner(5, id);
@@ -687,29 +796,23 @@ START_TEST(test_budget_exhausted)
     ck_assert_uint_eq(hc.slot, 99);
     after = stats(p);
     stats_eq(&st, &after);
-    {
-        view_t v = view(p, ha, &a);
-        view_eq(&va, &v);
-        v = view(p, hb, &b);
-        view_eq(&vb, &v);
-    }
     sound(p);
 
     /* Freeing makes room again: one state frees one state object... */
     ck_assert_int_eq(cache_pool_release(p, hs[0], &os[0], NULL), SLOTD_OK);
     ck_assert_int_eq(cache_pool_acquire(p, small, &c, &hc), SLOTD_OK);
-    ck_assert_int_eq(cache_pool_reserve(p, hc, &c, 1, &kv), SLOTD_ECACHE_FULL);
-    /* ...and b's two blocks free two pages for c's. */
-    ck_assert_int_eq(cache_pool_release(p, hb, &b, NULL), SLOTD_OK);
-    ck_assert_int_eq(grow(p, hc, &c, 2 * per), SLOTD_OK);
-    vc = view(p, hc, &c);
-    ck_assert_uint_eq(vc.nblocks, 2);
+    /* ...and a's blocks free the pages c's 40 positions need. */
+    ck_assert_int_eq(cache_pool_reserve(p, hc, &c, 40, &kv), SLOTD_ECACHE_FULL);
+    ck_assert_int_eq(cache_pool_release(p, ha, &a, NULL), SLOTD_OK);
+    ck_assert_int_eq(grow(p, hc, &c, 40), SLOTD_OK);
+    ck_assert_uint_eq(view(p, hc, &c).nblocks, blocks_for(small, 40));
     sound(p);
     for (uint32_t i = 1; i < nstates; i++)
         ck_assert_int_eq(cache_pool_release(p, hs[i], &os[i], NULL), SLOTD_OK);
-    ck_assert_int_eq(cache_pool_release(p, ha, &a, NULL), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_release(p, hb, &b, NULL), SLOTD_OK);
     ck_assert_int_eq(cache_pool_release(p, hc, &c, NULL), SLOTD_OK);
     ck_assert_uint_eq(stats(p).bytes_used, 0);
+    ck_assert_uint_eq(cache__pool_pages_free(p), 6);
     sound(p);
     cache_pool_destroy(p);
     model_destroy(small);
@@ -875,23 +978,26 @@ START_TEST(test_pages_move_between_classes)
     cache_owner_t a = owner(1, "small");
     cache_handle_t ha, hh[16];
     cache_owner_t oh[16];
-    int64_t pages_of_small[8];
+    int64_t pages_of_small[64];
     uint32_t nsmall, nh = 0, nblocks_hash = 0;
     view_t va;
 
     ck_assert_uint_ne(model_block_bytes(hash), model_block_bytes(small));
     ck_assert_uint_eq(cache__pool_pages(p), 6);
 
-    /* "small" takes every page: one for its state, five for blocks. */
+    /* "small" takes every page: one for its state, the rest for blocks of
+     * its first capacities. */
     nsmall = fill_slot(p, small, &a, &ha);
-    ck_assert_uint_eq(nsmall, 5);
+    ck_assert_uint_gt(nsmall, 5);
+    ck_assert_uint_le(nsmall, 64);
     ck_assert_uint_eq(cache__pool_pages_free(p), 0);
     va = view(p, ha, &a);
     for (uint32_t i = 0; i < nsmall; i++) {
-        pages_of_small[i] = cache__pool_page_of(p, chain_at(va.kv.head, i));
+        const model_block_t *blk = chain_at(va.kv.head, i);
+        pages_of_small[i] = cache__pool_page_of(p, blk);
         ck_assert_int_ge(pages_of_small[i], 0);
         ck_assert_uint_eq(cache__pool_page_stride(p, (uint32_t)pages_of_small[i]),
-                          model_block_bytes(small));
+                          round_align(model_block_bytes_for(small, blk->capacity)));
     }
     ck_assert_int_eq(cache_pool_release(p, ha, &a, NULL), SLOTD_OK);
     ck_assert_uint_eq(cache__pool_pages_free(p), 6);
@@ -912,21 +1018,24 @@ START_TEST(test_pages_move_between_classes)
         }
         nblocks_hash += got;
         nh++;
-        if (got < model_max_ctx(hash) / model_block_positions(hash))
+        if (got < blocks_for(hash, model_max_ctx(hash)) - 1)
             break;
     }
     ck_assert_uint_eq(cache__pool_pages_free(p), 0);
     ck_assert_uint_ge(nblocks_hash, 5 * (cache__pool_page_size(p) / model_block_bytes(hash)));
     for (uint32_t i = 0; i < nsmall; i++) {
         size_t stride = cache__pool_page_stride(p, (uint32_t)pages_of_small[i]);
-        ck_assert(stride == model_block_bytes(hash) || stride == CACHE__ALIGN);
+        bool hash_class = stride == CACHE__ALIGN;
+        for (uint32_t b = 0; b < blocks_for(hash, model_max_ctx(hash)); b++)
+            hash_class |= stride == round_align(model_block_bytes_for(hash, model_block_capacity(hash, b)));
+        ck_assert(hash_class);
     }
     sound(p);
 
-    /* And back: with hash gone, small gets all five block pages again. */
+    /* And back: with hash gone, small gets the same blocks again. */
     for (uint32_t i = 0; i < nh; i++)
         ck_assert_int_eq(cache_pool_release(p, hh[i], &oh[i], NULL), SLOTD_OK);
-    ck_assert_uint_eq(fill_slot(p, small, &a, &ha), 5);
+    ck_assert_uint_eq(fill_slot(p, small, &a, &ha), nsmall);
     ck_assert_int_eq(cache_pool_release(p, ha, &a, NULL), SLOTD_OK);
     ck_assert_uint_eq(stats(p).bytes_used, 0);
     sound(p);
@@ -974,7 +1083,7 @@ START_TEST(test_randomized)
             char id[24];
             const model_t *m = models[rng_below(3)];
             bool slots_out = live == MAX_SLOTS;
-            bool bytes_out = used + model_state_size(m) > capacity;
+            bool bytes_out = used + slot_bytes(m, 0) > capacity;
 
             snprintf(id, sizeof id, "op%u", serial++);
             r->owner = owner(rng_below(3), id);
@@ -987,7 +1096,7 @@ START_TEST(test_randomized)
                 r->m = m;
                 r->entries = r->nblocks = 0;
                 live++;
-                used += model_state_size(m);
+                used += slot_bytes(m, 0);
                 oks++;
             } else {
                 ck_assert_int_eq(rc, SLOTD_ECACHE_FULL);
@@ -1000,16 +1109,18 @@ START_TEST(test_randomized)
             uint32_t per = model_block_positions(r->m), max = model_max_ctx(r->m);
             uint32_t n = rng_below(dice < 5 ? max + 2 : 3 * per + 1);
             uint64_t want = (uint64_t)r->entries + n;
-            uint32_t need = want > (uint64_t)r->nblocks * per
-                                ? (uint32_t)((want - (uint64_t)r->nblocks * per + per - 1) / per)
+            uint32_t need = want > room_of(r->m, r->nblocks)
+                                ? blocks_for(r->m, (uint32_t)want) - r->nblocks
                                 : 0;
+            uint64_t need_bytes =
+                slot_bytes(r->m, r->nblocks + need) - slot_bytes(r->m, r->nblocks);
             model_kv_t kv;
             view_t vr = view(p, r->h, &r->owner);
 
             rc = cache_pool_reserve(p, r->h, &r->owner, n, &kv);
             if (want > max) {
                 ck_assert_int_eq(rc, SLOTD_EINVAL);
-            } else if (used + (uint64_t)need * model_block_bytes(r->m) > capacity) {
+            } else if (used + need_bytes > capacity) {
                 ck_assert_int_eq(rc, SLOTD_ECACHE_FULL);
                 full_bytes++;
             } else if (rc == SLOTD_ECACHE_FULL) {
@@ -1024,12 +1135,15 @@ START_TEST(test_randomized)
                 ck_assert_int_eq(rc, SLOTD_OK);
                 ck_assert_uint_eq(kv.len, r->entries);
                 r->nblocks += need;
-                used += (uint64_t)need * model_block_bytes(r->m);
+                used += need_bytes;
                 ck_assert_uint_eq(chain_len(kv.head), r->nblocks);
                 /* Commit anything from the entries to the room, usually all. */
                 len = rng_below(4) == 0 ? r->entries + rng_below(n + 1) : r->entries + n;
                 if (rng_below(3) == 0)
-                    len = r->entries + rng_below(r->nblocks * per - r->entries + 1);
+                    len = r->entries + rng_below((room_of(r->m, r->nblocks) < max
+                                                      ? room_of(r->m, r->nblocks)
+                                                      : max) -
+                                                 r->entries + 1);
                 kv.len = len;
                 ck_assert_int_eq(cache_pool_commit(p, r->h, &r->owner, &kv), SLOTD_OK);
                 entries += len - r->entries;
@@ -1062,7 +1176,7 @@ START_TEST(test_randomized)
             ck_assert_uint_eq(had, r->entries);
             live--;
             entries -= r->entries;
-            used -= model_state_size(r->m) + (uint64_t)r->nblocks * model_block_bytes(r->m);
+            used -= slot_bytes(r->m, r->nblocks);
             r->live = 0;
             dead[ndead % 64] = r->h;
             dead_owner[ndead % 64] = r->owner;
@@ -1111,11 +1225,13 @@ START_TEST(test_poison_after_release)
     cache_handle_t h;
     model_kv_t kv;
     const unsigned char *block, *state;
-    size_t bb = model_block_bytes(hash), sb = model_state_size(hash);
+    size_t bb = model_block_bytes_for(hash, model_block_capacity(hash, 1)),
+           sb = model_state_size(hash);
 
     ck_assert_int_eq(cache_pool_acquire(p, hash, &a, &h), SLOTD_OK);
-    ck_assert_int_eq(cache_pool_reserve(p, h, &a, 2 * model_block_positions(hash), &kv), SLOTD_OK);
-    memset(kv.head->data, 0x11, bb - sizeof(model_block_t));
+    ck_assert_int_eq(cache_pool_reserve(p, h, &a, room_of(hash, 2), &kv), SLOTD_OK);
+    memset(kv.head->data, 0x11,
+           model_block_bytes_for(hash, model_block_capacity(hash, 0)) - sizeof(model_block_t));
     memset(kv.head->next->data, 0x22, bb - sizeof(model_block_t));
     memset(kv.state, 0x33, sb);
     block = (const unsigned char *)kv.head->next;
@@ -1212,6 +1328,8 @@ static Suite *cache_suite(bool forking)
     tcase_add_test(tc, test_reserve_commit_grows_exactly);
     tcase_add_test(tc, test_block_boundaries);
     tcase_add_test(tc, test_models_run_in_slots);
+    tcase_add_test(tc, test_slot_bytes_bound);
+    tcase_add_test(tc, test_pages_fit_blocks);
     tcase_add_test(tc, test_release_returns_everything);
     tcase_add_test(tc, test_slot_count_exhausted);
     tcase_add_test(tc, test_budget_exhausted);

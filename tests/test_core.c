@@ -106,21 +106,22 @@ START_TEST(test_golden_bits)
     model_t *tiny = create("tiny"), *small = create("small");
     model_kv_t kv;
     void *scratch = malloc(model_scratch_size(small));
-    const double *state;
+    double state[512];
     uint64_t digest = 0;
 
     ck_assert_int_eq(model_kv_heap_alloc(tiny, 3, &kv), SLOTD_OK);
     for (uint32_t t = 0; t < 3; t++) {
         model_run(tiny, &kv, t, scratch);
     }
-    ck_assert_mem_eq(kv.state, tiny_want, sizeof(tiny_want));
+    ck_assert_uint_eq(model_pick_raw(tiny, &kv, state), 4);
+    ck_assert_mem_eq(state, tiny_want, sizeof(tiny_want));
     model_kv_heap_free(&kv);
 
     ck_assert_int_eq(model_kv_heap_alloc(small, 40, &kv), SLOTD_OK);
     for (uint32_t t = 1; t <= 40; t++) {
         model_run(small, &kv, t, scratch);
     }
-    state = kv.state;
+    ck_assert_uint_eq(model_pick_raw(small, &kv, state), 241);
     for (int c = 0; c < 512; c++) {
         uint64_t b;
         memcpy(&b, &state[c], sizeof(b));
@@ -169,11 +170,11 @@ START_TEST(test_accessors)
         uint32_t vocab, max_ctx, layers, per;
         size_t entry, state, scratch;
     } want[] = {
-        {"hash", MODEL_FAMILY_HASH, 1000, 4096, 1, 64, 8, 8, 0},
-        {"tiny", MODEL_FAMILY_ATTN, 6, 8, 2, 8, 2 * 2 * 8 * 8, 6 * 8, (5 * 8 + 8) * 8},
-        {"small", MODEL_FAMILY_ATTN, 512, 1024, 4, 16, 2 * 4 * 64 * 8, 512 * 8,
+        {"hash", MODEL_FAMILY_HASH, 1000, 4096, 1, 254, 8, 8, 0},
+        {"tiny", MODEL_FAMILY_ATTN, 6, 8, 2, 2, 2 * 2 * 8 * 8, 8 * 8, (5 * 8 + 8) * 8},
+        {"small", MODEL_FAMILY_ATTN, 512, 1024, 4, 16, 2 * 4 * 64 * 8, 64 * 8,
          (5 * 64 + 1024) * 8},
-        {"base", MODEL_FAMILY_ATTN, 4096, 4096, 8, 16, 2 * 8 * 256 * 8, 4096 * 8,
+        {"base", MODEL_FAMILY_ATTN, 4096, 4096, 8, 16, 2 * 8 * 256 * 8, 256 * 8,
          (5 * 256 + 4096) * 8},
     };
     model_t *m = NULL;
@@ -188,7 +189,8 @@ START_TEST(test_accessors)
         ck_assert_uint_eq(model_layers(m), want[i].layers);
         ck_assert_uint_eq(model_block_positions(m), want[i].per);
         ck_assert_uint_eq(model_entry_size(m), want[i].entry);
-        ck_assert_uint_eq(model_block_bytes(m), 64 + want[i].per * want[i].entry);
+        ck_assert_uint_eq(model_block_bytes(m), 16 + want[i].per * want[i].entry);
+        ck_assert_uint_eq(model_block_bytes_for(m, 3), 16 + 3 * want[i].entry);
         ck_assert_uint_eq(model_state_size(m), want[i].state);
         ck_assert_uint_eq(model_scratch_size(m), want[i].scratch);
         ck_assert_uint_eq(model_g_calls(m), 0);
@@ -455,7 +457,7 @@ END_TEST
 START_TEST(test_hash_blocks)
 {
     model_t *m = create("hash");
-    uint32_t per = model_block_positions(m), total = 5 * per;
+    uint32_t total = 2000;
     model_kv_t kv;
     uint64_t sum = 0;
 
@@ -468,17 +470,19 @@ START_TEST(test_hash_blocks)
         ck_assert_uint_eq((uintptr_t)b % 64, 0);
         model_run(m, &kv, t, NULL);
         sum += model__hash_g(t, p);
-        ck_assert_uint_eq(((const uint64_t *)(const void *)b->data)[p % per], model__hash_g(t, p));
+        ck_assert_uint_eq(((const uint64_t *)(const void *)b->data)[p - b->first],
+                          model__hash_g(t, p));
         ck_assert_uint_eq(*(const uint64_t *)kv.state, sum);
         ck_assert_uint_eq(model_pick(m, &kv, NULL), sum % 1000);
         ck_assert_uint_eq(kv.len, p + 1);
-        if ((p + 1) % per == 0) {
+        if (p + 1 - b->first == b->capacity) {
             ck_assert_ptr_eq(kv.tail, b->next);
         } else {
             ck_assert_ptr_eq(kv.tail, b);
         }
     }
-    ck_assert_ptr_null(kv.tail);
+    ck_assert(kv.tail == NULL ||
+              (kv.tail->first <= total && total - kv.tail->first < kv.tail->capacity));
     ck_assert_uint_eq(model_g_calls(m), total);
     /* Rewound, the chain is reused and position 0 overwrites the state. */
     model_kv_rewind(&kv);
@@ -497,26 +501,39 @@ END_TEST
 START_TEST(test_attn_blocks)
 {
     model_t *m = create("small");
-    uint32_t per = model_block_positions(m), total = 3 * per + 5, d = 64, l = 4;
+    uint32_t total = 230, d = 64, l = 4;
     void *scratch = malloc(model_scratch_size(m));
     double *x = scratch, *k = x + 2 * d;
     model_kv_t kv;
-    int64_t tok[3 * 16 + 5];
+    int64_t tok[230];
     double logits[2][512];
     uint64_t rows;
+    bool seen[32] = {false};
+    uint32_t nb = 0;
 
     ck_assert_int_eq(model_kv_heap_alloc(m, total, &kv), SLOTD_OK);
     for (uint32_t p = 0; p < total; p++) {
         model_block_t *b = kv.tail;
         const double *data = (const double *)(const void *)b->data;
         tok[p] = (p * 101 + 3) % 512;
+        const uint32_t per = b->capacity, slot = p - b->first;
+        ck_assert_uint_eq(b->capacity, model_block_capacity(m, nb));
         model_run(m, &kv, (uint32_t)tok[p], scratch);
         /* The last layer's k is still in scratch: its transposed copy. */
         for (uint32_t j = 0; j < d; j++) {
             const double *kt = data + (size_t)(l - 1) * 2 * per * d;
-            ck_assert_mem_eq(&kt[(size_t)j * per + p % per], &k[j], sizeof(double));
+            ck_assert_mem_eq(&kt[(size_t)j * per + slot], &k[j], sizeof(double));
         }
-        ck_assert_ptr_eq(kv.tail, (p + 1) % per == 0 ? b->next : b);
+        ck_assert_ptr_eq(kv.tail, slot + 1 == per ? b->next : b);
+        if (slot + 1 == per) {
+            ck_assert(b->next == NULL || b->next->first == p + 1);
+            seen[per < 32 ? per : 0] = true;
+            nb++;
+        }
+    }
+    /* The run crossed blocks of every capacity small's chains use. */
+    for (uint32_t i = 0; i < model_chain_blocks(m, total, 1, NULL); i++) {
+        ck_assert(seen[model_block_capacity(m, i)]);
     }
     ck_assert_uint_eq(kv.len, total);
     ck_assert_uint_eq(model_rows(m), (uint64_t)l * total);
@@ -533,6 +550,178 @@ START_TEST(test_attn_blocks)
     model_kv_heap_free(&kv);
     free(scratch);
     model_destroy(m);
+}
+END_TEST
+
+/* Cached equals uncached across block boundaries of every capacity a
+ * chain uses: hash past its blocks of 30 and into 62 and 126; small past
+ * 1, 2, 4, 8 and two blocks of 16 (which start at 157); tiny over its
+ * whole context.  Few steps after a long prompt keep the uncached runs
+ * short while every attention row spans every block size. */
+START_TEST(test_cached_equals_uncached_across_blocks)
+{
+    static const struct {
+        const char *name;
+        size_t n;
+        int64_t steps;
+    } runs[] = {{"hash", 1500, 60}, {"small", 178, 4}, {"tiny", 1, 7}, {"tiny", 3, 5}};
+
+    rng_state = 4242;
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        model_t *m = create(runs[i].name);
+        uint32_t total = (uint32_t)(runs[i].n + (size_t)runs[i].steps);
+        bool seen[512] = {false};
+
+        /* The premise: the run crosses every capacity the plan uses up to it. */
+        for (uint32_t b = 0; b < model_chain_blocks(m, total, 1, NULL); b++) {
+            seen[model_block_capacity(m, b)] = true;
+        }
+        for (uint32_t b = 0; b < model_chain_blocks(m, model_max_ctx(m), 1, NULL); b++) {
+            uint32_t cap = model_block_capacity(m, b);
+            ck_assert_msg(seen[cap] || cap >= 64 || model_family(m) == MODEL_FAMILY_HASH,
+                          "%s: capacity %u not crossed", runs[i].name, cap);
+        }
+        compare_case(m, runs[i].n, runs[i].steps);
+        model_destroy(m);
+    }
+}
+END_TEST
+
+/* Builds a heap chain by hand whose blocks have the capacities
+ * caps[0], caps[1], ... (the last repeated) up to `positions`. */
+static model_block_t *chain_by_hand(const model_t *m, const uint32_t *caps, size_t ncaps,
+                                    uint32_t positions)
+{
+    model_block_t *head = NULL, **link = &head;
+    uint32_t room = 0;
+
+    for (size_t i = 0; room < positions; i++) {
+        uint32_t cap = caps[i < ncaps ? i : ncaps - 1];
+        model_block_t *b = aligned_alloc(64, (model_block_bytes_for(m, cap) + 63) / 64 * 64);
+        ck_assert_ptr_nonnull(b);
+        b->next = NULL;
+        b->capacity = cap;
+        b->first = room;
+        *link = b;
+        link = &b->next;
+        room += cap;
+    }
+    return head;
+}
+
+static void chain_free(model_block_t *b)
+{
+    while (b != NULL) {
+        model_block_t *next = b->next;
+        free(b);
+        b = next;
+    }
+}
+
+/* The kernel's results do not depend on how the chain is cut: the same
+ * tokens run on chains of blocks of 1, of 3, of mixed odd sizes, of 9, of
+ * 16, and of one block holding everything give the same state, entries'
+ * picks and unrounded logits, bit for bit, after every position.  Every
+ * sum keeps its one order whatever the blocks. */
+START_TEST(test_any_block_layout)
+{
+    static const uint32_t c1[] = {1}, c3[] = {3}, cmix[] = {1, 5, 2, 7, 1, 13, 4, 9, 11},
+                          c9[] = {9}, c16[] = {16}, call[] = {100};
+    static const struct {
+        const uint32_t *caps;
+        size_t n;
+    } layouts[] = {{c1, 1}, {c3, 1}, {cmix, 9}, {c9, 1}, {c16, 1}, {call, 1}};
+    static const char *names[] = {"small", "tiny", "hash"};
+
+    rng_state = 99;
+    for (size_t mi = 0; mi < 3; mi++) {
+        model_t *m = create(names[mi]);
+        /* Under valgrind 40 positions: still two and a half blocks of 16. */
+        uint32_t most = SLOTD_UNDER_VALGRIND() ? 40 : 100;
+        uint32_t len = model_max_ctx(m) < most ? model_max_ctx(m) : most;
+        size_t v = model_vocab(m), ssz = model_state_size(m);
+        void *scratch = malloc(model_scratch_size(m) + 1);
+        double *want = malloc(v * sizeof(double)), *got = malloc(v * sizeof(double));
+        unsigned char *want_state = malloc(ssz);
+        uint32_t tok[100];
+        model_kv_t ref;
+
+        for (uint32_t p = 0; p < len; p++) {
+            tok[p] = rng_below((uint32_t)v);
+        }
+        /* The reference: the model's own planned chain. */
+        ck_assert_int_eq(model_kv_heap_alloc(m, len, &ref), SLOTD_OK);
+        for (size_t li = 0; li < sizeof(layouts) / sizeof(layouts[0]); li++) {
+            model_kv_t kv = {0};
+            kv.head = kv.tail = chain_by_hand(m, layouts[li].caps, layouts[li].n, len);
+            kv.state = malloc(ssz);
+            model_kv_rewind(&ref);
+            for (uint32_t p = 0; p < len; p++) {
+                model_run(m, &ref, tok[p], scratch);
+                memcpy(want_state, ref.state, ssz);
+                uint32_t pw = model_pick_raw(m, &ref, want);
+                model_run(m, &kv, tok[p], scratch);
+                ck_assert_uint_eq(model_pick_raw(m, &kv, got), pw);
+                ck_assert_mem_eq(kv.state, want_state, ssz);
+                if (model_family(m) == MODEL_FAMILY_ATTN) {
+                    ck_assert_mem_eq(got, want, v * sizeof(double));
+                }
+            }
+            chain_free(kv.head);
+            free(kv.state);
+        }
+        model_kv_heap_free(&ref);
+        free(scratch);
+        free(want);
+        free(got);
+        free(want_state);
+        model_destroy(m);
+    }
+}
+END_TEST
+
+/* The memory bound of model.h, from the plan alone: a chain of E entries
+ * (the blocks model_chain_blocks() gives, each rounded to 64 bytes) plus
+ * the state rounded to 64 bytes is at most 1.10 x E x entry size + 512
+ * bytes, for every E up to max_ctx and every preset.  The pool's own
+ * figures are checked against the same bound in test_cache. */
+START_TEST(test_block_plan_bound)
+{
+    static const char *names[] = {"hash", "tiny", "small", "base"};
+
+    for (size_t i = 0; i < 4; i++) {
+        model_t *m = create(names[i]);
+        uint64_t es = model_entry_size(m), state = (model_state_size(m) + 63) / 64 * 64;
+        uint32_t prev_blocks = 0, room = 0;
+
+        ck_assert_uint_eq(model_block_capacity(m, 0), model_block_capacity(m, 0));
+        for (uint32_t e = 1; e <= model_max_ctx(m); e++) {
+            size_t bytes = 0;
+            uint32_t nb = model_chain_blocks(m, e, 64, &bytes);
+            ck_assert_msg(10 * (state + bytes) <= 11 * e * es + 5120,
+                          "%s: %u entries hold %zu bytes", names[i], e, state + bytes);
+            /* A chain only grows: one more entry takes at most one block. */
+            ck_assert_uint_le(nb - prev_blocks, 1);
+            if (nb > prev_blocks) {
+                room += model_block_capacity(m, nb - 1);
+            }
+            ck_assert_uint_ge(room, e);
+            ck_assert_uint_le(model_block_capacity(m, nb - 1), model_block_positions(m));
+            prev_blocks = nb;
+        }
+        /* The exact byte count: header plus entries per block. */
+        {
+            size_t exact = 0;
+            uint32_t nb = model_chain_blocks(m, model_max_ctx(m), 1, &exact);
+            size_t want = 0;
+            for (uint32_t b = 0; b < nb; b++) {
+                want += 16 + model_block_capacity(m, b) * es;
+            }
+            ck_assert_uint_eq(exact, want);
+            ck_assert_uint_eq(model_block_capacity(m, nb + 5), model_block_capacity(m, nb - 1));
+        }
+        model_destroy(m);
+    }
 }
 END_TEST
 
@@ -628,11 +817,14 @@ START_TEST(test_threads)
 END_TEST
 
 /* The greedy pick: the largest unrounded logit, the lowest index on a
- * tie; the logits written are the state rounded. */
+ * tie; the logits written are the unrounded ones rounded.  U is replaced
+ * by the identity (8 x 6), so that the logits are the state's first six
+ * values (an exact sum: every other term is a zero). */
 START_TEST(test_pick_ties)
 {
     model_t *m = create("tiny");
-    double state[6], out[6];
+    double state[8] = {0}, out[6], raw[6], unit[8 * 6] = {0};
+    const double *saved = m->unemb;
     model_kv_t kv = {.len = 1, .state = state};
     static const struct {
         double s[6];
@@ -643,15 +835,22 @@ START_TEST(test_pick_ties)
         {{-0.0, 0.0, -5, -5, -5, -5}, 0}, {{-7, 0.0, -0.0, -5, 0x1p-1074, -5}, 4},
     };
 
+    for (int c = 0; c < 6; c++) {
+        unit[c * 6 + c] = 1.0;
+    }
+    m->unemb = unit;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        memcpy(state, cases[i].s, sizeof(state));
+        memcpy(state, cases[i].s, sizeof(cases[i].s));
         ck_assert_uint_eq(model_pick(m, &kv, out), cases[i].want);
         ck_assert_uint_eq(model_pick(m, &kv, NULL), cases[i].want);
+        ck_assert_uint_eq(model_pick_raw(m, &kv, raw), cases[i].want);
         for (int c = 0; c < 6; c++) {
-            double r = model_round6(state[c]);
+            double r = model_round6(raw[c]);
+            ck_assert(raw[c] == state[c]);
             ck_assert_mem_eq(&out[c], &r, sizeof(r));
         }
     }
+    m->unemb = saved;
     ck_assert_uint_eq(model_rows(m), 0);
     model_destroy(m);
 }
@@ -855,6 +1054,9 @@ static Suite *core_suite(void)
     tcase_add_test(tc, test_state_every_prefix);
     tcase_add_test(tc, test_hash_blocks);
     tcase_add_test(tc, test_attn_blocks);
+    tcase_add_test(tc, test_cached_equals_uncached_across_blocks);
+    tcase_add_test(tc, test_any_block_layout);
+    tcase_add_test(tc, test_block_plan_bound);
     tcase_add_test(tc, test_full_context);
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_pick_ties);

@@ -216,9 +216,18 @@ START_TEST(test_audit_create)
     ck_assert_int_eq(audit_create(-1.0, 2, model_list(), 2, &a), SLOTD_EINVAL);
     ck_assert_int_eq(audit_create(0.5, 0, model_list(), 2, &a), SLOTD_EINVAL);
     ck_assert_int_eq(audit_create(0.5, 3, model_list(), 2, &a), SLOTD_OK);
-    /* hash: 64 blocks of 64 + 64 * 8 bytes; tiny: one of 64 + 8 * 256; the
-     * two states; 4096 tokens in and out; 16 rows of 6 logits. */
-    size_t expect = 64 * (64 + 64 * 8) + 8 + (64 + 8 * 256) + 6 * 8 + 4096 * 12 + 16 * 6 * 8;
+    /* A whole chain of each (hash: 4096 entries of 8 bytes; tiny: 8 of 256,
+     * each with its block headers), the two states, 4096 tokens in and
+     * out, 16 rows of 6 logits. */
+    size_t hash_chain = 0, tiny_chain = 0;
+    model_chain_blocks(models[0], 4096, 1, &hash_chain);
+    model_chain_blocks(models[1], 8, 1, &tiny_chain);
+    ck_assert_uint_ge(hash_chain, 4096 * 8 + 16);
+    ck_assert_uint_le(hash_chain, 4096 * 8 * 11 / 10 + 512);
+    ck_assert_uint_ge(tiny_chain, 8 * 256 + 16);
+    ck_assert_uint_le(tiny_chain, 8 * 256 * 11 / 10 + 512);
+    size_t expect = hash_chain + model_state_size(models[0]) + tiny_chain +
+                    model_state_size(models[1]) + 4096 * 12 + 16 * 6 * 8;
     ck_assert_uint_eq(audit_worker_bytes(a), expect);
     audit_destroy(a);
     audit_destroy(NULL);

@@ -158,14 +158,15 @@ static int64_t settle(books_t *b, int idx, const char *where)
     return delta;
 }
 
-static void books_open(books_t *b, itest_daemon_t *d)
+/* Opens the books on daemon `d`, started with --cache-mb `mb`. */
+static void books_open(books_t *b, itest_daemon_t *d, int64_t mb)
 {
     memset(b, 0, sizeof(*b));
     b->d = d;
     b->watch = itest_connect(d);
     cJSON *st = itest_stats(b->watch);
     b->total = itest_int(st, "pool_bytes_total");
-    ck_assert_int_eq(b->total, 1 << 20);
+    ck_assert_int_eq(b->total, mb << 20);
     ck_assert_int_eq(itest_int(st, "pool_bytes_used"), 0);
     cJSON_Delete(st);
 }
@@ -290,49 +291,92 @@ static void stateless_under_pressure(books_t *b, itest_conn_t *c, bool use_cache
     settle(b, -1, "a generate under a full pool");
 }
 
+/* The positions held by the first `k` blocks of a chain of `m`. */
+static uint32_t chain_room(const model_t *m, uint32_t k)
+{
+    uint32_t room = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        room += model_block_capacity(m, i);
+    }
+    return room;
+}
+
 START_TEST(test_pressure_small_fill_and_recover)
 {
-    itest_daemon_t *d = itest_daemon_start("--cache-mb", "1", "--models", "small",
+    /* Chains grow by blocks of 1, 2, 4, 8 and then 16 positions, each size
+     * a class of its own.  The sessions that fill the pool have a prompt of
+     * exactly P positions, where the blocks of 16 begin: every next block
+     * they need is a 16-position block, one to a page, so a step of theirs
+     * gets cache_full exactly when no page is free. */
+    itest_daemon_t *d = itest_daemon_start("--cache-mb", "8", "--models", "small",
                                            "--default-model", "small", "--threads", "2", NULL);
     const model_t *m = itest_model("small");
     const uint32_t B = model_block_positions(m), V = model_vocab(m);
+    uint32_t k16 = 0;
+    while (model_block_capacity(m, k16) < B) {
+        k16++;
+    }
+    const uint32_t P = chain_room(m, k16);
     ck_assert_uint_ge(B, 2);
+    ck_assert_uint_ge(P, 2);
     books_t *b = calloc(1, sizeof(*b));
     ck_assert_ptr_nonnull(b);
-    books_open(b, d);
+    books_open(b, d, 8);
     itest_conn_t *a = itest_connect(d);
     itest_conn_t *other = itest_connect(d);
-    int64_t prompt[64];
+    int64_t *prompt = malloc((P + 1) * sizeof(int64_t));
+    ck_assert_ptr_nonnull(prompt);
 
-    /* A session on another connection with room left in its one block. */
-    make_prompt(prompt, 3, V, 1);
-    int roomy = try_start(b, other, "roomy", "small", prompt, 3, 8);
+    /* A session on another connection with room left in its last block. */
+    make_prompt(prompt, P + 1, V, 1);
+    int roomy = try_start(b, other, "roomy", "small", prompt, P + 1, 8);
     ck_assert_int_ge(roomy, 0);
     ck_assert(try_step(b, roomy, 1));
 
-    /* Sessions of exactly one full block each, until a start gets
-     * cache_full: the pool is at its budget. */
+    /* Sessions of P positions until a start gets cache_full.  Three
+     * prompts, each reference computed once. */
+    itest_ref_t like[3];
+    for (int i = 0; i < 3; i++) {
+        make_prompt(prompt, P, V, 100 + (uint64_t)i);
+        itest_ref_init(&like[i], "like", "small", prompt, P, 2 * (size_t)B + 8);
+    }
     int full[64], nfull = 0;
     for (int i = 0; i < 64; i++) {
-        char id[32];
-        snprintf(id, sizeof(id), "full%d", i);
-        make_prompt(prompt, B, V, 100 + (uint64_t)i);
-        int idx = try_start(b, a, id, "small", prompt, B, i == 0 ? 2 * B : 8);
+        itest_ref_t ref;
+        itest_ref_init_like(&ref, "", &like[i % 3]);
+        snprintf(ref.id, sizeof(ref.id), "full%d", i);
+        int idx = try_start_ref(b, a, &ref);
         if (idx < 0) {
             break;
         }
         full[nfull++] = idx;
     }
-    ck_assert_msg(nfull >= 8 && nfull < 64, "%d starts of one block fit in 1 MiB", nfull);
-    /* All blocks alike: every one-block session holds the same bytes. */
+    ck_assert_msg(nfull >= 4 && nfull < 64, "%d starts of %u positions fit in 8 MiB", nfull, P);
+    /* All chains alike: every such session holds the same bytes. */
     for (int i = 1; i < nfull; i++) {
         ck_assert_int_eq(b->s[full[i]].bytes, b->s[full[0]].bytes);
     }
-    /* Whatever the start lacked, grow full0 by one block at a time until a
-     * step gets cache_full too: then no block is free. */
+    /* A start takes all it needs or nothing, so pages may be left: starts
+     * of one position (one block of 1, one state) take them, until one
+     * fails too; after that at most one page can be free (a start that
+     * needed a page for its block and one for its state), which full0
+     * takes by growing one block of 16.  Then no page is free. */
+    itest_ref_t one;
+    make_prompt(prompt, 1, V, 9);
+    itest_ref_init(&one, "one", "small", prompt, 1, 1);
+    int nsmall = 0;
+    for (;;) {
+        itest_ref_t ref;
+        itest_ref_init_like(&ref, "", &one);
+        snprintf(ref.id, sizeof(ref.id), "one%d", nsmall);
+        if (try_start_ref(b, other, &ref) < 0) {
+            break;
+        }
+        ck_assert_int_lt(++nsmall, MAX_TRACKED - 80);
+    }
     int grown = 0;
     while (try_step(b, full[0], B)) {
-        ck_assert_int_lt(++grown, 3);
+        ck_assert_int_lt(++grown, 2);
     }
     /* A step needing a new block: cache_full, the session as it was, and
      * again (the failure had no side effect). */
@@ -341,10 +385,10 @@ START_TEST(test_pressure_small_fill_and_recover)
         ck_assert(!try_step(b, full[i], 1));
         ck_assert(!try_step(b, full[i], 2 * B));
     }
-    /* A start past the budget: cache_full (on either connection). */
-    make_prompt(prompt, 1, V, 7);
-    ck_assert_int_lt(try_start(b, a, "late", "small", prompt, 1, 8), 0);
-    ck_assert_int_lt(try_start(b, other, "late", "small", prompt, 1, 8), 0);
+    /* Starts past the budget: cache_full, on either connection. */
+    make_prompt(prompt, P, V, 7);
+    ck_assert_int_lt(try_start(b, a, "late", "small", prompt, P, 8), 0);
+    ck_assert_int_lt(try_start(b, other, "late", "small", prompt, P, 8), 0);
     /* The session with room is untouched and still steps, to the reference. */
     ck_assert(try_step(b, roomy, 2));
     /* Stateless ops borrow from the same pool: cache_full or right. */
@@ -354,12 +398,12 @@ START_TEST(test_pressure_small_fill_and_recover)
     /* Room comes back with a finish: exactly the bytes of the session. */
     finish(b, full[nfull - 1]);
     /* The sessions whose steps failed go on as if nothing had happened:
-     * their next picks are the reference's (position B + 1 onwards). */
+     * their next picks are the reference's (position P + 1 onwards). */
     ck_assert(try_step(b, full[1], 1));
     ck_assert(try_step(b, full[1], 3));
     /* With one more finish, the start that failed succeeds. */
     finish(b, full[nfull - 2]);
-    int late = try_start(b, a, "late", "small", prompt, 1, 8);
+    int late = try_start(b, a, "late", "small", prompt, P, 8);
     ck_assert_int_ge(late, 0);
     ck_assert(try_step(b, late, 4));
     for (int i = 2; i < nfull - 2 && i < 4; i++) {
@@ -374,6 +418,11 @@ START_TEST(test_pressure_small_fill_and_recover)
     ck_assert(try_step(b, roomy, 1));
     books_close(b);
     free(b);
+    for (int i = 0; i < 3; i++) {
+        itest_ref_free(&like[i]);
+    }
+    itest_ref_free(&one);
+    free(prompt);
     itest_close(a);
     itest_close(other);
 }
@@ -381,15 +430,15 @@ END_TEST
 
 START_TEST(test_pressure_hash_all_or_nothing)
 {
-    /* hash: 64 positions a block, max_ctx 4096: a step of n=4095 needs 63
-     * new blocks at once. */
+    /* hash: blocks of 30 to 254 positions, max_ctx 4096: a step of n=4095
+     * needs every block of the chain but the first at once. */
     itest_daemon_t *d = itest_daemon_start("--cache-mb", "1", "--models", "hash", "--default-model",
                                            "hash", "--threads", "2", NULL);
     const model_t *m = itest_model("hash");
-    const uint32_t B = model_block_positions(m), V = model_vocab(m), C = model_max_ctx(m);
+    const uint32_t V = model_vocab(m), C = model_max_ctx(m);
     books_t *b = calloc(1, sizeof(*b));
     ck_assert_ptr_nonnull(b);
-    books_open(b, d);
+    books_open(b, d, 1);
     itest_conn_t *c = itest_connect(d);
     int64_t prompt[4];
     int idx[64], n = 0, failed = -1;
@@ -417,18 +466,21 @@ START_TEST(test_pressure_hash_all_or_nothing)
     ck_assert_msg(failed >= 0, "1 MiB held %d full hash sessions", n);
     ck_assert_int_eq(itest_ref_entries(&b->s[failed].ref), 1);
     /* The free blocks are still there: the session grows one block at a
-     * time until none is left, each step the reference's. */
-    ck_assert(try_step(b, failed, B - 1)); /* fills its first block */
-    int blocks = 0;
-    while (try_step(b, failed, B)) {
-        blocks++;
-        ck_assert_int_lt(blocks, 64);
+     * time (blocks of growing capacity, a class each) until the next one
+     * it needs is not to be had, each step the reference's. */
+    uint32_t k = 0, entries = 1;
+    ck_assert(try_step(b, failed, model_block_capacity(m, 0) - 1)); /* fills its first block */
+    entries = model_block_capacity(m, 0);
+    while (try_step(b, failed, model_block_capacity(m, ++k))) {
+        entries += model_block_capacity(m, k);
+        ck_assert_uint_lt(k, 64);
     }
-    ck_assert_msg(blocks > 0, "no block was free after the all-or-nothing step failed");
-    /* A start now fails too; a finish makes room for exactly its blocks. */
-    ck_assert_int_lt(try_start(b, c, "x", "hash", prompt, 1, 8), 0);
+    ck_assert_msg(k > 1, "no block was free after the all-or-nothing step failed");
+    ck_assert_int_eq(itest_ref_entries(&b->s[failed].ref), entries);
+    /* Again: the failure changed nothing.  A finish makes room for it. */
+    ck_assert(!try_step(b, failed, model_block_capacity(m, k)));
     finish(b, idx[0]);
-    ck_assert(try_step(b, failed, B));
+    ck_assert(try_step(b, failed, model_block_capacity(m, k)));
     books_close(b);
     free(b);
     for (int i = 0; i < 3; i++) {

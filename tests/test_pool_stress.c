@@ -74,10 +74,11 @@ static uint64_t pattern(const slot_t *s, uint32_t pos)
     return s->tag ^ mix(pos);
 }
 
-/* The first and last word of position `pos`'s entry in block `b`. */
+/* The first and last word of position `pos`'s entry in block `b`, which
+ * holds it (its header says which positions it holds). */
 static unsigned char *entry_at(const slot_t *s, model_block_t *b, uint32_t pos)
 {
-    return b->data + (size_t)(pos % model_block_positions(s->m)) * model_entry_size(s->m);
+    return b->data + (size_t)(pos - b->first) * model_entry_size(s->m);
 }
 
 static void entry_write(const slot_t *s, model_block_t *b, uint32_t pos)
@@ -104,7 +105,6 @@ static void verify(worker_t *w, slot_t *s)
 {
     model_kv_t kv;
     model_block_t *b;
-    uint32_t per = model_block_positions(s->m);
     uint64_t tag;
     int rc = cache_pool_reserve(pool, s->h, &s->owner, 0, &kv);
 
@@ -119,7 +119,7 @@ static void verify(worker_t *w, slot_t *s)
         FAIL("worker %u: state holds another tenancy's tag\n", w->index);
     b = kv.head;
     for (uint32_t pos = 0; pos < s->entries; pos++) {
-        if (pos > 0 && pos % per == 0)
+        if (b != NULL && pos - b->first == b->capacity)
             b = b->next;
         if (b == NULL || !entry_ok(s, b, pos)) {
             FAIL("worker %u: position %u of its slot is not its own\n", w->index, pos);
@@ -181,7 +181,7 @@ static void do_grow(worker_t *w, slot_t *s)
     /* Written without the pool's lock, as a model would. */
     b = kv.tail;
     for (pos = s->entries; pos < s->entries + n; pos++) {
-        if (pos > s->entries && pos % per == 0)
+        if (b != NULL && pos - b->first == b->capacity)
             b = b->next;
         if (b == NULL) {
             FAIL("worker %u: the chain has no room at %u\n", w->index, pos);
@@ -207,9 +207,18 @@ static void do_release(worker_t *w, slot_t *s)
     rc = cache_pool_release(pool, s->h, &s->owner, &had);
     if (rc != SLOTD_OK || had != s->entries)
         FAIL("worker %u: release: %d, %u entries for %u\n", w->index, rc, had, s->entries);
-    /* The handle is stale from now on. */
+    /* The handle is stale from now on, on the unlocked paths of reserve
+     * and commit too (while other workers may be acquiring the slot). */
     if (cache_pool_release(pool, s->h, &s->owner, NULL) != SLOTD_ESTALE)
         FAIL("worker %u: a second release went through\n", w->index);
+    {
+        model_kv_t kv;
+
+        memset(&kv, 0, sizeof kv);
+        if (cache_pool_reserve(pool, s->h, &s->owner, 0, &kv) != SLOTD_ESTALE ||
+            cache_pool_commit(pool, s->h, &s->owner, &kv) != SLOTD_ESTALE || kv.head != NULL)
+            FAIL("worker %u: a stale handle reached a slot\n", w->index);
+    }
     s->live = false;
     atomic_fetch_add(&releases, 1);
 }

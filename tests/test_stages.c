@@ -679,7 +679,9 @@ START_TEST(errors_bytes_exhausted)
     int rc;
 
     open_engine(_i, &lim);
-    bp = model_block_positions(ref_model);
+    /* The capacity of a chain's first block: a start of bp tokens holds
+     * exactly one full block. */
+    bp = model_block_capacity(ref_model, 0);
     max_ctx = model_max_ctx(ref_model);
     pbuf = calloc(max_ctx, sizeof(*pbuf));
     pf = calloc(max_ctx, sizeof(*pf));
@@ -748,7 +750,19 @@ START_TEST(errors_bytes_exhausted)
         rc = engine->step(eng, "a", &token, step_logits, &err);
         expect_code("a step needing a block of a full pool", rc, SLOTD_ECACHE_FULL, &err);
         expect_unchanged("a step refused for want of a block", &s0);
-        finish_ok("f0", NULL);
+        /* Finishing fillers gives back blocks of the class 'a' needs (every
+         * filler holds at least its first block): as many as its three
+         * steps take. */
+        {
+            uint32_t need = model_chain_blocks(ref_model, (uint32_t)na + 3, 1, NULL) -
+                            model_chain_blocks(ref_model, (uint32_t)na, 1, NULL);
+            ck_assert_msg(need <= nf, "setup: %u fillers cannot free %u blocks", nf, need);
+            for (uint32_t f = 0; f < need; f++) {
+                char id[16];
+                snprintf(id, sizeof(id), "f%u", f);
+                finish_ok(id, NULL);
+            }
+        }
         step_and_compare("[errors]", "a", ra, 0, 3);
     } else {
         const ref_t *rl = ref_make(prompt_cba, 3, 5);
