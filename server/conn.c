@@ -19,28 +19,56 @@
  * step) or runs here (finish, and the unknown_id of a step whose start
  * failed) once the one before it has come back.
  *
+ * Output bound.  A connection that does not read its replies must not
+ * make the daemon compute and hold them all.  Reading stops at
+ * CONN_MAX_OUTSTANDING requests or CONN_MAX_PENDING_BYTES of replies; and
+ * a job (start, step, logits, generate) is submitted only while the
+ * connection's unwritten bytes, the replies held behind an earlier one,
+ * the upper bounds of the replies of its jobs out and its own bound stay
+ * within CONN_MAX_PENDING_BYTES.  Otherwise it is parked, in read order,
+ * and submitted once the client has read enough (conn_update()).  When
+ * nothing is unwritten and no job of the connection is out, the first
+ * parked job runs whatever its size, so nothing waits forever.
+ *
  * Writing.  Whenever the head of the order FIFO has its reply, the reply
  * is copied to `out`; at the end of the loop turn the server writes each
- * connection with new output in one uv_write, with at most one in flight.
+ * connection with new output: uv_try_write() first, and a uv_write for
+ * what the socket did not take, with at most one in flight.
+ *
+ * Closing.  A connection whose input ended (EOF, line_too_long, a drain)
+ * closes once every request read is answered and written.  If its input
+ * may not be all read (anything but EOF), it closes lingering: its sending
+ * side is shut down, and its input is read and discarded until the peer's
+ * EOF, CONN_LINGER_MAX_BYTES or CONN_LINGER_MS (shorter in a drain, so as
+ * to end before --shutdown-timeout); a close with input unread would make
+ * the kernel reset the connection and drop replies not yet read.  With
+ * --conn-timeout, a connection with no session, nothing to answer or write
+ * and no byte received for that long is closed (server.c keeps those on a
+ * list by deadline).
  *
  * DESIGN.  Loop thread only.  A record whose job is out (REQ_RUNNING)
  * belongs to the workers until conn_job_done(); the connection counts it
  * in `refs`, so the struct outlives the handle until the last job is back.
  */
 #include <assert.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "server_int.h"
 
 static void conn_close(conn_t *c);
+static void conn_update(conn_t *c);
 static void release_barrier(conn_t *c, req_t *r);
 static void session_kick(session_t *sess);
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void conn_close_lingering(conn_t *c);
 static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
 
 /* ---- Records ---- */
@@ -84,6 +112,7 @@ static bool req_fail(req_t *r, const slotd_error_t *err)
 static void order_append(conn_t *c, req_t *r)
 {
     r->order_next = NULL;
+    r->seq = c->next_seq++;
     if (c->order_tail != NULL)
         c->order_tail->order_next = r;
     else
@@ -92,12 +121,119 @@ static void order_append(conn_t *c, req_t *r)
     c->outstanding++;
 }
 
+/* Reply sizes, for the output bound.  A token prints in at most 10
+ * digits and a comma; a logit in at most 18 characters and a comma while
+ * its magnitude is below 1e9, far above any the models produce (larger
+ * ones are printed in full and may pass the bound).  REPLY_FIXED covers
+ * the members around them: id, model, entries, rows, or an error message. */
+#define REPLY_TOKEN_BYTES 11u
+#define REPLY_LOGIT_BYTES 19u
+#define REPLY_FIXED (sizeof(((slotd_error_t *)0)->message) * 6 + 256)
+
+/* The most bytes the reply of `r`'s job can take, from its op, model and
+ * counts alone, before it runs.  A step past max_ctx, which gets a short
+ * context_full, counts as that. */
+static size_t req_reply_bound(const req_t *r)
+{
+    const model_t *m = r->rq.op == PROTO_OP_STEP ? r->session->cs.model : r->model;
+    size_t tag = r->rq.tag != NULL ? strlen(r->rq.tag) : 0;
+    size_t row =
+        model_family(m) == MODEL_FAMILY_ATTN ? (size_t)model_vocab(m) * REPLY_LOGIT_BYTES + 3 : 0;
+    size_t picks = 0, tokens = 0;
+
+    switch (r->rq.op) {
+    case PROTO_OP_STEP: {
+        uint32_t have = r->session->cs.entries, max = model_max_ctx(m);
+        picks = have <= max && r->rq.n <= max - have ? r->rq.n : 0;
+        tokens = picks;
+        break;
+    }
+    case PROTO_OP_LOGITS:
+        picks = 1;
+        break;
+    case PROTO_OP_GENERATE: /* validated: tokens plus steps within max_ctx */
+        picks = (size_t)r->rq.steps;
+        tokens = r->rq.ntokens + picks;
+        break;
+    default: /* start */
+        break;
+    }
+    return REPLY_FIXED + tag + tokens * REPLY_TOKEN_BYTES + picks * row;
+}
+
 /* Sends `r`'s job to the workers at the end of this loop turn. */
 static void req_submit(req_t *r)
 {
+    conn_t *c = r->conn;
+
+    if (r->session != NULL && r->rq.op == PROTO_OP_STEP) {
+        r->cs = r->session->cs;
+        r->toks = r->session->toks; /* the job's until it comes back */
+    }
     r->state = REQ_RUNNING;
-    r->conn->refs++;
-    server_submit(r->conn->server, r);
+    c->reserved += r->reply_bound;
+    c->refs++;
+    server_submit(c->server, r);
+}
+
+/* Reply bytes the connection has not written yet: in `out` and in the
+ * write in flight. */
+static size_t conn_unwritten(conn_t *c)
+{
+    return uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out.len;
+}
+
+/* Whether a job with a reply of up to `bound` bytes may run now. */
+static bool conn_may_run(conn_t *c, size_t bound)
+{
+    size_t unwritten = conn_unwritten(c);
+
+    if (unwritten == 0 && c->reserved == 0)
+        return true;
+    return unwritten + c->held_bytes + c->reserved + bound <= CONN_MAX_PENDING_BYTES;
+}
+
+/* Submits `r`'s job, or parks it (in read order) while the connection's
+ * output is over its bound. */
+static void req_launch(req_t *r)
+{
+    conn_t *c = r->conn;
+    req_t **p;
+
+    r->reply_bound = req_reply_bound(r);
+    if (c->park_head == NULL && conn_may_run(c, r->reply_bound)) {
+        req_submit(r);
+        return;
+    }
+    r->state = REQ_PARKED;
+    if (c->park_tail == NULL || c->park_tail->seq < r->seq) {
+        r->park_next = NULL;
+        if (c->park_tail != NULL)
+            c->park_tail->park_next = r;
+        else
+            c->park_head = r;
+        c->park_tail = r;
+        return;
+    }
+    /* A session's request whose turn came after later lines were parked. */
+    for (p = &c->park_head; (*p)->seq < r->seq; p = &(*p)->park_next)
+        ;
+    r->park_next = *p;
+    *p = r;
+}
+
+/* Submits the parked jobs, oldest first, while the bound allows. */
+static void conn_run_parked(conn_t *c)
+{
+    req_t *r;
+
+    while ((r = c->park_head) != NULL && conn_may_run(c, r->reply_bound)) {
+        c->park_head = r->park_next;
+        if (c->park_head == NULL)
+            c->park_tail = NULL;
+        r->park_next = NULL;
+        req_submit(r);
+    }
 }
 
 /* ---- The connection's lifetime ---- */
@@ -107,7 +243,7 @@ static void conn_free(conn_t *c)
     server_t *s = c->server;
 
     assert(c->closed && c->refs == 0 && c->sessions == NULL && c->order_head == NULL);
-    assert(!c->dirty);
+    assert(!c->dirty && c->wait == CONN_WAIT_NONE);
     proto_framer_free(&c->framer);
     session_map_free(&c->map);
     proto_buf_free(&c->out);
@@ -127,6 +263,41 @@ static void conn_unref(conn_t *c)
 static void conn_close_cb(uv_handle_t *h)
 {
     conn_unref(container_of((uv_tcp_t *)h, conn_t, tcp));
+}
+
+static void conn_close_handle(conn_t *c)
+{
+    if (c->handle_closing)
+        return;
+    c->handle_closing = true;
+    server_wait_remove(c->server, c);
+    uv_close((uv_handle_t *)&c->tcp, conn_close_cb);
+}
+
+void conn_linger_end(conn_t *c)
+{
+    log_debug("connection %" PRIu64 ": closed after lingering (%zu bytes discarded)", c->serial,
+              c->linger_bytes);
+    conn_close_handle(c);
+}
+
+static void linger_read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    conn_t *c = container_of((uv_tcp_t *)stream, conn_t, tcp);
+
+    (void)buf;
+    if (nread > 0)
+        c->linger_bytes += (size_t)nread;
+    if (nread < 0 || c->linger_bytes >= CONN_LINGER_MAX_BYTES)
+        conn_linger_end(c);
+}
+
+static void linger_shutdown_cb(uv_shutdown_t *req, int status)
+{
+    conn_t *c = container_of(req, conn_t, shutdown_req);
+
+    if (status < 0 && !c->handle_closing)
+        conn_linger_end(c);
 }
 
 /* Gives the session's slot back to the pool, counted under `why`; the
@@ -178,18 +349,17 @@ static void session_unmap(session_t *sess)
     }
 }
 
-/* Closes at once: drops every request not yet started, releases every
- * session with no job out (the others when their job comes back), and
- * closes the handle.  Idempotent. */
-static void conn_close(conn_t *c)
+/* Ends the connection's service: drops every request not yet started,
+ * releases every session with no job out (the others when their job comes
+ * back).  The handle is closed by the caller. */
+static void conn_detach(conn_t *c)
 {
     server_t *s = c->server;
     req_t *r, *rnext;
     session_t *sess, *snext;
 
-    if (c->closed)
-        return;
     c->closed = true;
+    server_wait_remove(s, c);
     c->reading = false;
     c->release_reason = s->draining ? METRICS_RELEASE_SHUTDOWN : METRICS_RELEASE_DISCONNECT;
     if (c->prev != NULL)
@@ -202,15 +372,20 @@ static void conn_close(conn_t *c)
 
     for (r = c->order_head; r != NULL; r = rnext) {
         rnext = r->order_next;
-        if (r->state == REQ_RUNNING)
+        if (r->state == REQ_RUNNING) {
             atomic_store_explicit(&r->canceled, true, memory_order_relaxed);
-        else
-            server_req_put(s, r);
+            continue;
+        }
+        if (r->state == REQ_PARKED && r->session != NULL && r->session->running == r)
+            r->session->running = NULL; /* never submitted */
+        server_req_put(s, r);
     }
     c->order_head = c->order_tail = NULL;
+    c->park_head = c->park_tail = NULL;
     c->barrier = NULL;
     c->outstanding = 0;
     c->held_bytes = 0;
+    c->reserved = 0;
 
     for (sess = c->sessions; sess != NULL; sess = snext) {
         snext = sess->next;
@@ -219,8 +394,54 @@ static void conn_close(conn_t *c)
         if (sess->running == NULL)
             session_discard(sess);
     }
+}
+
+/* Closes at once: conn_detach(), then the handle.  Idempotent. */
+static void conn_close(conn_t *c)
+{
+    if (c->closed)
+        return;
+    conn_detach(c);
     log_debug("connection %" PRIu64 ": closed", c->serial);
-    uv_close((uv_handle_t *)&c->tcp, conn_close_cb);
+    conn_close_handle(c);
+}
+
+/* Whether the peer may have sent input the daemon has not read: always
+ * after line_too_long (the rest of the line is likely still coming), never
+ * after its EOF, and otherwise if the socket holds unread bytes.  (A drain
+ * closes an idle connection at once.) */
+static bool conn_input_left(conn_t *c)
+{
+    uv_os_fd_t fd;
+    int unread = 0;
+
+    if (c->peer_eof)
+        return false;
+    if (c->line_too_long)
+        return true;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0 || ioctl(fd, FIONREAD, &unread) != 0)
+        return true;
+    return unread > 0;
+}
+
+/* Everything is answered and written, and the peer's input may not have
+ * been read to its end: closes lingering (see the top of the file). */
+static void conn_close_lingering(conn_t *c)
+{
+    server_t *s = c->server;
+    uint64_t now = uv_now(&s->loop), until = server_linger_until(s);
+
+    conn_detach(c);
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    if (until <= now ||
+        uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, linger_shutdown_cb) != 0 ||
+        uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, linger_read_cb) != 0) {
+        log_debug("connection %" PRIu64 ": closed", c->serial);
+        conn_close_handle(c);
+        return;
+    }
+    server_wait_add(s, c, CONN_WAIT_LINGER, until);
+    log_debug("connection %" PRIu64 ": closed; lingering for its input", c->serial);
 }
 
 /* Moves every answered record at the head of the order FIFO to `out`
@@ -275,16 +496,34 @@ nomem:
  * answered and written; otherwise stops or resumes reading by the bounds. */
 static void conn_update(conn_t *c)
 {
+    server_t *s = c->server;
     size_t pending;
 
     if (c->closed)
         return;
+    if (!s->draining)
+        conn_run_parked(c);
     if (c->input_done) {
-        if (c->order_head == NULL && !c->writing && c->out.len == 0)
-            conn_close(c);
+        if (c->order_head == NULL && !c->writing && c->out.len == 0) {
+            if (conn_input_left(c))
+                conn_close_lingering(c);
+            else
+                conn_close(c);
+        }
         return;
     }
-    pending = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out.len + c->held_bytes;
+    /* Quiet: no session, nothing to answer or write.  Its clock starts
+     * when it becomes quiet; a byte read takes it off the list (read_cb())
+     * and the clock starts again after. */
+    if (s->cfg->conn_timeout > 0 && !s->draining) {
+        bool quiet = c->sessions == NULL && c->order_head == NULL && !c->writing && c->out.len == 0;
+        if (quiet && c->wait != CONN_WAIT_QUIET)
+            server_wait_add(s, c, CONN_WAIT_QUIET,
+                            uv_now(&s->loop) + (uint64_t)s->cfg->conn_timeout * 1000);
+        else if (!quiet && c->wait == CONN_WAIT_QUIET)
+            server_wait_remove(s, c);
+    }
+    pending = conn_unwritten(c) + c->held_bytes;
     if (c->reading) {
         if (c->outstanding >= CONN_MAX_OUTSTANDING || pending >= CONN_MAX_PENDING_BYTES) {
             uv_read_stop((uv_stream_t *)&c->tcp);
@@ -331,14 +570,33 @@ void conn_write(conn_t *c)
 {
     proto_buf_t t;
     uv_buf_t b;
-    int rc;
+    int n, rc;
 
     if (c->closed || c->writing || c->out.len == 0)
         return;
+    /* What the socket takes at once costs one write(); a uv_write (which
+     * also arms the poller) only for the rest. */
+    b = uv_buf_init(c->out.data, (unsigned)c->out.len);
+    n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+    if (n < 0 && n != UV_EAGAIN) {
+        log_debug("connection %" PRIu64 ": write failed: %s", c->serial, uv_strerror(n));
+        conn_close(c);
+        return;
+    }
+    if (n == (int)c->out.len) {
+        c->out.len = 0;
+        if (c->out.cap > CONN_MAX_PENDING_BYTES / 4) { /* as write_cb() does */
+            proto_buf_free(&c->out);
+            proto_buf_init(&c->out);
+        }
+        conn_update(c);
+        return;
+    }
     t = c->wbuf;
     c->wbuf = c->out;
     c->out = t;
-    b = uv_buf_init(c->wbuf.data, (unsigned)c->wbuf.len);
+    n = n > 0 ? n : 0;
+    b = uv_buf_init(c->wbuf.data + n, (unsigned)(c->wbuf.len - (size_t)n));
     rc = uv_write(&c->write_req, (uv_stream_t *)&c->tcp, &b, 1, write_cb);
     if (rc != 0) {
         log_debug("connection %" PRIu64 ": write failed: %s", c->serial, uv_strerror(rc));
@@ -412,12 +670,8 @@ static void session_kick(session_t *sess)
                             "step: no live session '%s' on this connection", r->rq.id);
             ok = req_fail(r, &err);
         } else {
-            if (r->rq.op == PROTO_OP_STEP) {
-                r->cs = sess->cs;
-                r->toks = sess->toks; /* the job's until it comes back */
-            }
             sess->running = r;
-            req_submit(r);
+            req_launch(r);
         }
         if (!ok) /* the connection closed under us */
             return;
@@ -450,6 +704,7 @@ void conn_expire_session(session_t *sess)
     session_unmap(sess);
     session_release(sess, METRICS_RELEASE_IDLE);
     session_discard(sess);
+    conn_update(c); /* maybe quiet now */
 }
 
 /* ---- Requests as they are read ---- */
@@ -546,7 +801,7 @@ static int read_stateless(conn_t *c, req_t *r, slotd_error_t *err)
     if (model_check_generate(m, r->rq.tokens, r->rq.ntokens, steps, err) != SLOTD_OK)
         return err->code;
     r->model = m;
-    req_submit(r);
+    req_launch(r);
     return SLOTD_OK;
 }
 
@@ -646,6 +901,7 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     if (nread < 0) {
         if (nread == UV_EOF) {
             log_debug("connection %" PRIu64 ": end of input", c->serial);
+            c->peer_eof = true;
             conn_end_input(c);
             conn_update(c);
         } else {
@@ -656,6 +912,8 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         return;
     }
 
+    if (c->wait == CONN_WAIT_QUIET)
+        server_wait_remove(c->server, c); /* not quiet: conn_update() starts the clock again */
     rc = proto_framer_feed(&c->framer, buf->base, (size_t)nread, on_line, c);
     if (c->closed)
         return;
@@ -676,6 +934,7 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
             return;
         }
         req_done(r);
+        c->line_too_long = true;
         conn_end_input(c);
         conn_advance(c);
     } else if (rc != SLOTD_OK) {
@@ -694,6 +953,8 @@ void conn_job_done(req_t *r)
     server_t *s = c->server;
     session_t *sess = r->session;
 
+    if (!c->closed)
+        c->reserved -= r->reply_bound;
     /* The session takes the result first; it keeps `running` until the
      * end, so that a close here leaves it for the code below. */
     if (sess != NULL) {
@@ -734,50 +995,37 @@ void conn_job_done(req_t *r)
 
 /* ---- Accept, drain ---- */
 
-static void reject_close_cb(uv_handle_t *h)
+void conn_turn_away(int fd, const char *why)
 {
-    free(h);
+    char line[200];
+    int n = snprintf(line, sizeof(line),
+                     "{\"error\":{\"code\":\"too_many_connections\",\"message\":\"%s\"}}\n", why);
+
+    /* Best effort: the socket is fresh, its buffer empty. */
+    if (n > 0 && (size_t)n < sizeof(line) && write(fd, line, (size_t)n) < 0)
+        log_debug("turning a connection away: %s", strerror(errno));
+    close(fd);
 }
 
-/* Past the connection limit: one error line, then close. */
-static void conn_reject(server_t *s)
+void conn_accept(server_t *s, int fd)
 {
-    uv_tcp_t *t = malloc(sizeof(*t));
-    char line[160];
-    uv_buf_t b;
-    int n;
-
-    if (t == NULL || uv_tcp_init(&s->loop, t) != 0) {
-        free(t);
-        log_error("no memory to turn a connection away");
-        return;
-    }
-    if (uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)t) == 0) {
-        n = snprintf(line, sizeof(line),
-                     "{\"error\":{\"code\":\"too_many_connections\",\"message\":\"the daemon "
-                     "serves at most %u connections\"}}\n",
-                     s->cfg->max_connections);
-        b = uv_buf_init(line, (unsigned)n);
-        (void)uv_try_write((uv_stream_t *)t, &b, 1); /* best effort: the socket is fresh */
-        log_debug("connection turned away: %u open", s->cfg->max_connections);
-    }
-    uv_close((uv_handle_t *)t, reject_close_cb);
-}
-
-void conn_accept(server_t *s)
-{
+    char why[120];
     conn_t *c;
     int rc;
 
     if (s->nconns >= s->cfg->max_connections) {
         metrics_count_refused();
-        conn_reject(s);
+        snprintf(why, sizeof(why), "the daemon serves at most %u connections",
+                 s->cfg->max_connections);
+        conn_turn_away(fd, why);
+        log_debug("connection turned away: %u open", s->cfg->max_connections);
         return;
     }
     c = calloc(1, sizeof(*c));
     if (c == NULL || session_map_init(&c->map) != SLOTD_OK) {
         free(c);
-        conn_reject(s);
+        log_error("no memory for a connection; turning it away");
+        conn_turn_away(fd, "the daemon is out of memory");
         return;
     }
     uv_tcp_init(&s->loop, &c->tcp);
@@ -794,8 +1042,10 @@ void conn_accept(server_t *s)
     s->nconns++;
     s->nconns_alive++;
 
-    rc = uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)&c->tcp);
-    if (rc == 0)
+    rc = uv_tcp_open(&c->tcp, (uv_os_sock_t)fd);
+    if (rc != 0)
+        close(fd); /* the handle did not take it */
+    else
         rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
     if (rc != 0) {
         log_debug("accept failed: %s", uv_strerror(rc));
@@ -812,6 +1062,15 @@ void conn_accept(server_t *s)
             uv_ip_name((struct sockaddr *)&peer, host, sizeof(host));
         log_debug("connection %" PRIu64 ": accepted from %s", c->serial, host);
     }
+    conn_update(c); /* quiet from the start */
+}
+
+void conn_expire_quiet(conn_t *c)
+{
+    log_debug("connection %" PRIu64 ": quiet for %u s with nothing to do; closing it", c->serial,
+              c->server->cfg->conn_timeout);
+    metrics_count_conn_timeout();
+    conn_close(c);
 }
 
 void conn_drain(conn_t *c)
@@ -826,6 +1085,16 @@ void conn_drain(conn_t *c)
     for (req_t *r = c->order_head; r != NULL; r = r->order_next)
         if (r->state == REQ_HELD && !req_fail(r, &err))
             return;
+    while (c->park_head != NULL) { /* never submitted */
+        req_t *r = c->park_head;
+        c->park_head = r->park_next;
+        r->park_next = NULL;
+        if (r->session != NULL && r->session->running == r)
+            r->session->running = NULL;
+        if (!req_fail(r, &err))
+            return;
+    }
+    c->park_tail = NULL;
     for (sess = c->sessions; sess != NULL; sess = sess->next) {
         req_t *r;
         while ((r = sess->fifo_head) != NULL) {

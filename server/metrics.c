@@ -5,7 +5,8 @@
  * This file owns one static set of counters: requests by op (PROTO_OP_NONE
  * counts lines that had no valid op and is rendered as op="invalid"), error
  * replies by position in SLOTD_ERRNO_MAP, released sessions by reason, cache
- * audits and divergences, refused connections, and a fixed-bucket histogram
+ * audits and divergences, refused connections, failed accepts, connections
+ * closed for --conn-timeout, and a fixed-bucket histogram
  * of step request latencies with the time of the last completed step.
  *
  * DESIGN.  Every counter is a C11 atomic updated and read with relaxed
@@ -96,6 +97,8 @@ static struct {
     _Atomic uint64_t divergence;
     _Atomic uint64_t audits;
     _Atomic uint64_t refused;
+    _Atomic uint64_t accept_errors;
+    _Atomic uint64_t conn_timeouts;
     /* buckets[i] counts observations in (bucket_ns[i-1], bucket_ns[i]];
      * buckets[NBUCKETS] those above the last bound. */
     _Atomic uint64_t buckets[NBUCKETS + 1];
@@ -119,6 +122,8 @@ void metrics_init(uint64_t now_ns)
     STORE(m.divergence, 0);
     STORE(m.audits, 0);
     STORE(m.refused, 0);
+    STORE(m.accept_errors, 0);
+    STORE(m.conn_timeouts, 0);
     for (size_t i = 0; i <= NBUCKETS; i++)
         STORE(m.buckets[i], 0);
     STORE(m.sum_ns, 0);
@@ -174,6 +179,16 @@ void metrics_count_refused(void)
     BUMP(m.refused, 1);
 }
 
+void metrics_count_accept_error(void)
+{
+    BUMP(m.accept_errors, 1);
+}
+
+void metrics_count_conn_timeout(void)
+{
+    BUMP(m.conn_timeouts, 1);
+}
+
 void metrics_observe_step(uint64_t duration_ns, uint64_t now_ns)
 {
     size_t i = 0;
@@ -226,6 +241,16 @@ uint64_t metrics_audits_total(void)
 uint64_t metrics_refused_total(void)
 {
     return LOAD(m.refused);
+}
+
+uint64_t metrics_accept_errors_total(void)
+{
+    return LOAD(m.accept_errors);
+}
+
+uint64_t metrics_conn_timeouts_total(void)
+{
+    return LOAD(m.conn_timeouts);
 }
 
 uint64_t metrics_last_step_ns(void)
@@ -354,6 +379,13 @@ int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
     TRY(simple(out, "slotd_connections_refused_total", "counter",
                "Connections turned away with too_many_connections (--max-connections).",
                LOAD(m.refused)));
+    TRY(simple(out, "slotd_accept_errors_total", "counter",
+               "Failed accepts on the session port: no file descriptor (or memory) left.",
+               LOAD(m.accept_errors)));
+    TRY(family(out, "slotd_connections_closed_total", "counter",
+               "Session connections closed by the daemon, by reason."));
+    TRY(put(out, "slotd_connections_closed_total{reason=\"timeout\"} %" PRIu64 "\n",
+            LOAD(m.conn_timeouts)));
 
     TRY(render_requests(out));
     TRY(render_errors(out));

@@ -3,9 +3,10 @@
  * Prometheus text rendering.
  *
  * DESIGN.  One process-wide set of counters, all C11 atomics with relaxed
- * ordering: the loop thread counts requests, errors, releases and refused
- * connections; worker threads record step latencies, the time of their
- * last completed step, audits and divergences.
+ * ordering: the loop thread counts requests, errors, releases, refused
+ * connections, failed accepts and connections closed for their timeout;
+ * worker threads record step latencies, the time of their last completed
+ * step, audits and divergences.
  * Readers (the stats op, the admin port) read them on the loop thread
  * without a lock; a reading may mix counts from either side of a concurrent
  * update, never a torn value.
@@ -38,6 +39,11 @@ void metrics_count_divergence(void);
 void metrics_count_audit(void);
 /** Counts one connection turned away with too_many_connections. */
 void metrics_count_refused(void);
+/** Counts one failed accept on the session port (no descriptor or no
+ * memory left). */
+void metrics_count_accept_error(void);
+/** Counts one connection closed for --conn-timeout. */
+void metrics_count_conn_timeout(void);
 
 /** Records one model request's latency (a step request, whatever its n)
  * and stamps `now_ns` as the time of the last completed step.  Any thread. */
@@ -49,6 +55,8 @@ uint64_t metrics_released(metrics_release_t why);
 uint64_t metrics_divergence_total(void);
 uint64_t metrics_audits_total(void);
 uint64_t metrics_refused_total(void);
+uint64_t metrics_accept_errors_total(void);
+uint64_t metrics_conn_timeouts_total(void);
 /** Monotonic ns of the last completed step; 0 if none yet. */
 uint64_t metrics_last_step_ns(void);
 

@@ -9,11 +9,25 @@
  * DESIGN.  Everything here runs on the loop thread; the workers see only
  * the request records submitted to them (see job.c) and the immutable
  * pointers of this struct (`pool`).  One uv_check_t runs at the end of
- * every loop turn, after all reads and completions of the turn: it submits
- * the turn's jobs to the workers in one batch and starts one write per
- * connection with new output.  Idle sessions sit on a list in the order
- * they went idle; one timer, always set for the oldest, releases those past
- * --idle-timeout, so a check costs O(expired).
+ * every loop turn, after all reads and completions of the turn: it starts
+ * one write per connection with new output, then submits the turn's jobs
+ * (those a write that completed at once let go too) to the workers in one
+ * batch.  Idle sessions sit on a list in the order they went idle; one
+ * timer, always set for the oldest, releases those past --idle-timeout, so
+ * a check costs O(expired).  Connections wait on two lists of the same
+ * kind: quiet ones for --conn-timeout, lingering ones for the end of their
+ * lingering close (conn.c).
+ *
+ * Accepting.  The session port's socket is polled and accepted from here
+ * (libuv's own accept hides running out of descriptors: it accepts and
+ * closes such connections without a word).  When accept fails for want of
+ * descriptors (EMFILE, ENFILE) or memory, the failure is counted
+ * (slotd_accept_errors_total) and logged at most every ACCEPT_WARN_MS; a
+ * descriptor kept in reserve is closed to accept the connection, which is
+ * told too_many_connections and closed, and reopened; if it cannot be
+ * reopened, the socket is not polled for ACCEPT_PAUSE_MS, so a backlog
+ * that cannot be accepted never spins the loop.  Connections already open
+ * are served throughout.
  *
  * Shutdown.  SIGTERM or SIGINT starts a drain: the listener closes, the
  * admin port reports 503, jobs no worker has started are taken back and
@@ -28,13 +42,17 @@
  * (SLOTD_FAULT_INJECTION) add a SIGUSR1 handle that releases a worker
  * wedged by --fault-wedge-after; a drain releases it too.
  */
+#define _GNU_SOURCE /* accept4 */
 #include "server.h"
 
 #include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -45,6 +63,14 @@
 #define MAX_FREE_SESSIONS 16384
 /* A record's reply buffer larger than this is not kept for reuse. */
 #define MAX_KEPT_REPLY (64u << 10)
+
+/* Accepting: connections taken per wake-up at most (the socket is polled
+ * level-triggered: the rest come on the next turn); the least time between
+ * two warnings about failed accepts; the pause when no descriptor is left
+ * even to turn a connection away. */
+#define ACCEPT_BATCH 64
+#define ACCEPT_WARN_MS 10000
+#define ACCEPT_PAUSE_MS 100
 
 /* ---- Free lists ---- */
 
@@ -150,13 +176,14 @@ static void flush_check_cb(uv_check_t *h)
     server_t *s = container_of(h, server_t, flush_check);
     conn_t *c;
 
-    if (s->batch.n > 0)
-        worker_pool_submit(s->workers, &s->batch);
+    /* Writes first: one that completes at once may let parked jobs go. */
     while ((c = s->dirty) != NULL) {
         s->dirty = c->dirty_next;
         c->dirty = false;
         conn_write(c);
     }
+    if (s->batch.n > 0)
+        worker_pool_submit(s->workers, &s->batch);
 }
 
 static void job_done_cb(worker_job_t *job, void *arg)
@@ -223,6 +250,102 @@ static void idle_timer_cb(uv_timer_t *h)
     idle_timer_arm(s);
 }
 
+/* ---- Quiet and lingering connections ---- */
+
+static conn_list_t *wait_list(server_t *s, conn_wait_t which)
+{
+    return which == CONN_WAIT_QUIET ? &s->quiet : &s->linger;
+}
+
+static uv_timer_t *wait_timer(server_t *s, conn_wait_t which)
+{
+    return which == CONN_WAIT_QUIET ? &s->quiet_timer : &s->linger_timer;
+}
+
+static void quiet_timer_cb(uv_timer_t *h);
+static void linger_timer_cb(uv_timer_t *h);
+
+/* Sets the list's timer for its first deadline, or stops it. */
+static void wait_arm(server_t *s, conn_wait_t which)
+{
+    conn_list_t *l = wait_list(s, which);
+    uv_timer_t *t = wait_timer(s, which);
+    uint64_t now = uv_now(&s->loop);
+
+    if (l->head == NULL) {
+        uv_timer_stop(t);
+        return;
+    }
+    uv_timer_start(t, which == CONN_WAIT_QUIET ? quiet_timer_cb : linger_timer_cb,
+                   l->head->wait_until > now ? l->head->wait_until - now : 0, 0);
+}
+
+void server_wait_add(server_t *s, conn_t *c, conn_wait_t which, uint64_t until)
+{
+    conn_list_t *l = wait_list(s, which);
+
+    server_wait_remove(s, c);
+    assert(l->tail == NULL || l->tail->wait_until <= until);
+    c->wait = which;
+    c->wait_until = until;
+    c->wait_next = NULL;
+    c->wait_prev = l->tail;
+    if (l->tail != NULL)
+        l->tail->wait_next = c;
+    else
+        l->head = c;
+    l->tail = c;
+    if (l->head == c)
+        wait_arm(s, which);
+}
+
+void server_wait_remove(server_t *s, conn_t *c)
+{
+    conn_list_t *l;
+
+    if (c->wait == CONN_WAIT_NONE)
+        return;
+    l = wait_list(s, c->wait);
+    if (c->wait_prev != NULL)
+        c->wait_prev->wait_next = c->wait_next;
+    else
+        l->head = c->wait_next;
+    if (c->wait_next != NULL)
+        c->wait_next->wait_prev = c->wait_prev;
+    else
+        l->tail = c->wait_prev;
+    c->wait_prev = c->wait_next = NULL;
+    c->wait = CONN_WAIT_NONE;
+    /* The timer stays set for the old head: it rearms when it fires. */
+}
+
+/* Ends the wait of every connection on the list whose deadline passed. */
+static void wait_expire(server_t *s, conn_wait_t which)
+{
+    conn_list_t *l = wait_list(s, which);
+    uint64_t now = uv_now(&s->loop);
+    conn_t *c;
+
+    while ((c = l->head) != NULL && c->wait_until <= now) {
+        server_wait_remove(s, c);
+        if (which == CONN_WAIT_QUIET)
+            conn_expire_quiet(c);
+        else
+            conn_linger_end(c);
+    }
+    wait_arm(s, which);
+}
+
+static void quiet_timer_cb(uv_timer_t *h)
+{
+    wait_expire(container_of(h, server_t, quiet_timer), CONN_WAIT_QUIET);
+}
+
+static void linger_timer_cb(uv_timer_t *h)
+{
+    wait_expire(container_of(h, server_t, linger_timer), CONN_WAIT_LINGER);
+}
+
 /* ---- Figures for the stats op and the admin port ---- */
 
 const model_t *server_model(const server_t *s, const char *name)
@@ -283,15 +406,100 @@ static bool admin_healthy_cb(void *arg, const char **why)
 
 /* ---- Accept ---- */
 
-static void connection_cb(uv_stream_t *listener, int status)
-{
-    server_t *s = container_of((uv_tcp_t *)listener, server_t, listener);
+static void listen_cb(uv_poll_t *h, int status, int events);
 
+static int reserve_open(void)
+{
+    return open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+static void accept_resume_cb(uv_timer_t *h)
+{
+    server_t *s = container_of(h, server_t, accept_timer);
+
+    if (s->reserve_fd < 0)
+        s->reserve_fd = reserve_open();
+    if (s->listen_fd >= 0 && !s->draining)
+        uv_poll_start(&s->listen_poll, UV_READABLE, listen_cb);
+}
+
+/* Stops polling the socket for ACCEPT_PAUSE_MS. */
+static void accept_pause(server_t *s)
+{
+    uv_poll_stop(&s->listen_poll);
+    uv_timer_start(&s->accept_timer, accept_resume_cb, ACCEPT_PAUSE_MS, 0);
+}
+
+/* accept() failed with `err` (no descriptor or no memory): counts it,
+ * warns now and then, and turns the connection away through the reserve
+ * descriptor.  False if the socket must rest (nothing to accept with). */
+static bool accept_failed(server_t *s, int err)
+{
+    uint64_t now = uv_now(&s->loop);
+    int fd;
+
+    metrics_count_accept_error();
+    s->accept_unwarned++;
+    if (s->accept_warned_ms == 0 || now - s->accept_warned_ms >= ACCEPT_WARN_MS) {
+        log_warn("accept: %s (%" PRIu64 " failed since the last warning); %zu connections open; "
+                 "new ones are turned away until descriptors free up",
+                 strerror(err), s->accept_unwarned, s->nconns);
+        s->accept_warned_ms = now != 0 ? now : 1;
+        s->accept_unwarned = 0;
+    }
+    if (s->reserve_fd < 0)
+        return false;
+    close(s->reserve_fd);
+    fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0)
+        conn_turn_away(fd, err == ENOMEM || err == ENOBUFS
+                               ? "the daemon is out of memory"
+                               : "the daemon is out of file descriptors");
+    s->reserve_fd = reserve_open();
+    return s->reserve_fd >= 0 && fd >= 0;
+}
+
+static void listen_cb(uv_poll_t *h, int status, int events)
+{
+    server_t *s = container_of(h, server_t, listen_poll);
+
+    (void)events;
     if (status < 0) {
         log_warn("accept: %s", uv_strerror(status));
+        accept_pause(s);
         return;
     }
-    conn_accept(s);
+    for (int i = 0; i < ACCEPT_BATCH && !s->draining; i++) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            conn_accept(s, fd);
+            continue;
+        }
+        switch (errno) {
+        case EINTR:
+        case ECONNABORTED:
+        case EPROTO:
+            continue;
+        case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+        case EWOULDBLOCK:
+#endif
+            return;
+        case EMFILE:
+        case ENFILE:
+        case ENOBUFS:
+        case ENOMEM:
+            if (!accept_failed(s, errno)) {
+                accept_pause(s);
+                return;
+            }
+            continue;
+        default:
+            log_warn("accept: %s", strerror(errno));
+            accept_pause(s);
+            return;
+        }
+    }
 }
 
 /* ---- Shutdown ---- */
@@ -300,6 +508,17 @@ static void close_quietly(uv_handle_t *h)
 {
     if (!uv_is_closing(h))
         uv_close(h, NULL);
+}
+
+/* Stops accepting: closes the poll handle and the socket (the poll no
+ * longer watches it once uv_close() returns). */
+static void listener_close(server_t *s)
+{
+    if (s->listen_fd < 0)
+        return;
+    close_quietly((uv_handle_t *)&s->listen_poll);
+    close(s->listen_fd);
+    s->listen_fd = -1;
 }
 
 /* The drain is over (or start-up failed): closes every handle that is
@@ -319,7 +538,14 @@ static void server_finish(server_t *s)
         admin_close(s->admin);
         s->admin = NULL;
     }
-    close_quietly((uv_handle_t *)&s->listener);
+    listener_close(s);
+    close_quietly((uv_handle_t *)&s->accept_timer);
+    close_quietly((uv_handle_t *)&s->quiet_timer);
+    close_quietly((uv_handle_t *)&s->linger_timer);
+    if (s->reserve_fd >= 0) {
+        close(s->reserve_fd);
+        s->reserve_fd = -1;
+    }
     close_quietly((uv_handle_t *)&s->sigterm);
     close_quietly((uv_handle_t *)&s->sigint);
 #if SLOTD_FAULT_INJECTION
@@ -347,6 +573,38 @@ static void shutdown_timer_cb(uv_timer_t *h)
     _exit(1);
 }
 
+/* The latest a drain lets a lingering close go on: a little before
+ * --shutdown-timeout. */
+static uint64_t linger_cap_ms(const server_t *s)
+{
+    uint64_t timeout = (uint64_t)s->cfg->shutdown_timeout * 1000;
+    uint64_t spare = timeout / 4 < 500 ? timeout / 4 : 500;
+
+    return s->drain_deadline - spare;
+}
+
+uint64_t server_linger_until(server_t *s)
+{
+    uint64_t until = uv_now(&s->loop) + CONN_LINGER_MS;
+
+    if (s->draining && until > linger_cap_ms(s))
+        until = linger_cap_ms(s);
+    return until;
+}
+
+/* A drain began: no lingering close may outlast it (server_linger_until()
+ * caps the ones that begin later the same way).  The cap is the same for
+ * every one, so the list stays in deadline order. */
+static void linger_cap(server_t *s)
+{
+    uint64_t cap = linger_cap_ms(s);
+
+    for (conn_t *c = s->linger.head; c != NULL; c = c->wait_next)
+        if (c->wait_until > cap)
+            c->wait_until = cap;
+    wait_arm(s, CONN_WAIT_LINGER);
+}
+
 static void server_drain(server_t *s)
 {
     worker_batch_t back = WORKER_BATCH_INIT;
@@ -357,10 +615,16 @@ static void server_drain(server_t *s)
 #if SLOTD_FAULT_INJECTION
     job_fault_release(); /* a wedged job must not hold the drain */
 #endif
-    close_quietly((uv_handle_t *)&s->listener);
+    listener_close(s);
+    uv_timer_stop(&s->accept_timer);
     uv_timer_stop(&s->idle_timer);
+    uv_timer_stop(&s->quiet_timer);
+    while (s->quiet.head != NULL) /* a drain closes them anyway */
+        server_wait_remove(s, s->quiet.head);
     uv_timer_start(&s->shutdown_timer, shutdown_timer_cb, (uint64_t)s->cfg->shutdown_timeout * 1000,
                    0);
+    s->drain_deadline = uv_now(&s->loop) + (uint64_t)s->cfg->shutdown_timeout * 1000;
+    linger_cap(s);
 
     /* Jobs no worker has started: this turn's batch and the queue. */
     back = s->batch;
@@ -468,20 +732,36 @@ static int parse_addr(const char *host, int port, struct sockaddr_storage *addr)
 static int start_listener(server_t *s)
 {
     struct sockaddr_storage addr;
-    int len = sizeof(addr);
+    socklen_t len = sizeof(addr);
     char host[64];
-    int rc;
+    int rc, one = 1;
 
+    memset(&addr, 0, sizeof(addr));
     rc = parse_addr(s->cfg->listen, s->cfg->port, &addr);
+    if (rc == 0) {
+        s->listen_fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (s->listen_fd < 0 ||
+            setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+            bind(s->listen_fd, (struct sockaddr *)&addr,
+                 addr.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                            : sizeof(struct sockaddr_in)) != 0 ||
+            listen(s->listen_fd, 511) != 0)
+            rc = uv_translate_sys_error(errno);
+    }
     if (rc == 0)
-        rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&addr, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&s->listener, 511, connection_cb);
+        rc = uv_poll_init_socket(&s->loop, &s->listen_poll, s->listen_fd);
     if (rc != 0) {
         log_error("listen on %s:%d: %s", s->cfg->listen, s->cfg->port, uv_strerror(rc));
+        if (s->listen_fd >= 0)
+            close(s->listen_fd);
+        s->listen_fd = -1;
         return rc;
     }
-    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&addr, &len);
+    uv_poll_start(&s->listen_poll, UV_READABLE, listen_cb);
+    s->reserve_fd = reserve_open();
+    if (s->reserve_fd < 0)
+        log_warn("no descriptor in reserve (/dev/null: %s)", strerror(errno));
+    getsockname(s->listen_fd, (struct sockaddr *)&addr, &len);
     uv_ip_name((struct sockaddr *)&addr, host, sizeof(host));
     log_info("listening on %s:%d", host,
              ntohs(addr.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&addr)->sin6_port
@@ -542,7 +822,11 @@ int server_run(const server_config_t *cfg)
     }
     /* Every handle is initialised up front, so that one unwinding path
      * can close them all whatever failed. */
-    uv_tcp_init(&s->loop, &s->listener);
+    s->listen_fd = -1; /* its poll handle is made with the socket */
+    s->reserve_fd = -1;
+    uv_timer_init(&s->loop, &s->accept_timer);
+    uv_timer_init(&s->loop, &s->quiet_timer);
+    uv_timer_init(&s->loop, &s->linger_timer);
     uv_signal_init(&s->loop, &s->sigterm);
     uv_signal_init(&s->loop, &s->sigint);
 #if SLOTD_FAULT_INJECTION

@@ -33,9 +33,23 @@
 
 /* A connection stops being read while it has this many requests waiting
  * for their reply, or this many reply bytes not yet written; it is read
- * again once both are below half. */
+ * again once both are below half.  The byte bound also holds its jobs
+ * back: a job is submitted only while the connection's unwritten bytes,
+ * plus the replies its running jobs may still produce (an upper bound per
+ * job, conn.c: req_reply_bound()), plus the job's own, stay within it (or
+ * when nothing is unwritten and nothing runs, so that one job larger than
+ * the bound still runs). */
 #define CONN_MAX_OUTSTANDING 1024
 #define CONN_MAX_PENDING_BYTES (4u << 20)
+
+/* The lingering close: once every reply of a connection whose input ended
+ * (line_too_long, drain) is written, its sending side is shut down and its
+ * input read and discarded until the peer's EOF, this many bytes, or this
+ * long, then it is closed.  Closing with input unread would make the
+ * kernel reset the connection and drop the replies the peer has not read
+ * yet.  During a drain the wait also ends before --shutdown-timeout. */
+#define CONN_LINGER_MS 2000
+#define CONN_LINGER_MAX_BYTES (32u << 20)
 
 #define SERVER_READ_BUF (64u << 10)
 
@@ -51,6 +65,7 @@ typedef enum req_state {
     REQ_NEW = 0, /* just taken from the free list */
     REQ_HELD,    /* parsed behind a stats not yet answered: not applied yet */
     REQ_WAITING, /* in its session's FIFO, or a stats waiting for the head */
+    REQ_PARKED,  /* a job held back by its connection's output bound (conn->park_head) */
     REQ_RUNNING, /* a job: in the batch, the workers' queue, or running */
     REQ_DONE,    /* `reply` holds its line */
 } req_state_t;
@@ -67,6 +82,9 @@ struct req {
     session_t *session;  /* start, step, finish: the session acted on */
     req_t *order_next;   /* the connection's order FIFO; the free list */
     req_t *session_next; /* the session's FIFO */
+    req_t *park_next;    /* conn->park_head while REQ_PARKED */
+    uint64_t seq;        /* the line's number on its connection */
+    size_t reply_bound;  /* a job: its reply's most bytes; in conn->reserved while out */
     req_state_t state;
 
     /* The job's input: set by the loop before submit, read-only after. */
@@ -104,17 +122,35 @@ struct session {
     bool in_lru;                    /* idle: holds a slot, in the map, nothing queued or running */
 };
 
+/** Which timed list of the server a connection is on (conn->wait_next). */
+typedef enum conn_wait {
+    CONN_WAIT_NONE = 0,
+    CONN_WAIT_QUIET,  /* server->quiet: nothing to do, closed after --conn-timeout */
+    CONN_WAIT_LINGER, /* server->linger: closed, its input discarded until `wait_until` */
+} conn_wait_t;
+
+/** A list of connections in the order their deadlines fall (loop thread). */
+typedef struct conn_list {
+    conn_t *head, *tail;
+} conn_list_t;
+
 /** One session connection.  Allocated on accept; freed by conn_unref()
  * when both the handle's close callback has run and no job of the
- * connection is out (`refs`). */
+ * connection is out (`refs`).  Once closed it no longer serves, but its
+ * handle may stay open for a lingering close (on server->linger) until the
+ * peer's EOF or its deadline. */
 struct conn {
     uv_tcp_t tcp;
     uv_write_t write_req;
+    uv_shutdown_t shutdown_req; /* the lingering close's shutdown(SHUT_WR) */
     server_t *server;
-    uint64_t serial;     /* pool owner key; never reused */
-    unsigned refs;       /* the handle until its close callback, plus one per job out */
-    conn_t *prev, *next; /* server->conns while open */
-    conn_t *dirty_next;  /* server->dirty while `dirty` */
+    uint64_t serial;               /* pool owner key; never reused */
+    unsigned refs;                 /* the handle until its close callback, plus one per job out */
+    conn_t *prev, *next;           /* server->conns while open */
+    conn_t *dirty_next;            /* server->dirty while `dirty` */
+    conn_t *wait_prev, *wait_next; /* the server's list named by `wait` */
+    uint64_t wait_until;           /* uv_now() deadline on that list */
+    conn_wait_t wait;
     proto_framer_t framer;
     session_map_t map;              /* live ids -> session records */
     session_t *sessions;            /* every session record of the connection */
@@ -122,6 +158,10 @@ struct conn {
     req_t *barrier;                 /* a stats not yet answered: the lines after it are REQ_HELD */
     size_t outstanding;             /* records in the order FIFO */
     size_t held_bytes;              /* reply bytes of REQ_DONE records in the FIFO */
+    req_t *park_head, *park_tail;   /* REQ_PARKED jobs, in read order */
+    size_t reserved;                /* reply_bound of every job of the connection out */
+    uint64_t next_seq;              /* seq of the next line read */
+    size_t linger_bytes;            /* input discarded while lingering */
     proto_buf_t out;                /* replies for the next write */
     proto_buf_t wbuf;               /* the bytes of the write in flight */
     metrics_release_t release_reason; /* set when closed */
@@ -129,20 +169,38 @@ struct conn {
     bool reading;                     /* uv_read_start() in force */
     bool writing;                     /* write_req in flight */
     bool input_done;                  /* EOF, line_too_long or drain: close once all is answered */
-    bool closed;                      /* uv_close() called */
+    bool peer_eof;                    /* the peer's EOF was read: no input is left unread */
+    bool line_too_long;               /* input ended by line_too_long: close lingering */
+    bool closed;         /* no longer serving; lingering while wait is CONN_WAIT_LINGER */
+    bool handle_closing; /* uv_close() called */
 };
 
 /** The daemon.  One, owned by server_run(). */
 struct server {
     const server_config_t *cfg;
     uv_loop_t loop;
-    uv_tcp_t listener;
+    /* The session port's listening socket, accepted from by hand (server.c:
+     * listen_cb) so that running out of descriptors is seen, counted and
+     * paced; `reserve_fd` is a descriptor kept to accept and turn away a
+     * connection then.  Both descriptors are the server's, closed by
+     * server_finish() (the listening one at the start of a drain). */
+    int listen_fd;             /* -1 when not open */
+    uv_poll_t listen_poll;     /* initialised while listen_fd >= 0 */
+    uv_timer_t accept_timer;   /* restarts listen_poll after a pause */
+    int reserve_fd;            /* /dev/null, or -1 */
+    uint64_t accept_warned_ms; /* uv_now() of the last warning about accept; 0 none */
+    uint64_t accept_unwarned;  /* accept failures since that warning */
     uv_signal_t sigterm, sigint;
 #if SLOTD_FAULT_INJECTION
     uv_signal_t sigusr1; /* test builds: job_fault_release() */
 #endif
     uv_timer_t idle_timer, shutdown_timer;
-    uv_check_t flush_check; /* end of each loop turn: submit the batch, write */
+    uv_timer_t quiet_timer;  /* --conn-timeout: the oldest quiet connection */
+    uv_timer_t linger_timer; /* the oldest lingering connection */
+    conn_list_t quiet;       /* CONN_WAIT_QUIET, by deadline */
+    conn_list_t linger;      /* CONN_WAIT_LINGER, by deadline */
+    uint64_t drain_deadline; /* uv_now() at which a drain overruns --shutdown-timeout */
+    uv_check_t flush_check;  /* end of each loop turn: write, then submit the batch */
     admin_t *admin;
     worker_pool_t *workers; /* NULL once closed */
     cache_pool_t *pool;     /* immutable pointer: workers read it */
@@ -193,12 +251,25 @@ const model_t *server_model(const server_t *s, const char *name);
 void server_stats(server_t *s, proto_stats_t *st);
 /** Called when a connection struct has been freed. */
 void server_conn_freed(server_t *s);
+/** Puts `c` on the timed list `which` with deadline `until` (uv_now() ms),
+ * which must not be earlier than that of any connection already on it;
+ * takes it off whatever list it was on first. */
+void server_wait_add(server_t *s, conn_t *c, conn_wait_t which, uint64_t until);
+/** Takes `c` off its timed list, if it is on one. */
+void server_wait_remove(server_t *s, conn_t *c);
+/** The deadline of a lingering close that begins now: CONN_LINGER_MS from
+ * now, or sooner in a drain, so as to end before --shutdown-timeout. */
+uint64_t server_linger_until(server_t *s);
 
 /* ---- conn.c ---- */
 
-/** Accepts the next connection from the listener (or turns it away when
- * the connection limit is reached). */
-void conn_accept(server_t *s);
+/** Serves the connection accepted on descriptor `fd` (non-blocking), or
+ * turns it away when the connection limit is reached.  Takes ownership
+ * of `fd`. */
+void conn_accept(server_t *s, int fd);
+/** Writes one too_many_connections line saying `why` to the fresh socket
+ * `fd` (best effort) and closes it. */
+void conn_turn_away(int fd, const char *why);
 /** Takes back a job that came back from the workers (or was taken back
  * unstarted, with its result set by req_set_error()). */
 void conn_job_done(req_t *r);
@@ -209,6 +280,10 @@ void conn_write(conn_t *c);
 void conn_drain(conn_t *c);
 /** Releases an idle session whose time is up. */
 void conn_expire_session(session_t *sess);
+/** Closes a connection that has been quiet past --conn-timeout. */
+void conn_expire_quiet(conn_t *c);
+/** Ends the lingering close of `c`: closes its handle. */
+void conn_linger_end(conn_t *c);
 /** Sets `r`'s result to the error `code` with `message`, as its reply.
  * Returns SLOTD_OK or SLOTD_ENOMEM. */
 int req_set_error(req_t *r, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

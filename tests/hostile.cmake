@@ -1,6 +1,8 @@
 # Hardening: integration tests against the real daemon under memory
-# pressure (test_integration_pressure) and hostile clients
-# (test_integration_hostile), and the subset of the integration suite that
+# pressure (test_integration_pressure), hostile clients
+# (test_integration_hostile) and at the edges of a connection's life
+# (test_integration_conn: --conn-timeout, running out of file descriptors,
+# lingering closes in a drain), and the subset of the integration suite that
 # scripts/test.sh's valgrind stage runs with the daemon under memcheck.
 # Like the integration suite they get the daemon's path in SLOTD_BIN and run
 # with `ctest -L integration`.
@@ -12,27 +14,12 @@
 set(SLOTD_TEST_TIME_SCALE 1 CACHE STRING "Multiplier of the CTest timeouts of the tests labelled valgrind")
 
 set(_hostile_env "SLOTD_BIN=$<TARGET_FILE:slotd>")
-foreach(theme pressure hostile)
+foreach(theme pressure hostile conn)
   set(_name test_integration_${theme})
-  slotd_check_test(${_name} SOURCES ${_name}.c LIBS slotd_itest slotd_core cjson TIMEOUT 240)
+  slotd_check_test(${_name} SOURCES ${_name}.c LIBS slotd_itest slotd_core cjson TIMEOUT 300)
   add_dependencies(${_name} slotd)
   set_tests_properties(${_name} PROPERTIES ENVIRONMENT "${_hostile_env}" LABELS integration)
 endforeach()
-
-# Daemon bugs found by these tests and not fixed yet (the cases are at the
-# end of test_integration_hostile.c, which runs only them when
-# SLOTD_ITEST_KNOWN_BUGS is set):
-#  - a client that never reads, whose requests have large replies (cached
-#    generates), makes the daemon compute and hold every reply (hundreds of
-#    MiB for one connection), not just its bound of unwritten bytes;
-#  - closing a connection with input unread (after line_too_long, and at
-#    shutdown) resets it, and a client that had not yet read its replies
-#    loses the last ones and gets part of a line.
-# Remove DISABLED once the daemon is fixed.
-add_test(NAME test_integration_hostile_known_bugs COMMAND test_integration_hostile)
-set_tests_properties(test_integration_hostile_known_bugs PROPERTIES
-  ENVIRONMENT "${_hostile_env};SLOTD_ITEST_KNOWN_BUGS=1"
-  LABELS "integration;known_bug" TIMEOUT 300 DISABLED TRUE)
 
 # The valgrind subset: the integration suites of the protocol, lifetimes,
 # admin port and shutdown, memory pressure and hostile clients (about 7.5

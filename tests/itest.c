@@ -389,7 +389,17 @@ static bool port_accepts(int port)
     return true;
 }
 
-static pid_t spawn(const char *const *argv, int in_fd, int out_fd, int err_fd)
+/* RLIMIT_NOFILE of the daemons started next; 0 for the test's own. */
+static long daemon_nofile;
+
+void itest_daemon_nofile(long n)
+{
+    daemon_nofile = n;
+}
+
+/* Runs argv[0] with the given descriptors as 0, 1 and 2 and, if `nofile` is
+ * above 0, that RLIMIT_NOFILE (soft and hard). */
+static pid_t spawn(const char *const *argv, int in_fd, int out_fd, int err_fd, long nofile)
 {
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -410,6 +420,12 @@ static pid_t spawn(const char *const *argv, int in_fd, int out_fd, int err_fd)
         dup2(err_fd, 2);
         for (int fd = 3; fd < 1024; fd++) {
             close(fd);
+        }
+        if (nofile > 0) {
+            struct rlimit rl = {.rlim_cur = (rlim_t)nofile, .rlim_max = (rlim_t)nofile};
+            if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+                _exit(125);
+            }
         }
         execvp(argv[0], (char *const *)argv); /* a path, or a wrapper found on PATH */
         _exit(127);
@@ -493,7 +509,7 @@ static itest_daemon_t *start_once(const char *const *flags, bool last_attempt)
     ck_assert_int_ge(log_fd, 0);
     int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     ck_assert_int_ge(null_fd, 0);
-    d->pid = spawn(argv, null_fd, log_fd, log_fd);
+    d->pid = spawn(argv, null_fd, log_fd, log_fd, daemon_nofile);
     close(log_fd);
     close(null_fd);
     register_daemon(d);
@@ -1609,7 +1625,7 @@ int itest_run(const char *const *argv, const void *input, size_t len, char **out
     int err_fd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     ck_assert_int_ge(out_fd, 0);
     ck_assert_int_ge(err_fd, 0);
-    pid_t pid = spawn(argv, in_fd, out_fd, err_fd);
+    pid_t pid = spawn(argv, in_fd, out_fd, err_fd, 0);
     close(in_fd);
     close(out_fd);
     close(err_fd);

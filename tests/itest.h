@@ -86,6 +86,12 @@ itest_daemon_t *itest_daemon_start(const char *flag, ...);
 /** Same, with the extra flags as a NULL-terminated array (NULL for none). */
 itest_daemon_t *itest_daemon_startv(const char *const *flags);
 
+/** Gives the daemons this test process starts from now on an
+ * RLIMIT_NOFILE (soft and hard) of `n`, set in the child before it runs
+ * the daemon (or its wrapper); 0, the default, leaves them the test's own
+ * limit.  For tests of running out of file descriptors. */
+void itest_daemon_nofile(long n);
+
 /** A loopback port that was free a moment ago (bind port 0, read it back,
  * close). */
 int itest_free_port(void);

@@ -143,6 +143,8 @@ START_TEST(test_every_family)
         {"slotd_sessions_released_total", "counter"},
         {"slotd_connections", "gauge"},
         {"slotd_connections_refused_total", "counter"},
+        {"slotd_accept_errors_total", "counter"},
+        {"slotd_connections_closed_total", "counter"},
         {"slotd_step_seconds", "histogram"},
         {"slotd_last_step_age_seconds", "gauge"},
         {"slotd_cache_divergence_total", "counter"},
