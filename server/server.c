@@ -61,8 +61,11 @@
 /* Records kept for reuse at most; beyond, they go back to malloc. */
 #define MAX_FREE_REQS 16384
 #define MAX_FREE_SESSIONS 16384
-/* A record's reply buffer larger than this is not kept for reuse. */
+/* A record's reply buffer larger than this is not kept for reuse, nor any
+ * once the kept buffers add up to MAX_KEPT_REPLIES: the free list holds at
+ * most 16 MiB of reply buffers, whatever replies were once written. */
 #define MAX_KEPT_REPLY (64u << 10)
+#define MAX_KEPT_REPLIES ((size_t)16 << 20)
 
 /* Accepting: connections taken per wake-up at most (the socket is polled
  * level-triggered: the rest come on the next turn); the least time between
@@ -81,6 +84,7 @@ req_t *server_req_get(server_t *s)
     if (r != NULL) {
         s->free_reqs = r->order_next;
         s->nfree_reqs--;
+        s->free_reply_bytes -= r->reply.cap;
     } else {
         r = calloc(1, sizeof(*r));
         if (r == NULL)
@@ -102,10 +106,11 @@ void server_req_put(server_t *s, req_t *r)
         free(r);
         return;
     }
-    if (reply.cap > MAX_KEPT_REPLY) {
+    if (reply.cap > MAX_KEPT_REPLY || s->free_reply_bytes + reply.cap > MAX_KEPT_REPLIES) {
         proto_buf_free(&reply);
         proto_buf_init(&reply);
     }
+    s->free_reply_bytes += reply.cap;
     reply.len = 0;
     memset(r, 0, sizeof(*r));
     r->reply = reply;

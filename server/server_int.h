@@ -221,6 +221,7 @@ struct server {
     session_t *lru_head, *lru_tail; /* idle sessions, oldest first */
     req_t *free_reqs;
     size_t nfree_reqs;
+    size_t free_reply_bytes; /* capacity of the reply buffers the free list keeps */
     session_t *free_sessions;
     size_t nfree_sessions;
     bool draining;
