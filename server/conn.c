@@ -58,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -1001,9 +1002,18 @@ void conn_turn_away(int fd, const char *why)
     int n = snprintf(line, sizeof(line),
                      "{\"error\":{\"code\":\"too_many_connections\",\"message\":\"%s\"}}\n", why);
 
-    /* Best effort: the socket is fresh, its buffer empty. */
+    /* Best effort: the socket is fresh, its buffer empty.  What the client
+     * already sent is read and dropped before the close (up to 64 KiB,
+     * without waiting): closing with input unread would send a reset, and
+     * the reset could destroy the line before the client reads it. */
     if (n > 0 && (size_t)n < sizeof(line) && write(fd, line, (size_t)n) < 0)
         log_debug("turning a connection away: %s", strerror(errno));
+    shutdown(fd, SHUT_WR);
+    for (int i = 0; i < 16; i++) {
+        char sink[4096];
+        if (recv(fd, sink, sizeof(sink), MSG_DONTWAIT) <= 0)
+            break;
+    }
     close(fd);
 }
 
