@@ -68,7 +68,7 @@ static const option_t options[] = {
     {"listen", OPT_HOST, 0, 0, FIELD(listen), "address of both ports (127.0.0.1)"},
     {"port", OPT_UINT, 0, 65535, FIELD(port), "session port, 0 for any (7070)"},
     {"admin-port", OPT_UINT, 0, 65535, FIELD(admin_port), "admin HTTP port, 0 for any (7071)"},
-    {"threads", OPT_UINT, 1, 1024, FIELD(threads), "worker threads (number of cores)"},
+    {"threads", OPT_UINT, 1, 1024, FIELD(threads), "worker threads (cores available)"},
     {"cache-mb", OPT_UINT, 1, UINT64_C(1) << 24, FIELD(cache_mb), "cache pool size in MiB (256)"},
     {"max-sessions", OPT_UINT, 1, 100000000, FIELD(max_sessions), "live sessions (100000)"},
     {"max-connections", OPT_UINT, 1, 1000000, FIELD(max_connections), "open connections (10000)"},
