@@ -263,7 +263,10 @@ static void conn_unref(conn_t *c)
 
 static void conn_close_cb(uv_handle_t *h)
 {
-    conn_unref(container_of((uv_tcp_t *)h, conn_t, tcp));
+    conn_t *c = container_of((uv_tcp_t *)h, conn_t, tcp);
+
+    c->server->nsockets--;
+    conn_unref(c);
 }
 
 static void conn_close_handle(conn_t *c)
@@ -1023,7 +1026,8 @@ void conn_accept(server_t *s, int fd)
     conn_t *c;
     int rc;
 
-    if (s->nconns >= s->cfg->max_connections) {
+    /* Lingering sockets count: each holds a descriptor until it ends. */
+    if (s->nsockets >= s->cfg->max_connections) {
         metrics_count_refused();
         snprintf(why, sizeof(why), "the daemon serves at most %u connections",
                  s->cfg->max_connections);
@@ -1051,6 +1055,7 @@ void conn_accept(server_t *s, int fd)
     s->conns = c;
     s->nconns++;
     s->nconns_alive++;
+    s->nsockets++;
 
     rc = uv_tcp_open(&c->tcp, (uv_os_sock_t)fd);
     if (rc != 0)

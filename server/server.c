@@ -435,13 +435,11 @@ static void accept_pause(server_t *s)
     uv_timer_start(&s->accept_timer, accept_resume_cb, ACCEPT_PAUSE_MS, 0);
 }
 
-/* accept() failed with `err` (no descriptor or no memory): counts it,
- * warns now and then, and turns the connection away through the reserve
- * descriptor.  False if the socket must rest (nothing to accept with). */
-static bool accept_failed(server_t *s, int err)
+/* Counts one failed accept (a connection turned away, or a pause with no
+ * reserve descriptor to turn one away with) and warns now and then. */
+static void accept_count(server_t *s, int err)
 {
     uint64_t now = uv_now(&s->loop);
-    int fd;
 
     metrics_count_accept_error();
     s->accept_unwarned++;
@@ -452,16 +450,40 @@ static bool accept_failed(server_t *s, int err)
         s->accept_warned_ms = now != 0 ? now : 1;
         s->accept_unwarned = 0;
     }
-    if (s->reserve_fd < 0)
-        return false;
+}
+
+typedef enum accept_outcome {
+    ACCEPT_TURNED_AWAY, /* one connection told too_many_connections: go on */
+    ACCEPT_NONE_LEFT,   /* nothing pending after all (Linux fails accept() with
+                           EMFILE before it looks at the queue) */
+    ACCEPT_REST,        /* nothing to accept with: pause */
+} accept_outcome_t;
+
+/* accept() failed with `err` (no descriptor or no memory): turns the
+ * pending connection away through the reserve descriptor, and counts it. */
+static accept_outcome_t accept_failed(server_t *s, int err)
+{
+    int fd, accept_err;
+
+    if (s->reserve_fd < 0) {
+        accept_count(s, err);
+        return ACCEPT_REST;
+    }
     close(s->reserve_fd);
     fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0)
+    accept_err = errno;
+    if (fd >= 0) {
+        accept_count(s, err);
         conn_turn_away(fd, err == ENOMEM || err == ENOBUFS
                                ? "the daemon is out of memory"
                                : "the daemon is out of file descriptors");
+    }
     s->reserve_fd = reserve_open();
-    return s->reserve_fd >= 0 && fd >= 0;
+    if (s->reserve_fd < 0)
+        return ACCEPT_REST;
+    if (fd >= 0)
+        return ACCEPT_TURNED_AWAY;
+    return accept_err == EAGAIN || accept_err == EWOULDBLOCK ? ACCEPT_NONE_LEFT : ACCEPT_REST;
 }
 
 static void listen_cb(uv_poll_t *h, int status, int events)
@@ -494,11 +516,16 @@ static void listen_cb(uv_poll_t *h, int status, int events)
         case ENFILE:
         case ENOBUFS:
         case ENOMEM:
-            if (!accept_failed(s, errno)) {
+            switch (accept_failed(s, errno)) {
+            case ACCEPT_TURNED_AWAY:
+                continue;
+            case ACCEPT_NONE_LEFT:
+                return; /* level-triggered: the next connection wakes us */
+            case ACCEPT_REST:
                 accept_pause(s);
                 return;
             }
-            continue;
+            return;
         default:
             log_warn("accept: %s", strerror(errno));
             accept_pause(s);

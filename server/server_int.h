@@ -215,6 +215,7 @@ struct server {
     conn_t *conns;        /* open connections */
     size_t nconns;        /* open connections */
     size_t nconns_alive;  /* connection structs not yet freed */
+    size_t nsockets;      /* session sockets open, lingering ones included: --max-connections */
     uint64_t next_serial;
     size_t admitted;                /* session records in some connection's map */
     size_t live_sessions;           /* session records holding a slot */

@@ -308,7 +308,7 @@ START_TEST(test_conn_out_of_fds)
     /* Counted, logged once (the warnings are at least 10 s apart), and
      * /health still answers on the kept admin connection. */
     int64_t errors = ka_metric(k, "slotd_accept_errors_total");
-    ck_assert_msg(errors >= 6, "slotd_accept_errors_total %lld after 6 connections turned away",
+    ck_assert_msg(errors == 6, "slotd_accept_errors_total %lld after 6 connections turned away",
                   (long long)errors);
     ck_assert_int_eq(ka_get(k, "/health"), 200);
     ck_assert_int_eq(log_count(d, "warn  accept: "), 1);
@@ -409,6 +409,56 @@ START_TEST(test_conn_drain_linger_bounded)
 }
 END_TEST
 
+/* A connection closed lingering still holds its socket, so it counts
+ * against --max-connections until the linger ends: otherwise clients
+ * sending overlong lines could hold any number of descriptors. */
+START_TEST(test_conn_lingering_counts)
+{
+    itest_daemon_t *d = itest_daemon_start("--max-connections", "2", "--max-line", "100", NULL);
+    char big[301];
+    memset(big, 'x', 300);
+    big[300] = '\0';
+    itest_conn_t *a[2];
+    for (int i = 0; i < 2; i++) {
+        a[i] = itest_connect(d);
+        ck_assert(itest_send_str(a[i], big));
+        char *line = itest_read_line(a[i], ITEST_REPLY_MS, NULL);
+        ck_assert_msg(line != NULL && strstr(line, "\"line_too_long\"") != NULL,
+                      "not line_too_long: %s", line != NULL ? line : "(nothing)");
+        free(line);
+        /* The daemon's side is done (EOF); ours stays open: it lingers. */
+        ck_assert(itest_expect_closed(a[i], ITEST_REPLY_MS));
+    }
+    cJSON *st = itest_admin_stats(d);
+    ck_assert_int_eq(itest_int(st, "connections"), 0); /* none served */
+    cJSON_Delete(st);
+    itest_conn_t *c = itest_connect(d);
+    char *line = itest_read_line(c, ITEST_REPLY_MS, NULL);
+    ck_assert_msg(line != NULL && strstr(line, "\"too_many_connections\"") != NULL,
+                  "a third socket while two linger got: %s", line != NULL ? line : "(nothing)");
+    free(line);
+    itest_close(c);
+    /* Once the lingering ones end (our close is their EOF), room is back. */
+    itest_close(a[0]);
+    itest_close(a[1]);
+    int64_t deadline = itest_now_ms() + itest_scale_ms(5000);
+    for (;;) {
+        c = itest_connect(d);
+        ck_assert(itest_send_str(c, "{\"op\":\"stats\"}\n"));
+        line = itest_read_line(c, ITEST_REPLY_MS, NULL);
+        ck_assert_ptr_nonnull(line);
+        bool served = strstr(line, "\"cache_entries\":") != NULL;
+        free(line);
+        itest_close(c);
+        if (served) {
+            break;
+        }
+        ck_assert_msg(itest_now_ms() < deadline, "no connection served after the lingerers left");
+        itest_sleep_ms(50);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_conn");
@@ -416,5 +466,6 @@ int main(void)
     ITEST_ADD(s, test_conn_timeout_off);
     ITEST_ADD(s, test_conn_out_of_fds);
     ITEST_ADD(s, test_conn_drain_linger_bounded);
+    ITEST_ADD(s, test_conn_lingering_counts);
     return itest_main(s);
 }
