@@ -110,7 +110,10 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
     rc = cache_pool_commit(p, s->handle, &s->owner, &kv);
     if (rc != SLOTD_OK) {
         /* Only a broken one-thread-per-session rule gets here: the slot was
-         * released while this step ran. */
+         * released while this step ran.  Not a safety net: commit takes no
+         * lock, and may catch such a release or not; the rule (a session's
+         * slot is released only when no call on it is running) is what
+         * keeps a released slot unwritten. */
         return session__pool_error(err, rc, "step", s->owner.id);
     }
     s->entries = kv.len;
