@@ -1025,11 +1025,17 @@ join:
         }
     }
 
+    /* A window much shorter than asked means the generator's threads were
+     * busy elsewhere (e.g. computing --verify references on long prompts)
+     * when it should have opened: its rates would be meaningless. */
+    bool short_window = cfg.duration > 0 && !got_signal && t.fatal == NULL &&
+                        t.window_s < 0.5 * cfg.duration;
     if (t.fatal != NULL) {
         fprintf(stderr, "slotd-bench: %s\n", t.fatal);
         status = EXIT_SETUP;
     } else if (t.st.mismatches > 0 || t.st.protocol_errors > 0 || t.st.conn_errors > 0 ||
-               (cfg.verify && t.st.errors > 0) || (cfg.check_drain && !t.drained)) {
+               (cfg.verify && t.st.errors > 0) || (cfg.check_drain && !t.drained) ||
+               short_window) {
         status = EXIT_FAIL;
     }
     if (cfg.json) {
@@ -1042,6 +1048,13 @@ join:
         if (t.st.mismatches > 0) {
             fprintf(stderr, "slotd-bench: %llu mismatches against the uncached reference\n",
                     (unsigned long long)t.st.mismatches);
+        }
+        if (short_window) {
+            fprintf(stderr,
+                    "slotd-bench: the measured window lasted %.3f s of the %.3f s asked: the "
+                    "generator could not keep up (fewer sessions, a shorter --prompt-len or "
+                    "--warmup help); its figures are not valid\n",
+                    t.window_s, cfg.duration);
         }
         if (cfg.check_drain && !t.drained) {
             fprintf(stderr, "slotd-bench: the daemon did not drain: %s\n",
