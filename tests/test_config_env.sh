@@ -125,6 +125,11 @@ for k in 0 1 2 3 4; do [[ ${r[$k]:-} == *'"entries":1}' ]] || ok=1; done
 [[ ${r[5]:-} == *'"code":"cache_full"'* ]] || ok=1
 check "SLOTD_MAX_SESSIONS=5: five starts pass, the sixth is ${r[5]:-nothing}" test $ok -eq 0
 
+# The connections above must be gone first: a socket counts against the
+# limit until the daemon has seen its end and closed it.
+closed0() { [ "$(stat "$a" connections)" = 0 ]; }
+wait_for 5 closed0
+sleep 0.3
 fds=()
 for k in 1 2 3 4; do exec {fd}<>"/dev/tcp/127.0.0.1/$p" && fds+=("$fd"); done
 open4() { [ "$(stat "$a" connections)" = 4 ]; }
