@@ -960,6 +960,26 @@ bool itest_send(itest_conn_t *c, const void *data, size_t len)
     return true;
 }
 
+itest_conn_t *itest_stall_with_stats(itest_daemon_t *d, int n, int pad, int64_t *read_lines)
+{
+    itest_conn_t *h = itest_connect(d);
+    itest_conn_buffers(h, 0, 65536);
+    size_t cap = (size_t)n * (40 + (size_t)(pad > 0 ? pad : 0)), o = 0;
+    char *buf = malloc(cap);
+    ck_assert_ptr_nonnull(buf);
+    for (int i = 0; i < n; i++) {
+        o += (size_t)snprintf(buf + o, cap - o, "{\"op\":\"stats\",\"pad\":\"%0*d\"}\n", pad, i);
+    }
+    bool stalled = false;
+    itest_send_noread(h, buf, o, itest_scale_ms(1000), &stalled);
+    free(buf);
+    ck_assert_msg(stalled, "the daemon read all %d lines of a client that does not read", n);
+    itest_conn_t *watch = itest_connect(d);
+    *read_lines = itest_stat(watch, "requests_total") - 1;
+    itest_close(watch);
+    return h;
+}
+
 size_t itest_send_noread(itest_conn_t *c, const void *data, size_t len, int stall_ms, bool *stalled)
 {
     const char *p = data;

@@ -194,6 +194,13 @@ size_t itest_send_noread(itest_conn_t *c, const void *data, size_t len, int stal
  * as it is), so that a client that does not read fills its buffers soon. */
 void itest_conn_buffers(itest_conn_t *c, int rcvbuf, int sndbuf);
 
+/** Connects to `d` with a 64 KiB send buffer and pipelines up to `n`
+ * `stats` requests, each with a `pad` member of at least `pad` digits,
+ * never reading, until the daemon stops reading it (asserted).  Returns
+ * the connection; *read_lines gets how many of its requests the daemon had
+ * read by then (from `requests_total`, asked on another connection). */
+itest_conn_t *itest_stall_with_stats(itest_daemon_t *d, int n, int pad, int64_t *read_lines);
+
 /** Waits up to `timeout_ms` for the peer to close.  Returns true if it
  * closed (or reset) with no further bytes; false if bytes came or it stayed
  * open.  Bytes received are kept. */

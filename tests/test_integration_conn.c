@@ -364,22 +364,8 @@ START_TEST(test_conn_drain_linger_bounded)
     int secs = (int)(itest_time_scale() + 0.5);
     snprintf(timeout, sizeof(timeout), "%d", secs < 1 ? 1 : secs);
     itest_daemon_t *d = itest_daemon_start("--shutdown-timeout", timeout, NULL);
-    itest_conn_t *h = itest_connect(d);
-    itest_conn_buffers(h, 0, 65536);
-    enum { N = 100000 };
-    size_t cap = (size_t)N * 40, o = 0;
-    char *buf = malloc(cap);
-    ck_assert_ptr_nonnull(buf);
-    for (int i = 0; i < N; i++) {
-        o += (size_t)snprintf(buf + o, cap - o, "{\"op\":\"stats\",\"pad\":%d}\n", i);
-    }
-    bool stalled = false;
-    itest_send_noread(h, buf, o, itest_scale_ms(1000), &stalled);
-    free(buf);
-    ck_assert(stalled);
-    itest_conn_t *watch = itest_connect(d);
-    int64_t read_lines = itest_stat(watch, "requests_total") - 1;
-    itest_close(watch);
+    int64_t read_lines;
+    itest_conn_t *h = itest_stall_with_stats(d, 100000, 0, &read_lines);
     int64_t t0 = itest_now_ms();
     itest_daemon_signal(d, SIGTERM);
     long lines = 0;

@@ -1222,22 +1222,8 @@ END_TEST
 START_TEST(test_hostile_shutdown_slow_reader)
 {
     itest_daemon_t *d = itest_daemon_start("--shutdown-timeout", "10", NULL);
-    itest_conn_t *h = itest_connect(d);
-    itest_conn_buffers(h, 0, 65536);
-    enum { N = 200000 };
-    size_t cap = (size_t)N * 140, o = 0;
-    char *buf = malloc(cap);
-    ck_assert_ptr_nonnull(buf);
-    for (int i = 0; i < N; i++) {
-        o += (size_t)snprintf(buf + o, cap - o, "{\"op\":\"stats\",\"pad\":\"%0100d\"}\n", i);
-    }
-    bool stalled = false;
-    itest_send_noread(h, buf, o, itest_scale_ms(1000), &stalled);
-    free(buf);
-    ck_assert(stalled);
-    itest_conn_t *watch = itest_connect(d);
-    int64_t read_lines = itest_stat(watch, "requests_total") - 1;
-    itest_close(watch);
+    int64_t read_lines;
+    itest_conn_t *h = itest_stall_with_stats(d, 200000, 100, &read_lines);
     itest_daemon_signal(d, SIGTERM);
     itest_sleep_ms(itest_scale_ms(300));
     tail_t t;
