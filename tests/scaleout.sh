@@ -31,6 +31,7 @@ build=${1:-${SLOTD_BUILD_DIR:-$root/build}}
 slotd=${SLOTD_BIN:-$build/server/slotd}
 bench=${SLOTD_BENCH:-$build/bench/slotd-bench}
 cfg=$root/deploy/haproxy.cfg
+. "$root/tests/lib.sh"
 
 # Settings the operator's environment may hold must not reach the daemons.
 for v in $(compgen -e | grep '^SLOTD_'); do
@@ -42,13 +43,6 @@ failed=0
 pids=()
 work=$(mktemp -d "${TMPDIR:-/tmp}/slotd-scaleout.XXXXXX") || exit 1
 
-pass() { passed=$((passed + 1)); echo "PASS: $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
-# check DESCRIPTION COMMAND...: PASS if the command succeeds.
-check() {
-  local what=$1; shift
-  if "$@"; then pass "$what"; else fail "$what"; fi
-}
 die() {
   fail "$*"
   exit 1
@@ -80,32 +74,6 @@ trap 'exit 1' INT TERM HUP
 
 # ---- Helpers ----
 
-now_ms() { local t=${EPOCHREALTIME/./}; echo $((t / 1000)); }
-
-# wait_for SECONDS COMMAND...: polls every 0.1 s until the command succeeds.
-wait_for() {
-  local limit=$(($(now_ms) + $1 * 1000)); shift
-  until "$@"; do
-    [ "$(now_ms)" -ge $limit ] && return 1
-    sleep 0.1
-  done
-}
-
-used_ports=" "
-# A TCP port nothing listens on, below the usual ephemeral range.
-free_port() {
-  local p
-  for _ in $(seq 200); do
-    p=$((20000 + RANDOM % 12000))
-    case $used_ports in *" $p "*) continue ;; esac
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-      used_ports+="$p "
-      echo "$p"
-      return 0
-    fi
-  done
-  return 1
-}
 
 # num KEY < JSON: the first integer member KEY.
 num() { grep -o "\"$1\": *-\?[0-9]*" | head -n 1 | grep -o -- '-\?[0-9]*$'; }
@@ -208,10 +176,13 @@ command -v curl >/dev/null || die "curl is not installed (scripts/deps.sh --test
 [ -f "$cfg" ] || die "no $cfg"
 
 declare -a port admin pid
+taken=()
 for i in 1 2 3; do
-  port[$i]=$(free_port) && admin[$i]=$(free_port) || die "no free loopback port"
+  port[$i]=$(free_port "${taken[@]}") && taken+=("${port[$i]}") &&
+    admin[$i]=$(free_port "${taken[@]}") && taken+=("${admin[$i]}") || die "no free loopback port"
 done
-lb_port=$(free_port) && lb_stats_port=$(free_port) || die "no free loopback port"
+lb_port=$(free_port "${taken[@]}") && lb_stats_port=$(free_port "${taken[@]}" "$lb_port") ||
+  die "no free loopback port"
 lb_stats=127.0.0.1:$lb_stats_port
 
 export SLOTD_LB_BIND=127.0.0.1:$lb_port SLOTD_LB_STATS=$lb_stats SLOTD_LB_MAXCONN=2000
@@ -316,15 +287,6 @@ bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1; exec yes "$2" >&3' _ "${port
   "{\"op\":\"step\",\"id\":\"none\",\"tag\":\"$(printf '%016000d' 0)\"}" 2>"$work/holder.err" &
 holder=$!
 pids+=("$holder")
-# Bytes the daemon has written to the holding client's connection that the
-# kernel cannot send, because the client's receive window is full: the
-# tx_queue of the daemon's end in /proc/net/tcp (the largest, if several).
-unsent() {
-  local hex
-  hex=$(awk -v p="$(printf ':%04X' "$1")" '$2 ~ (p "$") && $4 == "01" { split($5, q, ":"); print q[1] }' \
-    /proc/net/tcp 2>/dev/null | sort | tail -n 1)
-  echo $((16#${hex:-0}))
-}
 # The holder has filled s3: it stopped reading (requests_total steady) and
 # its output is stuck in a full socket buffer (tx_queue above 0 and steady),
 # so what it answers during a drain cannot be written either.

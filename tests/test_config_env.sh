@@ -14,17 +14,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${SLOTD_BUILD_DIR:-$root/build}}
 slotd=${SLOTD_BIN:-$build/server/slotd}
 doc=$root/docs/operations.md
+. "$root/tests/lib.sh"
 
 passed=0
 failed=0
 pids=()
 work=$(mktemp -d "${TMPDIR:-/tmp}/slotd-config.XXXXXX") || exit 1
-pass() { passed=$((passed + 1)); echo "PASS: $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
-check() {
-  local what=$1; shift
-  if "$@"; then pass "$what"; else fail "$what"; fi
-}
 cleanup() {
   local pid
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
@@ -41,27 +36,6 @@ trap 'exit 1' INT TERM HUP
 [ -x "$slotd" ] || { fail "no daemon at $slotd (build first: scripts/build.sh)"; exit 1; }
 help=$("$slotd" --help)
 
-now_ms() { local t=${EPOCHREALTIME/./}; echo $((t / 1000)); }
-wait_for() { # SECONDS COMMAND...
-  local limit=$(($(now_ms) + $1 * 1000)); shift
-  until "$@"; do
-    [ "$(now_ms)" -ge $limit ] && return 1
-    sleep 0.1
-  done
-}
-used_ports=" "
-free_port() {
-  local p
-  for _ in $(seq 200); do
-    p=$((20000 + RANDOM % 12000))
-    case $used_ports in *" $p "*) continue ;; esac
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-      used_ports+="$p "; echo "$p"; return 0
-    fi
-  done
-  return 1
-}
-trim() { local s=$1; s=${s#"${s%%[![:space:]]*}"}; echo "${s%"${s##*[![:space:]]}"}"; }
 num() { grep -o "\"$1\": *[0-9]*" | head -n 1 | grep -o '[0-9]*$'; }
 stat() { curl -s -m 2 "http://127.0.0.1:$1/stats" | num "$2"; }
 health_code() { curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/health"; }
@@ -93,7 +67,7 @@ daemon() {
 
 # ---- Every variable on its own ----
 
-p=$(free_port) && a=$(free_port) || { fail "no free port"; exit 1; }
+p=$(free_port) && a=$(free_port "$p") || { fail "no free port"; exit 1; }
 daemon env SLOTD_LISTEN=127.0.0.1 SLOTD_PORT="$p" SLOTD_ADMIN_PORT="$a" SLOTD_THREADS=3 \
   SLOTD_CACHE_MB=64 SLOTD_MAX_SESSIONS=5 SLOTD_MAX_CONNECTIONS=4 SLOTD_MAX_LINE=200 \
   SLOTD_IDLE_TIMEOUT=1 SLOTD_SHUTDOWN_TIMEOUT=1 SLOTD_WEDGE_TIMEOUT=1 \
@@ -171,7 +145,7 @@ check "SLOTD_LOG_LEVEL=debug: the log has debug lines" grep -q ' debug ' "$work/
 # sanitizer), and runs on until the drain below ends it.
 wedged() { [ "$(health_code "$1")" = 503 ]; }
 if grep -q -- '--fault-wedge-after' <<<"$help"; then
-  pw=$(free_port) && aw=$(free_port) || { fail "no free port"; exit 1; }
+  pw=$(free_port) && aw=$(free_port "$pw") || { fail "no free port"; exit 1; }
   daemon wedge SLOTD_PORT="$pw" SLOTD_ADMIN_PORT="$aw" SLOTD_WEDGE_TIMEOUT=1 SLOTD_FAULT_WEDGE_AFTER=1
   wpid=$dpid
   wait_for 10 healthy "$aw" || fail "the wedge daemon did not come up"
@@ -208,12 +182,6 @@ pids+=("$holder")
 # The holder has filled the daemon: it stopped reading and its output is
 # stuck in a full socket buffer (tx_queue of its end in /proc/net/tcp above
 # 0 and steady), so nothing it answers during a drain can be written.
-unsent() {
-  local hex
-  hex=$(awk -v p="$(printf ':%04X' "$1")" '$2 ~ (p "$") && $4 == "01" { split($5, q, ":"); print q[1] }' \
-    /proc/net/tcp 2>/dev/null | sort | tail -n 1)
-  echo $((16#${hex:-0}))
-}
 stalled() {
   local x y u v
   x=$(stat "$a" requests_total); u=$(unsent "$p")
@@ -236,7 +204,7 @@ fi
 
 # --audit-rate exists in builds with the cache audit.
 if grep -q -- '--audit-rate' <<<"$help"; then
-  p=$(free_port) && a=$(free_port)
+  p=$(free_port) && a=$(free_port "$p")
   daemon audit SLOTD_PORT="$p" SLOTD_ADMIN_PORT="$a" SLOTD_AUDIT_RATE=1 --
   wait_for 10 healthy "$a"
   talk "$p" '{"op":"start","id":"a","prompt":[1,2]}' '{"op":"step","id":"a","n":3}' >/dev/null
@@ -248,7 +216,7 @@ fi
 
 # ---- Flags win ----
 
-pe=$(free_port) && ae=$(free_port) && pf=$(free_port) && af=$(free_port) || { fail "no free port"; exit 1; }
+pe=$(free_port) && ae=$(free_port "$pe") && pf=$(free_port "$pe" "$ae") && af=$(free_port "$pe" "$ae" "$pf") || { fail "no free port"; exit 1; }
 daemon flags SLOTD_PORT="$pe" SLOTD_ADMIN_PORT="$ae" SLOTD_THREADS=3 SLOTD_CACHE_MB=64 \
   SLOTD_DEFAULT_MODEL=hash -- --port "$pf" --admin-port="$af" --threads 2 --cache-mb=32 --default-model tiny
 if wait_for 10 healthy "$af"; then
@@ -286,7 +254,7 @@ check "SLOTD_DEFAULT_MODEL=small without small in --models is refused" \
 check "a malformed SLOTD_PORT is refused when no --port replaces it" \
   refuses SLOTD_PORT SLOTD_PORT=http -- --admin-port 0
 # A flag replaces its variable, so a malformed one it replaces is never read.
-pg=$(free_port) && ag=$(free_port) || { fail "no free port"; exit 1; }
+pg=$(free_port) && ag=$(free_port "$pg") || { fail "no free port"; exit 1; }
 daemon override SLOTD_PORT=http -- --port "$pg" --admin-port "$ag"
 check "a malformed SLOTD_PORT is ignored when --port $pg replaces it" wait_for 10 healthy "$ag"
 kill -TERM "$dpid"; wait "$dpid"

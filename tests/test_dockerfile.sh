@@ -15,17 +15,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${SLOTD_BUILD_DIR:-$root/build}}
 slotd=${SLOTD_BIN:-$build/server/slotd}
 dockerfile=$root/Dockerfile
+. "$root/tests/lib.sh"
 
 passed=0
 failed=0
 skipped=0
-pass() { passed=$((passed + 1)); echo "PASS: $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL: $*"; }
 skip() { skipped=$((skipped + 1)); echo "SKIP: $*"; }
-check() {
-  local what=$1; shift
-  if "$@"; then pass "$what"; else fail "$what"; fi
-}
 
 daemon=""
 work=$(mktemp -d "${TMPDIR:-/tmp}/slotd-dockerfile.XXXXXX") || exit 1
@@ -72,7 +67,6 @@ awk '
 
 # instr STAGE KEYWORD: the arguments of each such instruction, one a line.
 instr() { awk -F'\t' -v s="$1" -v k="$2" '$1 == s && $2 == k { print $3 }' "$work/instructions"; }
-trim() { local s=$1; s=${s#"${s%%[![:space:]]*}"}; echo "${s%"${s##*[![:space:]]}"}"; }
 
 last=$(awk -F'\t' '$2 == "FROM" { n = $1 } END { print n }' "$work/instructions")
 # The build stage: the one the runtime stage copies from.
@@ -254,15 +248,6 @@ fi
 
 # ---- The daemon, started as the CMD starts it ----
 
-free_port() {
-  local p
-  for _ in $(seq 200); do
-    p=$((20000 + RANDOM % 12000))
-    [ "$p" != "${1:-}" ] || continue
-    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
-  done
-  return 1
-}
 [ ${#argv[@]} -gt 0 ] || exit 1
 prog=${argv[0]}
 case " ${copied[*]} " in
