@@ -2,10 +2,7 @@
  * test_hardening.c: the Check suite of the daemon's hardening pieces that
  * can be tested without a daemon.
  *
- * Settings: --audit-rate and SLOTD_AUDIT_RATE (the accepted spellings and
- * the refused ones), the --fault-* flags (refused as unknown in a normal
- * build, parsed in a test build), and --cache-mb refused past physical
- * memory.  The audit (server/audit.c): the recorded token array, the
+ * The audit (server/audit.c): the recorded token array, the
  * sampling rate of its PRNG, and audit_check() against the uncached
  * reference on both families: agreement leaves the reply alone, a changed
  * pick or a single flipped logit bit is found at its index and replaced by
@@ -23,137 +20,6 @@
 #include "cache/session.h"
 #include "core/model.h"
 #include "server/audit.h"
-#include "server/config.h"
-
-static char err[256];
-
-/* Parses a NULL-terminated list of arguments (after argv[0]) with `env`. */
-static config_result_t parse_env(server_config_t *cfg, char *const *env, ...)
-{
-    char *argv[32];
-    int argc = 0;
-    va_list ap;
-
-    argv[argc++] = "slotd";
-    va_start(ap, env);
-    for (char *a; (a = va_arg(ap, char *)) != NULL;)
-        argv[argc++] = a;
-    va_end(ap);
-    argv[argc] = NULL;
-    err[0] = '\0';
-    return config_parse(cfg, argc, argv, env, err, sizeof(err));
-}
-
-static char *const no_env[] = {NULL};
-
-#define parse(cfg, ...) parse_env(cfg, no_env, __VA_ARGS__, (char *)NULL)
-
-/* ---- Settings ---- */
-
-START_TEST(test_audit_rate_accepted)
-{
-    static const struct {
-        const char *text;
-        double value;
-    } good[] = {
-        {"0", 0.0},     {"1", 1.0},     {"0.25", 0.25}, {".5", 0.5},   {"1e-3", 0.001},
-        {"0.01", 0.01}, {"1.000", 1.0}, {"0E0", 0.0},   {"5e-1", 0.5}, {"0.999999", 0.999999},
-        {"00.5", 0.5},  {"1e+0", 1.0},
-    };
-    server_config_t cfg;
-
-    ck_assert_int_eq(parse_env(&cfg, no_env, (char *)NULL), CONFIG_OK);
-    ck_assert(cfg.audit_rate == 0.0);
-    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
-        char flag[64];
-        ck_assert_msg(parse(&cfg, "--audit-rate", good[i].text) == CONFIG_OK, "'%s': %s",
-                      good[i].text, err);
-        ck_assert_msg(cfg.audit_rate == good[i].value, "'%s' gave %g", good[i].text,
-                      cfg.audit_rate);
-        snprintf(flag, sizeof(flag), "--audit-rate=%s", good[i].text);
-        ck_assert_int_eq(parse(&cfg, flag), CONFIG_OK);
-        ck_assert(cfg.audit_rate == good[i].value);
-    }
-}
-END_TEST
-
-START_TEST(test_audit_rate_environment)
-{
-    server_config_t cfg;
-    char *const env[] = {"SLOTD_AUDIT_RATE=0.125", NULL};
-    char *const bad_env[] = {"SLOTD_AUDIT_RATE=2", NULL};
-
-    ck_assert_int_eq(parse_env(&cfg, env, (char *)NULL), CONFIG_OK);
-    ck_assert(cfg.audit_rate == 0.125);
-    /* The flag wins. */
-    ck_assert_int_eq(parse_env(&cfg, env, "--audit-rate", "1", (char *)NULL), CONFIG_OK);
-    ck_assert(cfg.audit_rate == 1.0);
-    ck_assert_int_eq(parse_env(&cfg, bad_env, (char *)NULL), CONFIG_ERROR);
-    ck_assert_ptr_nonnull(strstr(err, "SLOTD_AUDIT_RATE"));
-}
-END_TEST
-
-static const char *const bad_rates[] = {
-    "1.5",  "-0",   "-0.1", "+0.5",  "nan",    "NAN", "inf", "infinity", "0x1p-2", "",
-    " 0.5", "0.5 ", "0.5x", "1e400", "1e-400", "e5",  "..5", "1,5",      "2",      "1.0000001",
-};
-
-START_TEST(test_audit_rate_refused)
-{
-    server_config_t cfg;
-
-    ck_assert_msg(parse(&cfg, "--audit-rate", bad_rates[_i]) == CONFIG_ERROR, "'%s' was accepted",
-                  bad_rates[_i]);
-    ck_assert_msg(strstr(err, "--audit-rate") != NULL, "'%s': %s", bad_rates[_i], err);
-    ck_assert_ptr_null(strchr(err, '\n'));
-}
-END_TEST
-
-START_TEST(test_fault_flags)
-{
-    server_config_t cfg;
-
-#if SLOTD_FAULT_INJECTION
-    ck_assert_int_eq(parse(&cfg, "--fault-corrupt-after", "3", "--fault-wedge-after=5"), CONFIG_OK);
-    ck_assert_uint_eq(cfg.fault_corrupt_after, 3);
-    ck_assert_uint_eq(cfg.fault_wedge_after, 5);
-    ck_assert_int_eq(parse(&cfg, "--audit-rate", "1"), CONFIG_OK);
-    ck_assert_uint_eq(cfg.fault_corrupt_after, 0); /* off unless asked */
-    ck_assert_uint_eq(cfg.fault_wedge_after, 0);
-    ck_assert_int_eq(parse(&cfg, "--fault-wedge-after", "x"), CONFIG_ERROR);
-#else
-    /* A normal build has no such flags. */
-    ck_assert_int_eq(parse(&cfg, "--fault-corrupt-after", "3"), CONFIG_ERROR);
-    ck_assert_ptr_nonnull(strstr(err, "unknown flag"));
-    ck_assert_int_eq(parse(&cfg, "--fault-wedge-after=1"), CONFIG_ERROR);
-    ck_assert_ptr_nonnull(strstr(err, "unknown flag"));
-#endif
-}
-END_TEST
-
-START_TEST(test_cache_mb_cap)
-{
-    server_config_t cfg;
-    uint64_t phys = config_physical_mb();
-    char v[32];
-
-    ck_assert_uint_gt(phys, 0);
-    if (phys <= (UINT64_C(1) << 24)) {
-        snprintf(v, sizeof(v), "%llu", (unsigned long long)phys);
-        ck_assert_msg(parse(&cfg, "--cache-mb", v) == CONFIG_OK, "%s", err);
-        ck_assert_uint_eq(cfg.cache_mb, phys);
-    }
-    snprintf(v, sizeof(v), "%llu", (unsigned long long)phys + 1);
-    if (phys + 1 <= (UINT64_C(1) << 24)) {
-        ck_assert_int_eq(parse(&cfg, "--cache-mb", v), CONFIG_ERROR);
-        ck_assert_msg(strstr(err, "--cache-mb") != NULL && strstr(err, "physical memory") != NULL,
-                      "%s", err);
-        ck_assert_ptr_null(strchr(err, '\n'));
-    }
-    /* Past the range as before. */
-    ck_assert_int_eq(parse(&cfg, "--cache-mb", "16777217"), CONFIG_ERROR);
-}
-END_TEST
 
 /* ---- The recorded tokens ---- */
 
@@ -533,16 +399,7 @@ END_TEST
 static Suite *suite(void)
 {
     Suite *s = suite_create("hardening");
-    TCase *tc = tcase_create("config");
-    tcase_add_test(tc, test_audit_rate_accepted);
-    tcase_add_test(tc, test_audit_rate_environment);
-    tcase_add_loop_test(tc, test_audit_rate_refused, 0,
-                        (int)(sizeof(bad_rates) / sizeof(bad_rates[0])));
-    tcase_add_test(tc, test_fault_flags);
-    tcase_add_test(tc, test_cache_mb_cap);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("audit");
+    TCase *tc = tcase_create("audit");
     tcase_add_checked_fixture(tc, models_setup, models_teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_tokens);
