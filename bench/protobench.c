@@ -10,7 +10,13 @@
  * kind of line alone.  It also checks that every line parses to what it
  * should, so a broken parser cannot look fast.
  *
- *   protobench [-r ROUNDS] [-n LINES_PER_ROUND]
+ *   protobench [-r ROUNDS] [-n LINES_PER_ROUND] [-k KIND]
+ *
+ * With -k only that kind of line is run ("mix" for the whole mix), so that
+ * an instruction count of the process (cachegrind) divided by the lines
+ * parsed is the cost of one line: the difference of two runs with
+ * different -n takes out the start-up.  Every round, and the warm-up, then
+ * parses LINES_PER_ROUND lines of that kind.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -164,19 +170,27 @@ int main(int argc, char **argv)
 {
     static const char *const kinds[] = {NULL, "start", "step", "finish", "generate", "stats"};
     enum { NKINDS = sizeof(kinds) / sizeof(kinds[0]) };
-    int rounds = 9, opt;
+    int rounds = 9, opt, only = -1;
     size_t per_round = 400000;
     proto_request_t r;
     double wall[NKINDS][64], cpu[NKINDS][64];
     size_t bytes = 0;
 
-    while ((opt = getopt(argc, argv, "r:n:")) != -1) {
-        if (opt == 'r')
+    while ((opt = getopt(argc, argv, "r:n:k:")) != -1) {
+        if (opt == 'r') {
             rounds = atoi(optarg);
-        else if (opt == 'n')
+        } else if (opt == 'n') {
             per_round = (size_t)strtoull(optarg, NULL, 10);
-        else {
-            fprintf(stderr, "usage: protobench [-r ROUNDS] [-n LINES_PER_ROUND]\n");
+        } else if (opt == 'k') {
+            for (int i = 0; i < NKINDS; i++)
+                if (strcmp(optarg, kinds[i] != NULL ? kinds[i] : "mix") == 0)
+                    only = i;
+            if (only < 0) {
+                fprintf(stderr, "protobench: -k mix, start, step, finish, generate or stats\n");
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "usage: protobench [-r ROUNDS] [-n LINES_PER_ROUND] [-k KIND]\n");
             return 2;
         }
     }
@@ -190,10 +204,16 @@ int main(int argc, char **argv)
     proto_request_init(&r);
     check_all(&r);
     /* Warm up, then the kinds in turn within each round. */
-    run(NULL, per_round / 4, &r, &wall[0][0], &cpu[0][0]);
-    for (int k = 0; k < rounds; k++)
-        for (int i = 0; i < NKINDS; i++)
-            run(kinds[i], i == 0 ? per_round : per_round / 4, &r, &wall[i][k], &cpu[i][k]);
+    if (only >= 0) {
+        run(kinds[only], per_round, &r, &wall[only][0], &cpu[only][0]);
+        for (int k = 0; k < rounds; k++)
+            run(kinds[only], per_round, &r, &wall[only][k], &cpu[only][k]);
+    } else {
+        run(NULL, per_round / 4, &r, &wall[0][0], &cpu[0][0]);
+        for (int k = 0; k < rounds; k++)
+            for (int i = 0; i < NKINDS; i++)
+                run(kinds[i], i == 0 ? per_round : per_round / 4, &r, &wall[i][k], &cpu[i][k]);
+    }
     proto_request_free(&r);
 
     printf("protobench: %zu lines in the mix, %.1f bytes per line on average; %d rounds\n", nlines,
@@ -201,6 +221,8 @@ int main(int argc, char **argv)
     printf("%-10s %12s %12s %12s %12s\n", "lines", "wall median", "wall min", "cpu median",
            "cpu min");
     for (int i = 0; i < NKINDS; i++) {
+        if (only >= 0 && i != only)
+            continue;
         qsort(wall[i], (size_t)rounds, sizeof(double), cmp_double);
         qsort(cpu[i], (size_t)rounds, sizeof(double), cmp_double);
         printf("%-10s %9.1f ns %9.1f ns %9.1f ns %9.1f ns\n", kinds[i] ? kinds[i] : "mix",

@@ -14,9 +14,28 @@
  * to make allocations fail on purpose; nothing else may change it. */
 extern void *(*proto__realloc)(void *ptr, size_t size);
 
+/** proto_request_parse() is two paths (see request.c): a one-pass reader
+ * for the common flat requests, and the tree path (UTF-8 check, syntax
+ * check, cJSON tree) for every line the first declines.  Each is here on
+ * its own, for tests and the fuzz harness to compare; both free `r` first,
+ * as proto_request_parse() does.
+ *
+ * proto__request_parse_flat() returns PROTO__DECLINED, with `r` as
+ * proto_request_init() leaves it and `err` untouched, for a line it leaves
+ * to the tree path (every line the tree path refuses is one), and
+ * otherwise exactly what the tree path would: SLOTD_OK, or SLOTD_ENOMEM when
+ * an allocation fails. */
+#define PROTO__DECLINED 1
+int proto__request_parse_flat(const char *line, size_t len, proto_request_t *r, slotd_error_t *err);
+
+/** The tree path alone: proto_request_parse() as it was before the
+ * one-pass path, the reference the one-pass path is held to. */
+int proto__request_parse_tree(const char *line, size_t len, proto_request_t *r, slotd_error_t *err);
+
 /** What the cJSON arena of the calling thread served during the last
  * proto_request_parse() on that thread that got as far as cJSON (a line
- * refused by the UTF-8 or syntax check never does; see request.c):
+ * taken by the one-pass path, or refused by the UTF-8 or syntax check,
+ * never does; see request.c):
  * allocations, bytes of the static block used, and overflow chunks and
  * their bytes (already released when the parse returned).  For tests. */
 typedef struct proto__arena_stats {

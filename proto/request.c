@@ -2,7 +2,22 @@
  * request.c: proto_request_parse(), from one line to a validated request,
  * and the strict UTF-8 check it shares with the reply writers.
  *
- * A line goes through three stages, each of which can only reject it:
+ * A line is read by one of two paths.  The one-pass path ("flat", at the
+ * end of the file) takes the usual requests: one object whose members it
+ * needs are strings without escapes, plain short integers, booleans and
+ * arrays of plain short integers.  In one pass over the line it checks the
+ * syntax exactly as json_scan_* do (it calls them for the values it does
+ * not read itself), the UTF-8 of every string, and notes the first value of
+ * each known member; then it validates the fields the op needs and fills
+ * the request, building no tree.  It declines every other line, and every
+ * line with any error at all, before it has changed anything; the tree path
+ * below then reads the line as it always did, so the error codes, the
+ * messages and the order in which errors win have one source.  Each of the
+ * paths can be run alone (proto__internal.h), and the fuzz harness holds
+ * them to the same result on every input.
+ *
+ * The tree path takes a line through three stages, each of which can only
+ * reject it:
  *   1. a scan for NUL bytes and ill-formed UTF-8 (overlong forms, surrogates
  *      and code points above U+10FFFF are ill-formed), eight bytes at a time
  *      over ASCII;
@@ -94,6 +109,18 @@ const char *proto_op_name(proto_op_t op)
     if ((unsigned)op >= PROTO_OP__COUNT)
         return "none";
     return op_names[op];
+}
+
+/* The op named by the `n` bytes at `s`, or PROTO_OP_NONE. */
+static proto_op_t op_lookup(const char *s, size_t n)
+{
+    static const unsigned char lens[PROTO_OP__COUNT] = {4, 5, 4, 6, 6, 8, 5};
+
+    for (int k = PROTO_OP_NONE + 1; n > 0 && k < PROTO_OP__COUNT; k++) {
+        if (s[0] == op_names[k][0] && n == lens[k] && memcmp(s, op_names[k], n) == 0)
+            return (proto_op_t)k;
+    }
+    return PROTO_OP_NONE;
 }
 
 /* ---- cJSON's memory: a bump arena per thread ---- */
@@ -715,21 +742,29 @@ static const unsigned char name_chars[256] = {
     ['y'] = 1, ['z'] = 1,
 };
 
-/* Copies `s` into `out` (max + 1 bytes) if it is 1..max bytes of
- * [A-Za-z0-9_.:-], in one pass; otherwise leaves `out` empty. */
-static bool name_copy(char *out, const char *s, size_t max)
+/* Whether the `n` bytes at `s` are 1..max bytes of [A-Za-z0-9_.:-]. */
+static bool name_ok(const char *s, size_t n, size_t max)
 {
-    size_t n = 0;
-
-    for (; s[n] != '\0'; n++) {
-        if (n >= max || !name_chars[(unsigned char)s[n]]) {
-            out[0] = '\0';
+    if (n == 0 || n > max)
+        return false;
+    for (size_t k = 0; k < n; k++) {
+        if (!name_chars[(unsigned char)s[k]])
             return false;
-        }
-        out[n] = s[n];
     }
+    return true;
+}
+
+/* Copies the `n` bytes at `s` into `out` (max + 1 bytes) if name_ok();
+ * otherwise leaves `out` empty. */
+static bool name_copy(char *out, const char *s, size_t n, size_t max)
+{
+    if (!name_ok(s, n, max)) {
+        out[0] = '\0';
+        return false;
+    }
+    memcpy(out, s, n);
     out[n] = '\0';
-    return n > 0;
+    return true;
 }
 
 static int field_id(const cJSON *it, proto_request_t *r, slotd_error_t *err)
@@ -738,7 +773,8 @@ static int field_id(const cJSON *it, proto_request_t *r, slotd_error_t *err)
 
     if (it == NULL)
         return slotd_error_set(err, SLOTD_EBAD_REQUEST, "%s: `id` is required", op);
-    if (!cJSON_IsString(it) || !name_copy(r->id, it->valuestring, PROTO_ID_MAX))
+    if (!cJSON_IsString(it) ||
+        !name_copy(r->id, it->valuestring, strlen(it->valuestring), PROTO_ID_MAX))
         return slotd_error_set(err, SLOTD_EBAD_REQUEST,
                                "%s: `id` must be a string of 1-64 characters from "
                                "[A-Za-z0-9_.:-]",
@@ -750,7 +786,8 @@ static int field_model(const cJSON *it, proto_request_t *r, slotd_error_t *err)
 {
     if (it == NULL)
         return SLOTD_OK;
-    if (!cJSON_IsString(it) || !name_copy(r->model, it->valuestring, PROTO_MODEL_MAX))
+    if (!cJSON_IsString(it) ||
+        !name_copy(r->model, it->valuestring, strlen(it->valuestring), PROTO_MODEL_MAX))
         return slotd_error_set(err, SLOTD_EBAD_REQUEST,
                                "%s: `model` must be a string of 1-32 characters from "
                                "[A-Za-z0-9_.:-]",
@@ -856,36 +893,33 @@ static char *tag_text(const char *s, size_t n, bool quote)
     return t;
 }
 
-/* The tag's JSON text into r->tag, one allocation of its exact size.
- * Returns SLOTD_OK, SLOTD_EBAD_REQUEST (not a string or an integer; `err`
- * untouched) or SLOTD_ENOMEM. */
-static int field_tag(const cJSON *it, proto_request_t *r)
+/* An integer tag's JSON text into r->tag.  SLOTD_OK or SLOTD_ENOMEM. */
+static int tag_from_int(proto_request_t *r, int64_t v)
 {
+    char num[24];
+
+    r->tag = tag_text(num, fmt_i64(num, v), false);
+    return r->tag != NULL ? SLOTD_OK : SLOTD_ENOMEM;
+}
+
+/* A string tag's JSON text into r->tag, from the string's `n` bytes at `s`
+ * (unescaped; no NUL).  SLOTD_OK or SLOTD_ENOMEM. */
+static int tag_from_string(proto_request_t *r, const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
     proto_buf_t b;
-    int64_t v;
+    size_t k = 0;
     char *tag;
 
-    if (json_int(it, &v)) {
-        char num[24];
-        r->tag = tag_text(num, fmt_i64(num, v), false);
+    /* Printable ASCII other than '"' and '\\' is written as it is. */
+    while (k < n && u[k] >= 0x20 && u[k] < 0x80 && u[k] != '"' && u[k] != '\\')
+        k++;
+    if (k == n) {
+        r->tag = tag_text(s, n, true);
         return r->tag != NULL ? SLOTD_OK : SLOTD_ENOMEM;
     }
-    if (!cJSON_IsString(it))
-        return SLOTD_EBAD_REQUEST;
-    {
-        /* Printable ASCII other than '"' and '\\' is written as it is. */
-        const unsigned char *u = (const unsigned char *)it->valuestring;
-        size_t n = 0;
-        while (u[n] >= 0x20 && u[n] < 0x80 && u[n] != '"' && u[n] != '\\')
-            n++;
-        if (u[n] == '\0') {
-            r->tag = tag_text(it->valuestring, n, true);
-            return r->tag != NULL ? SLOTD_OK : SLOTD_ENOMEM;
-        }
-    }
     proto_buf_init(&b);
-    if (proto__put_json_string(&b, it->valuestring, strlen(it->valuestring)) != SLOTD_OK ||
-        proto_buf_append(&b, "", 1) != SLOTD_OK) {
+    if (proto__put_json_string(&b, s, n) != SLOTD_OK || proto_buf_append(&b, "", 1) != SLOTD_OK) {
         proto_buf_free(&b);
         return SLOTD_ENOMEM;
     }
@@ -894,6 +928,20 @@ static int field_tag(const cJSON *it, proto_request_t *r)
     tag = proto__realloc(b.data, b.len);
     r->tag = tag != NULL ? tag : b.data;
     return SLOTD_OK;
+}
+
+/* The tag's JSON text into r->tag, one allocation of its exact size.
+ * Returns SLOTD_OK, SLOTD_EBAD_REQUEST (not a string or an integer; `err`
+ * untouched) or SLOTD_ENOMEM. */
+static int field_tag(const cJSON *it, proto_request_t *r)
+{
+    int64_t v;
+
+    if (json_int(it, &v))
+        return tag_from_int(r, v);
+    if (!cJSON_IsString(it))
+        return SLOTD_EBAD_REQUEST;
+    return tag_from_string(r, it->valuestring, strlen(it->valuestring));
 }
 
 /* Copies up to 32 bytes of `s` for a message, printable ASCII only. */
@@ -939,12 +987,7 @@ static int request_fill(const cJSON *root, proto_request_t *r, slotd_error_t *er
         return slotd_error_set(err, SLOTD_EUNKNOWN_OP, "`op` is missing");
     if (!cJSON_IsString(it))
         return slotd_error_set(err, SLOTD_EUNKNOWN_OP, "`op` must be a string");
-    for (int k = PROTO_OP_NONE + 1; k < PROTO_OP__COUNT; k++) {
-        if (it->valuestring[0] == op_names[k][0] && strcmp(it->valuestring, op_names[k]) == 0) {
-            r->op = (proto_op_t)k;
-            break;
-        }
-    }
+    r->op = op_lookup(it->valuestring, strlen(it->valuestring));
     if (r->op == PROTO_OP_NONE) {
         char safe[40];
         message_safe(safe, sizeof(safe), it->valuestring);
@@ -991,6 +1034,422 @@ static int request_fill(const cJSON *root, proto_request_t *r, slotd_error_t *er
     return SLOTD_OK;
 }
 
+/* ---- The one-pass path ---- */
+
+/*
+ * It reads only what it can read exactly as the tree path does, and leaves
+ * the rest to it (declines): a member name with an escape (it might spell a
+ * known name), a known member's string with an escape, a number that is not
+ * a plain integer of at most 15 digits where an integer is read (1.0, 1e2
+ * and 16-digit literals need the exact rule of json_number_canon()), and any
+ * line the tree path would refuse.  Everything else in the line -- unknown
+ * members, later duplicates, known members the op does not use -- is only
+ * checked, with json_scan_value() and the UTF-8 scan.  A declined line costs
+ * this pass, as far as it got, on top of the tree path's: declined lines are
+ * the unusual ones (a line with an error among them).
+ */
+
+/* What the first value of a known member is. */
+typedef enum flat_kind {
+    FLAT_ABSENT = 0,
+    FLAT_STRING, /* with no escape: bytes [b, e) of the line are its value */
+    FLAT_INT,    /* a plain integer literal: its value is v */
+    FLAT_INTS,   /* a non-empty array of plain integer literals: [b, e) of the scratch */
+    FLAT_TRUE,
+    FLAT_FALSE,
+    FLAT_OTHER /* anything else, well-formed; the tree path reads it */
+} flat_kind_t;
+
+typedef struct flat_value {
+    flat_kind_t kind;
+    bool high; /* FLAT_STRING: it holds a byte >= 0x80 */
+    size_t b, e;
+    int64_t v;
+} flat_value_t;
+
+/* The integers of prompt and tokens arrays, read before the op is known.
+ * `v` is `local` until it outgrows it, then memory of the parse's own, from
+ * proto__realloc() and freed before the parse returns. */
+#define FLAT_LOCAL_INTS 256
+typedef struct flat_ints {
+    int64_t *v;
+    size_t n, cap;
+    int64_t local[FLAT_LOCAL_INTS];
+} flat_ints_t;
+
+/* The bytes a string holds as they are: printable ASCII and DEL, but the
+ * quote and the backslash. */
+static const unsigned char str_plain[256] = {
+    [0x20] = 1, [0x21] = 1, [0x23] = 1, [0x24] = 1, [0x25] = 1, [0x26] = 1, [0x27] = 1, [0x28] = 1,
+    [0x29] = 1, [0x2A] = 1, [0x2B] = 1, [0x2C] = 1, [0x2D] = 1, [0x2E] = 1, [0x2F] = 1, [0x30] = 1,
+    [0x31] = 1, [0x32] = 1, [0x33] = 1, [0x34] = 1, [0x35] = 1, [0x36] = 1, [0x37] = 1, [0x38] = 1,
+    [0x39] = 1, [0x3A] = 1, [0x3B] = 1, [0x3C] = 1, [0x3D] = 1, [0x3E] = 1, [0x3F] = 1, [0x40] = 1,
+    [0x41] = 1, [0x42] = 1, [0x43] = 1, [0x44] = 1, [0x45] = 1, [0x46] = 1, [0x47] = 1, [0x48] = 1,
+    [0x49] = 1, [0x4A] = 1, [0x4B] = 1, [0x4C] = 1, [0x4D] = 1, [0x4E] = 1, [0x4F] = 1, [0x50] = 1,
+    [0x51] = 1, [0x52] = 1, [0x53] = 1, [0x54] = 1, [0x55] = 1, [0x56] = 1, [0x57] = 1, [0x58] = 1,
+    [0x59] = 1, [0x5A] = 1, [0x5B] = 1, [0x5D] = 1, [0x5E] = 1, [0x5F] = 1, [0x60] = 1, [0x61] = 1,
+    [0x62] = 1, [0x63] = 1, [0x64] = 1, [0x65] = 1, [0x66] = 1, [0x67] = 1, [0x68] = 1, [0x69] = 1,
+    [0x6A] = 1, [0x6B] = 1, [0x6C] = 1, [0x6D] = 1, [0x6E] = 1, [0x6F] = 1, [0x70] = 1, [0x71] = 1,
+    [0x72] = 1, [0x73] = 1, [0x74] = 1, [0x75] = 1, [0x76] = 1, [0x77] = 1, [0x78] = 1, [0x79] = 1,
+    [0x7A] = 1, [0x7B] = 1, [0x7C] = 1, [0x7D] = 1, [0x7E] = 1, [0x7F] = 1,
+};
+
+/* The FIELD_ of the `n` bytes of a member name at `s`, or -1. */
+static int flat_field(const char *s, size_t n)
+{
+    int k;
+
+    switch (n) {
+    case 1:
+        k = FIELD_N;
+        break;
+    case 2:
+        k = s[0] == 'o' ? FIELD_OP : FIELD_ID;
+        break;
+    case 3:
+        k = FIELD_TAG;
+        break;
+    case 5:
+        k = s[0] == 'm' ? FIELD_MODEL : FIELD_STEPS;
+        break;
+    case 6:
+        k = s[0] == 'p' ? FIELD_PROMPT : FIELD_TOKENS;
+        break;
+    case 9:
+        k = FIELD_USE_CACHE;
+        break;
+    default:
+        return -1;
+    }
+    return memcmp(s, field_names[k], n) == 0 ? k : -1;
+}
+
+/* At the opening quote: a string with no escape in it, whose bytes are
+ * valid UTF-8 (the check the tree path makes of the whole line first).
+ * Its bytes are [*b, *e) of the line, *high tells whether one is >= 0x80,
+ * and j->i is past the closing quote.  -1 for anything else: a backslash,
+ * a control character, ill-formed UTF-8, no closing quote. */
+static int flat_string(json_scan_t *j, size_t *b, size_t *e, bool *high)
+{
+    const unsigned char *s = j->s;
+    size_t i = j->i + 1, n = j->n, k;
+
+    *b = i;
+    *high = false;
+    for (;;) {
+        while (i < n && str_plain[s[i]])
+            i++;
+        if (i >= n)
+            return -1;
+        if (s[i] == '"')
+            break;
+        if (s[i] < 0x80 || (k = proto__utf8_seq(s + i, n - i)) == 0)
+            return -1;
+        *high = true;
+        i += k;
+    }
+    *e = i;
+    j->i = i + 1;
+    return 0;
+}
+
+/* Any well-formed value at j->i, read by the syntax check itself (at the
+ * depth of a member of the line's object), whose strings are valid UTF-8. */
+static int flat_skip(json_scan_t *j)
+{
+    size_t start = j->i;
+
+    if (json_scan_value(j, 1) != 0)
+        return -1;
+    return proto__utf8_scan((const char *)j->s + start, j->i - start) == j->i - start ? 0 : -1;
+}
+
+/* At '-' or a digit.  0: a plain literal (no fraction, no exponent, at most
+ * 15 digits, so cJSON's double holds it exactly), its value in *v; 1:
+ * another well-formed literal; -1: not a number. */
+static int flat_number(json_scan_t *j, int64_t *v)
+{
+    const unsigned char *s = j->s;
+    size_t i = j->i, n = j->n, digits;
+    bool neg = s[i] == '-';
+    uint64_t u = 0;
+
+    if (neg)
+        i++;
+    if (i >= n || !json_is_digit(s[i]))
+        return -1;
+    digits = i;
+    if (s[i] == '0')
+        i++;
+    else
+        for (; i < n && json_is_digit(s[i]) && i - digits < 16; i++)
+            u = u * 10 + (unsigned)(s[i] - '0');
+    if (i - digits > 15 ||
+        (i < n && (s[i] == '.' || s[i] == 'e' || s[i] == 'E' || json_is_digit(s[i])))) {
+        /* The syntax check reads the rest. */
+        return json_scan_number(j) == 0 ? 1 : -1;
+    }
+    j->i = i;
+    *v = neg ? -(int64_t)u : (int64_t)u;
+    return 0;
+}
+
+static int flat_push(flat_ints_t *t, int64_t v)
+{
+    if (t->n == t->cap) {
+        size_t cap = t->cap * 2;
+        int64_t *p;
+        if (cap > SIZE_MAX / sizeof(*p))
+            return -1;
+        p = proto__realloc(t->v == t->local ? NULL : t->v, cap * sizeof(*p));
+        if (p == NULL)
+            return -1;
+        if (t->v == t->local)
+            memcpy(p, t->local, t->n * sizeof(*p));
+        t->v = p;
+        t->cap = cap;
+    }
+    t->v[t->n++] = v;
+    return 0;
+}
+
+/* At the '[' of a prompt or tokens member: FLAT_INTS if it is a non-empty
+ * array of plain integer literals, which go into `t`; otherwise the array
+ * is read again as any value, FLAT_OTHER. */
+static int flat_array(json_scan_t *j, flat_ints_t *t, flat_value_t *out)
+{
+    size_t start = j->i, first = t->n;
+    int64_t v;
+
+    j->i++;
+    for (;;) {
+        int rc;
+        json_scan_ws(j);
+        if (j->i >= j->n || (j->s[j->i] != '-' && !json_is_digit(j->s[j->i])))
+            goto other;
+        if ((rc = flat_number(j, &v)) < 0)
+            return -1;
+        if (rc > 0)
+            goto other;
+        if (flat_push(t, v) != 0)
+            return -1;
+        json_scan_ws(j);
+        if (j->i < j->n && j->s[j->i] == ']')
+            break;
+        if (j->i >= j->n || j->s[j->i] != ',')
+            return -1;
+        j->i++;
+    }
+    j->i++;
+    out->kind = FLAT_INTS;
+    out->b = first;
+    out->e = t->n;
+    return 0;
+
+other:
+    t->n = first;
+    j->i = start;
+    out->kind = FLAT_OTHER;
+    return flat_skip(j);
+}
+
+/* The first value of known member `k`, at j->i (not white space). */
+static int flat_value(json_scan_t *j, int k, flat_value_t *out, flat_ints_t *t)
+{
+    unsigned char c = j->s[j->i];
+    int rc;
+
+    switch (c) {
+    case '"':
+        out->kind = FLAT_STRING;
+        return flat_string(j, &out->b, &out->e, &out->high);
+    case 't':
+        out->kind = FLAT_TRUE;
+        return json_scan_literal(j, "true", 4);
+    case 'f':
+        out->kind = FLAT_FALSE;
+        return json_scan_literal(j, "false", 5);
+    case '[':
+        if (k == FIELD_PROMPT || k == FIELD_TOKENS)
+            return flat_array(j, t, out);
+        break;
+    default:
+        if (c == '-' || json_is_digit(c)) {
+            if ((rc = flat_number(j, &out->v)) < 0)
+                return -1;
+            out->kind = rc == 0 ? FLAT_INT : FLAT_OTHER;
+            return 0;
+        }
+        break;
+    }
+    out->kind = FLAT_OTHER;
+    return flat_skip(j);
+}
+
+/* The whole line, once: one object, every byte checked as the tree path
+ * checks it, and the first value of each known member noted in f[]. */
+static int flat_scan(json_scan_t *j, flat_value_t *f, flat_ints_t *t)
+{
+    json_scan_ws(j);
+    if (j->i >= j->n || j->s[j->i] != '{')
+        return -1;
+    j->i++;
+    for (;;) {
+        size_t b, e;
+        bool high;
+        int k;
+
+        json_scan_ws(j);
+        if (j->i >= j->n || j->s[j->i] != '"' || flat_string(j, &b, &e, &high) != 0)
+            return -1;
+        k = high ? -1 : flat_field((const char *)j->s + b, e - b);
+        json_scan_ws(j);
+        if (j->i >= j->n || j->s[j->i] != ':')
+            return -1;
+        j->i++;
+        json_scan_ws(j);
+        if (j->i >= j->n)
+            return -1;
+        if (k >= 0 && f[k].kind == FLAT_ABSENT) {
+            if (flat_value(j, k, &f[k], t) != 0)
+                return -1;
+        } else if (flat_skip(j) != 0) {
+            return -1;
+        }
+        json_scan_ws(j);
+        if (j->i >= j->n)
+            return -1;
+        if (j->s[j->i] == '}')
+            break;
+        if (j->s[j->i] != ',')
+            return -1;
+        j->i++;
+    }
+    j->i++;
+    json_scan_ws(j);
+    return j->i == j->n ? 0 : -1;
+}
+
+/* Whether f is absent (when it may be) or a string name_ok() takes. */
+static bool flat_name_ok(const flat_value_t *f, const char *line, size_t max, bool required)
+{
+    if (f->kind == FLAT_ABSENT)
+        return !required;
+    return f->kind == FLAT_STRING && name_ok(line + f->b, f->e - f->b, max);
+}
+
+/* Copies the name `f` holds (flat_name_ok()) into `out`, if it is there. */
+static void flat_name_copy(char *out, const flat_value_t *f, const char *line)
+{
+    if (f->kind == FLAT_STRING) {
+        memcpy(out, line + f->b, f->e - f->b);
+        out[f->e - f->b] = '\0';
+    }
+}
+
+/* The request from what flat_scan() noted, if it is valid; the tree path
+ * has the last word on everything else. */
+static int flat_fill(const flat_value_t *f, const flat_ints_t *t, const char *line,
+                     proto_request_t *r, slotd_error_t *err)
+{
+    const flat_value_t *tag = &f[FIELD_TAG], *op = &f[FIELD_OP], *ints = NULL;
+    proto_op_t o;
+    int rc = SLOTD_OK;
+
+    /* First everything request_fill() checks, so that a line it would
+     * refuse changes nothing here. */
+    if (tag->kind != FLAT_ABSENT && tag->kind != FLAT_INT && tag->kind != FLAT_STRING)
+        return PROTO__DECLINED;
+    if (op->kind != FLAT_STRING || op->high ||
+        (o = op_lookup(line + op->b, op->e - op->b)) == PROTO_OP_NONE)
+        return PROTO__DECLINED;
+    switch (o) {
+    case PROTO_OP_START:
+        ints = &f[FIELD_PROMPT];
+        if (!flat_name_ok(&f[FIELD_ID], line, PROTO_ID_MAX, true) ||
+            !flat_name_ok(&f[FIELD_MODEL], line, PROTO_MODEL_MAX, false) || ints->kind != FLAT_INTS)
+            return PROTO__DECLINED;
+        break;
+    case PROTO_OP_STEP:
+        if (!flat_name_ok(&f[FIELD_ID], line, PROTO_ID_MAX, true) ||
+            (f[FIELD_N].kind != FLAT_ABSENT && (f[FIELD_N].kind != FLAT_INT || f[FIELD_N].v < 1 ||
+                                                f[FIELD_N].v > (int64_t)UINT32_MAX)))
+            return PROTO__DECLINED;
+        break;
+    case PROTO_OP_FINISH:
+        if (!flat_name_ok(&f[FIELD_ID], line, PROTO_ID_MAX, true))
+            return PROTO__DECLINED;
+        break;
+    case PROTO_OP_LOGITS:
+        ints = &f[FIELD_TOKENS];
+        if (ints->kind != FLAT_INTS || !flat_name_ok(&f[FIELD_MODEL], line, PROTO_MODEL_MAX, false))
+            return PROTO__DECLINED;
+        break;
+    case PROTO_OP_GENERATE:
+        ints = &f[FIELD_TOKENS];
+        if (ints->kind != FLAT_INTS || f[FIELD_STEPS].kind != FLAT_INT || f[FIELD_STEPS].v < 0 ||
+            (f[FIELD_USE_CACHE].kind != FLAT_ABSENT && f[FIELD_USE_CACHE].kind != FLAT_TRUE &&
+             f[FIELD_USE_CACHE].kind != FLAT_FALSE) ||
+            !flat_name_ok(&f[FIELD_MODEL], line, PROTO_MODEL_MAX, false))
+            return PROTO__DECLINED;
+        break;
+    case PROTO_OP_STATS:
+    default:
+        break;
+    }
+
+    /* Then the request, in request_fill()'s order, so that running out of
+     * memory leaves behind what it would. */
+    if (tag->kind == FLAT_INT)
+        rc = tag_from_int(r, tag->v);
+    else if (tag->kind == FLAT_STRING)
+        rc = tag_from_string(r, line + tag->b, tag->e - tag->b);
+    if (rc != SLOTD_OK)
+        return slotd_error_set(err, rc, "out of memory");
+    r->op = o;
+    if (o == PROTO_OP_START || o == PROTO_OP_STEP || o == PROTO_OP_FINISH)
+        flat_name_copy(r->id, &f[FIELD_ID], line);
+    if (o == PROTO_OP_START)
+        flat_name_copy(r->model, &f[FIELD_MODEL], line);
+    if (ints != NULL) {
+        size_t n = ints->e - ints->b;
+        r->tokens = proto__realloc(NULL, n * sizeof(*r->tokens));
+        if (r->tokens == NULL)
+            return slotd_error_set(err, SLOTD_ENOMEM, "out of memory");
+        memcpy(r->tokens, t->v + ints->b, n * sizeof(*r->tokens));
+        r->ntokens = n;
+    }
+    if (o == PROTO_OP_STEP && f[FIELD_N].kind == FLAT_INT)
+        r->n = (uint32_t)f[FIELD_N].v;
+    if (o == PROTO_OP_GENERATE) {
+        r->steps = f[FIELD_STEPS].v;
+        r->use_cache = f[FIELD_USE_CACHE].kind == FLAT_TRUE;
+    }
+    if (o == PROTO_OP_LOGITS || o == PROTO_OP_GENERATE)
+        flat_name_copy(r->model, &f[FIELD_MODEL], line);
+    return SLOTD_OK;
+}
+
+/* The one-pass path, on a request as proto_request_init() left it. */
+static int parse_flat(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
+{
+    json_scan_t j = {.s = (const unsigned char *)line, .n = len};
+    flat_value_t f[FIELD__COUNT];
+    flat_ints_t t;
+    int rc = PROTO__DECLINED;
+
+    for (int k = 0; k < FIELD__COUNT; k++)
+        f[k].kind = FLAT_ABSENT;
+    t.v = t.local;
+    t.n = 0;
+    t.cap = FLAT_LOCAL_INTS;
+    if (flat_scan(&j, f, &t) == 0)
+        rc = flat_fill(f, &t, line, r, err);
+    if (t.v != t.local)
+        free(t.v);
+    return rc;
+}
+
 /* ---- Requests ---- */
 
 void proto_request_init(proto_request_t *r)
@@ -1007,7 +1466,8 @@ void proto_request_free(proto_request_t *r)
     proto_request_init(r);
 }
 
-int proto_request_parse(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
+/* The tree path, on a request as proto_request_init() left it. */
+static int parse_tree(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
 {
     json_scan_t j = {.s = (const unsigned char *)line, .n = len};
     const char *text = line;
@@ -1015,9 +1475,6 @@ int proto_request_parse(const char *line, size_t len, proto_request_t *r, slotd_
     bool own_tree;
     cJSON *root;
     int rc;
-
-    proto_init();
-    proto_request_free(r);
 
     off = proto__utf8_scan(line, len);
     if (off < len) {
@@ -1065,5 +1522,30 @@ int proto_request_parse(const char *line, size_t len, proto_request_t *r, slotd_
         r->tokens = NULL;
         r->ntokens = 0;
     }
+    return rc;
+}
+
+int proto__request_parse_flat(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
+{
+    proto_request_free(r);
+    return parse_flat(line, len, r, err);
+}
+
+int proto__request_parse_tree(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
+{
+    proto_init();
+    proto_request_free(r);
+    return parse_tree(line, len, r, err);
+}
+
+int proto_request_parse(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
+{
+    int rc;
+
+    proto_init();
+    proto_request_free(r);
+    rc = parse_flat(line, len, r, err);
+    if (rc == PROTO__DECLINED)
+        rc = parse_tree(line, len, r, err);
     return rc;
 }

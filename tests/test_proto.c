@@ -1228,6 +1228,14 @@ END_TEST
 
 /* ---- The cJSON arena ---- */
 
+/* The arena is the tree path's: these tests parse with it alone (the
+ * one-pass path takes most of their lines without cJSON). */
+static int parse_tree(const char *line, proto_request_t *r, slotd_error_t *e)
+{
+    memset(e, 0, sizeof(*e));
+    return proto__request_parse_tree(line, strlen(line), r, e);
+}
+
 /* Counts proto/'s allocations without failing any. */
 static long counted_allocs;
 
@@ -1274,7 +1282,7 @@ START_TEST(test_parse_arena_no_alloc)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         counted_allocs = 0;
         proto__realloc = counting_realloc;
-        ck_assert_int_eq(parse(cases[i].line, &r, &e), SLOTD_OK);
+        ck_assert_int_eq(parse_tree(cases[i].line, &r, &e), SLOTD_OK);
         proto__realloc = realloc;
         ck_assert_int_eq(counted_allocs, cases[i].allocs);
         proto__arena_last(&st);
@@ -1300,7 +1308,7 @@ START_TEST(test_parse_arena_chunks)
 
     proto__json_hooks_install();
     proto_request_init(&r);
-    ck_assert_int_eq(parse(line, &r, &e), SLOTD_OK);
+    ck_assert_int_eq(parse_tree(line, &r, &e), SLOTD_OK);
     proto__arena_last(&st);
     ck_assert_uint_ge(st.chunks, 2);
     ck_assert_uint_gt(st.chunk_bytes, 5000 * 32);
@@ -1310,7 +1318,7 @@ START_TEST(test_parse_arena_chunks)
     ck_assert_str_eq(r.tag, "\"t\"");
     ck_assert_str_eq(r.id, "big");
     /* And a small line after it is back in the block. */
-    ck_assert_int_eq(parse("{\"op\":\"step\",\"id\":\"big\"}", &r, &e), SLOTD_OK);
+    ck_assert_int_eq(parse_tree("{\"op\":\"step\",\"id\":\"big\"}", &r, &e), SLOTD_OK);
     proto__arena_last(&st);
     ck_assert_uint_eq(st.chunks, 0);
     proto_request_free(&r);
@@ -1331,13 +1339,13 @@ START_TEST(test_parse_arena_nomem)
     proto__json_hooks_install();
     proto_request_init(&r);
     proto_request_init(&want);
-    ck_assert_int_eq(parse(line, &want, &e), SLOTD_OK);
+    ck_assert_int_eq(parse_tree(line, &want, &e), SLOTD_OK);
     for (long k = 0; !done; k++) {
         int rc;
         alloc_count = 0;
         alloc_fail_at = k;
         proto__realloc = failing_realloc; /* cJSON's hooks stay proto/'s */
-        rc = parse(line, &r, &e);
+        rc = parse_tree(line, &r, &e);
         alloc_fail_at = -1;
         proto__realloc = realloc;
         if (rc == SLOTD_ENOMEM) {
@@ -1377,7 +1385,7 @@ START_TEST(test_parse_arena_other_cjson)
     proto_request_init(&r);
     mine = cJSON_CreateObject();
     ck_assert_ptr_nonnull(cJSON_AddStringToObject(mine, "k", "v"));
-    ck_assert_int_eq(parse("{\"op\":\"step\",\"id\":\"q\"}", &r, &e), SLOTD_OK);
+    ck_assert_int_eq(parse_tree("{\"op\":\"step\",\"id\":\"q\"}", &r, &e), SLOTD_OK);
     /* Both trees are intact after the parse, and free as usual. */
     ck_assert_ptr_nonnull(cJSON_AddNumberToObject(mine, "n", 5));
     text = cJSON_PrintUnformatted(mine);
@@ -1389,15 +1397,370 @@ START_TEST(test_parse_arena_other_cjson)
     /* Hooks replaced by someone else: the arena serves nothing and the
      * tree is freed by cJSON_Delete (valgrind and ASan see no leak). */
     cJSON_InitHooks(&plain);
-    ck_assert_int_eq(parse("{\"op\":\"start\",\"id\":\"q\",\"prompt\":[1,2]}", &r, &e), SLOTD_OK);
+    ck_assert_int_eq(parse_tree("{\"op\":\"start\",\"id\":\"q\",\"prompt\":[1,2]}", &r, &e),
+                     SLOTD_OK);
     proto__arena_last(&st);
     ck_assert_uint_eq(st.allocs, 0);
     ck_assert_uint_eq(r.ntokens, 2);
     proto__json_hooks_install();
-    ck_assert_int_eq(parse("{\"op\":\"start\",\"id\":\"q\",\"prompt\":[1,2]}", &r, &e), SLOTD_OK);
+    ck_assert_int_eq(parse_tree("{\"op\":\"start\",\"id\":\"q\",\"prompt\":[1,2]}", &r, &e),
+                     SLOTD_OK);
     proto__arena_last(&st);
     ck_assert_uint_gt(st.allocs, 0);
     proto_request_free(&r);
+}
+END_TEST
+
+/* ---- The two paths: one pass, and the tree ---- */
+
+/* The same code, the same error (code and message) if it is one, and the
+ * same request, member by member. */
+static void ck_same(const char *what, int rc_a, const proto_request_t *a, const slotd_error_t *ea,
+                    int rc_b, const proto_request_t *b, const slotd_error_t *eb)
+{
+    if (rc_a != rc_b ||
+        (rc_a != SLOTD_OK && (ea->code != eb->code || strcmp(ea->message, eb->message) != 0)))
+        ck_abort_msg("%s: %d \"%s\" against %d \"%s\"", what, rc_a, ea->message, rc_b, eb->message);
+    if (a->op != b->op || (a->tag == NULL) != (b->tag == NULL) ||
+        (a->tag != NULL && strcmp(a->tag, b->tag) != 0) || strcmp(a->id, b->id) != 0 ||
+        strcmp(a->model, b->model) != 0 || a->ntokens != b->ntokens ||
+        (a->tokens == NULL) != (b->tokens == NULL) ||
+        (a->ntokens > 0 && memcmp(a->tokens, b->tokens, a->ntokens * sizeof(*a->tokens)) != 0) ||
+        a->steps != b->steps || a->use_cache != b->use_cache || a->n != b->n)
+        ck_abort_msg("%s: the requests differ", what);
+}
+
+/* How the one-pass path is to treat a line. */
+enum { TAKEN, DECLINED };
+
+/* `len` bytes at `line` give the same through proto_request_parse() as
+ * through the tree path alone, and the one-pass path alone takes the line
+ * (with that same result) or declines it (leaving the request empty), as
+ * `want` says. */
+static void expect_paths_len(const char *line, size_t len, int want)
+{
+    proto_request_t r, tree, flat, empty;
+    slotd_error_t e, te, fe;
+    int rc, trc, frc;
+
+    proto_request_init(&r);
+    proto_request_init(&tree);
+    proto_request_init(&flat);
+    proto_request_init(&empty);
+    memset(&e, 0, sizeof(e));
+    memset(&te, 0, sizeof(te));
+    memset(&fe, 0, sizeof(fe));
+    rc = proto_request_parse(line, len, &r, &e);
+    trc = proto__request_parse_tree(line, len, &tree, &te);
+    frc = proto__request_parse_flat(line, len, &flat, &fe);
+    ck_same(line, rc, &r, &e, trc, &tree, &te);
+    if (want == TAKEN) {
+        if (frc != SLOTD_OK)
+            ck_abort_msg("%s: the one-pass path gave %d, want it taken", line, frc);
+        ck_same(line, frc, &flat, &fe, trc, &tree, &te);
+    } else {
+        if (frc != PROTO__DECLINED)
+            ck_abort_msg("%s: the one-pass path gave %d, want it declined", line, frc);
+        ck_same(line, SLOTD_OK, &flat, &fe, SLOTD_OK, &empty, &fe);
+        ck_assert_int_eq(fe.code, 0);
+        ck_assert_str_eq(fe.message, "");
+    }
+    proto_request_free(&r);
+    proto_request_free(&tree);
+    proto_request_free(&flat);
+}
+
+static void expect_paths(const char *line, int want)
+{
+    expect_paths_len(line, strlen(line), want);
+}
+
+/* Counts cJSON's allocations. */
+static long cjson_allocs;
+
+static void *cjson_counting_malloc(size_t n)
+{
+    cjson_allocs++;
+    return malloc(n);
+}
+
+/* The usual requests are read in one pass: no cJSON tree at all (cJSON's
+ * allocator is never called), and the same request as the tree path. */
+START_TEST(test_parse_flat_common)
+{
+    static const char *const lines[] = {
+        "{\"op\":\"start\",\"id\":\"s12\",\"model\":\"tiny\",\"prompt\":[1,2,3]}",
+        "{\"op\":\"start\",\"id\":\"s0\",\"model\":\"tiny\",\"prompt\":[38,7,0,63],\"tag\":1000}",
+        "{\"op\":\"step\",\"id\":\"s12\"}",
+        "{\"op\":\"step\",\"id\":\"s12\",\"n\":3,\"tag\":1004}",
+        "{\"op\":\"finish\",\"id\":\"s12\",\"tag\":\"t-1\"}",
+        "{\"op\":\"generate\",\"tokens\":[1,2,3,0],\"steps\":3,\"use_cache\":true}",
+        "{\"op\":\"generate\",\"tokens\":[5],\"steps\":0,\"use_cache\":false}",
+        "{\"op\":\"logits\",\"tokens\":[0,1,9],\"model\":\"small\"}",
+        "{\"op\":\"stats\"}",
+        "{\"op\":\"stats\",\"tag\":-12}",
+        " \t{ \"op\" : \"step\" , \"id\" : \"a\" , \"n\" : 2 } \r",
+        "{\"id\":\"Az09_.:-\",\"prompt\":[ -7 , 0 ],\"op\":\"start\"}",
+    };
+    static cJSON_Hooks counting = {cjson_counting_malloc, free};
+    proto_request_t r;
+    slotd_error_t e;
+
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+        expect_paths(lines[i], TAKEN);
+
+    proto_request_init(&r);
+    cJSON_InitHooks(&counting);
+    cjson_allocs = 0;
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+        ck_assert_int_eq(parse(lines[i], &r, &e), SLOTD_OK);
+    ck_assert_int_eq(cjson_allocs, 0);
+    /* A line the one-pass path declines still goes through cJSON. */
+    ck_assert_int_eq(parse("{\"op\":\"step\",\"id\":\"a\",\"n\":2.0}", &r, &e), SLOTD_OK);
+    ck_assert_int_gt(cjson_allocs, 0);
+    ck_assert_uint_eq(r.n, 2);
+    proto__json_hooks_install();
+    proto_request_free(&r);
+}
+END_TEST
+
+/* The edge cases: whichever path reads the line, the request, the error
+ * code and the message are what the tree path gives. */
+START_TEST(test_parse_paths_agree)
+{
+    static const struct {
+        const char *line;
+        int want;
+    } cases[] = {
+        /* Duplicates: the first counts, whatever the later ones hold. */
+        {"{\"op\":\"step\",\"op\":\"start\"}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"op\":\"start\"}", TAKEN},
+        {"{\"op\":\"stats\",\"op\":\"start\",\"op\":[{}]}", TAKEN},
+        {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1],\"prompt\":\"x\"}", TAKEN},
+        {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":\"x\",\"prompt\":[1]}", DECLINED},
+        {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1],\"tokens\":[2,3]}", TAKEN},
+        {"{\"op\":\"logits\",\"prompt\":[1],\"tokens\":[2,3]}", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"id\":\"b c\",\"n\":2,\"n\":0}", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":0,\"n\":2}", DECLINED},
+        {"{\"op\":\"stats\",\"tag\":1,\"tag\":\"x\"}", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"id\":\"\\u0000\"}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"id\":\"\xff\"}", DECLINED},
+        /* Unknown members: ignored, but read for their syntax and UTF-8. */
+        {"{\"op\":\"step\",\"id\":\"a\",\"x\":[1,{\"y\":null,\"z\":[true,false,\"\\u00e9\"]}],"
+         "\"Id\":\"b\",\"\":\"\",\"n \":7,\"\xc3\xa9\":{}}",
+         TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"x\":[1,{\"y\":nul}]}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"x\":\"\xc3\"}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"\xed\xa0\x80\":1}", DECLINED},
+        {"{\"op\":\"stats\",\"x\":1.5e3,\"y\":-0.0,\"z\":1e400,\"w\":123456789012345678}", TAKEN},
+        {"{\"op\":\"stats\",\"id\":null,\"n\":\"x\",\"tokens\":[],\"steps\":{}}", TAKEN},
+        {"{\"op\":\"finish\",\"id\":\"a\",\"model\":7,\"prompt\":[[1]],\"use_cache\":0}", TAKEN},
+        /* Numbers: plain short integers are read here, the rest by the
+         * tree path. */
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":1.0}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":1e2}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":-0}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":4294967295}", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":4294967296}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":01}", DECLINED},
+        {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[-0,0,-1,123456789012345,-123456789012345]}",
+         TAKEN},
+        {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1234567890123456]}", DECLINED},
+        {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[9007199254740993]}", DECLINED},
+        {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1,2.0,3]}", DECLINED},
+        {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1,2,]}", DECLINED},
+        {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1 2]}", DECLINED},
+        {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[]}", DECLINED},
+        {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[-]}", DECLINED},
+        {"{\"op\":\"generate\",\"tokens\":[1],\"steps\":-0}", TAKEN},
+        {"{\"op\":\"generate\",\"tokens\":[1],\"steps\":-1}", DECLINED},
+        {"{\"op\":\"generate\",\"tokens\":[1],\"steps\":2,\"use_cache\":null}", DECLINED},
+        /* Escapes: read by the tree path wherever they could matter. */
+        {"{\"op\":\"\\u0073tep\",\"id\":\"a\"}", DECLINED},
+        {"{\"\\u006fp\":\"step\",\"id\":\"a\"}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"\\u0061\"}", DECLINED},
+        {"{\"op\":\"stats\",\"tag\":\"a\\\"b\"}", DECLINED},
+        {"{\"op\":\"stats\",\"x\":\"a\\\"b\\n\\ud83d\\ude00\"}", TAKEN},
+        {"{\"op\":\"stats\",\"x\":\"\\ud800\"}", DECLINED},
+        /* UTF-8 in known members. */
+        {"{\"op\":\"stats\",\"tag\":\"\xc3\xa9\xf0\x9f\x98\x80\x7f\"}", TAKEN},
+        {"{\"op\":\"stats\",\"tag\":\"\x7f~ \"}", TAKEN},
+        {"{\"op\":\"stats\",\"tag\":\"\xc0\xaf\"}", DECLINED},
+        {"{\"op\":\"st\xc3\xa9ts\"}", DECLINED},
+        {"{\"op\":\"start\",\"id\":\"\xc3\xa9\",\"prompt\":[1]}", DECLINED},
+        {"{\"op\":\"stats\",\"tag\":\"a\tb\"}", DECLINED},
+        /* Tags: the echo text. */
+        {"{\"op\":\"stats\",\"tag\":-0}", TAKEN},
+        {"{\"op\":\"stats\",\"tag\":0}", TAKEN},
+        {"{\"op\":\"stats\",\"tag\":123456789012345}", TAKEN},
+        {"{\"op\":\"stats\",\"tag\":9007199254740992}", DECLINED},
+        {"{\"op\":\"stats\",\"tag\":7.0}", DECLINED},
+        {"{\"op\":\"stats\",\"tag\":\"\"}", TAKEN},
+        {"{\"op\":\"stats\",\"tag\":null}", DECLINED},
+        {"{\"op\":\"stats\",\"tag\":[1]}", DECLINED},
+        {"{\"op\":\"bogus\",\"tag\":\"t\"}", DECLINED},
+        /* Ids and models at their limits. */
+        {"{\"op\":\"finish\",\"id\":\"0123456789012345678901234567890123456789012345678901234567"
+         "890123\"}",
+         TAKEN},
+        {"{\"op\":\"finish\",\"id\":\"0123456789012345678901234567890123456789012345678901234567"
+         "8901234\"}",
+         DECLINED},
+        {"{\"op\":\"logits\",\"tokens\":[1],\"model\":\"01234567890123456789012345678901\"}",
+         TAKEN},
+        {"{\"op\":\"logits\",\"tokens\":[1],\"model\":\"012345678901234567890123456789012\"}",
+         DECLINED},
+        {"{\"op\":\"finish\",\"id\":\"\"}", DECLINED},
+        /* The line as a whole. */
+        {"{}", DECLINED},
+        {"{\"op\":\"stats\"} x", DECLINED},
+        {"{\"op\":\"stats\"},", DECLINED},
+        {"{\"op\":\"stats\",}", DECLINED},
+        {"{\"op\":\"stats\"", DECLINED},
+        {"{\"op\" \"stats\"}", DECLINED},
+        {"[{\"op\":\"stats\"}]", DECLINED},
+        {"\xef\xbb\xbf{\"op\":\"stats\"}", DECLINED},
+        {"{\"op\":\"stats\"}\xc3", DECLINED},
+        {"{\"op\":\"stats\",\"x\":\"\x01\"}", DECLINED},
+        {"\f{\"op\":\"stats\"}", DECLINED},
+    };
+    char line[1024], *p;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        expect_paths(cases[i].line, cases[i].want);
+
+    /* NUL bytes. */
+    expect_paths_len("{\"op\":\"stats\"}\0", 15, DECLINED);
+    expect_paths_len("{\"op\":\"st\0ats\"}", 15, DECLINED);
+    expect_paths_len("{\"op\":\"stats\",\"tag\":\"a\0\"}", 25, DECLINED);
+    expect_paths_len("{\"op\":\"stats\",\"x\":[\"\0\"]}", 24, DECLINED);
+    expect_paths_len("{\"op\":\"stats\"}", 14, TAKEN);
+    expect_paths_len("{\"op\":\"stats\"}x", 14, TAKEN);
+    expect_paths_len("{\"op\":\"stats\",\"x\":1}", 19, DECLINED);
+
+    /* Nesting in an unknown member: 127 levels under the line's object are
+     * fine, 128 are not. */
+    for (int depth = 127; depth <= 128; depth++) {
+        p = line + sprintf(line, "{\"op\":\"stats\",\"x\":");
+        for (int i = 0; i < depth; i++)
+            *p++ = '[';
+        for (int i = 0; i < depth; i++)
+            *p++ = ']';
+        strcpy(p, "}");
+        expect_paths(line, depth == 127 ? TAKEN : DECLINED);
+    }
+
+    /* Every prefix of a line with every kind of member. */
+    {
+        static const char full[] = "{\"op\":\"generate\",\"tag\":\"t\xc3\xa9\",\"tokens\":[1,-2,3],"
+                                   "\"steps\":4,\"use_cache\":true,\"model\":\"m\",\"x\":[{}]}";
+        for (size_t n = 0; n < sizeof(full) - 1; n++)
+            expect_paths_len(full, n, DECLINED);
+        expect_paths_len(full, sizeof(full) - 1, TAKEN);
+    }
+}
+END_TEST
+
+/* A start line with `n` prompt tokens and an unknown member; the caller
+ * frees it. */
+static char *plain_start(size_t n)
+{
+    char *line = malloc(64 + n * 8), *p = line;
+    ck_assert_ptr_nonnull(line);
+    p += sprintf(p, "{\"op\":\"start\",\"id\":\"big\",\"tag\":\"t\",\"prompt\":[");
+    for (size_t i = 0; i < n; i++)
+        p += sprintf(p, "%s%zu", i ? "," : "", (i * 7919) % 100003);
+    strcpy(p, "],\"x\":1.5e0}");
+    return line;
+}
+
+/* Long prompts: more integers than the one-pass path keeps at hand. */
+START_TEST(test_parse_flat_long)
+{
+    static const size_t sizes[] = {255, 256, 257, 512, 513, 5000};
+
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        char *line = plain_start(sizes[i]);
+        proto_request_t r;
+        slotd_error_t e;
+
+        expect_paths(line, TAKEN);
+        proto_request_init(&r);
+        ck_assert_int_eq(parse(line, &r, &e), SLOTD_OK);
+        ck_assert_uint_eq(r.ntokens, sizes[i]);
+        ck_assert_int_eq(r.tokens[sizes[i] - 1], (int64_t)(((sizes[i] - 1) * 7919) % 100003));
+        proto_request_free(&r);
+        free(line);
+    }
+}
+END_TEST
+
+/* Allocations that fail: the one-pass path leaves behind exactly what the
+ * tree path does at the same failure (both allocate the tag, then the
+ * tokens), and a long prompt, whose integers outgrow the path's own array,
+ * fails cleanly too. */
+START_TEST(test_parse_flat_nomem)
+{
+    static const char *const lines[] = {
+        "{\"op\":\"start\",\"id\":\"a\",\"model\":\"tiny\",\"tag\":\"t\",\"prompt\":[1,2,3]}",
+        "{\"op\":\"logits\",\"tag\":5,\"model\":\"m\",\"tokens\":[4]}",
+        "{\"op\":\"generate\",\"tokens\":[1,2],\"tag\":\"\xc3\xa9\\u00e9\",\"steps\":1}",
+        "{\"op\":\"generate\",\"tokens\":[1,2],\"tag\":\"\xc3\xa9\",\"steps\":1,\"model\":\"m\"}",
+        "{\"op\":\"step\",\"tag\":\"x\",\"id\":\"a\",\"n\":7}",
+    };
+    char *big = plain_start(3000);
+    proto_request_t r, want;
+    slotd_error_t e, want_e;
+    long failures = 0;
+
+    proto__json_hooks_install();
+    proto_request_init(&r);
+    proto_request_init(&want);
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+        bool done = false;
+        for (long k = 0; !done; k++) {
+            int rc, want_rc;
+            memset(&e, 0, sizeof(e));
+            memset(&want_e, 0, sizeof(want_e));
+            alloc_count = 0;
+            alloc_fail_at = k;
+            proto__realloc = failing_realloc; /* cJSON's hooks stay proto/'s */
+            rc = proto__request_parse_flat(lines[i], strlen(lines[i]), &r, &e);
+            alloc_count = 0;
+            want_rc = proto__request_parse_tree(lines[i], strlen(lines[i]), &want, &want_e);
+            alloc_fail_at = -1;
+            proto__realloc = realloc;
+            if (rc == PROTO__DECLINED) {
+                /* Only the tag with an escape is left to the tree path. */
+                ck_assert_uint_eq(i, 2);
+                done = true;
+                continue;
+            }
+            ck_same(lines[i], rc, &r, &e, want_rc, &want, &want_e);
+            if (rc == SLOTD_ENOMEM)
+                failures++;
+            done = rc == SLOTD_OK;
+        }
+    }
+    ck_assert_int_ge(failures, 7);
+
+    for (long k = 0;; k++) {
+        int rc;
+        alloc_count = 0;
+        alloc_fail_at = k;
+        proto__realloc = failing_realloc;
+        rc = proto__request_parse_flat(big, strlen(big), &r, &e);
+        alloc_fail_at = -1;
+        proto__realloc = realloc;
+        if (rc == SLOTD_OK)
+            break;
+        ck_assert(rc == SLOTD_ENOMEM || rc == PROTO__DECLINED);
+        ck_assert_ptr_null(r.tokens);
+    }
+    ck_assert_uint_eq(r.ntokens, 3000);
+    proto_request_free(&r);
+    proto_request_free(&want);
+    free(big);
 }
 END_TEST
 
@@ -2025,6 +2388,10 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, test_parse_arena_chunks);
     tcase_add_test(tc, test_parse_arena_nomem);
     tcase_add_test(tc, test_parse_arena_other_cjson);
+    tcase_add_test(tc, test_parse_flat_common);
+    tcase_add_test(tc, test_parse_paths_agree);
+    tcase_add_test(tc, test_parse_flat_long);
+    tcase_add_test(tc, test_parse_flat_nomem);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("reply");

@@ -13,7 +13,13 @@
  *   - every reply is exactly one line, valid UTF-8, one JSON object that
  *     cJSON reads back, echoing the tag as the request carried it;
  *   - every eight bytes of the input, read as a double, print through
- *     proto__fmt6() exactly as through snprintf("%.6f").
+ *     proto__fmt6() exactly as through snprintf("%.6f");
+ *   - the parser's two paths agree: the line parsed by the tree path alone
+ *     (the UTF-8 and syntax checks, then cJSON) gives the same code, the
+ *     same message and the same request, every member of it, as
+ *     proto_request_parse(); and the one-pass path alone either declines
+ *     the line, touching nothing, or gives that same result.  So does the
+ *     canonical line of an accepted request.
  * Memory never runs out here, so SLOTD_ENOMEM from the parser means it took
  * a line that cJSON then refused: a bug.
  */
@@ -72,6 +78,59 @@ static void check_fmt6(const uint8_t *data, size_t size)
     }
 }
 
+/* The same code, the same error (code and message) if it is one, and the
+ * same request, member by member. */
+static void check_same(int rc_a, const proto_request_t *a, const slotd_error_t *ea, int rc_b,
+                       const proto_request_t *b, const slotd_error_t *eb)
+{
+    FUZZ_CHECK(rc_a == rc_b);
+    if (rc_a != SLOTD_OK) {
+        FUZZ_CHECK(ea->code == eb->code);
+        FUZZ_CHECK(strcmp(ea->message, eb->message) == 0);
+    }
+    FUZZ_CHECK(a->op == b->op);
+    FUZZ_CHECK((a->tag == NULL) == (b->tag == NULL));
+    FUZZ_CHECK(a->tag == NULL || strcmp(a->tag, b->tag) == 0);
+    FUZZ_CHECK(strcmp(a->id, b->id) == 0);
+    FUZZ_CHECK(strcmp(a->model, b->model) == 0);
+    FUZZ_CHECK(a->ntokens == b->ntokens);
+    FUZZ_CHECK((a->tokens == NULL) == (b->tokens == NULL));
+    FUZZ_CHECK(a->ntokens == 0 ||
+               memcmp(a->tokens, b->tokens, a->ntokens * sizeof(*a->tokens)) == 0);
+    FUZZ_CHECK(a->steps == b->steps);
+    FUZZ_CHECK(a->use_cache == b->use_cache);
+    FUZZ_CHECK(a->n == b->n);
+}
+
+/* Parses the line with each path alone and checks both against what
+ * proto_request_parse() gave (`rc`, `r`, `err`). */
+static void check_paths(const char *line, size_t len, int rc, const proto_request_t *r,
+                        const slotd_error_t *err)
+{
+    proto_request_t other;
+    slotd_error_t e;
+    int rc2;
+
+    proto_request_init(&other);
+    memset(&e, 0, sizeof(e));
+    rc2 = proto__request_parse_tree(line, len, &other, &e);
+    check_same(rc, r, err, rc2, &other, &e);
+
+    memset(&e, 0, sizeof(e));
+    rc2 = proto__request_parse_flat(line, len, &other, &e);
+    if (rc2 == PROTO__DECLINED) {
+        proto_request_t empty;
+        slotd_error_t none;
+        proto_request_init(&empty);
+        memset(&none, 0, sizeof(none));
+        check_same(SLOTD_OK, &other, &e, SLOTD_OK, &empty, &none);
+        FUZZ_CHECK(e.code == 0 && e.message[0] == '\0');
+    } else {
+        check_same(rc, r, err, rc2, &other, &e);
+    }
+    proto_request_free(&other);
+}
+
 /* Writes `r` back as a line and checks that it parses to the same. */
 /* Appends what snprintf() wrote to `num`, which must have been all of it. */
 static void append_num(proto_buf_t *b, const char *num, size_t cap, int k)
@@ -125,7 +184,9 @@ static void check_round_trip(const proto_request_t *r)
     FUZZ_CHECK(proto_buf_append(&b, "}", 1) == SLOTD_OK);
 
     proto_request_init(&again);
+    memset(&err, 0, sizeof(err));
     FUZZ_CHECK(proto_request_parse(b.data, b.len, &again, &err) == SLOTD_OK);
+    check_paths(b.data, b.len, SLOTD_OK, &again, &err);
     FUZZ_CHECK(again.op == r->op);
     FUZZ_CHECK((again.tag == NULL) == (r->tag == NULL));
     FUZZ_CHECK(r->tag == NULL || strcmp(again.tag, r->tag) == 0);
@@ -278,6 +339,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(&err, 0, sizeof(err));
     rc = proto_request_parse((const char *)data, size, &r, &err);
     FUZZ_CHECK(rc != SLOTD_ENOMEM);
+    check_paths((const char *)data, size, rc, &r, &err);
     if (rc == SLOTD_OK) {
         check_accepted(&r);
         check_round_trip(&r);
