@@ -22,24 +22,55 @@
  * the arena, found from an object's address by one division; a page keeps
  * its own free list, and each class a doubly-linked list of its partial
  * pages.  Every path is O(1), apart from reserve (one object per block
- * taken), commit (its tail steps over the blocks the entries filled) and
- * release (one per block returned).  The pool never calls malloc after
- * creation.
+ * taken), commit (its tail steps over the blocks the entries filled),
+ * release (one per block returned) and the steal below (one per parked
+ * object).  The pool never calls malloc after creation.
+ *
+ * Thread caches.  Each thread that uses the pool gets a cache (up to
+ * CACHE__TCACHES threads; later ones go without): per class, a magazine
+ * of up to CACHE__MAG_MAX free objects, CACHE__MAG_BYTES of them at most
+ * (classes of larger objects get none).  A release parks the slot's
+ * objects in the releasing thread's magazines while they have room (the
+ * rest go back to their pages), and a reserve that adds blocks (in the
+ * locked path) tops the magazines of those blocks' classes up from the
+ * class's partial pages, never assigning a page for it.  A reserve that
+ * needs at most CACHE__FAST_BLOCKS blocks which are all parked in its
+ * thread's cache takes them without the lock.  A tiny session (blocks of
+ * 2 positions) so adds its blocks without the lock, and a thread takes the
+ * lock for blocks about once per magazine's worth.  Invariants:
+ *  - a parked object is free: it counts in no slot's bytes and in no
+ *    figure the pool reports, and is poisoned in debug builds like any
+ *    free object (a pop checks the poison, as a take from a page does);
+ *  - a parked object never costs anyone a refusal: every path that would
+ *    refuse first takes every parked object of every thread back to its
+ *    page (do_steal_all()) and asks again, so it refuses exactly when the
+ *    pool without thread caches would;
+ *  - cache_pool_stats() steals too, so its figures are exactly those of
+ *    the live slots (and stay so while it holds the lock);
+ *  - an object is in one place: a page's free list or uncarved tail, one
+ *    magazine, or one slot's chain; a magazine's count is changed only by
+ *    atomic read-modify-writes, so a pop and a steal never both get one
+ *    object (cache__mag_t says how).
  *
  * Accounting.  bytes_used is the sum of the objects live slots hold, counted
  * at their strides (what the arena gives up for them), so used + free ==
- * capacity always.  A request is refused with SLOTD_ECACHE_FULL, and
- * nothing changes, when no slot is free, when used + needed > capacity, or
- * when the pages cannot supply the objects (the rounding of objects, the
- * tail of each page, the tail of the arena, and pages held by other
- * classes): free bytes are an upper bound on what can still be had, not a
- * promise.  As the arena is no larger than the budget, the pages always run
- * out before used + needed passes capacity; the byte test stays as the rule
- * the figures promise, at no cost.
+ * capacity always.  The pool keeps bytes_taken, which adds the parked
+ * objects, and reports it right after a steal, when the two agree.  A
+ * request is refused with SLOTD_ECACHE_FULL, and nothing changes, when no
+ * slot is free, when used + needed > capacity, or when the pages cannot
+ * supply the objects (the rounding of objects, the tail of each page, the
+ * tail of the arena, and pages held by other classes): free bytes are an
+ * upper bound on what can still be had, not a promise.  As the arena is no
+ * larger than the budget, the pages always run out before used + needed
+ * passes capacity; the byte test stays as the rule the figures promise, at
+ * no cost (it reads bytes_taken, which a steal before any refusal makes
+ * equal to used).
  *
  * Ownership.  A slot's generation is odd while it is live and even while it
  * is free; acquire and release each bump it.  Every call matches index,
- * generation, owner key and owner id against the table, so a handle that
+ * generation, owner key and owner id against the table (the id as whole
+ * words, zero-padded, with its length: as strong as a string compare, at
+ * the cost of a few word compares), so a handle that
  * outlived its tenancy gets SLOTD_ESTALE and never reaches the chain of the
  * slot's next owner (a handle would have to outlive 2^31 tenancies of its
  * slot for the generation to come round).  Debug builds (NDEBUG unset)
@@ -56,27 +87,41 @@
  * DESIGN.  Any thread may call any function; one slot is used by one thread
  * at a time (the caller's rule, see pool.h).  p->lock guards all shared
  * bookkeeping: the slot table's free stack and tenancies, the page
- * descriptors, the class lists and the byte and slot counts, i.e. every
- * field marked (lock) below.  It is held for the table work of one call and
- * never while a model runs, and a step that fits in the room its slot
- * already holds does not take it at all: reserve then only reads the
- * slot's own fields, and commit (which never takes anything from the pool)
- * only writes them and adds to the atomic entry total.  Those fields are
- * marked (user): the slot's one user writes them, under the lock when a
- * reserve adds blocks, without it in commit, and no other thread reads them
- * while the slot is live except under the lock in the test check.  The lock
- * is taken to add blocks, to acquire and to release.  The fast paths match
+ * descriptors, the class lists, the byte and slot counts, the claims of
+ * thread caches and every write of a magazine's objects, i.e. every field
+ * marked (lock) below.  It is held for the table work of one call and
+ * never while a model runs, and a step does not take it at all when the
+ * room its slot already holds fits it, or when the blocks it lacks are
+ * parked in its thread's cache: reserve then reads and writes only the
+ * slot's own fields and pops its own magazines, and commit (which never
+ * takes anything from the pool) only writes the slot's fields and adds to
+ * the atomic entry total.  Those fields are marked (user): the slot's one
+ * user writes them, with or without the lock, and no other thread reads
+ * them while the slot is live except under the lock in the test check.
+ * The lock is taken to acquire, to release, and to add blocks that are not
+ * parked in the caller's cache (which refills it).  A magazine is written
+ * only by its own thread under the lock, and its count shrinks without the
+ * lock only by its own thread's pops; another thread touches it only to
+ * steal it, under the lock (cache__mag_t).  A thread finds its cache
+ * through a thread-local record naming the pool by a serial number that
+ * is never reused, so a record outliving its pool is never mistaken for a
+ * cache in a new pool at the same address.  The fast paths match
  * the handle against the slot's generation, an atomic stored with release
  * order when a tenancy begins (after its owner, model and state are
  * written) and loaded with acquire order, so they see the owner that
  * tenancy wrote; a stale handle fails on the generation before anything
  * else is read.  The bytes of a live slot's state and blocks belong to the
- * slot's user; each block's header is written by reserve, under the lock,
- * on the user's thread.  Fields set at creation are read without the lock.
- * cache_pool_entries() and cache_pool_stats() read the entry total
- * atomically; stats takes the lock for the rest, so its bytes and slot
- * counts are one snapshot, and its entry count is the total at that moment
- * (commits do not wait for the lock).  In debug builds a release detaches
+ * slot's user; each block's header is written by reserve on the user's
+ * thread, once the block is the slot's.  Fields set at creation are read
+ * without the lock.  cache_pool_entries() and cache_pool_stats() read the
+ * entry total atomically; stats takes the lock for the rest, and steals
+ * every parked object first, so its bytes and slot counts are one snapshot
+ * (no block can be added or dropped while it holds the lock: a pop from a
+ * stolen magazine fails and goes to the lock), and its entry count is the
+ * total at that moment (commits do not wait for the lock).  A lock-free
+ * reserve's blocks count as used from the moment it pops them, as a
+ * locked reserve's count from the moment it takes them: before it
+ * returns.  In debug builds a release detaches
  * the slot under the lock, poisons its objects without it (nobody else can
  * reach them: the slot is stale and the objects are on no free list), then
  * takes the lock again to give them back.
@@ -105,6 +150,7 @@
 typedef struct cache__class {
     size_t stride;     /* object size rounded up to CACHE__ALIGN; immutable */
     uint32_t per_page; /* objects one page holds; immutable */
+    uint32_t mag_cap;  /* objects a thread cache parks of this class (0: none); immutable */
     uint32_t partial;  /* (lock) head of the pages with both free and used objects */
     uint64_t nfree;    /* (lock) free objects on this class's pages, carved or not */
 } cache__class_t;
@@ -122,6 +168,9 @@ typedef struct cache__page {
     void *free;      /* (lock) freed objects, linked through their first word */
 } cache__page_t;
 
+/* Words of an id of CACHE_ID_MAX bytes (the NUL not included). */
+#define CACHE__ID_WORDS ((CACHE_ID_MAX + 7) / 8)
+
 /* Most distinct block capacities one model's chains use. */
 #define CACHE__MAX_CAPS 16
 
@@ -136,6 +185,43 @@ typedef struct cache__model {
     uint32_t state_cls; /* NONE when state_bytes is 0 */
 } cache__model_t;
 
+/* Thread caches.  A thread cache parks at most this many objects of one
+ * class, and at most CACHE__MAG_BYTES of them by their strides; a class
+ * that would get fewer than two gets none (its objects are large, and the
+ * model's work per block dwarfs the lock). */
+#define CACHE__MAG_MAX 16
+#define CACHE__MAG_BYTES ((size_t)16 * 1024)
+
+/* Thread caches per pool: threads beyond this many use the lock for every
+ * block, as all threads did before thread caches. */
+#define CACHE__TCACHES 64
+
+/* A magazine's count while a lock holder has taken its objects back. */
+#define CACHE__STOLEN UINT32_MAX
+
+/* One thread's parked objects of one class.  `obj` is written only by the
+ * owning thread with the lock held; `n` grows only then too, and shrinks
+ * either by the owner's lock-free pop (a compare-and-swap from k to k - 1,
+ * after reading obj[k - 1]) or by a lock holder's steal (an exchange to
+ * CACHE__STOLEN, after which it hands obj[0 .. k-1] back to their pages).
+ * The two cannot both get one object: n changes by atomic read-modify-
+ * writes only.  The owner sets a stolen magazine back to 0 under the lock,
+ * after the steal (whose lock it waited for) is over. */
+typedef struct cache__mag {
+    _Atomic uint32_t n;
+    void *obj[CACHE__MAG_MAX];
+} cache__mag_t;
+
+/* One thread's cache in one pool: a magazine per class.  `thread` names
+ * the thread that claimed it (the address of its thread-local record,
+ * unique among live threads); a claim is never undone while the pool
+ * lives, and a new thread that happens to get a dead one's address simply
+ * inherits its cache. */
+typedef struct cache__tcache {
+    const void *thread; /* (lock) NULL while unclaimed */
+    cache__mag_t *mags; /* nclasses magazines; immutable */
+} cache__tcache_t;
+
 /* One slot.  (lock): written only under the lock.  (user): written by
  * the slot's user, the one thread at a time the caller lets use the slot,
  * with or without the lock, and read by that thread without it; other
@@ -147,14 +233,20 @@ typedef struct cache__slot {
     uint32_t next_free;   /* (lock) the free-slot stack, while free */
     uint32_t model;       /* (lock) index into p->models, set before gen goes odd */
     uint32_t entries;     /* (user) committed positions */
-    uint32_t nblocks;     /* (user, lock) blocks in the chain */
-    uint32_t room;        /* (user, lock) positions they hold: the sum of their capacities */
-    uint64_t bytes;       /* (user, lock) their strides */
-    model_block_t *head;  /* (user, lock) first block, or NULL with no room */
+    uint32_t nblocks;     /* (user) blocks in the chain */
+    uint32_t room;        /* (user) positions they hold: the sum of their capacities */
+    uint64_t bytes;       /* (user) their strides */
+    model_block_t *head;  /* (user) first block, or NULL with no room */
     model_block_t *tail;  /* (user) the block holding `entries`; NULL when entries == room */
-    model_block_t *last;  /* (user, lock) last block of the chain, where reserve appends */
+    model_block_t *last;  /* (user) last block of the chain, where reserve appends */
     void *state;          /* (lock) state_bytes bytes, or NULL; set before gen goes odd */
-    cache_owner_t owner;  /* (lock) set before gen goes odd, fixed while live */
+    /* The owner, set before gen goes odd and fixed while live, (lock): its
+     * key, and its id as whole words, zero past the id's end, so that the
+     * check on every call compares a few words instead of a string. */
+    uint64_t owner_key;
+    uint32_t id_len;                    /* bytes before the id's NUL: 0 to CACHE_ID_MAX */
+    uint64_t id_words[CACHE__ID_WORDS]; /* the id's bytes, zero-padded */
+    uint64_t id_tail_mask;              /* selects the id's bytes of its last, partial word */
 } cache__slot_t;
 
 struct cache_pool {
@@ -167,22 +259,32 @@ struct cache_pool {
     uint64_t capacity;
     cache__model_t *models;
     size_t nmodels;
-    cache__class_t *classes; /* stride and per_page immutable; the rest (lock) */
+    cache__class_t *classes; /* stride, per_page, mag_cap immutable; the rest (lock) */
     uint32_t nclasses;
-    cache__slot_t *slots; /* max_slots entries, (lock) */
-    cache__page_t *pages; /* npages entries, (lock) */
+    cache__slot_t *slots;     /* max_slots entries, (lock) */
+    cache__page_t *pages;     /* npages entries, (lock) */
+    uint64_t serial;          /* this pool's number, never reused: names it to thread caches */
+    cache__tcache_t *tcaches; /* CACHE__TCACHES; `thread` (lock), magazines see cache__mag_t */
 
     /* Guards every (lock) field: the slot table, the page descriptors, the
-     * class lists and the counts below.  Held for O(1) table work per call,
-     * plus one object per block a reserve takes or a release returns; never
-     * while a model runs or while a slot's bytes are written or poisoned.
-     * No other lock is taken while it is held. */
+     * class lists, the thread caches' claims and objects, and the counts
+     * below.  Held for O(1) table work per call, plus one object per object
+     * a reserve takes or parks or a release returns, and one per parked
+     * object a steal takes back; never while a model runs or while a slot's
+     * bytes are written or poisoned.  No other lock is taken while it is
+     * held. */
     pthread_mutex_t lock;
     uint32_t free_slot;  /* (lock) free-slot stack, through next_free */
     uint32_t free_page;  /* (lock) free-page stack, through next */
     uint32_t pages_free; /* (lock) pages on that stack */
     uint64_t live_slots; /* (lock) */
-    uint64_t bytes_used; /* (lock) objects held by live slots, at the models' sizes */
+    /* (lock) objects off the pages' free lists, at their strides: those
+     * live slots hold, plus those parked in thread caches (and, for the
+     * moment between its pops and its return, those a lock-free reserve
+     * is handing to its slot).  Right after do_steal_all(), with the lock
+     * still held, it is exactly the bytes live slots hold (those of such a
+     * reserve counted as its slot's). */
+    uint64_t bytes_taken;
 
     /* Entries committed by all live slots: written under the lock, read
      * without it (cache_pool_entries()). */
@@ -190,6 +292,18 @@ struct cache_pool {
 };
 
 static void *(*cache__calloc)(size_t, size_t) = calloc;
+
+/* Pools are numbered so that a thread's record of its cache never names a
+ * destroyed pool whose memory a new pool happens to reuse. */
+static _Atomic uint64_t cache__pool_serial;
+
+/* The calling thread's cache in the pool it used last: `pool` is that
+ * pool's serial (0: none yet), `tc` its cache there, or NULL if the pool
+ * had none left to give.  Only this thread reads or writes it. */
+static _Thread_local struct cache__tls {
+    uint64_t pool;
+    cache__tcache_t *tc;
+} cache__tls;
 
 void cache__pool_set_calloc(void *(*fn)(size_t, size_t))
 {
@@ -329,9 +443,10 @@ static bool do_classes_can(const cache_pool_t *p, const cache__model_t *md, cons
 }
 
 /* Takes one object of class `ci`; the caller has checked do_class_can().
- * The object's first two words are zeroed (a block's `next` and the debug
- * magic); the rest is left as the last user or the poison left it. */
-static void *do_obj_alloc(cache_pool_t *p, uint32_t ci)
+ * The object is left as the last user or the poison left it; *fresh says
+ * whether it was never handed out since its page was assigned (then it
+ * carries no poison). */
+static void *do_obj_take(cache_pool_t *p, uint32_t ci, bool *fresh)
 {
     cache__class_t *c = &p->classes[ci];
     uint32_t pi = c->partial;
@@ -359,15 +474,27 @@ static void *do_obj_alloc(cache_pool_t *p, uint32_t ci)
         assert(cache__poison_intact(obj, c->stride) && "cache pool: write after release");
 #endif
         pg->free = cache__link_get(obj);
+        *fresh = false;
     } else {
         assert(pg->carved < c->per_page);
         obj = p->arena + (size_t)pi * p->page_size + (size_t)pg->carved * c->stride;
         pg->carved++;
+        *fresh = true;
     }
     pg->nfree--;
     c->nfree--;
     if (pg->nfree == 0)
         do_partial_remove(p, ci, pi);
+    return obj;
+}
+
+/* do_obj_take() for a slot: the object's first two words are zeroed (a
+ * block's `next` and the debug magic). */
+static void *do_obj_alloc(cache_pool_t *p, uint32_t ci)
+{
+    bool fresh;
+    void *obj = do_obj_take(p, ci, &fresh);
+
     memset(obj, 0, 16);
     return obj;
 }
@@ -406,11 +533,190 @@ static void do_obj_free(cache_pool_t *p, void *obj)
     }
 }
 
+/* ---- Thread caches ---- */
+
+/* The calling thread's cache in `p`, if it has claimed one; no lock.  NULL
+ * sends the caller to the lock (do_tcache_claim()). */
+static cache__tcache_t *cache__tcache_mine(const cache_pool_t *p)
+{
+    return cache__tls.pool == p->serial ? cache__tls.tc : NULL;
+}
+
+/* The calling thread's cache in `p`, claimed now if it has none and one is
+ * left; NULL if none is. */
+static cache__tcache_t *do_tcache_claim(cache_pool_t *p)
+{
+    cache__tcache_t *free_tc = NULL;
+
+    if (cache__tls.pool == p->serial)
+        return cache__tls.tc;
+    for (uint32_t i = 0; i < CACHE__TCACHES; i++) {
+        cache__tcache_t *tc = &p->tcaches[i];
+
+        if (tc->thread == &cache__tls) {
+            free_tc = tc;
+            break;
+        }
+        if (tc->thread == NULL && free_tc == NULL)
+            free_tc = tc;
+    }
+    if (free_tc != NULL)
+        free_tc->thread = &cache__tls;
+    cache__tls.pool = p->serial;
+    cache__tls.tc = free_tc;
+    return free_tc;
+}
+
+/* Objects the owner's magazine holds, a stolen one reset to empty.  The
+ * owner only, with the lock held (no steal can run). */
+static uint32_t do_mag_count(cache__mag_t *m)
+{
+    uint32_t k = atomic_load_explicit(&m->n, memory_order_relaxed);
+
+    if (k == CACHE__STOLEN) {
+        atomic_store_explicit(&m->n, 0, memory_order_relaxed);
+        k = 0;
+    }
+    return k;
+}
+
+/* Parks `obj` in the owner's magazine of class `ci` if it has room.  The
+ * owner only, with the lock held; `obj` carries the debug poison. */
+static bool do_mag_push(cache_pool_t *p, cache__mag_t *m, uint32_t ci, void *obj)
+{
+    uint32_t k = do_mag_count(m);
+
+    if (k >= p->classes[ci].mag_cap)
+        return false;
+    m->obj[k] = obj;
+    atomic_store_explicit(&m->n, k + 1, memory_order_relaxed);
+    return true;
+}
+
+/* Takes the last object of the owner's magazine, or NULL if it is empty
+ * or being stolen; with or without the lock.  The object's first two words
+ * are zeroed, as do_obj_alloc() does. */
+static void *cache__mag_pop(cache_pool_t *p, cache__mag_t *m, uint32_t ci)
+{
+    uint32_t k = atomic_load_explicit(&m->n, memory_order_relaxed);
+    void *obj;
+
+    if (k == 0 || k == CACHE__STOLEN)
+        return NULL;
+    /* Only the owner writes obj[], and only under the lock, so reading it
+     * here races with nothing; the exchange below decides whose it is. */
+    obj = m->obj[k - 1];
+    if (!atomic_compare_exchange_strong_explicit(&m->n, &k, k - 1, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        return NULL;
+#if CACHE__DEBUG
+    assert(cache__poison_intact(obj, p->classes[ci].stride) && "cache pool: write after release");
+#else
+    (void)p;
+    (void)ci;
+#endif
+    memset(obj, 0, 16);
+    return obj;
+}
+
+/* Hands every object parked in every thread cache back to its page.  After
+ * it, with the lock still held, bytes_taken is what live slots hold and
+ * the pages are as if there were no thread caches: a lock holder calls it
+ * before refusing anything, so that a parked object never makes a request
+ * fail, and before reporting figures, so that they are exact. */
+static void do_steal_all(cache_pool_t *p)
+{
+    for (uint32_t i = 0; i < CACHE__TCACHES; i++) {
+        cache__tcache_t *tc = &p->tcaches[i];
+
+        if (tc->thread == NULL)
+            continue;
+        for (uint32_t ci = 0; ci < p->nclasses; ci++) {
+            cache__mag_t *m = &tc->mags[ci];
+            uint32_t k;
+
+            if (p->classes[ci].mag_cap == 0)
+                continue;
+            k = atomic_exchange_explicit(&m->n, CACHE__STOLEN, memory_order_acq_rel);
+            if (k == CACHE__STOLEN)
+                continue;
+            for (uint32_t j = 0; j < k; j++)
+                do_obj_free(p, m->obj[j]);
+            p->bytes_taken -= (uint64_t)k * p->classes[ci].stride;
+        }
+    }
+}
+
+/* Tops the owner's magazine of class `ci` up from the class's partial
+ * pages, never assigning a page to the class for it (so that parking
+ * changes which pages a class holds as little as possible). */
+static void do_mag_fill(cache_pool_t *p, cache__mag_t *m, uint32_t ci)
+{
+    cache__class_t *c = &p->classes[ci];
+
+    while (c->partial != CACHE__NONE && do_mag_count(m) < c->mag_cap) {
+        bool fresh;
+        void *obj = do_obj_take(p, ci, &fresh);
+
+#if CACHE__DEBUG
+        /* A parked object looks like a freed one: the pop checks its poison. */
+        if (fresh) {
+            const uint64_t magic = CACHE__FREE_MAGIC;
+
+            memset(obj, CACHE__POISON, c->stride);
+            memcpy((unsigned char *)obj + 8, &magic, sizeof magic);
+        }
+#else
+        (void)fresh;
+#endif
+        (void)do_mag_push(p, m, ci, obj);
+        p->bytes_taken += c->stride;
+    }
+}
+
 /* ---- Slots ---- */
 
-static bool cache__owner_eq(const cache_owner_t *a, const cache_owner_t *b)
+/* Records `owner` as slot `s`'s: the key, the id's length and its bytes in
+ * whole words, zero after the id.  As before, an id is what precedes its
+ * first NUL, at most CACHE_ID_MAX bytes. */
+static void do_owner_set(cache__slot_t *s, const cache_owner_t *owner)
 {
-    return a->key == b->key && strncmp(a->id, b->id, sizeof a->id) == 0;
+    unsigned char bytes[sizeof s->id_words] = {0}, mask[8] = {0};
+    const char *nul = memchr(owner->id, '\0', CACHE_ID_MAX);
+    size_t len = nul != NULL ? (size_t)(nul - owner->id) : CACHE_ID_MAX;
+
+    memcpy(bytes, owner->id, len);
+    memcpy(s->id_words, bytes, sizeof bytes);
+    memset(mask, 0xFF, len % 8 != 0 ? len % 8 : 8);
+    memcpy(&s->id_tail_mask, mask, sizeof mask);
+    s->id_len = (uint32_t)len;
+    s->owner_key = owner->key;
+}
+
+/* Whether `o` is slot `s`'s owner: the same key, and an id with the same
+ * bytes followed by a NUL (what strncmp() over the whole array said).
+ * Each word of o's id is read whole and compared with the stored one, the
+ * last under a mask, as the bytes after o's NUL may be anything.  Every
+ * byte read lies within o->id: the words end at id_len rounded up to a
+ * word, at most CACHE_ID_MAX, and o->id[id_len] is at most o->id[CACHE_ID_MAX]. */
+static bool cache__owner_eq(const cache__slot_t *s, const cache_owner_t *o)
+{
+    uint32_t len = s->id_len, nw = (len + 7) / 8;
+    uint64_t w;
+
+    if (o->key != s->owner_key || o->id[len] != '\0')
+        return false;
+    for (uint32_t i = 0; i + 1 < nw; i++) {
+        memcpy(&w, o->id + 8 * i, sizeof w);
+        if (w != s->id_words[i])
+            return false;
+    }
+    if (nw > 0) {
+        memcpy(&w, o->id + 8 * (nw - 1), sizeof w);
+        if ((w & s->id_tail_mask) != s->id_words[nw - 1])
+            return false;
+    }
+    return true;
 }
 
 /* The live slot `h` names, if `owner` holds it; NULL if the handle is stale
@@ -422,8 +728,7 @@ static cache__slot_t *do_slot_get(cache_pool_t *p, cache_handle_t h, const cache
     if (h.slot >= p->max_slots || (h.gen & 1) == 0)
         return NULL;
     s = &p->slots[h.slot];
-    if (atomic_load_explicit(&s->gen, memory_order_relaxed) != h.gen ||
-        !cache__owner_eq(&s->owner, owner))
+    if (atomic_load_explicit(&s->gen, memory_order_relaxed) != h.gen || !cache__owner_eq(s, owner))
         return NULL;
     return s;
 }
@@ -444,8 +749,7 @@ static cache__slot_t *cache__slot_get_unlocked(cache_pool_t *p, cache_handle_t h
     if (h.slot >= p->max_slots || (h.gen & 1) == 0)
         return NULL;
     s = &p->slots[h.slot];
-    if (atomic_load_explicit(&s->gen, memory_order_acquire) != h.gen ||
-        !cache__owner_eq(&s->owner, owner))
+    if (atomic_load_explicit(&s->gen, memory_order_acquire) != h.gen || !cache__owner_eq(s, owner))
         return NULL;
     return s;
 }
@@ -458,25 +762,36 @@ static int cache__model_index(const cache_pool_t *p, const model_t *m)
     return -1;
 }
 
+/* Gives back an object of a released slot: parked in thread cache `tc`
+ * (may be NULL) if its class's magazine has room, else to its page. */
+static void do_obj_give(cache_pool_t *p, cache__tcache_t *tc, void *obj)
+{
+    uint32_t ci = p->pages[(size_t)((unsigned char *)obj - p->arena) / p->page_size].cls;
+
+    assert(ci < p->nclasses && "cache pool: object on a free page");
+    if (tc != NULL && do_mag_push(p, &tc->mags[ci], ci, obj))
+        return;
+    do_obj_free(p, obj);
+    assert(p->bytes_taken >= p->classes[ci].stride);
+    p->bytes_taken -= p->classes[ci].stride;
+}
+
 /* Hands slot `si`'s objects back (`head` the chain, linked through the
- * first word of each block) and puts the slot on the free stack. */
-static void do_slot_free(cache_pool_t *p, uint32_t si, model_block_t *head, void *state)
+ * first word of each block) to the caller's thread cache `tc` (may be
+ * NULL) or their pages, and puts the slot on the free stack. */
+static void do_slot_free(cache_pool_t *p, cache__tcache_t *tc, uint32_t si, model_block_t *head,
+                         void *state)
 {
     cache__slot_t *s = &p->slots[si];
-    const cache__model_t *md = &p->models[s->model];
-    uint64_t freed = s->bytes;
 
     while (head != NULL) {
         model_block_t *next = cache__link_get(head);
-        do_obj_free(p, head);
+        do_obj_give(p, tc, head);
         head = next;
     }
-    if (state != NULL) {
-        do_obj_free(p, state);
-        freed += md->state_bytes;
-    }
-    assert(p->bytes_used >= freed && p->live_slots > 0);
-    p->bytes_used -= freed;
+    if (state != NULL)
+        do_obj_give(p, tc, state);
+    assert(p->live_slots > 0);
     p->live_slots--;
     atomic_fetch_sub_explicit(&p->entries, s->entries, memory_order_relaxed);
     s->entries = s->nblocks = s->room = 0;
@@ -503,6 +818,111 @@ static void cache__poison_slot(const cache_pool_t *p, const cache__model_t *md, 
         cache__poison(state, p->classes[md->state_cls].stride, NULL);
 }
 #endif
+
+/* Appends block `b` of `cap` positions, just taken for slot `s`, to its
+ * chain.  The slot's user, with or without the lock. */
+static void cache__slot_append(cache__slot_t *s, model_block_t *b, uint32_t cap)
+{
+    /* The taker zeroed b->next. */
+    b->capacity = cap;
+    b->first = s->room;
+    if (s->last != NULL)
+        s->last->next = b;
+    else
+        s->head = b;
+    s->last = b;
+    if (s->tail == NULL)
+        s->tail = b; /* entries was == room: position `entries` is here */
+    s->nblocks++;
+    s->room += cap;
+}
+
+/* Most blocks a reserve takes from its thread cache without the lock. */
+#define CACHE__FAST_BLOCKS 4
+
+/* Adds the blocks that take slot `s` from its room to `want` positions
+ * (within max_ctx) from the caller's thread cache `tc`, without the lock:
+ * false, with nothing changed, unless they are all parked there.  A steal
+ * between the count and the pops is the one way a pop fails; the objects
+ * popped before it are then parked again under the lock. */
+static bool cache__reserve_parked(cache_pool_t *p, const cache__model_t *md, cache__slot_t *s,
+                                  cache__tcache_t *tc, uint64_t want)
+{
+    uint32_t cls[CACHE__FAST_BLOCKS], caps[CACHE__FAST_BLOCKS], need = 0;
+    model_block_t *got[CACHE__FAST_BLOCKS];
+    uint64_t bytes = 0;
+
+    for (uint64_t r = s->room; r < want; need++) {
+        uint32_t cap;
+
+        if (need == CACHE__FAST_BLOCKS)
+            return false;
+        cap = model_block_capacity(md->m, s->nblocks + need);
+        caps[need] = cap;
+        cls[need] = md->caps_cls[do_cap_index(md, cap)];
+        r += cap;
+    }
+    /* Enough of every class?  (A class may serve several of the blocks.) */
+    for (uint32_t i = 0; i < need; i++) {
+        uint32_t same = 0, k;
+
+        for (uint32_t j = 0; j < need; j++)
+            same += cls[j] == cls[i];
+        k = atomic_load_explicit(&tc->mags[cls[i]].n, memory_order_relaxed);
+        if (k == CACHE__STOLEN || k < same)
+            return false;
+    }
+    for (uint32_t i = 0; i < need; i++) {
+        got[i] = cache__mag_pop(p, &tc->mags[cls[i]], cls[i]);
+        if (got[i] == NULL) {
+            pthread_mutex_lock(&p->lock);
+            for (uint32_t j = 0; j < i; j++) {
+#if CACHE__DEBUG
+                /* Popped objects are zeroed at the head: poison them again. */
+                const uint64_t magic = CACHE__FREE_MAGIC;
+                memset(got[j], CACHE__POISON, p->classes[cls[j]].stride);
+                memcpy((unsigned char *)got[j] + 8, &magic, sizeof magic);
+#endif
+                if (!do_mag_push(p, &tc->mags[cls[j]], cls[j], got[j])) {
+                    do_obj_free(p, got[j]);
+                    p->bytes_taken -= p->classes[cls[j]].stride;
+                }
+            }
+            pthread_mutex_unlock(&p->lock);
+            return false;
+        }
+        bytes += p->classes[cls[i]].stride;
+    }
+    for (uint32_t i = 0; i < need; i++)
+        cache__slot_append(s, got[i], caps[i]);
+    s->bytes += bytes;
+    return true;
+}
+
+/* Whether the blocks count[k] (per capacity index k of `md`) can be had,
+ * taking first what the caller's thread cache `tc` (may be NULL) parks of
+ * each class and the rest from the pages: the byte rule and the pages'
+ * supply, as do_classes_can(). */
+static bool do_reserve_can(cache_pool_t *p, const cache__model_t *md, cache__tcache_t *tc,
+                           const uint64_t *count)
+{
+    uint64_t left[CACHE__MAX_CAPS] = {0}, pages[CACHE__MAX_CAPS] = {0}, bytes = 0;
+
+    for (uint32_t k = 0; k < md->ncaps; k++) {
+        uint32_t first = 0, ci = md->caps_cls[k];
+        uint64_t take;
+
+        while (md->caps_cls[first] != ci)
+            first++;
+        if (first == k && tc != NULL)
+            left[k] = do_mag_count(&tc->mags[ci]);
+        take = count[k] < left[first] ? count[k] : left[first];
+        left[first] -= take;
+        pages[k] = count[k] - take;
+        bytes += pages[k] * p->classes[ci].stride;
+    }
+    return p->bytes_taken + bytes <= p->capacity && do_classes_can(p, md, pages);
+}
 
 /* ---- Creation ---- */
 
@@ -614,12 +1034,28 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
         md->state_bytes = cache__round_up(model_state_size(md->m), CACHE__ALIGN);
         md->state_cls = md->state_bytes > 0 ? cache__class_for(p, md->state_bytes) : CACHE__NONE;
     }
-    for (uint32_t i = 0; i < p->nclasses; i++)
-        p->classes[i].per_page = (uint32_t)(p->page_size / p->classes[i].stride);
+    for (uint32_t i = 0; i < p->nclasses; i++) {
+        cache__class_t *c = &p->classes[i];
+        size_t fit = CACHE__MAG_BYTES / c->stride;
+
+        c->per_page = (uint32_t)(p->page_size / c->stride);
+        c->mag_cap = fit < 2 ? 0 : fit > CACHE__MAG_MAX ? CACHE__MAG_MAX : (uint32_t)fit;
+    }
+    p->tcaches = cache__calloc(CACHE__TCACHES, sizeof *p->tcaches);
+    if (p->tcaches == NULL)
+        goto fail_classes;
+    p->tcaches[0].mags = cache__calloc((size_t)CACHE__TCACHES * p->nclasses, sizeof(cache__mag_t));
+    if (p->tcaches[0].mags == NULL)
+        goto fail_tcaches;
+    for (uint32_t i = 0; i < CACHE__TCACHES; i++) {
+        p->tcaches[i].mags = p->tcaches[0].mags + (size_t)i * p->nclasses;
+        for (uint32_t ci = 0; ci < p->nclasses; ci++)
+            atomic_init(&p->tcaches[i].mags[ci].n, 0);
+    }
 
     p->slots = cache__calloc(cfg->max_slots, sizeof *p->slots);
     if (p->slots == NULL)
-        goto fail_classes;
+        goto fail_mags;
     for (uint32_t i = 0; i < p->max_slots; i++)
         p->slots[i].next_free = i + 1 < p->max_slots ? i + 1 : CACHE__NONE;
     p->free_slot = 0;
@@ -647,6 +1083,7 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
     if (pthread_mutex_init(&p->lock, NULL) != 0)
         goto fail_pages;
     atomic_init(&p->entries, 0);
+    p->serial = atomic_fetch_add(&cache__pool_serial, 1) + 1;
     *out = p;
     return SLOTD_OK;
 
@@ -656,6 +1093,10 @@ fail_arena:
     munmap(p->arena, p->arena_bytes);
 fail_slots:
     free(p->slots);
+fail_mags:
+    free(p->tcaches[0].mags);
+fail_tcaches:
+    free(p->tcaches);
 fail_classes:
     free(p->classes);
 fail_models:
@@ -673,6 +1114,8 @@ void cache_pool_destroy(cache_pool_t *p)
     munmap(p->arena, p->arena_bytes);
     free(p->pages);
     free(p->slots);
+    free(p->tcaches[0].mags);
+    free(p->tcaches);
     free(p->classes);
     free(p->models);
     free(p);
@@ -684,6 +1127,7 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
                        cache_handle_t *h)
 {
     const cache__model_t *md;
+    cache__tcache_t *tc;
     cache__slot_t *s;
     uint32_t si;
     int mi;
@@ -694,11 +1138,19 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
     md = &p->models[mi];
 
     pthread_mutex_lock(&p->lock);
-    if (p->free_slot == CACHE__NONE ||
-        (md->state_bytes > 0 &&
-         (p->bytes_used + md->state_bytes > p->capacity || !do_class_can(p, md->state_cls, 1)))) {
+    if (p->free_slot == CACHE__NONE) {
         rc = SLOTD_ECACHE_FULL;
         goto out;
+    }
+    tc = do_tcache_claim(p);
+    if (md->state_bytes > 0 && (tc == NULL || do_mag_count(&tc->mags[md->state_cls]) == 0) &&
+        (p->bytes_taken + md->state_bytes > p->capacity || !do_class_can(p, md->state_cls, 1))) {
+        /* Not refused while a thread cache parks what would do. */
+        do_steal_all(p);
+        if (p->bytes_taken + md->state_bytes > p->capacity || !do_class_can(p, md->state_cls, 1)) {
+            rc = SLOTD_ECACHE_FULL;
+            goto out;
+        }
     }
     si = p->free_slot;
     s = &p->slots[si];
@@ -708,12 +1160,13 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
            s->state == NULL && s->entries == 0);
     s->model = (uint32_t)mi;
     if (md->state_bytes > 0) {
-        s->state = do_obj_alloc(p, md->state_cls);
-        p->bytes_used += md->state_bytes;
+        s->state = tc != NULL ? cache__mag_pop(p, &tc->mags[md->state_cls], md->state_cls) : NULL;
+        if (s->state == NULL) {
+            s->state = do_obj_alloc(p, md->state_cls);
+            p->bytes_taken += md->state_bytes;
+        }
     }
-    s->owner.key = owner->key;
-    memcpy(s->owner.id, owner->id, sizeof s->owner.id);
-    s->owner.id[CACHE_ID_MAX] = '\0';
+    do_owner_set(s, owner);
     /* The tenancy begins: everything above is published with it. */
     h->gen = atomic_load_explicit(&s->gen, memory_order_relaxed) + 1;
     atomic_store_explicit(&s->gen, h->gen, memory_order_release);
@@ -728,19 +1181,25 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
                        model_kv_t *kv)
 {
     const cache__model_t *md;
+    cache__tcache_t *tc;
     cache__slot_t *s;
     uint64_t want, room;
+    uint32_t from;
     int rc = SLOTD_OK;
 
     if (p == NULL || owner == NULL || kv == NULL)
         return SLOTD_EINVAL;
 
-    /* The fast path: the room is already the slot's, nothing is taken from
-     * the pool, and only the slot's user touches what is read here. */
+    /* The fast paths: the room is already the slot's, or the blocks it
+     * lacks are parked in this thread's cache; only the slot's user and
+     * this thread's magazines are touched. */
     s = cache__slot_get_unlocked(p, h, owner);
     if (s != NULL) {
+        md = &p->models[s->model];
         want = (uint64_t)s->entries + n;
-        if (want <= s->room && want <= p->models[s->model].max_ctx) {
+        if (want <= md->max_ctx &&
+            (want <= s->room ||
+             ((tc = cache__tcache_mine(p)) != NULL && cache__reserve_parked(p, md, s, tc, want)))) {
             kv->head = s->head;
             kv->tail = s->tail;
             kv->len = s->entries;
@@ -775,29 +1234,38 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
             bytes += p->classes[md->caps_cls[do_cap_index(md, cap)]].stride;
             r += cap;
         }
-        if (p->bytes_used + bytes > p->capacity || !do_classes_can(p, md, count)) {
-            rc = SLOTD_ECACHE_FULL;
-            goto out;
+        tc = do_tcache_claim(p);
+        if (!do_reserve_can(p, md, tc, count)) {
+            /* Not refused while a thread cache parks what would do. */
+            do_steal_all(p);
+            if (!do_reserve_can(p, md, tc, count)) {
+                rc = SLOTD_ECACHE_FULL;
+                goto out;
+            }
         }
+        from = s->nblocks;
         for (uint32_t i = 0; i < need; i++) {
             uint32_t cap = model_block_capacity(md->m, s->nblocks);
-            model_block_t *b = do_obj_alloc(p, md->caps_cls[do_cap_index(md, cap)]);
+            uint32_t ci = md->caps_cls[do_cap_index(md, cap)];
+            model_block_t *b = tc != NULL ? cache__mag_pop(p, &tc->mags[ci], ci) : NULL;
 
-            /* do_obj_alloc() zeroed b->next. */
-            b->capacity = cap;
-            b->first = s->room;
-            if (s->last != NULL)
-                s->last->next = b;
-            else
-                s->head = b;
-            s->last = b;
-            if (s->tail == NULL)
-                s->tail = b; /* entries was == room: position `entries` is here */
-            s->nblocks++;
-            s->room += cap;
+            if (b == NULL) {
+                b = do_obj_alloc(p, ci);
+                p->bytes_taken += p->classes[ci].stride;
+            }
+            cache__slot_append(s, b, cap);
         }
         s->bytes += bytes;
-        p->bytes_used += bytes;
+        /* Park what the next reserves of this and other slots will want:
+         * the classes of these blocks and of the block after them. */
+        if (tc != NULL) {
+            for (uint32_t i = from; i <= s->nblocks; i++) {
+                uint32_t ci = md->caps_cls[do_cap_index(md, model_block_capacity(md->m, i))];
+
+                if (p->classes[ci].mag_cap > 0)
+                    do_mag_fill(p, &tc->mags[ci], ci);
+            }
+        }
     }
     kv->head = s->head;
     kv->tail = s->tail;
@@ -881,7 +1349,7 @@ int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
         pthread_mutex_lock(&p->lock);
     }
 #endif
-    do_slot_free(p, (uint32_t)(s - p->slots), head, state);
+    do_slot_free(p, do_tcache_claim(p), (uint32_t)(s - p->slots), head, state);
     pthread_mutex_unlock(&p->lock);
     return SLOTD_OK;
 }
@@ -894,12 +1362,15 @@ uint64_t cache_pool_entries(const cache_pool_t *p)
 void cache_pool_stats(cache_pool_t *p, cache_pool_stats_t *st)
 {
     pthread_mutex_lock(&p->lock);
+    /* Parked objects are free: with them back on their pages, bytes_taken
+     * is what live slots hold, and stays so while the lock is held. */
+    do_steal_all(p);
     st->entries = atomic_load_explicit(&p->entries, memory_order_relaxed);
     st->live_slots = p->live_slots;
     st->max_slots = p->max_slots;
     st->bytes_capacity = p->capacity;
-    st->bytes_used = p->bytes_used;
-    st->bytes_free = p->capacity - p->bytes_used;
+    st->bytes_used = p->bytes_taken;
+    st->bytes_free = p->capacity - p->bytes_taken;
     pthread_mutex_unlock(&p->lock);
 }
 
@@ -920,6 +1391,7 @@ uint32_t cache__pool_pages_free(cache_pool_t *p)
     uint32_t n;
 
     pthread_mutex_lock(&p->lock);
+    do_steal_all(p);
     n = p->pages_free;
     pthread_mutex_unlock(&p->lock);
     return n;
@@ -939,6 +1411,7 @@ size_t cache__pool_page_stride(cache_pool_t *p, uint32_t page)
     size_t stride = 0;
 
     pthread_mutex_lock(&p->lock);
+    do_steal_all(p);
     if (page < p->npages && p->pages[page].cls != CACHE__NONE)
         stride = p->classes[p->pages[page].cls].stride;
     pthread_mutex_unlock(&p->lock);
@@ -988,6 +1461,43 @@ int cache__pool_check(cache_pool_t *p)
         return 1;
     }
     pthread_mutex_lock(&p->lock);
+
+    /* Parked objects: each in the arena, carved, on a page of its class, and
+     * (debug builds) still poisoned.  Then back to their pages, so that the
+     * rest is checked as if there were no thread caches. */
+    for (uint32_t i = 0; i < CACHE__TCACHES; i++) {
+        const cache__tcache_t *tc = &p->tcaches[i];
+
+        if (tc->thread == NULL)
+            continue;
+        for (uint32_t ci = 0; ci < p->nclasses; ci++) {
+            uint32_t k = atomic_load(&tc->mags[ci].n);
+
+            if (k == CACHE__STOLEN)
+                continue;
+            CACHE__CHECK(k <= p->classes[ci].mag_cap, "thread cache %u class %u holds %u", i, ci,
+                         k);
+            for (uint32_t j = 0; j < k && j < CACHE__MAG_MAX; j++) {
+                const unsigned char *o = tc->mags[ci].obj[j];
+                int64_t pg = cache__pool_page_of(p, o);
+                size_t off;
+
+                CACHE__CHECK(pg >= 0, "thread cache %u: object outside arena", i);
+                if (pg < 0)
+                    continue;
+                off = (size_t)(o - p->arena) - (size_t)pg * p->page_size;
+                CACHE__CHECK(p->pages[pg].cls == ci && off % p->classes[ci].stride == 0 &&
+                                 off / p->classes[ci].stride < p->pages[pg].carved,
+                             "thread cache %u class %u: object not of its class", i, ci);
+#if CACHE__DEBUG
+                CACHE__CHECK(cache__poison_intact(o, p->classes[ci].stride),
+                             "thread cache %u class %u: parked object written", i, ci);
+#endif
+            }
+        }
+    }
+    if (bad == 0)
+        do_steal_all(p);
 
     for (uint32_t i = p->free_slot; i != CACHE__NONE; i = p->slots[i].next_free) {
         CACHE__CHECK((atomic_load(&p->slots[i].gen) & 1) == 0, "free slot %u is live", i);
@@ -1043,8 +1553,8 @@ int cache__pool_check(cache_pool_t *p)
                  (unsigned long long)p->live_slots, (unsigned long long)live);
     CACHE__CHECK(live + nfree_slots == p->max_slots, "slots lost: %llu live, %llu free",
                  (unsigned long long)live, (unsigned long long)nfree_slots);
-    CACHE__CHECK(used == p->bytes_used, "bytes_used %llu, counted %llu",
-                 (unsigned long long)p->bytes_used, (unsigned long long)used);
+    CACHE__CHECK(used == p->bytes_taken, "bytes_taken %llu, counted %llu",
+                 (unsigned long long)p->bytes_taken, (unsigned long long)used);
     CACHE__CHECK(used <= p->capacity, "used past capacity");
     CACHE__CHECK(entries == atomic_load(&p->entries), "entries %llu, counted %llu",
                  (unsigned long long)atomic_load(&p->entries), (unsigned long long)entries);

@@ -20,13 +20,23 @@
  * memory is poisoned in debug builds (NDEBUG unset).
  *
  * DESIGN.  One mutex guards the shared bookkeeping (slot tenancies, free
- * lists, byte counts) and is held only for O(1) work (plus one block per
- * block reserved), never while a model runs.  A slot is used by one thread
- * at a time (the caller guarantees it: the server runs one call per session
- * at once), so a step that fits in the room the slot already holds takes
- * no lock: cache_pool_reserve() then reads, and cache_pool_commit() always
- * writes, only the slot's own record and the atomic entry total.  The lock
- * is taken to add blocks, to acquire and to release.  Between reserve and
+ * lists, byte counts) and is held only for O(1) work (plus one object per
+ * object taken or returned), never while a model runs.  A slot is used by
+ * one thread at a time (the caller guarantees it: the server runs one call
+ * per session at once), so a step that fits in the room the slot already
+ * holds takes no lock: cache_pool_reserve() then reads, and
+ * cache_pool_commit() always writes, only the slot's own record and the
+ * atomic entry total.  Each calling thread also gets a small cache of free
+ * blocks in the pool (the pool owns it, allocated at creation and freed by
+ * cache_pool_destroy(); a thread needs no set-up or clean-up): a release
+ * parks the slot's blocks in the releasing thread's cache, the locked path
+ * of a reserve tops the cache up, and a reserve whose missing blocks are
+ * all parked in its thread's cache takes them without the lock.  A parked
+ * block is free: it counts in no figure, and any call that would refuse
+ * with SLOTD_ECACHE_FULL, and cache_pool_stats(), first takes every
+ * thread's parked blocks back, so refusals and figures are exactly those of
+ * a pool without the caches.  The lock is taken to acquire, to release,
+ * and to add blocks not parked in the caller's cache.  Between reserve and
  * commit the caller writes into the slot's blocks without the lock.
  * cache_pool_entries() is an atomic read and takes no lock.
  */
@@ -50,7 +60,9 @@ typedef struct cache_pool_config {
 } cache_pool_config_t;
 
 /** Who a slot belongs to: an opaque key (the server uses its connection's
- * serial number) and the request id.  A plain value, copied into the slot. */
+ * serial number) and the request id: the bytes before the first NUL, at
+ * most CACHE_ID_MAX (what follows the NUL is not part of it and may be
+ * anything).  A plain value, copied into the slot. */
 typedef struct cache_owner {
     uint64_t key;
     char id[CACHE_ID_MAX + 1];
@@ -116,7 +128,9 @@ int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
 /** Entries held by all live slots.  Lock-free; any thread. */
 uint64_t cache_pool_entries(const cache_pool_t *p);
 
-/** A consistent snapshot of the figures (taken under the lock). */
+/** A consistent snapshot of the figures (taken under the lock, with every
+ * thread's parked blocks taken back first, which costs each thread one
+ * more lock for its next block). */
 void cache_pool_stats(cache_pool_t *p, cache_pool_stats_t *st);
 
 #endif

@@ -34,7 +34,9 @@ void cache__pool_set_calloc(void *(*fn)(size_t nmemb, size_t size));
 /** Bytes of one page of `p`'s arena. */
 size_t cache__pool_page_size(cache_pool_t *p);
 
-/** Pages in the arena, and pages on the free-page list right now. */
+/** Pages in the arena, and pages on the free-page list right now (with
+ * every object parked in a thread cache taken back first, so that the
+ * pages look as they would without thread caches). */
 uint32_t cache__pool_pages(cache_pool_t *p);
 uint32_t cache__pool_pages_free(cache_pool_t *p);
 
@@ -42,14 +44,16 @@ uint32_t cache__pool_pages_free(cache_pool_t *p);
 int64_t cache__pool_page_of(cache_pool_t *p, const void *obj);
 
 /** The object size (stride) of the class page `page` is assigned to, or 0
- * while the page is free. */
+ * while the page is free (parked objects taken back first, as above). */
 size_t cache__pool_page_stride(cache_pool_t *p, uint32_t page);
 
 /** Walks every table and list and checks the invariants the O(1) paths
  * rely on (byte and entry totals, chain lengths and tails, per-page and
- * per-class free counts, list membership).  Returns the number of
- * violations found, 0 for a sound pool; prints each one to stderr.
- * Takes the lock; O(slots + pages + blocks). */
+ * per-class free counts, list membership), and every object parked in a
+ * thread cache (in the arena, of its class, poisoned in debug builds)
+ * before taking them all back.  Returns the number of violations found, 0
+ * for a sound pool; prints each one to stderr.  Takes the lock; O(slots +
+ * pages + blocks + parked objects). */
 int cache__pool_check(cache_pool_t *p);
 
 /** Returns `obj` to its page as a release does, guard checks included.

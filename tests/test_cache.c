@@ -6,11 +6,14 @@
  * returned on release, refusals (slot count, budget, pages) that change
  * nothing, stale and foreign handles, two block sizes sharing pages, and a
  * randomized sequence checked against a plain model of the expected figures
- * after every call.  Debug builds also check the poison and the guards.  It
+ * after every call, and blocks parked in one thread's cache that must not
+ * cost another thread a refusal.  Debug builds also check the poison and
+ * the guards.  It
  * includes the pool's private header to see pages and run the full
  * invariant check.
  */
 #include <check.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -968,6 +971,132 @@ START_TEST(test_double_release)
 }
 END_TEST
 
+/* Ids that match up to a word boundary, or differ only past it, or only in
+ * their length, are told apart (the owner check compares whole words). */
+START_TEST(test_owner_id_words)
+{
+    model_t *hash = model("hash");
+    const model_t *models[] = {hash};
+    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    /* Lengths 0, 1, 7, 8, 9 and 15, 16: either side of the word boundaries. */
+    static const char *ids[] = {"",
+                                "a",
+                                "abcdefg",
+                                "abcdefgh",
+                                "abcdefghi",
+                                "abcdefgh\x01",
+                                "abcdefghabcdefgh",
+                                "abcdefghabcdefg"};
+    const size_t nids = sizeof ids / sizeof ids[0];
+    model_kv_t kv;
+
+    for (size_t i = 0; i < nids; i++) {
+        cache_owner_t o = owner(5, ids[i]);
+        cache_handle_t h;
+
+        /* Junk after the NUL of the acquiring id is not part of it. */
+        memset(o.id + strlen(ids[i]) + 1, 'z', CACHE_ID_MAX - strlen(ids[i]));
+        ck_assert_int_eq(cache_pool_acquire(p, hash, &o, &h), SLOTD_OK);
+        for (size_t j = 0; j < nids; j++) {
+            cache_owner_t q = owner(5, ids[j]);
+
+            memset(q.id + strlen(ids[j]) + 1, j % 2 == 0 ? 0x7F : 'a',
+                   CACHE_ID_MAX - strlen(ids[j]));
+            ck_assert_msg(cache_pool_reserve(p, h, &q, 0, &kv) ==
+                              (i == j ? SLOTD_OK : SLOTD_ESTALE),
+                          "acquired as '%s', reserved as '%s'", ids[i], ids[j]);
+        }
+        ck_assert_int_eq(cache_pool_release(p, h, &o, NULL), SLOTD_OK);
+    }
+    sound(p);
+    cache_pool_destroy(p);
+    model_destroy(hash);
+}
+END_TEST
+
+/* ---- Thread caches ---- */
+
+typedef struct filler {
+    cache_pool_t *p;
+    const model_t *m;
+    uint64_t key;
+    uint32_t blocks; /* blocks the slots got before the pool refused */
+    uint32_t slots;
+    uint64_t bytes_used;
+    uint32_t bad; /* calls that failed (no Check assertions off the main thread) */
+} filler_t;
+
+/* Fills `f->p` with slots of `f->m`, one block a reserve, until the pool
+ * refuses; notes what they got and the bytes used then; releases them. */
+static void *fill_pool(void *arg)
+{
+    filler_t *f = arg;
+    cache_handle_t h[256];
+    cache_owner_t o[256];
+    uint32_t n = 0;
+
+    f->blocks = 0;
+    for (;;) {
+        char id[16];
+        uint32_t got;
+
+        if (n == 255) {
+            f->bad++;
+            break;
+        }
+        snprintf(id, sizeof id, "f%u", n);
+        o[n] = owner(f->key, id);
+        h[n] = (cache_handle_t){UINT32_MAX, 0}; /* stale, unless the acquire succeeds */
+        got = fill_slot(f->p, f->m, &o[n], &h[n]);
+        if (got == 0)
+            break; /* h[n] is released below if the acquire succeeded */
+        f->blocks += got;
+        n++;
+        if (room_of(f->m, got) + model_block_capacity(f->m, got) <= model_max_ctx(f->m))
+            break; /* refused inside a slot */
+    }
+    f->slots = n;
+    f->bytes_used = stats(f->p).bytes_used;
+    for (uint32_t i = 0; i < n; i++)
+        f->bad += cache_pool_release(f->p, h[i], &o[i], NULL) != SLOTD_OK;
+    /* The last slot, if its acquire succeeded (else the handle is stale). */
+    (void)cache_pool_release(f->p, h[n], &o[n], NULL);
+    return NULL;
+}
+
+/* A thread that released its slots keeps some of their blocks parked in
+ * its cache; another thread filling the pool must get every block the
+ * budget holds all the same, and the figures must not count what is
+ * parked. */
+START_TEST(test_parked_blocks_do_not_refuse)
+{
+    model_t *tiny = model("tiny");
+    const model_t *models[] = {tiny};
+    cache_pool_t *p = pool(3 * page_for(models, 1), 256, models, 1);
+    filler_t first = {p, tiny, 1, 0, 0, 0, 0}, second = {p, tiny, 2, 0, 0, 0, 0};
+    pthread_t t;
+
+    /* This thread fills the pool and releases: its cache keeps blocks. */
+    fill_pool(&first);
+    ck_assert_uint_gt(first.blocks, 0);
+    sound(p);
+    ck_assert_uint_eq(stats(p).bytes_used, 0);
+    fill_pool(&first); /* parks again (sound() handed them back) */
+    /* Another thread asks for the same: it gets as much. */
+    ck_assert_int_eq(pthread_create(&t, NULL, fill_pool, &second), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_uint_eq(first.bad + second.bad, 0);
+    ck_assert_uint_eq(second.blocks, first.blocks);
+    ck_assert_uint_eq(second.slots, first.slots);
+    ck_assert_uint_eq(second.bytes_used, first.bytes_used);
+    ck_assert_uint_eq(stats(p).bytes_used, 0);
+    ck_assert_uint_eq(cache__pool_pages_free(p), cache__pool_pages(p));
+    sound(p);
+    cache_pool_destroy(p);
+    model_destroy(tiny);
+}
+END_TEST
+
 /* ---- Pages shared between classes ---- */
 
 START_TEST(test_pages_move_between_classes)
@@ -1253,6 +1382,33 @@ START_TEST(test_poison_after_release)
 }
 END_TEST
 
+/* A block parked in a thread cache is checked like a free one: written
+ * after its release, the pool's check reports it. */
+START_TEST(test_check_finds_written_parked_block)
+{
+    model_t *tiny = model("tiny");
+    const model_t *models[] = {tiny};
+    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    cache_owner_t a = owner(1, "a");
+    cache_handle_t h;
+    model_kv_t kv;
+    unsigned char *block;
+
+    ck_assert_int_eq(cache_pool_acquire(p, tiny, &a, &h), SLOTD_OK);
+    ck_assert_int_eq(grow(p, h, &a, 3), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_reserve(p, h, &a, 0, &kv), SLOTD_OK);
+    block = (unsigned char *)kv.head->next;
+    /* The reserve filled this thread's cache; emptied (the page count
+     * takes parked blocks back), it parks the released ones. */
+    (void)cache__pool_pages_free(p);
+    ck_assert_int_eq(cache_pool_release(p, h, &a, NULL), SLOTD_OK);
+    block[40] = 0; /* a use after release */
+    ck_assert_int_gt(cache__pool_check(p), 0);
+    cache_pool_destroy(p);
+    model_destroy(tiny);
+}
+END_TEST
+
 /* Runs in a forked child: the guard aborts. */
 START_TEST(test_guard_double_free)
 {
@@ -1336,10 +1492,13 @@ static Suite *cache_suite(bool forking)
     tcase_add_test(tc, test_stale_handles);
     tcase_add_test(tc, test_wrong_owner);
     tcase_add_test(tc, test_double_release);
+    tcase_add_test(tc, test_owner_id_words);
+    tcase_add_test(tc, test_parked_blocks_do_not_refuse);
     tcase_add_test(tc, test_pages_move_between_classes);
     tcase_add_test(tc, test_randomized);
 #ifndef NDEBUG
     tcase_add_test(tc, test_poison_after_release);
+    tcase_add_test(tc, test_check_finds_written_parked_block);
     /* The guards abort the process: only in a forked child. */
     if (forking) {
         tcase_add_test_raise_signal(tc, test_guard_double_free, SIGABRT);

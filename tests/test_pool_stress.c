@@ -8,7 +8,11 @@
  * lock, commit), checks a slot, or checks and releases it.  Every position
  * and every state carries a tag unique to its tenancy, so a block handed to
  * two slots at once, or a slot that sees another's memory, shows as a
- * wrong tag.  A reader thread snapshots the figures all along.  Workers do
+ * wrong tag.  A reader thread snapshots the figures all along, resting
+ * between every other snapshot: a snapshot takes back every block parked
+ * in the workers' caches, so that both the workers' lock-free takes from
+ * their caches and those takes racing a snapshot get their share of the
+ * run.  Workers do
  * not call Check (its assertions are not thread-safe): they count failures
  * and the main thread asserts.  Meant to pass under SANITIZER=thread too.
  */
@@ -19,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cache/pool.h"
 #include "cache/pool_impl.h"
@@ -248,6 +253,9 @@ static void *worker_main(void *arg)
 
 static void *reader_main(void *arg)
 {
+    const struct timespec rest = {0, 50 * 1000};
+    unsigned k = 0;
+
     (void)arg;
     while (!atomic_load(&done)) {
         cache_pool_stats_t st;
@@ -256,6 +264,8 @@ static void *reader_main(void *arg)
         if (st.bytes_used + st.bytes_free != st.bytes_capacity || st.live_slots > MAX_SLOTS)
             FAIL("reader: inconsistent snapshot\n");
         (void)cache_pool_entries(pool);
+        if (++k % 2 == 0)
+            nanosleep(&rest, NULL);
     }
     return NULL;
 }
