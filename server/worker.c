@@ -5,23 +5,55 @@
  *
  * DESIGN.  Two locks, never held together.
  *
- * `queue_lock` guards the job FIFO, the count of idle workers and the stop
- * flag.  The loop thread appends a whole batch under it and signals
- * `queue_cond` once if a worker is idle; a worker that takes a job and sees
- * more queued while others sleep signals once more, so wake-ups fan out
- * along the batch (libuv threadpool.c does the same).  Workers leave when
- * the stop flag is set and the queue is empty.
+ * `queue_lock` guards the job FIFO, the stack of sleeping workers, the
+ * filling and emptying of each worker's local batch (below), and the stop
+ * flag.  The loop thread appends a whole batch under it.  A worker takes
+ * its fair share of what is queued (the queue over the number of workers,
+ * rounded up, at most WORKER_TAKE_MAX) in one acquisition, so that a batch
+ * is still shared by every worker but a worker does not come back to the
+ * lock for each job.  The jobs taken wait, unstarted, in the worker's
+ * local batch; the worker claims them one at a time with a
+ * compare-and-swap on its `claim` index, without the lock.  The others
+ * move `claim` too, under the lock: a worker that finds the queue empty
+ * steals half of another's unstarted jobs before it sleeps (so a job does
+ * not wait behind a long or wedged one while a worker is free), and
+ * worker_pool_take_back() takes all of them.  Whoever moves `claim` past a
+ * job owns it, so each job is run once or given back, never both.  A
+ * local batch is filled only while it is empty and under the lock, so the
+ * lock holder may read the others' batches.
  *
- * `done_lock` guards the completion FIFO.  A worker appends its finished
- * job and calls uv_async_send() only if the FIFO was empty: the loop is
- * then certain to drain it, and every later append before that drain
- * rides on the same wake-up.  The async callback (loop thread) swaps the
- * whole FIFO out under the lock and calls `done` on each job unlocked.
+ * Wake-ups: a worker with nothing to run or steal puts itself on the
+ * `sleepers` stack, releases the lock and waits on its own semaphore until
+ * a waker pops it (clearing `asleep`) and posts it, once.  A semaphore and
+ * not a condition variable: a thread back from pthread_cond_wait() holds
+ * the mutex marked contended, so its next unlock is a futex wake-up
+ * syscall whether or not anyone waits.  A worker is woken only when jobs
+ * are left unstarted (queued, or behind the first of a local batch), once
+ * per sleep, and not while another woken worker has yet to reach the queue
+ * (`waking`); that one, once it has taken its share, wakes the next if
+ * jobs are still left, so wake-ups fan out along a batch (as libuv
+ * threadpool.c does) without waking a worker that would find nothing.  The
+ * post comes after the lock is released, so the woken worker does not
+ * block at once on a lock its waker still holds.  A worker that finishes
+ * its local batch looks at the queue before it sleeps.  Nobody spins: on
+ * two cores spinning was measured to cost more than the futex it saves.
+ *
+ * `done_lock` guards the completion FIFO.  A worker appends each job as
+ * it finishes and calls uv_async_send() only if the FIFO was empty: the
+ * loop is then certain to drain it, and every later append before that
+ * drain rides on the same wake-up.  Finished jobs are not held back to be
+ * appended several at a time: the next job may be a long one (another
+ * model, or a wedged one), and a reply must not wait for it.  The async
+ * callback (loop thread) swaps the whole FIFO out under the lock and
+ * calls `done` on each job unlocked.
  *
  * Each worker publishes the monotonic start time of its current job in an
- * atomic (0 when idle) for worker_pool_wedged().  Nothing else is shared:
- * a job belongs to the worker running it, and scratch and buffers to their
- * worker.  `outstanding` is touched by the loop thread only.
+ * atomic (0 when idle) for worker_pool_wedged() and worker_job_start().
+ * It stays a per-job uv_hrtime(): job.c times each step from it into a
+ * histogram whose first bucket is 5 us, which a coarse clock would spoil.
+ * Nothing else is shared: a job belongs to the worker running it, and
+ * scratch and buffers to their worker.  `outstanding` is touched by the
+ * loop thread only.
  */
 #include "worker.h"
 
@@ -29,11 +61,15 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
+/* The most jobs a worker takes per queue_lock acquisition. */
+#define WORKER_TAKE_MAX 8u
+
 struct worker {
-    pthread_t thread;
+    _Alignas(64) pthread_t thread; /* workers do not share cache lines */
     worker_pool_t *pool;
     void *scratch;    /* owned; pool->scratch_bytes */
     uint32_t *tokens; /* owned; tokens_len values */
@@ -41,6 +77,21 @@ struct worker {
     double *logits; /* owned; logits_len values */
     size_t logits_len;
     _Atomic uint64_t job_start; /* uv_hrtime() when the current job started; 0 if idle */
+
+    /* The local batch: jobs taken and not started are local[claim ..
+     * nlocal).  local, local_seq and nlocal are written by the worker under
+     * queue_lock, only while the batch is empty; `claim` moves up by the
+     * worker's compare-and-swap (without the lock), by a stealer's (under
+     * it), or to nlocal by take_back's exchange (under it). */
+    worker_job_t *local[WORKER_TAKE_MAX];
+    unsigned nlocal;
+    _Atomic unsigned claim;
+    uint64_t local_seq[WORKER_TAKE_MAX]; /* as `local`: each job's place in submission order */
+    unsigned back;                       /* queue_lock: take_back's cursor in `local` */
+
+    uv_sem_t wake;          /* the worker sleeps on it; posted once per wake-up */
+    bool asleep;            /* queue_lock: on the sleepers stack, not yet woken */
+    worker_t *next_sleeper; /* queue_lock */
 };
 
 struct worker_pool {
@@ -52,19 +103,22 @@ struct worker_pool {
     size_t outstanding;                           /* loop thread: submitted, not yet done */
 
     pthread_mutex_t queue_lock; /* guards the fields down to `stopping` */
-    pthread_cond_t queue_cond;  /* jobs arrived, or stopping */
     worker_job_t *queue_head;   /* queue_lock */
     worker_job_t *queue_tail;   /* queue_lock */
-    unsigned idle;              /* queue_lock: workers waiting on queue_cond */
+    size_t queued;              /* queue_lock: jobs in the FIFO */
+    worker_t *sleepers;         /* queue_lock: stack of workers waiting for a wake-up */
+    unsigned waking;            /* queue_lock: woken, not yet back at the queue */
+    uint64_t taken;             /* queue_lock: jobs ever taken off the queue */
     bool stopping;              /* queue_lock */
 
     pthread_mutex_t done_lock; /* guards the completion FIFO */
     worker_job_t *done_head;   /* done_lock */
     worker_job_t *done_tail;   /* done_lock */
 
-    unsigned nworkers;  /* cfg.threads */
-    unsigned nthreads;  /* threads started and not yet joined */
-    worker_t workers[]; /* nworkers of them */
+    unsigned nworkers; /* cfg.threads */
+    unsigned nthreads; /* threads started and not yet joined */
+    unsigned nsems;    /* workers whose `wake` is initialised */
+    worker_t *workers; /* nworkers of them, owned, cache-line aligned */
 };
 
 void worker_batch_push(worker_batch_t *b, worker_job_t *job)
@@ -132,6 +186,120 @@ double *worker_logits(worker_t *w, size_t n)
     return buf_room((void **)&w->logits, &w->logits_len, n, sizeof(double));
 }
 
+/* Claims the next job of w's local batch; NULL if none is left (or
+ * take_back took them).  Worker w. */
+static worker_job_t *claim_local(worker_t *w)
+{
+    unsigned i = atomic_load_explicit(&w->claim, memory_order_relaxed);
+
+    while (i < w->nlocal)
+        if (atomic_compare_exchange_weak_explicit(&w->claim, &i, i + 1, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            return w->local[i];
+    return NULL;
+}
+
+/* Pops a sleeping worker and marks it woken, if one is needed: some
+ * sleep, `unstarted` jobs (queued, or waiting in a local batch) are left
+ * for them, and no worker woken earlier is still on its way to the queue
+ * (that one fans out further).  The caller signals the worker's `wake`
+ * after it releases queue_lock.  Called with queue_lock held. */
+static worker_t *do_pick_sleeper(worker_pool_t *wp, size_t unstarted)
+{
+    worker_t *w = wp->sleepers;
+
+    if (w == NULL || wp->waking > 0 || unstarted == 0)
+        return NULL;
+    wp->sleepers = w->next_sleeper;
+    w->next_sleeper = NULL;
+    w->asleep = false;
+    wp->waking++;
+    return w;
+}
+
+/* Moves the first half (rounded up) of the unstarted jobs of another
+ * worker's local batch into w's empty one, so that a job never waits
+ * behind a long one while a worker is free; the first is claimed.
+ * Returns false if no worker holds unstarted jobs.  Called with
+ * queue_lock held, which keeps every local batch from being refilled. */
+static bool do_steal(worker_t *w)
+{
+    worker_pool_t *wp = w->pool;
+
+    /* nworkers, not nthreads: the loop thread may still be starting them. */
+    for (unsigned k = 0; k < wp->nworkers; k++) {
+        worker_t *v = &wp->workers[k];
+        unsigned i = atomic_load_explicit(&v->claim, memory_order_relaxed), n;
+
+        while (v != w && i < v->nlocal) {
+            n = (v->nlocal - i + 1) / 2;
+            if (atomic_compare_exchange_weak_explicit(&v->claim, &i, i + n, memory_order_relaxed,
+                                                      memory_order_relaxed)) {
+                memcpy(w->local, &v->local[i], n * sizeof(w->local[0]));
+                memcpy(w->local_seq, &v->local_seq[i], n * sizeof(w->local_seq[0]));
+                w->nlocal = n;
+                atomic_store_explicit(&w->claim, 1, memory_order_relaxed);
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+/* Fills w's (empty) local batch with its share of the queue, or else
+ * with jobs stolen from another local batch, sleeping until there are
+ * some; returns the first job of it, already claimed, or NULL when the
+ * pool stops and nothing is left to take.  Worker w. */
+static worker_job_t *take_jobs(worker_t *w)
+{
+    worker_pool_t *wp = w->pool;
+    worker_t *wake = NULL;
+    worker_job_t *job;
+    size_t n;
+
+    pthread_mutex_lock(&wp->queue_lock);
+    while (wp->queue_head == NULL) {
+        if (do_steal(w)) {
+            wake = do_pick_sleeper(wp, w->nlocal - 1);
+            pthread_mutex_unlock(&wp->queue_lock);
+            if (wake != NULL)
+                uv_sem_post(&wake->wake);
+            return w->local[0];
+        }
+        if (wp->stopping) { /* nothing left to run but what others hold */
+            pthread_mutex_unlock(&wp->queue_lock);
+            return NULL;
+        }
+        w->asleep = true;
+        w->next_sleeper = wp->sleepers;
+        wp->sleepers = w;
+        pthread_mutex_unlock(&wp->queue_lock);
+        uv_sem_wait(&w->wake);
+        pthread_mutex_lock(&wp->queue_lock);
+        assert(!w->asleep && wp->waking > 0);
+        wp->waking--;
+    }
+    /* The fair share, rounded up so that one job is never left behind. */
+    n = (wp->queued + wp->nworkers - 1) / wp->nworkers;
+    if (n > WORKER_TAKE_MAX)
+        n = WORKER_TAKE_MAX;
+    for (w->nlocal = 0; w->nlocal < n; w->nlocal++) {
+        job = wp->queue_head;
+        wp->queue_head = job->next;
+        w->local[w->nlocal] = job;
+        w->local_seq[w->nlocal] = ++wp->taken;
+    }
+    if (wp->queue_head == NULL)
+        wp->queue_tail = NULL;
+    wp->queued -= n;
+    atomic_store_explicit(&w->claim, 1, memory_order_relaxed);
+    wake = do_pick_sleeper(wp, wp->queued + w->nlocal - 1);
+    pthread_mutex_unlock(&wp->queue_lock);
+    if (wake != NULL)
+        uv_sem_post(&wake->wake);
+    return w->local[0];
+}
+
 static void *worker_main(void *arg)
 {
     worker_t *w = arg;
@@ -140,23 +308,9 @@ static void *worker_main(void *arg)
     bool was_empty;
 
     for (;;) {
-        pthread_mutex_lock(&wp->queue_lock);
-        while (wp->queue_head == NULL && !wp->stopping) {
-            wp->idle++;
-            pthread_cond_wait(&wp->queue_cond, &wp->queue_lock);
-            wp->idle--;
-        }
-        job = wp->queue_head;
-        if (job == NULL) { /* stopping, and nothing left to run */
-            pthread_mutex_unlock(&wp->queue_lock);
+        job = claim_local(w);
+        if (job == NULL && (job = take_jobs(w)) == NULL)
             break;
-        }
-        wp->queue_head = job->next;
-        if (wp->queue_head == NULL)
-            wp->queue_tail = NULL;
-        else if (wp->idle > 0)
-            pthread_cond_signal(&wp->queue_cond);
-        pthread_mutex_unlock(&wp->queue_lock);
 
         atomic_store_explicit(&w->job_start, uv_hrtime(), memory_order_relaxed);
         wp->run(w, job, wp->arg);
@@ -202,25 +356,43 @@ static void async_cb(uv_async_t *h)
     drain_completions(container_of(h, worker_pool_t, async));
 }
 
-/* Stops and joins the started threads, frees the workers' memory. */
+/* Stops and joins the started threads. */
 static void stop_threads(worker_pool_t *wp)
 {
+    worker_t *w, *next;
+
     pthread_mutex_lock(&wp->queue_lock);
     wp->stopping = true;
-    pthread_cond_broadcast(&wp->queue_cond);
+    w = wp->sleepers; /* woken all, as do_pick_sleeper() would */
+    wp->sleepers = NULL;
+    for (next = w; next != NULL; next = next->next_sleeper) {
+        next->asleep = false;
+        wp->waking++;
+    }
     pthread_mutex_unlock(&wp->queue_lock);
+    for (; w != NULL; w = next) {
+        next = w->next_sleeper;
+        uv_sem_post(&w->wake);
+    }
     for (unsigned i = 0; i < wp->nthreads; i++)
         pthread_join(wp->workers[i].thread, NULL);
     wp->nthreads = 0;
 }
 
-static void free_buffers(worker_pool_t *wp)
+/* Frees the workers' memory and the pool's locks, and the pool. */
+static void free_pool(worker_pool_t *wp)
 {
     for (unsigned i = 0; i < wp->nworkers; i++) {
         free(wp->workers[i].scratch);
         free(wp->workers[i].tokens);
         free(wp->workers[i].logits);
     }
+    for (unsigned i = 0; i < wp->nsems; i++)
+        uv_sem_destroy(&wp->workers[i].wake);
+    free(wp->workers);
+    pthread_mutex_destroy(&wp->done_lock);
+    pthread_mutex_destroy(&wp->queue_lock);
+    free(wp);
 }
 
 int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_pool_t **out)
@@ -230,9 +402,25 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
     int rc = UV_ENOMEM;
 
     assert(n >= 1);
-    wp = calloc(1, sizeof(*wp) + n * sizeof(worker_t));
+    wp = calloc(1, sizeof(*wp));
     if (wp == NULL)
         return UV_ENOMEM;
+    if (pthread_mutex_init(&wp->queue_lock, NULL) != 0) {
+        free(wp);
+        return UV_ENOMEM;
+    }
+    if (pthread_mutex_init(&wp->done_lock, NULL) != 0) {
+        pthread_mutex_destroy(&wp->queue_lock);
+        free(wp);
+        return UV_ENOMEM;
+    }
+    /* From here free_pool() undoes whatever was done. */
+    /* sizeof(worker_t) is a multiple of its alignment, as aligned_alloc()
+     * wants of the size. */
+    wp->workers = aligned_alloc(_Alignof(worker_t), (size_t)n * sizeof(worker_t));
+    if (wp->workers == NULL)
+        goto fail;
+    memset(wp->workers, 0, n * sizeof(worker_t));
     wp->nworkers = n;
     wp->run = cfg->run;
     wp->done = cfg->done;
@@ -241,20 +429,19 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
     /* At least one element, so that a buffer is never NULL. */
     wp->tokens_cap = cfg->tokens_cap > 0 ? cfg->tokens_cap : 1;
     wp->logits_cap = cfg->logits_cap > 0 ? cfg->logits_cap : 1;
-    if (pthread_mutex_init(&wp->queue_lock, NULL) != 0)
-        goto fail_queue_lock;
-    if (pthread_cond_init(&wp->queue_cond, NULL) != 0)
-        goto fail_queue_cond;
-    if (pthread_mutex_init(&wp->done_lock, NULL) != 0)
-        goto fail_done_lock;
 
     for (unsigned i = 0; i < n; i++) {
         worker_t *w = &wp->workers[i];
         w->pool = wp;
+        atomic_init(&w->job_start, 0);
+        atomic_init(&w->claim, 0);
         w->scratch = malloc(cfg->scratch_bytes > 0 ? cfg->scratch_bytes : 1);
         if (w->scratch == NULL || worker_tokens(w, wp->tokens_cap) == NULL ||
             worker_logits(w, wp->logits_cap) == NULL)
-            goto fail_workers;
+            goto fail;
+        if (uv_sem_init(&w->wake, 0) != 0)
+            goto fail;
+        wp->nsems++;
     }
     for (; wp->nthreads < n; wp->nthreads++) {
         int err = pthread_create(&wp->workers[wp->nthreads].thread, NULL, worker_main,
@@ -273,20 +460,15 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
 
 fail_threads:
     stop_threads(wp);
-fail_workers:
-    free_buffers(wp);
-    pthread_mutex_destroy(&wp->done_lock);
-fail_done_lock:
-    pthread_cond_destroy(&wp->queue_cond);
-fail_queue_cond:
-    pthread_mutex_destroy(&wp->queue_lock);
-fail_queue_lock:
-    free(wp);
+fail:
+    free_pool(wp);
     return rc;
 }
 
 void worker_pool_submit(worker_pool_t *wp, worker_batch_t *b)
 {
+    worker_t *wake;
+
     if (b->n == 0)
         return;
     wp->outstanding += b->n;
@@ -296,9 +478,11 @@ void worker_pool_submit(worker_pool_t *wp, worker_batch_t *b)
     else
         wp->queue_head = b->head;
     wp->queue_tail = b->tail;
-    if (wp->idle > 0)
-        pthread_cond_signal(&wp->queue_cond);
+    wp->queued += b->n;
+    wake = do_pick_sleeper(wp, wp->queued);
     pthread_mutex_unlock(&wp->queue_lock);
+    if (wake != NULL)
+        uv_sem_post(&wake->wake);
     b->head = b->tail = NULL;
     b->n = 0;
 }
@@ -308,8 +492,32 @@ void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out)
     worker_job_t *job;
 
     pthread_mutex_lock(&wp->queue_lock);
+    /* The unstarted jobs of the local batches first: they were taken off
+     * the queue before anything still in it.  Among themselves they go
+     * back in the order they were taken (a steal may have moved some to
+     * another worker), a few per worker, so the smallest is picked each
+     * time. */
+    for (unsigned i = 0; i < wp->nworkers; i++) {
+        worker_t *w = &wp->workers[i];
+        w->back = atomic_exchange_explicit(&w->claim, w->nlocal, memory_order_relaxed);
+    }
+    for (;;) {
+        worker_t *first = NULL;
+        for (unsigned i = 0; i < wp->nworkers; i++) {
+            worker_t *w = &wp->workers[i];
+            if (w->back < w->nlocal &&
+                (first == NULL || w->local_seq[w->back] < first->local_seq[first->back]))
+                first = w;
+        }
+        if (first == NULL)
+            break;
+        assert(wp->outstanding > 0);
+        wp->outstanding--;
+        worker_batch_push(out, first->local[first->back++]);
+    }
     job = wp->queue_head;
     wp->queue_head = wp->queue_tail = NULL;
+    wp->queued = 0;
     pthread_mutex_unlock(&wp->queue_lock);
 
     while (job != NULL) {
@@ -338,13 +546,7 @@ size_t worker_pool_pending(worker_pool_t *wp)
 
 static void close_cb(uv_handle_t *h)
 {
-    worker_pool_t *wp = container_of((uv_async_t *)h, worker_pool_t, async);
-
-    free_buffers(wp);
-    pthread_mutex_destroy(&wp->done_lock);
-    pthread_cond_destroy(&wp->queue_cond);
-    pthread_mutex_destroy(&wp->queue_lock);
-    free(wp);
+    free_pool(container_of((uv_async_t *)h, worker_pool_t, async));
 }
 
 void worker_pool_close(worker_pool_t *wp)

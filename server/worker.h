@@ -5,11 +5,12 @@
  * A job is a worker_job_t embedded in the caller's record (recovered with
  * container_of).  The loop thread collects jobs in a worker_batch_t and
  * hands a whole batch over with worker_pool_submit(): one lock, one
- * condition-variable signal.  A worker runs the pool's `run` callback on a
- * job, then appends it to the completion queue; the loop thread gets every
- * completed job, in completion order, through the pool's `done` callback,
- * called from one uv_async_t.  Between submit and `done` the job belongs to
- * the pool and the worker running it; the loop thread must not touch it.
+ * wake-up at most.  A worker takes a share of the queue at a time, runs
+ * the pool's `run` callback on each job, then appends each to the
+ * completion queue as it finishes; the loop thread gets every completed
+ * job, in completion order, through the pool's `done` callback, called
+ * from one uv_async_t.  Between submit and `done` the job belongs to the
+ * pool and the worker running it; the loop thread must not touch it.
  */
 #ifndef SLOTD_SERVER_WORKER_H
 #define SLOTD_SERVER_WORKER_H
@@ -68,13 +69,14 @@ void worker_batch_push(worker_batch_t *b, worker_job_t *job);
  * a negative libuv error (UV_ENOMEM, or the thread creation failure). */
 int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_pool_t **out);
 
-/** Moves every job of `b` to the end of the queue (one lock, one signal)
- * and empties `b`.  Loop thread. */
+/** Moves every job of `b` to the end of the queue (one lock, and one
+ * signal if a worker must be woken) and empties `b`.  Loop thread. */
 void worker_pool_submit(worker_pool_t *wp, worker_batch_t *b);
 
-/** Takes every job that no worker has started out of the queue and
- * appends it to `out`, in queue order; they are the caller's again and
- * will never be run or passed to `done`.  Loop thread. */
+/** Takes every job that no worker has started, queued or taken by a
+ * worker but not begun, and appends it to `out`, in submission order;
+ * they are the caller's again and will never be run or passed to `done`.
+ * Loop thread. */
 void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out);
 
 /** True if some worker has been running its current job for more than

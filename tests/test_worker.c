@@ -4,7 +4,12 @@
  * through the completion callback; jobs not yet started are taken back in
  * queue order and never run; a job running too long shows as wedged;
  * closing the pool runs what is queued and hands back every completion;
- * the per-worker buffers grow for a large job.
+ * the per-worker buffers grow for a large job.  Workers take several jobs
+ * at a time: two jobs submitted together still run on two workers, a job
+ * taken by a worker that is stuck on another is run by an idle worker, and
+ * take_back gives back what a worker has taken but not begun, in
+ * submission order; under random batches and take-backs every job is run
+ * once and completed once, or given back and never run.
  */
 #include <check.h>
 #include <pthread.h>
@@ -19,8 +24,8 @@
 typedef struct test_job {
     worker_job_t job;
     int index;
-    size_t buf_n; /* > 0: fill worker_tokens()/worker_logits() of this size */
-    _Atomic int ran;
+    size_t buf_n;    /* > 0: fill worker_tokens()/worker_logits() of this size */
+    _Atomic int ran; /* times run */
     pthread_t thread;
     int done_order;
     bool slow; /* sleeps a little, so that other workers get their share */
@@ -29,7 +34,8 @@ typedef struct test_job {
 /* Shared with the run callback. */
 static _Atomic int started;
 static _Atomic int gate_open;
-static _Atomic int gated_index = -1;
+static _Atomic int gated_index = -1; /* this job waits for gate_open; -2: every job */
+static _Atomic int rendezvous;       /* > 0: every job waits until this many have started */
 static int done_count;
 
 static void sleep_ms(long ms)
@@ -44,9 +50,15 @@ static void run_cb(worker_t *w, worker_job_t *job, void *arg)
 
     (void)arg;
     atomic_fetch_add(&started, 1);
-    if (t->index == atomic_load(&gated_index))
+    if (t->index == atomic_load(&gated_index) || atomic_load(&gated_index) == -2)
         while (!atomic_load(&gate_open))
             sleep_ms(1);
+    /* Bounded, so that a failure is an assertion and not a hang. */
+    for (int ms = 0; atomic_load(&started) < atomic_load(&rendezvous); ms++) {
+        ck_assert_msg(ms < 5000, "%d of %d jobs started: they did not run side by side",
+                      atomic_load(&started), atomic_load(&rendezvous));
+        sleep_ms(1);
+    }
     if (t->slow) {
         struct timespec ts = {0, 50000};
         nanosleep(&ts, NULL);
@@ -65,7 +77,7 @@ static void run_cb(worker_t *w, worker_job_t *job, void *arg)
     ck_assert_ptr_nonnull(worker_scratch(w));
     memset(worker_scratch(w), 0xab, 64);
     t->thread = pthread_self();
-    atomic_store(&t->ran, 1);
+    atomic_fetch_add(&t->ran, 1);
 }
 
 static void done_cb(worker_job_t *job, void *arg)
@@ -85,6 +97,7 @@ static worker_pool_t *pool_new(uv_loop_t *loop, unsigned threads)
     atomic_store(&started, 0);
     atomic_store(&gate_open, 0);
     atomic_store(&gated_index, -1);
+    atomic_store(&rendezvous, 0);
     done_count = 0;
     ck_assert_int_eq(uv_loop_init(loop), 0);
     ck_assert_int_eq(worker_pool_create(loop, &cfg, &wp), 0);
@@ -249,6 +262,160 @@ START_TEST(test_buffers_grow)
 }
 END_TEST
 
+/* Runs the loop until `n` jobs are done, failing after `ms` milliseconds. */
+static void wait_done(uv_loop_t *loop, int n, long ms)
+{
+    uint64_t end = uv_hrtime() + (uint64_t)ms * 1000000u;
+
+    while (done_count < n) {
+        ck_assert_msg(uv_hrtime() < end, "%d of %d jobs done", done_count, n);
+        uv_run(loop, UV_RUN_NOWAIT);
+        sleep_ms(1);
+    }
+}
+
+START_TEST(test_two_jobs_two_workers)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 2);
+    test_job_t jobs[2];
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    /* Each job waits until both have started: that takes both workers, so
+     * one worker must not take both jobs of a batch of two. */
+    memset(jobs, 0, sizeof(jobs));
+    atomic_store(&rendezvous, 2);
+    for (int k = 0; k < 2; k++) {
+        jobs[k].index = k;
+        worker_batch_push(&b, &jobs[k].job);
+    }
+    worker_pool_submit(wp, &b);
+    wait_done(&loop, 2, 10000);
+    ck_assert(!pthread_equal(jobs[0].thread, jobs[1].thread));
+    pool_end(&loop, wp);
+}
+END_TEST
+
+START_TEST(test_idle_worker_runs_taken_job)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 2);
+    test_job_t jobs[3];
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    /* Of three jobs, the first worker takes two; the first of all is
+     * stuck.  The job taken with it must still run, on the other worker,
+     * before the stuck one is let go. */
+    memset(jobs, 0, sizeof(jobs));
+    atomic_store(&gated_index, 0);
+    for (int k = 0; k < 3; k++) {
+        jobs[k].index = k;
+        worker_batch_push(&b, &jobs[k].job);
+    }
+    worker_pool_submit(wp, &b);
+    wait_done(&loop, 2, 10000);
+    ck_assert_int_eq(atomic_load(&jobs[0].ran), 0);
+    ck_assert(pthread_equal(jobs[1].thread, jobs[2].thread));
+    ck_assert(worker_pool_wedged(wp, uv_hrtime() + 1000000000u, 500000000u));
+    atomic_store(&gate_open, 1);
+    wait_done(&loop, 3, 10000);
+    ck_assert(!pthread_equal(jobs[0].thread, jobs[1].thread));
+    pool_end(&loop, wp);
+}
+END_TEST
+
+#define NHELD 20
+
+START_TEST(test_take_back_taken)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 2);
+    test_job_t jobs[NHELD];
+    worker_batch_t b = WORKER_BATCH_INIT, back = WORKER_BATCH_INIT;
+    int last = -1;
+
+    /* Every job is held at its start: each worker runs one and holds a
+     * few more taken but not begun, the rest stay queued.  All but the
+     * two running come back, in submission order. */
+    memset(jobs, 0, sizeof(jobs));
+    atomic_store(&gated_index, -2);
+    for (int k = 0; k < NHELD; k++) {
+        jobs[k].index = k;
+        worker_batch_push(&b, &jobs[k].job);
+    }
+    worker_pool_submit(wp, &b);
+    for (int ms = 0; atomic_load(&started) < 2; ms++) {
+        ck_assert_msg(ms < 10000, "the second worker never started a job");
+        sleep_ms(1);
+    }
+    worker_pool_take_back(wp, &back);
+    ck_assert_uint_eq(back.n, NHELD - 2);
+    ck_assert_uint_eq(worker_pool_pending(wp), 2);
+    for (worker_job_t *j = back.head; j != NULL; j = j->next) {
+        test_job_t *t = (test_job_t *)j;
+        ck_assert_int_gt(t->index, last);
+        last = t->index;
+    }
+    ck_assert_ptr_eq(back.tail, &jobs[last].job);
+
+    atomic_store(&gate_open, 1);
+    wait_done(&loop, 2, 10000);
+    pool_end(&loop, wp);
+    ck_assert_int_eq(atomic_load(&started), 2);
+    for (worker_job_t *j = back.head; j != NULL; j = j->next)
+        ck_assert_int_eq(atomic_load(&((test_job_t *)j)->ran), 0);
+}
+END_TEST
+
+#define NSTRESS 6000
+
+START_TEST(test_exactly_once)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 3);
+    test_job_t *jobs = calloc(NSTRESS, sizeof(*jobs));
+    worker_batch_t b = WORKER_BATCH_INIT, back = WORKER_BATCH_INIT;
+    unsigned seed = 7;
+    int n = 0, given_back = 0, round = 0;
+
+    /* Batches of random size, a take-back now and then while the workers
+     * are busy: each job is either completed once after running once, or
+     * given back and never run. */
+    while (n < NSTRESS) {
+        int k = 1 + (int)(rand_r(&seed) % 40);
+        for (; k > 0 && n < NSTRESS; k--, n++) {
+            jobs[n].index = n;
+            jobs[n].slow = rand_r(&seed) % 4 == 0;
+            worker_batch_push(&b, &jobs[n].job);
+        }
+        worker_pool_submit(wp, &b);
+        if (++round % 5 == 0) {
+            size_t before = back.n;
+            worker_pool_take_back(wp, &back);
+            given_back += (int)(back.n - before);
+        }
+        uv_run(&loop, UV_RUN_NOWAIT);
+    }
+    while (worker_pool_pending(wp) > 0)
+        uv_run(&loop, UV_RUN_ONCE);
+    ck_assert_int_eq(done_count + given_back, NSTRESS);
+    ck_assert_uint_eq(back.n, (size_t)given_back);
+    pool_end(&loop, wp);
+    for (worker_job_t *j = back.head; j != NULL; j = j->next)
+        ((test_job_t *)j)->index = -1;
+    for (int i = 0; i < NSTRESS; i++) {
+        if (jobs[i].index == -1) {
+            ck_assert_int_eq(atomic_load(&jobs[i].ran), 0);
+            ck_assert_int_eq(jobs[i].done_order, 0);
+        } else {
+            ck_assert_int_eq(atomic_load(&jobs[i].ran), 1);
+            ck_assert_int_gt(jobs[i].done_order, 0);
+        }
+    }
+    free(jobs);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("worker");
@@ -258,6 +425,10 @@ static Suite *suite(void)
     tcase_add_test(tc, test_wedged);
     tcase_add_test(tc, test_close_runs_queued);
     tcase_add_test(tc, test_buffers_grow);
+    tcase_add_test(tc, test_two_jobs_two_workers);
+    tcase_add_test(tc, test_idle_worker_runs_taken_job);
+    tcase_add_test(tc, test_take_back_taken);
+    tcase_add_test(tc, test_exactly_once);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     return s;
