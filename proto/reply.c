@@ -9,11 +9,11 @@
  * reaches a client.  A tag, when given, is the first member.
  *
  * Logits are printed as printf("%.6f") prints them, by proto__fmt6(): for
- * |v| < 1e9 it rounds v * 10^6 to an integer exactly (the product's rounding
- * error is recovered with fma(), and halfway cases go to even, as glibc's
- * printf does under the default rounding mode), then writes the digits; it
- * falls back to snprintf() beyond that.  "%.6f" of an infinity or a NaN is
- * not JSON, so such a value is written as null.
+ * |v| < 1e9 it rounds v * 10^6 to an integer exactly (near a halfway point
+ * the product's rounding error is recovered with fma(), and halfway cases
+ * go to even, as glibc's printf does under the default rounding mode), then
+ * writes the digits; it falls back to snprintf() beyond that.  "%.6f" of an
+ * infinity or a NaN is not JSON, so such a value is written as null.
  */
 #include "proto/proto__internal.h"
 
@@ -62,9 +62,9 @@ static const char digit_pairs[201] = "00010203040506070809"
                                      "80818283848586878889"
                                      "90919293949596979899";
 
-/* Writes the decimal digits of `v` to `out` (room for 20) and returns how
- * many. */
-static size_t fmt_u64(char *out, uint64_t v)
+/* Writes the decimal digits of `v` >= 100 to `out` (room for 20) and
+ * returns how many. */
+static size_t fmt_u64_long(char *out, uint64_t v)
 {
     char tmp[20];
     size_t i = sizeof(tmp);
@@ -86,38 +86,80 @@ static size_t fmt_u64(char *out, uint64_t v)
     return sizeof(tmp) - i;
 }
 
-/* "%.6f" of a finite v with |v| < 1e9: at most FMT6_FAST_MAX bytes, not
- * NUL-terminated.  Returns the length. */
-static inline size_t fmt6_fast(char *out, double v)
+/* Writes the decimal digits of `v` to `out` (room for 20) and returns how
+ * many.  Tokens, counts and the integer parts of logits are mostly below
+ * 100: those are written here, inline. */
+static inline size_t fmt_u64(char *out, uint64_t v)
 {
-    double a = fabs(v), p, err, fl, d;
-    uint64_t k;
+    if (v < 10) {
+        out[0] = (char)('0' + v);
+        return 1;
+    }
+    if (v < 100) {
+        memcpy(out, digit_pairs + v * 2, 2);
+        return 2;
+    }
+    return fmt_u64_long(out, v);
+}
+
+/* fmt6_fast()'s rounding of a * 10^6 when the product p is within 1/4 of
+ * a halfway point k + 1/2 (d = (p - k) - 1/2, exact there): the product's
+ * error, recovered with fma() (10^6 is a double, and the error of one
+ * product is one too), decides.  The rounded sum has the sign of the exact
+ * one, and is zero only when that is: d > 0 means round up, d == 0 an exact
+ * halfway case, which goes to even.  Kept out of line: it is rare, and the
+ * call would make every value pay for saving registers. */
+static __attribute__((noinline)) uint64_t round_near_half(double a, double p, double d, uint64_t k)
+{
+    d += fma(a, 1e6, -p);
+    return d > 0 || (d == 0 && (k & 1) != 0) ? k + 1 : k;
+}
+
+/* "%.6f" of a finite v with |v| < 1e9: at most FMT6_FAST_MAX bytes, not
+ * NUL-terminated.  Returns the length.  Always inlined: a call per logit
+ * costs as much as a third of the formatting. */
+static inline __attribute__((always_inline)) size_t fmt6_fast(char *out, double v)
+{
+    double a = fabs(v), p, fl, d;
+    uint64_t k, q, t;
     uint32_t frac;
     char *o = out;
 
-    /* a * 10^6 == p + err exactly: 10^6 is a double, and the error of one
-     * product is a double too. */
+    /* k = a * 10^6 rounded to an integer, halfway cases to even.  p is the
+     * product rounded, k its floor (0 <= p < 2^50) and d = (p - fl) - 0.5:
+     * p - fl is exact, and so is d when p >= 1/4 (p's ulp is at most 1/8);
+     * below 1/4, d is at most -1/4 whatever its rounding.  The product's
+     * rounding error err (a * 10^6 == p + err) is at most half of p's ulp,
+     * 1/16, so when |d| > 1/4 the sign of d alone says which way to round.
+     * That is nearly every value, and the models' logits, already rounded
+     * to six decimals, always: they sit next to an integer.  Otherwise
+     * round_near_half() decides. */
     p = a * 1e6;
-    err = fma(a, 1e6, -p);
-    k = (uint64_t)p; /* floor: 0 <= p < 2^50 */
-    fl = (double)k;
-    /* d has the sign of a * 10^6 - (fl + 0.5): p - fl is exact, and so is
-     * (p - fl) - 0.5 when p >= 1/4 (p < 2^50, so p's ulp is at most 1/8);
-     * below 1/4 it is near -1/2 whatever its rounding, far beyond err.  A
-     * rounded sum has the sign of the exact one, and is zero only when that
-     * is.  So d > 0 means round up, d == 0 an exact halfway case. */
-    d = ((p - fl) - 0.5) + err;
-    if (d > 0 || (d == 0 && (k & 1) != 0))
+    k = (uint64_t)(int64_t)p; /* the signed conversions are single instructions */
+    fl = (double)(int64_t)k;
+    d = (p - fl) - 0.5;
+    if (d > 0.25) {
         k++;
+    } else if (d >= -0.25) {
+        k = round_near_half(a, p, d, k);
+    }
 
     if (signbit(v))
         *o++ = '-';
-    o += fmt_u64(o, k / 1000000);
-    frac = (uint32_t)(k % 1000000);
+    q = k / 1000000;
+    frac = (uint32_t)(k - q * 1000000);
+    o += fmt_u64(o, q);
+    /* The six decimals, two at a time: t / 2^32 is frac / 10^4 in fixed
+     * point (429497 is 2^32 / 10^4 rounded up; the excess stays below
+     * 10^-4 over frac < 10^6, so no digit is ever off), and each * 100
+     * moves the next two digits above the point. */
+    t = (uint64_t)frac * 429497u;
     o[0] = '.';
-    memcpy(o + 1, digit_pairs + (frac / 10000) * 2, 2);
-    memcpy(o + 3, digit_pairs + (frac / 100 % 100) * 2, 2);
-    memcpy(o + 5, digit_pairs + (frac % 100) * 2, 2);
+    memcpy(o + 1, digit_pairs + (t >> 32) * 2, 2);
+    t = (t & 0xffffffffu) * 100;
+    memcpy(o + 3, digit_pairs + (t >> 32) * 2, 2);
+    t = (t & 0xffffffffu) * 100;
+    memcpy(o + 5, digit_pairs + (t >> 32) * 2, 2);
     return (size_t)(o + 7 - out);
 }
 
@@ -138,6 +180,26 @@ int proto__put_json_string(proto_buf_t *b, const char *s, size_t n)
     const unsigned char *u = (const unsigned char *)s;
     size_t need = 2, i, k;
     char *o;
+
+    /* Most strings (ids, model names, most messages) need no escape: one
+     * pass copies them, and the first byte that would need care sends the
+     * string to the general path below, which writes over what this pass
+     * left past b->len (it needs at least this room too). */
+    if (room(b, n + 2) != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    o = b->data + b->len + 1;
+    for (i = 0; i < n; i++) {
+        unsigned char c = u[i];
+        if (c < 0x20 || c >= 0x80 || c == '"' || c == '\\')
+            break;
+        o[i] = (char)c;
+    }
+    if (i == n) {
+        o[-1] = '"';
+        o[n] = '"';
+        b->len += n + 2;
+        return SLOTD_OK;
+    }
 
     /* First the exact length, then one reservation and the bytes. */
     for (i = 0; i < n; i += k) {

@@ -1,2 +1,3 @@
 # proto/: framing, request parsing and validation, reply writing.
 slotd_check_test(test_proto SOURCES test_proto.c LIBS slotd_proto cjson ${MATH_LIB})
+slotd_check_test(test_reply SOURCES test_reply.c LIBS slotd_proto ${MATH_LIB})
