@@ -475,8 +475,13 @@ static void conn_advance(conn_t *c)
             if (c->closed)
                 return;
         }
-        if (proto_buf_append(&c->out, r->reply.data, r->reply.len) != SLOTD_OK)
+        /* Most replies fit in the room `out` has kept from earlier turns. */
+        if (r->reply.len <= c->out.cap - c->out.len && r->reply.len > 0) {
+            memcpy(c->out.data + c->out.len, r->reply.data, r->reply.len);
+            c->out.len += r->reply.len;
+        } else if (proto_buf_append(&c->out, r->reply.data, r->reply.len) != SLOTD_OK) {
             goto nomem;
+        }
         c->order_head = r->order_next;
         if (c->order_head == NULL)
             c->order_tail = NULL;
@@ -814,8 +819,13 @@ static int read_stateless(conn_t *c, req_t *r, slotd_error_t *err)
  * FIFO or the workers.  False if the connection had to close (no memory). */
 static bool req_apply(conn_t *c, req_t *r)
 {
-    slotd_error_t err = {SLOTD_OK, ""};
+    slotd_error_t err;
     int rc = SLOTD_OK;
+
+    /* Empty, but not zeroed whole: it runs for every line, and the message
+     * is read only up to its NUL, after whatever failed has set it. */
+    err.code = SLOTD_OK;
+    err.message[0] = '\0';
 
     switch (r->rq.op) {
     case PROTO_OP_START:
@@ -865,12 +875,14 @@ static void release_barrier(conn_t *c, req_t *r)
 static int on_line(void *arg, const char *line, size_t len)
 {
     conn_t *c = arg;
-    slotd_error_t err = {SLOTD_OK, ""};
+    slotd_error_t err;
     req_t *r = server_req_get(c->server);
     int rc;
 
     if (r == NULL)
         return SLOTD_ENOMEM;
+    err.code = SLOTD_OK; /* as in req_apply() */
+    err.message[0] = '\0';
     r->conn = c;
     order_append(c, r);
     rc = proto_request_parse(line, len, &r->rq, &err);

@@ -221,8 +221,13 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
 {
     server_t *s = arg;
     req_t *r = container_of(job, req_t, job);
-    slotd_error_t err = {SLOTD_OK, ""};
+    slotd_error_t err;
     int rc;
+
+    /* Empty, but not zeroed whole (it runs for every job): the message is
+     * read only up to its NUL, after whatever failed has set it. */
+    err.code = SLOTD_OK;
+    err.message[0] = '\0';
 
     if (atomic_load_explicit(&r->canceled, memory_order_relaxed)) {
         r->rc = SLOTD_ESHUTTING_DOWN; /* the connection is gone: nobody reads it */

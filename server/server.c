@@ -50,6 +50,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -96,11 +97,17 @@ req_t *server_req_get(server_t *s)
     return r;
 }
 
+/* server_req_put() clears a record around its request. */
+_Static_assert(offsetof(req_t, rq) < offsetof(req_t, model) &&
+                   offsetof(req_t, model) < offsetof(req_t, reply) &&
+                   offsetof(req_t, reply) < offsetof(req_t, canceled),
+               "req_t: rq, then model .. rc, then reply, then canceled");
+
 void server_req_put(server_t *s, req_t *r)
 {
     proto_buf_t reply = r->reply;
 
-    proto_request_free(&r->rq);
+    proto_request_free(&r->rq); /* which leaves it as proto_request_init() does */
     if (s->nfree_reqs >= MAX_FREE_REQS) {
         proto_buf_free(&reply);
         free(r);
@@ -112,9 +119,13 @@ void server_req_put(server_t *s, req_t *r)
     }
     s->free_reply_bytes += reply.cap;
     reply.len = 0;
-    memset(r, 0, sizeof(*r));
+    /* Zero what comes before and after the request, which is clean
+     * already: a record is taken and given back for every line, and the
+     * request is most of it. */
+    memset(r, 0, offsetof(req_t, rq));
+    memset((char *)r + offsetof(req_t, model), 0, offsetof(req_t, reply) - offsetof(req_t, model));
     r->reply = reply;
-    proto_request_init(&r->rq);
+    atomic_store_explicit(&r->canceled, false, memory_order_relaxed);
     r->order_next = s->free_reqs;
     s->free_reqs = r;
     s->nfree_reqs++;

@@ -87,7 +87,8 @@ struct req {
     size_t reply_bound;  /* a job: its reply's most bytes; in conn->reserved while out */
     req_state_t state;
 
-    /* The job's input: set by the loop before submit, read-only after. */
+    /* The job's input: set by the loop before submit, read-only after.
+     * server_req_put() relies on the order of `rq`, `model` and `reply`. */
     proto_request_t rq;   /* owns tag and tokens */
     const model_t *model; /* start, logits, generate */
     uint64_t owner_key;   /* the connection's serial number */

@@ -69,8 +69,33 @@ static uint64_t siphash13(const unsigned char *in, size_t len)
         SIPROUND;
         v0 ^= m;
     }
-    for (size_t i = 0; i < (len & 7); i++)
-        b |= (uint64_t)in[i] << (8 * i);
+    /* The last 0-7 bytes, without a loop: ids are short, so this is most
+     * of the input. */
+    switch (len & 7) {
+    case 7:
+        b |= (uint64_t)in[6] << 48;
+        /* fall through */
+    case 6:
+        b |= (uint64_t)in[5] << 40;
+        /* fall through */
+    case 5:
+        b |= (uint64_t)in[4] << 32;
+        /* fall through */
+    case 4:
+        b |= (uint64_t)in[3] << 24;
+        /* fall through */
+    case 3:
+        b |= (uint64_t)in[2] << 16;
+        /* fall through */
+    case 2:
+        b |= (uint64_t)in[1] << 8;
+        /* fall through */
+    case 1:
+        b |= (uint64_t)in[0];
+        break;
+    default:
+        break;
+    }
     v3 ^= b;
     SIPROUND;
     v0 ^= b;
