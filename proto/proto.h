@@ -6,12 +6,14 @@
  *   - proto_framer_t, which cuts a byte stream into lines under a length
  *     limit, handing complete lines straight out of the caller's buffer
  *     when it can and copying only a line split across reads;
- *   - proto_request_parse(), which parses one line with cJSON and validates
- *     the op and every field's type and range (range against a model, such
+ *   - proto_request_parse(), which parses one line (the usual requests in
+ *     one pass of its own, any other line with cJSON) and validates the op
+ *     and every field's type and range (range against a model, such
  *     as a token below V, is the caller's: see model_check_prompt()); and
  *     the proto_reply_*() writers, each appending exactly one line.
  *
- * Memory: proto_request_parse() builds its cJSON tree in a bump arena of
+ * Memory: for a line the one-pass reader leaves to cJSON,
+ * proto_request_parse() builds its cJSON tree in a bump arena of
  * the calling thread (a static block per thread, plus overflow chunks that
  * are freed before the call returns), through cJSON allocation hooks that
  * proto_init() installs for the whole process.  Outside a parse those hooks
@@ -116,6 +118,8 @@ typedef struct proto_request {
 } proto_request_t;
 
 void proto_request_init(proto_request_t *r);
+/** Frees what `r` owns and leaves it as proto_request_init() does (the
+ * server's request free list relies on this). */
 void proto_request_free(proto_request_t *r);
 
 /** Parses and validates one line into `r` (initialised).  Errors, the first
