@@ -442,6 +442,8 @@ static bool do_classes_can(const cache_pool_t *p, const cache__model_t *md, cons
     return pages <= p->pages_free;
 }
 
+static void do_steal_class(cache_pool_t *p, uint32_t ci);
+
 /* Takes one object of class `ci`; the caller has checked do_class_can().
  * The object is left as the last user or the poison left it; *fresh says
  * whether it was never handed out since its page was assigned (then it
@@ -453,6 +455,16 @@ static void *do_obj_take(cache_pool_t *p, uint32_t ci, bool *fresh)
     cache__page_t *pg;
     unsigned char *obj;
 
+    if (pi == CACHE__NONE && c->mag_cap > 0) {
+        /* Objects of the class parked in threads' caches are taken back
+         * before a page is given to the class: otherwise the new page
+         * would stay split off while those holes sit parked, and a later
+         * request of another class could be refused where a pool without
+         * caches has a free page (tests/test_cache.c,
+         * test_parked_blocks_keep_pages_whole). */
+        do_steal_class(p, ci);
+        pi = c->partial;
+    }
     if (pi == CACHE__NONE) {
         pi = p->free_page;
         assert(pi != CACHE__NONE && "cache pool: do_class_can() not checked");
@@ -619,6 +631,19 @@ static void *cache__mag_pop(cache_pool_t *p, cache__mag_t *m, uint32_t ci)
     return obj;
 }
 
+/* Takes back the objects parked in magazine `m` (of class `ci`), and
+ * marks it stolen for its owner to reset.  Lock held. */
+static void do_steal_mag(cache_pool_t *p, cache__mag_t *m, uint32_t ci)
+{
+    uint32_t k = atomic_exchange_explicit(&m->n, CACHE__STOLEN, memory_order_acq_rel);
+
+    if (k == CACHE__STOLEN)
+        return;
+    for (uint32_t j = 0; j < k; j++)
+        do_obj_free(p, m->obj[j]);
+    p->bytes_taken -= (uint64_t)k * p->classes[ci].stride;
+}
+
 /* Hands every object parked in every thread cache back to its page.  After
  * it, with the lock still held, bytes_taken is what live slots hold and
  * the pages are as if there were no thread caches: a lock holder calls it
@@ -631,19 +656,24 @@ static void do_steal_all(cache_pool_t *p)
 
         if (tc->thread == NULL)
             continue;
-        for (uint32_t ci = 0; ci < p->nclasses; ci++) {
-            cache__mag_t *m = &tc->mags[ci];
-            uint32_t k;
+        for (uint32_t ci = 0; ci < p->nclasses; ci++)
+            if (p->classes[ci].mag_cap > 0)
+                do_steal_mag(p, &tc->mags[ci], ci);
+    }
+}
 
-            if (p->classes[ci].mag_cap == 0)
-                continue;
-            k = atomic_exchange_explicit(&m->n, CACHE__STOLEN, memory_order_acq_rel);
-            if (k == CACHE__STOLEN)
-                continue;
-            for (uint32_t j = 0; j < k; j++)
-                do_obj_free(p, m->obj[j]);
-            p->bytes_taken -= (uint64_t)k * p->classes[ci].stride;
-        }
+/* Takes back every thread's parked objects of class `ci`, as
+ * do_steal_all() does for every class.  Lock held. */
+static void do_steal_class(cache_pool_t *p, uint32_t ci)
+{
+    for (uint32_t i = 0; i < CACHE__TCACHES; i++) {
+        cache__mag_t *m = &p->tcaches[i].mags[ci];
+
+        /* Only the owner adds to its magazine, under the lock we hold: an
+         * empty one stays empty, and is left unmarked. */
+        if (p->tcaches[i].thread != NULL &&
+            atomic_load_explicit(&m->n, memory_order_relaxed) != 0)
+            do_steal_mag(p, m, ci);
     }
 }
 

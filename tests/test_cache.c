@@ -1097,6 +1097,104 @@ START_TEST(test_parked_blocks_do_not_refuse)
 }
 END_TEST
 
+/* ---- Parked blocks and whole pages ---- */
+
+typedef struct one_block {
+    cache_pool_t *p;
+    const model_t *m;
+    cache_owner_t o;
+    cache_handle_t h;
+    int rc;
+    const void *block;
+} one_block_t;
+
+/* On a thread of its own: a slot of one block, kept live. */
+static void *take_one_block(void *arg)
+{
+    one_block_t *b = arg;
+    model_kv_t kv;
+
+    b->rc = cache_pool_acquire(b->p, b->m, &b->o, &b->h);
+    if (b->rc == SLOTD_OK)
+        b->rc = cache_pool_reserve(b->p, b->h, &b->o, model_block_capacity(b->m, 0), &kv);
+    b->block = b->rc == SLOTD_OK ? kv.head : NULL;
+    return NULL;
+}
+
+/* Runs the scenario; returns the hash reserve's answer.  This thread takes
+ * tiny blocks until all but one object of their page are in its slots (the
+ * last parked in its cache by the reserve's top-up); if `steal_first`,
+ * a snapshot then takes parked blocks back.  Another thread takes one tiny
+ * block and keeps it; then a hash block (another class) is asked for. */
+static int frag_scenario(bool steal_first, bool *other_page)
+{
+    model_t *hash = model("hash"), *tiny = model("tiny");
+    const model_t *models[] = {hash, tiny};
+    cache_pool_t *p = pool(3 * page_for(models, 2), 64, models, 2);
+    uint32_t per_page = (uint32_t)(cache__pool_page_size(p) /
+                                   round_align(model_block_bytes_for(tiny, 2)));
+    cache_handle_t h[64], hh;
+    cache_owner_t o[64], ho = owner(9, "hash");
+    one_block_t other = {p, tiny, owner(8, "other"), {0, 0}, 0, NULL};
+    uint32_t nslots = 0, blocks = 0;
+    int64_t page_a = -1;
+    pthread_t t;
+    model_kv_t kv;
+    int rc;
+
+    while (blocks < per_page - 1) {
+        char id[16];
+
+        snprintf(id, sizeof id, "t%u", nslots);
+        o[nslots] = owner(1, id);
+        ck_assert_int_eq(cache_pool_acquire(p, tiny, &o[nslots], &h[nslots]), SLOTD_OK);
+        for (uint32_t i = 0; i < 4 && blocks < per_page - 1; i++, blocks++) {
+            ck_assert_int_eq(grow(p, h[nslots], &o[nslots], 2), SLOTD_OK);
+            ck_assert_int_eq(cache_pool_reserve(p, h[nslots], &o[nslots], 0, &kv), SLOTD_OK);
+            if (page_a < 0)
+                page_a = cache__pool_page_of(p, kv.head);
+            ck_assert_int_eq(cache__pool_page_of(p, chain_at(kv.head, i)), page_a);
+        }
+        nslots++;
+    }
+    if (steal_first)
+        (void)stats(p);
+    ck_assert_int_eq(pthread_create(&t, NULL, take_one_block, &other), 0);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_int_eq(other.rc, SLOTD_OK);
+    *other_page = cache__pool_page_of(p, other.block) != page_a;
+
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &ho, &hh), SLOTD_OK);
+    rc = cache_pool_reserve(p, hh, &ho, 30, &kv);
+    if (rc != SLOTD_OK) {
+        cache_pool_stats_t st = stats(p);
+        fprintf(stderr,
+                "frag: hash block refused: used %llu of %llu bytes, %u of %u pages free\n",
+                (unsigned long long)st.bytes_used, (unsigned long long)st.bytes_capacity,
+                cache__pool_pages_free(p), cache__pool_pages(p));
+    }
+    sound(p);
+    cache_pool_destroy(p);
+    model_destroy(hash);
+    model_destroy(tiny);
+    return rc;
+}
+
+/* A block parked in one thread's cache must not make another thread's
+ * block take a fresh page that a pool without caches would have left free
+ * (and so cost a third request, of another class, a refusal). */
+START_TEST(test_parked_blocks_keep_pages_whole)
+{
+    bool other_page;
+
+    /* Control: the parked block taken back first, as without caches. */
+    ck_assert_int_eq(frag_scenario(true, &other_page), SLOTD_OK);
+    ck_assert(!other_page);
+    /* The same, with the block left parked. */
+    ck_assert_int_eq(frag_scenario(false, &other_page), SLOTD_OK);
+}
+END_TEST
+
 /* ---- Pages shared between classes ---- */
 
 START_TEST(test_pages_move_between_classes)
@@ -1494,6 +1592,7 @@ static Suite *cache_suite(bool forking)
     tcase_add_test(tc, test_double_release);
     tcase_add_test(tc, test_owner_id_words);
     tcase_add_test(tc, test_parked_blocks_do_not_refuse);
+    tcase_add_test(tc, test_parked_blocks_keep_pages_whole);
     tcase_add_test(tc, test_pages_move_between_classes);
     tcase_add_test(tc, test_randomized);
 #ifndef NDEBUG
