@@ -62,4 +62,13 @@ typedef struct slotd_error {
 int slotd_error_set(slotd_error_t *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/** Makes `err` "no error" (SLOTD_OK, empty message) without zeroing all of
+ * it: the message is only ever read up to its NUL, and the hot paths clear
+ * one per request. */
+static inline void slotd_error_clear(slotd_error_t *err)
+{
+    err->code = SLOTD_OK;
+    err->message[0] = '\0';
+}
+
 #endif

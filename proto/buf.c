@@ -58,7 +58,8 @@ int proto_buf_append(proto_buf_t *b, const void *data, size_t len)
 {
     if (len == 0)
         return SLOTD_OK;
-    if (proto_buf_reserve(b, len) != SLOTD_OK)
+    /* Most appends fit in the room kept from earlier ones: no call then. */
+    if (len > b->cap - b->len && proto_buf_reserve(b, len) != SLOTD_OK)
         return SLOTD_ENOMEM;
     memcpy(b->data + b->len, data, len);
     b->len += len;

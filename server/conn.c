@@ -475,13 +475,8 @@ static void conn_advance(conn_t *c)
             if (c->closed)
                 return;
         }
-        /* Most replies fit in the room `out` has kept from earlier turns. */
-        if (r->reply.len <= c->out.cap - c->out.len && r->reply.len > 0) {
-            memcpy(c->out.data + c->out.len, r->reply.data, r->reply.len);
-            c->out.len += r->reply.len;
-        } else if (proto_buf_append(&c->out, r->reply.data, r->reply.len) != SLOTD_OK) {
+        if (proto_buf_append(&c->out, r->reply.data, r->reply.len) != SLOTD_OK)
             goto nomem;
-        }
         c->order_head = r->order_next;
         if (c->order_head == NULL)
             c->order_tail = NULL;
@@ -822,10 +817,7 @@ static bool req_apply(conn_t *c, req_t *r)
     slotd_error_t err;
     int rc = SLOTD_OK;
 
-    /* Empty, but not zeroed whole: it runs for every line, and the message
-     * is read only up to its NUL, after whatever failed has set it. */
-    err.code = SLOTD_OK;
-    err.message[0] = '\0';
+    slotd_error_clear(&err);
 
     switch (r->rq.op) {
     case PROTO_OP_START:
@@ -881,8 +873,7 @@ static int on_line(void *arg, const char *line, size_t len)
 
     if (r == NULL)
         return SLOTD_ENOMEM;
-    err.code = SLOTD_OK; /* as in req_apply() */
-    err.message[0] = '\0';
+    slotd_error_clear(&err);
     r->conn = c;
     order_append(c, r);
     rc = proto_request_parse(line, len, &r->rq, &err);

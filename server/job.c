@@ -224,10 +224,7 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
     slotd_error_t err;
     int rc;
 
-    /* Empty, but not zeroed whole (it runs for every job): the message is
-     * read only up to its NUL, after whatever failed has set it. */
-    err.code = SLOTD_OK;
-    err.message[0] = '\0';
+    slotd_error_clear(&err);
 
     if (atomic_load_explicit(&r->canceled, memory_order_relaxed)) {
         r->rc = SLOTD_ESHUTTING_DOWN; /* the connection is gone: nobody reads it */
