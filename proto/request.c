@@ -674,40 +674,35 @@ static const char *const field_names[FIELD__COUNT] = {
     "tag", "op", "id", "model", "prompt", "tokens", "n", "steps", "use_cache",
 };
 
-/* The FIELD_ of a member name, or -1: one comparison at most. */
-static int field_index(const char *name)
+/* The FIELD_ of the `n` bytes of a member name at `s`, or -1: one
+ * comparison at most. */
+static int field_index(const char *s, size_t n)
 {
     int k;
 
-    switch (name[0]) {
-    case 't':
-        k = name[1] == 'a' ? FIELD_TAG : FIELD_TOKENS;
-        break;
-    case 'o':
-        k = FIELD_OP;
-        break;
-    case 'i':
-        k = FIELD_ID;
-        break;
-    case 'm':
-        k = FIELD_MODEL;
-        break;
-    case 'p':
-        k = FIELD_PROMPT;
-        break;
-    case 'n':
+    switch (n) {
+    case 1:
         k = FIELD_N;
         break;
-    case 's':
-        k = FIELD_STEPS;
+    case 2:
+        k = s[0] == 'o' ? FIELD_OP : FIELD_ID;
         break;
-    case 'u':
+    case 3:
+        k = FIELD_TAG;
+        break;
+    case 5:
+        k = s[0] == 'm' ? FIELD_MODEL : FIELD_STEPS;
+        break;
+    case 6:
+        k = s[0] == 'p' ? FIELD_PROMPT : FIELD_TOKENS;
+        break;
+    case 9:
         k = FIELD_USE_CACHE;
         break;
     default:
         return -1;
     }
-    return strcmp(name, field_names[k]) == 0 ? k : -1;
+    return memcmp(s, field_names[k], n) == 0 ? k : -1;
 }
 
 /* A JSON number with an integral value within +-2^53.  (Literals that a
@@ -968,7 +963,7 @@ static int request_fill(const cJSON *root, proto_request_t *r, slotd_error_t *er
     int rc;
 
     for (it = root->child; it != NULL; it = it->next) {
-        int k = field_index(it->string);
+        int k = field_index(it->string, strlen(it->string));
         if (k >= 0 && f[k] == NULL)
             f[k] = it;
     }
@@ -1093,36 +1088,6 @@ static const unsigned char str_plain[256] = {
     [0x72] = 1, [0x73] = 1, [0x74] = 1, [0x75] = 1, [0x76] = 1, [0x77] = 1, [0x78] = 1, [0x79] = 1,
     [0x7A] = 1, [0x7B] = 1, [0x7C] = 1, [0x7D] = 1, [0x7E] = 1, [0x7F] = 1,
 };
-
-/* The FIELD_ of the `n` bytes of a member name at `s`, or -1. */
-static int flat_field(const char *s, size_t n)
-{
-    int k;
-
-    switch (n) {
-    case 1:
-        k = FIELD_N;
-        break;
-    case 2:
-        k = s[0] == 'o' ? FIELD_OP : FIELD_ID;
-        break;
-    case 3:
-        k = FIELD_TAG;
-        break;
-    case 5:
-        k = s[0] == 'm' ? FIELD_MODEL : FIELD_STEPS;
-        break;
-    case 6:
-        k = s[0] == 'p' ? FIELD_PROMPT : FIELD_TOKENS;
-        break;
-    case 9:
-        k = FIELD_USE_CACHE;
-        break;
-    default:
-        return -1;
-    }
-    return memcmp(s, field_names[k], n) == 0 ? k : -1;
-}
 
 /* At the opening quote: a string with no escape in it, whose bytes are
  * valid UTF-8 (the check the tree path makes of the whole line first).
@@ -1302,7 +1267,7 @@ static int flat_scan(json_scan_t *j, flat_value_t *f, flat_ints_t *t)
         json_scan_ws(j);
         if (j->i >= j->n || j->s[j->i] != '"' || flat_string(j, &b, &e, &high) != 0)
             return -1;
-        k = high ? -1 : flat_field((const char *)j->s + b, e - b);
+        k = high ? -1 : field_index((const char *)j->s + b, e - b);
         json_scan_ws(j);
         if (j->i >= j->n || j->s[j->i] != ':')
             return -1;
