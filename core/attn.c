@@ -32,12 +32,22 @@
  * not compute logits it never uses.
  *
  * Scratch.  5 * d + max_ctx doubles: x, q, k, a, o, then one attention
- * row's scores s[r], which become e[r] and then the factors e[r] / z.
+ * row's scores s[r], which become e[r] and then the factors e[r] / z.  The
+ * width-8 code keeps x, q, k, a, o in locals and uses only s.
+ *
+ * Width 8.  `tiny` (d = 8) runs through kernels of its own, d8_run() and
+ * d8_pick(), in a table of functions that model_create() takes from
+ * model__attn_ops_for(): the same sums in the same order, with d a
+ * constant, the lanes written as vectors of two doubles, and a block's
+ * scores two rows at a time.  A step of tiny is most of what the daemon
+ * computes, and at that width the general kernels spend more on their
+ * loops and groups than on the arithmetic.
  */
 #include "model_impl.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Doubles of the four [d][d] matrices of one layer. */
 static size_t layer_doubles(const model_t *m)
@@ -166,6 +176,31 @@ static inline const double *block_kt(const model_block_t *b, size_t l, size_t d)
     return (const double *)(const void *)b->data + l * 2 * b->capacity * d;
 }
 
+/* The scores s[0 .. n-1] become the factors of the attention row: e[r] =
+ * exp(s[r] - m), z = sum of e[r] (r ascending), then s[r] = e[r] / z, the
+ * factor of every term of row r, divided once and used for every j.  Where
+ * s[r] - m is zero (the row of the largest score, at least) e[r] is 1.0
+ * without a call: that is what exp(+-0) returns, so no bit changes; a NaN
+ * is not zero and still goes through exp. */
+static void attend_factors(double *restrict s, size_t n)
+{
+    double mx = s[0], z = 0.0;
+
+    for (size_t r = 1; r < n; r++) {
+        if (s[r] > mx) {
+            mx = s[r];
+        }
+    }
+    for (size_t r = 0; r < n; r++) {
+        const double t = s[r] - mx;
+        s[r] = t == 0.0 ? 1.0 : exp(t);
+        z += s[r];
+    }
+    for (size_t r = 0; r < n; r++) {
+        s[r] = s[r] / z;
+    }
+}
+
 /* One attention row of layer `l` over positions 0 .. n-1 of the chain from
  * `block`: writes a[0 .. d-1].  `s` has room for n doubles. */
 static void attend(const model_t *m, const model_block_t *block, uint32_t n, uint32_t l,
@@ -175,7 +210,6 @@ static void attend(const model_t *m, const model_block_t *block, uint32_t n, uin
     const double inv_sqrt_d = m->inv_sqrt_d;
     row_cursor_t cur = {block, 0};
     const model_block_t *b;
-    double mx, z;
     size_t r = 0, r0;
 
     /* s[r] = (sum over j of q[j] * K[r][j]) * (1 / sqrt(d)): LANES rows side
@@ -227,22 +261,7 @@ static void attend(const model_t *m, const model_block_t *block, uint32_t n, uin
         cursor_next(&cur);
     }
 
-    /* e[r] = exp(s[r] - m), z = sum of e[r], then s[r] = e[r] / z: the
-     * factor of every term of row r, divided once and used for every j. */
-    mx = s[0];
-    for (r = 1; r < n; r++) {
-        if (s[r] > mx) {
-            mx = s[r];
-        }
-    }
-    z = 0.0;
-    for (r = 0; r < n; r++) {
-        s[r] = exp(s[r] - mx);
-        z += s[r];
-    }
-    for (r = 0; r < n; r++) {
-        s[r] = s[r] / z;
-    }
+    attend_factors(s, n);
 
     /* a[j] = sum over r ascending of (e[r] / z) * V[r][j]: the rows are
      * added, in order, to the running sums, LANES values of j at a time,
@@ -296,6 +315,223 @@ static void attend(const model_t *m, const model_block_t *block, uint32_t n, uin
     }
 }
 
+/* Keeps `best` the index of the largest logit seen, the lowest on a tie:
+ * logits are offered in ascending index order. */
+static inline void pick_offer(double v, uint32_t c, double *best_v, uint32_t *best)
+{
+    if (c == 0 || v > *best_v) {
+        *best_v = v;
+        *best = c;
+    }
+}
+
+/* Writes logit v unrounded to raw[c] and rounded to logits[c], each when
+ * asked for (not NULL), rounding through the inline fast path: for tiny's
+ * six logits the call per logit of model_round6() is a good part of a
+ * pick.  (attn_pick() calls model_round6(): with V in the thousands, the
+ * inline path's registers cost its loop of sums more than the calls.) */
+static inline void pick_write(double v, size_t c, double *logits, double *raw)
+{
+    if (raw != NULL) {
+        raw[c] = v;
+    }
+    if (logits != NULL && !model__round6_fast(v, &logits[c])) {
+        logits[c] = model_round6(v);
+    }
+}
+
+/*
+ * Width 8, the `tiny` preset.  The same sums in the same order as the
+ * general code above, with d a constant and the lanes written out as
+ * vectors of two doubles (the GNU vector extension gcc and clang share:
+ * each lane is an IEEE add or multiply of its own, exactly the scalar
+ * operation).  gcc does vectorise the general kernels, but not these loops
+ * once it has unrolled them whole: it then multiplies in pairs and adds one
+ * lane at a time, three times the instructions.  So the eight running sums
+ * of a vector are four v2d in registers (one lane per output index), the
+ * vectors of a position live in locals rather than in scratch, and a
+ * block's scores are computed two rows at a time (one lane per row): tiny's
+ * blocks hold two positions, so the general kernel's groups of LANES rows
+ * never fill inside one.
+ */
+#define D8 8
+#define D8_PAIRS (D8 / 2)
+
+typedef double v2d __attribute__((vector_size(2 * sizeof(double))));
+
+/* Two doubles from p, which need only be 8-byte aligned. */
+static inline v2d v2d_load(const double *p)
+{
+    v2d v;
+
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static inline void v2d_store(double *p, v2d v)
+{
+    memcpy(p, &v, sizeof(v));
+}
+
+static inline v2d v2d_splat(double x)
+{
+    return (v2d){x, x};
+}
+
+/* acc[c] += x * row[c] for the eight lanes c: one term of eight sums. */
+static inline void d8_axpy(v2d acc[D8_PAIRS], double x, const double *restrict row)
+{
+    const v2d xx = v2d_splat(x);
+
+    for (size_t c = 0; c < D8_PAIRS; c++) {
+        acc[c] += xx * v2d_load(row + 2 * c);
+    }
+}
+
+static inline void d8_store(double *restrict out, const v2d acc[D8_PAIRS])
+{
+    for (size_t c = 0; c < D8_PAIRS; c++) {
+        v2d_store(out + 2 * c, acc[c]);
+    }
+}
+
+/* out[c] = sum over i ascending of x[i] * w[i][c], for c < 8. */
+static inline void d8_matvec(const double *restrict x, const double *restrict w,
+                             double *restrict out)
+{
+    v2d acc[D8_PAIRS] = {{0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}};
+
+    for (size_t i = 0; i < D8; i++) {
+        d8_axpy(acc, x[i], w + i * D8);
+    }
+    d8_store(out, acc);
+}
+
+/* s[r] = (sum over j ascending of q[j] * K[r][j]) * inv_sqrt_d, for the n
+ * rows of layer l of the chain from b. */
+static inline void d8_scores(const model_block_t *b, size_t l, uint32_t n, const double *restrict q,
+                             double inv_sqrt_d, double *restrict s)
+{
+    for (uint32_t r = 0; r < n; b = b->next) {
+        const size_t cap = b->capacity;
+        const double *restrict kt = block_kt(b, l, D8);
+        const uint32_t cnt = n - r < cap ? n - r : (uint32_t)cap;
+        uint32_t i = 0;
+
+        for (; i + 2 <= cnt; i += 2) {
+            v2d acc = {0.0, 0.0};
+            for (size_t j = 0; j < D8; j++) {
+                acc += v2d_splat(q[j]) * v2d_load(kt + j * cap + i);
+            }
+            v2d_store(s + r + i, acc * v2d_splat(inv_sqrt_d));
+        }
+        if (i < cnt) {
+            double acc = 0.0;
+            for (size_t j = 0; j < D8; j++) {
+                acc += q[j] * kt[j * cap + i];
+            }
+            s[r + i] = acc * inv_sqrt_d;
+        }
+        r += cnt;
+    }
+}
+
+/* a[j] = sum over r ascending of f[r] * V[r][j], for the n rows of layer l
+ * of the chain from b. */
+static inline void d8_mix(const model_block_t *b, size_t l, uint32_t n, const double *restrict f,
+                          double *restrict a)
+{
+    v2d acc[D8_PAIRS] = {{0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}};
+
+    for (uint32_t r = 0; r < n; b = b->next) {
+        const size_t cap = b->capacity;
+        const double *restrict vb = block_kt(b, l, D8) + cap * D8;
+        const uint32_t cnt = n - r < cap ? n - r : (uint32_t)cap;
+
+        for (uint32_t i = 0; i < cnt; i++) {
+            d8_axpy(acc, f[r + i], vb + i * D8);
+        }
+        r += cnt;
+    }
+    d8_store(a, acc);
+}
+
+/* attn_run() for d = 8.  Of the scratch it uses only the scores s, max_ctx
+ * doubles 5 * d in, where attn_run() keeps them. */
+static void d8_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scratch)
+{
+    double *restrict s = (double *)scratch + 5 * D8;
+    const size_t per = kv->tail->capacity;
+    const uint32_t p = kv->len;
+    const size_t slot = model__block_slot(kv->tail, p);
+    double *data = (double *)(void *)kv->tail->data;
+    const double *restrict emb = m->emb + (size_t)token * D8;
+    const double *restrict pos = m->pos + (size_t)p * D8;
+    double x[D8], q[D8], k[D8], a[D8], o[D8];
+
+    for (size_t i = 0; i < D8; i++) {
+        x[i] = emb[i] + pos[i];
+    }
+    for (uint32_t l = 0; l < m->shape.layers; l++) {
+        const double *wq = m->layer + l * 4 * D8 * D8;
+        const double *wk = wq + D8 * D8, *wv = wk + D8 * D8, *wo = wv + D8 * D8;
+        double *kt = data + l * 2 * per * D8;
+
+        d8_matvec(x, wq, q);
+        d8_matvec(x, wk, k);
+        d8_matvec(x, wv, kt + per * D8 + slot * D8);
+        for (size_t j = 0; j < D8; j++) {
+            kt[j * per + slot] = k[j];
+        }
+        d8_scores(kv->head, l, p + 1, q, m->inv_sqrt_d, s);
+        attend_factors(s, p + 1);
+        d8_mix(kv->head, l, p + 1, s, a);
+        d8_matvec(a, wo, o);
+        for (size_t j = 0; j < D8; j++) {
+            x[j] = x[j] + o[j];
+        }
+    }
+    memcpy(kv->state, x, sizeof(x));
+    model__count_rows(m, m->shape.layers);
+    model__kv_advance(kv);
+}
+
+/* attn_pick() for d = 8: logits[c] = sum over i ascending of x[i] *
+ * U[i][c], two columns at a time (one lane per column). */
+static uint32_t d8_pick(const model_t *m, const model_kv_t *kv, double *logits, double *raw)
+{
+    const size_t cols = m->shape.vocab;
+    const double *restrict x = kv->state;
+    const double *restrict u = m->unemb;
+    double best_v = 0.0;
+    uint32_t best = 0;
+    size_t c = 0;
+    v2d xx[D8]; /* x[i] in both lanes, made once for every pair of columns */
+
+    for (size_t i = 0; i < D8; i++) {
+        xx[i] = v2d_splat(x[i]);
+    }
+    for (; c + 2 <= cols; c += 2) {
+        v2d acc = {0.0, 0.0};
+        for (size_t i = 0; i < D8; i++) {
+            acc += xx[i] * v2d_load(u + i * cols + c);
+        }
+        for (size_t l = 0; l < 2; l++) {
+            pick_offer(acc[l], (uint32_t)(c + l), &best_v, &best);
+            pick_write(acc[l], c + l, logits, raw);
+        }
+    }
+    if (c < cols) {
+        double acc = 0.0;
+        for (size_t i = 0; i < D8; i++) {
+            acc += x[i] * u[i * cols + c];
+        }
+        pick_offer(acc, (uint32_t)c, &best_v, &best);
+        pick_write(acc, c, logits, raw);
+    }
+    return best;
+}
+
 static void attn_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scratch)
 {
     const size_t d = m->shape.d, per = kv->tail->capacity;
@@ -332,16 +568,6 @@ static void attn_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scr
     }
     model__count_rows(m, m->shape.layers);
     model__kv_advance(kv);
-}
-
-/* Keeps `best` the index of the largest logit seen, the lowest on a tie:
- * logits are offered in ascending index order. */
-static inline void pick_offer(double v, uint32_t c, double *best_v, uint32_t *best)
-{
-    if (c == 0 || v > *best_v) {
-        *best_v = v;
-        *best = c;
-    }
 }
 
 /* logits[c] = sum over i ascending of x[i] * U[i][c], LANES columns at a
@@ -387,10 +613,23 @@ static uint32_t attn_pick(const model_t *m, const model_kv_t *kv, double *logits
     return best;
 }
 
-const model__ops_t model__attn_ops = {
+static const model__ops_t attn_ops = {
     .sizes = attn_sizes,
     .init = attn_init,
     .fini = attn_fini,
     .run = attn_run,
     .pick = attn_pick,
 };
+
+static const model__ops_t attn_d8_ops = {
+    .sizes = attn_sizes,
+    .init = attn_init,
+    .fini = attn_fini,
+    .run = d8_run,
+    .pick = d8_pick,
+};
+
+const model__ops_t *model__attn_ops_for(uint32_t d)
+{
+    return d == D8 ? &attn_d8_ops : &attn_ops;
+}

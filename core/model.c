@@ -123,7 +123,7 @@ int model_create(const char *preset, model_t **out)
     }
     memset(m, 0, sizeof(*m));
     m->shape = *shape;
-    m->ops = shape->family == MODEL_FAMILY_HASH ? &model__hash_ops : &model__attn_ops;
+    m->ops = shape->family == MODEL_FAMILY_HASH ? &model__hash_ops : model__attn_ops_for(shape->d);
     atomic_init(&m->g_calls, 0);
     atomic_init(&m->rows, 0);
     m->ops->sizes(m);
@@ -279,24 +279,14 @@ static double round6_printf(double x)
     return strtod(buf, NULL);
 }
 
-/*
- * The fast path, exact where it answers.  printf rounds the exact value
- * X = x * 10^6 to an integer N and prints N / 10^6; reading that back gives
- * the double nearest N / 10^6, which is what one correctly rounded division
- * N / 1e6 gives, N and 1e6 being exact doubles.  The product y = fl(X)
- * cannot cross a half-integer h: for |y| < 2^52 every h is a double, and
- * rounding is monotonic, so X < h gives y <= h and X > h gives y >= h.
- * Hence when y is not itself a half-integer, round(y) is N.  When it is
- * (a tie such as x = 1/128, where X = 7812.5 exactly, or a product that
- * rounded onto h), and for huge or non-finite x, the definition decides.
- * Signs carry through: round(-0.3) is -0.0, as "-0.000000" reads back.
- */
+/* The fast path (model__round6_fast(), which says why it is exact) where it
+ * answers, else the definition. */
 double model_round6(double x)
 {
-    double y = x * 1e6;
+    double r;
 
-    if (fabs(y) < 0x1p52 && fabs(y - trunc(y)) != 0.5) {
-        return round(y) / 1e6;
+    if (model__round6_fast(x, &r)) {
+        return r;
     }
     return round6_printf(x);
 }

@@ -8,7 +8,9 @@
 #define SLOTD_CORE_MODEL_IMPL_H
 
 #include <assert.h>
+#include <math.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -85,7 +87,10 @@ extern _Atomic int model__alloc_fail_in;
 void *model__alloc(size_t align, size_t size);
 
 extern const model__ops_t model__hash_ops;
-extern const model__ops_t model__attn_ops;
+
+/* The functions of the attn family for width d: kernels of their own for
+ * d = 8 (attn.c says why), the general ones otherwise. */
+const model__ops_t *model__attn_ops_for(uint32_t d);
 
 /* splitmix64's output function (MODELS.md, "The mixer"). */
 static inline uint64_t model__mix64(uint64_t x)
@@ -129,6 +134,46 @@ static inline void model__kv_advance(model_kv_t *kv)
     if (kv->len - kv->tail->first == kv->tail->capacity) {
         kv->tail = kv->tail->next;
     }
+}
+
+/*
+ * The fast path of model_round6(), inline so that a pick rounding V logits
+ * pays no call per logit.  printf rounds the exact value X = x * 10^6 to an
+ * integer N and prints N / 10^6; reading that back gives the double nearest
+ * N / 10^6, which is what one correctly rounded division N / 1e6 gives, N
+ * and 1e6 being exact doubles.  The product y = fl(X) cannot cross a
+ * half-integer h: for |y| < 2^52 every h is a double, and rounding is
+ * monotonic, so X < h gives y <= h and X > h gives y >= h.  Hence when y is
+ * not itself a half-integer, the integer nearest y is N.
+ *
+ * That integer is found without a call: for 0 <= a < 2^52, a + 2^52 lies
+ * where the doubles are the integers, so (a + 2^52) - 2^52 is the integer
+ * nearest a (the subtraction is exact), in the default rounding mode, the
+ * one all of the model's arithmetic assumes; core/ is built without
+ * -ffast-math, so the compiler keeps both operations.  a - n is exact too
+ * (both are multiples of a's unit in the last place, at most 0.5 apart),
+ * so a is a half-integer exactly when |a - n| is 0.5.  copysign puts the
+ * sign back, -0.0 included: round(-0.3) is -0.0, as "-0.000000" reads back.
+ *
+ * Stores the rounded value in *out and returns true, or returns false
+ * (writing nothing) for a tie such as x = 1/128, where X = 7812.5 exactly,
+ * a product that rounded onto a half-integer, and huge or non-finite x:
+ * model_round6() then decides by the definition.
+ */
+static inline bool model__round6_fast(double x, double *out)
+{
+    const double y = x * 1e6, a = fabs(y);
+    double n;
+
+    if (!(a < 0x1p52)) {
+        return false;
+    }
+    n = (a + 0x1p52) - 0x1p52;
+    if (fabs(a - n) == 0.5) {
+        return false;
+    }
+    *out = copysign(n, y) / 1e6;
+    return true;
 }
 
 #endif
