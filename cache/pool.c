@@ -26,6 +26,17 @@
  * release (one per block returned) and the steal below (one per parked
  * object).  The pool never calls malloc after creation.
  *
+ * Locality.  With 100,000 live slots every call finds its slot, and a step
+ * its state and blocks, out of cache, so: the slot table is mapped with
+ * MADV_HUGEPAGE (where THP is "madvise", a call would also miss the TLB;
+ * the table is written whole at creation, so huge pages cost no memory;
+ * the arena keeps small pages, so that resident memory follows the pages
+ * in use); a slot is three aligned cache lines, of which a call with an id
+ * of up to 40 bytes reads two (cache__slot_t); and reserve's fast path
+ * prefetches the state and the blocks the model will read next
+ * (cache__prefetch()).  None of it changes what is stored where a caller
+ * can see it, or any byte the model reads.
+ *
  * Thread caches.  Each thread that uses the pool gets a cache (up to
  * CACHE__TCACHES threads; later ones go without): per class, a magazine
  * of up to CACHE__MAG_MAX free objects, CACHE__MAG_BYTES of them at most
@@ -171,6 +182,9 @@ typedef struct cache__page {
 /* Words of an id of CACHE_ID_MAX bytes (the NUL not included). */
 #define CACHE__ID_WORDS ((CACHE_ID_MAX + 7) / 8)
 
+/* Blocks of a chain a slot names besides head, tail and last. */
+#define CACHE__SLOT_BLOCKS 4
+
 /* Most distinct block capacities one model's chains use. */
 #define CACHE__MAX_CAPS 16
 
@@ -183,6 +197,7 @@ typedef struct cache__model {
     uint32_t caps_cls[CACHE__MAX_CAPS]; /* ... and its class */
     size_t state_bytes; /* the state's stride, counted per slot; 0: no state object */
     uint32_t state_cls; /* NONE when state_bytes is 0 */
+    bool reads_chain;   /* a step reads every block (attn), not only the tail (hash) */
 } cache__model_t;
 
 /* Thread caches.  A thread cache parks at most this many objects of one
@@ -227,7 +242,15 @@ typedef struct cache__tcache {
  * with or without the lock, and read by that thread without it; other
  * threads read these only under the lock and only while no user can run
  * (acquire, release and the test check).  `gen` is an atomic: written under
- * the lock, read by the unlocked fast paths of reserve and commit. */
+ * the lock, read by the unlocked fast paths of reserve and commit.
+ *
+ * A slot is 64-byte aligned (the table too, cache_pool_create()), three
+ * cache lines: with many live slots each call finds its slot out of cache,
+ * and every call reads the first line (the chain) and the second (the
+ * owner: key, length, tail mask and the first five id words, so an id of
+ * up to 40 bytes is checked there); only a longer id reaches the third,
+ * and a reserve for a model that reads its whole chain (attn), which reads
+ * the chain's first blocks there to prefetch them. */
 typedef struct cache__slot {
     _Atomic uint32_t gen; /* odd while live; (lock) to write */
     uint32_t next_free;   /* (lock) the free-slot stack, while free */
@@ -245,9 +268,17 @@ typedef struct cache__slot {
      * check on every call compares a few words instead of a string. */
     uint64_t owner_key;
     uint32_t id_len;                    /* bytes before the id's NUL: 0 to CACHE_ID_MAX */
-    uint64_t id_words[CACHE__ID_WORDS]; /* the id's bytes, zero-padded */
     uint64_t id_tail_mask;              /* selects the id's bytes of its last, partial word */
-} cache__slot_t;
+    uint64_t id_words[CACHE__ID_WORDS]; /* the id's bytes, zero-padded */
+    /* (user) the first min(nblocks, CACHE__SLOT_BLOCKS) blocks of the
+     * chain, so that cache__prefetch() need not follow `next` to find
+     * them; in the room the alignment leaves anyway. */
+    model_block_t *blocks[CACHE__SLOT_BLOCKS];
+} __attribute__((aligned(CACHE__ALIGN))) cache__slot_t;
+
+_Static_assert(sizeof(cache__slot_t) == 3 * CACHE__ALIGN, "a slot is three cache lines");
+_Static_assert(offsetof(cache__slot_t, id_words) + 5 * sizeof(uint64_t) <= 2 * CACHE__ALIGN,
+               "the owner check of an id of up to 40 bytes reads two lines");
 
 struct cache_pool {
     /* Set at creation, then read-only: no lock needed. */
@@ -261,7 +292,8 @@ struct cache_pool {
     size_t nmodels;
     cache__class_t *classes; /* stride, per_page, mag_cap immutable; the rest (lock) */
     uint32_t nclasses;
-    cache__slot_t *slots;     /* max_slots entries, (lock) */
+    cache__slot_t *slots;     /* max_slots entries, (lock); mapped, unmapped by destroy */
+    size_t slots_bytes;       /* the mapping's length */
     cache__page_t *pages;     /* npages entries, (lock) */
     uint64_t serial;          /* this pool's number, never reused: names it to thread caches */
     cache__tcache_t *tcaches; /* CACHE__TCACHES; `thread` (lock), magazines see cache__mag_t */
@@ -861,10 +893,49 @@ static void cache__slot_append(cache__slot_t *s, model_block_t *b, uint32_t cap)
     else
         s->head = b;
     s->last = b;
+    if (s->nblocks < CACHE__SLOT_BLOCKS)
+        s->blocks[s->nblocks] = b;
     if (s->tail == NULL)
         s->tail = b; /* entries was == room: position `entries` is here */
     s->nblocks++;
     s->room += cap;
+}
+
+/* Bytes of a block, from its start, that a reserve prefetches. */
+#define CACHE__PREFETCH_BYTES 640
+
+/* Asks the CPU to start loading what the model reads right after a
+ * reserve, while the caller is still on its way there: the state (the
+ * pick reads it first) and, for a model whose step reads every block
+ * (attn), the first CACHE__PREFETCH_BYTES of the chain's first
+ * CACHE__SLOT_BLOCKS blocks and of its tail and last block, whose
+ * addresses the slot holds (all of a tiny chain); for hash, the tail's
+ * header.  With many live sessions all of it is out of cache, and without
+ * this the kernel finds the blocks one `next` at a time.  A hint only: it changes
+ * no byte, and the addresses are the slot's own objects (a prefetch never
+ * faults anyway).  The slot's user, on the fast path of reserve. */
+static void cache__prefetch(const cache__model_t *md, const cache__slot_t *s)
+{
+    const model_block_t *b[CACHE__SLOT_BLOCKS + 2];
+    size_t n = s->nblocks < CACHE__SLOT_BLOCKS ? s->nblocks : CACHE__SLOT_BLOCKS;
+
+    if (s->state != NULL)
+        for (size_t off = 0; off < md->state_bytes && off < 4 * CACHE__ALIGN; off += CACHE__ALIGN)
+            __builtin_prefetch((const char *)s->state + off);
+    if (!md->reads_chain) {
+        if (s->tail != NULL)
+            __builtin_prefetch(s->tail, 1);
+        return;
+    }
+    memcpy(b, s->blocks, n * sizeof b[0]);
+    /* The tail and the last block, when the chain is longer than that. */
+    if (s->tail != NULL && s->nblocks > CACHE__SLOT_BLOCKS)
+        b[n++] = s->tail;
+    if (s->last != NULL && s->nblocks > CACHE__SLOT_BLOCKS && s->last != s->tail)
+        b[n++] = s->last;
+    for (size_t i = 0; i < n; i++)
+        for (size_t off = 0; off < CACHE__PREFETCH_BYTES; off += CACHE__ALIGN)
+            __builtin_prefetch((const char *)b[i] + off);
 }
 
 /* Most blocks a reserve takes from its thread cache without the lock. */
@@ -1046,6 +1117,7 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
 
         md->m = cfg->models[i];
         md->max_ctx = model_max_ctx(md->m);
+        md->reads_chain = model_family(md->m) == MODEL_FAMILY_ATTN;
         nb = model_chain_blocks(md->m, md->max_ctx, 1, NULL);
         for (uint32_t b = 0; b < nb; b++) {
             uint32_t cap = model_block_capacity(md->m, b), k = 0;
@@ -1083,9 +1155,16 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
             atomic_init(&p->tcaches[i].mags[ci].n, 0);
     }
 
-    p->slots = cache__calloc(cfg->max_slots, sizeof *p->slots);
-    if (p->slots == NULL)
+    /* Mapped rather than allocated: page-aligned (a slot's lines are its
+     * own), zeroed, and in huge pages where the system offers them on
+     * request (THP "madvise"), since every call reads a slot anywhere in a
+     * table of 19 MiB for 100,000 slots, all of it written just below. */
+    p->slots_bytes = (size_t)cfg->max_slots * sizeof *p->slots;
+    p->slots = mmap(NULL, p->slots_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                    0);
+    if (p->slots == MAP_FAILED)
         goto fail_mags;
+    (void)madvise(p->slots, p->slots_bytes, MADV_HUGEPAGE);
     for (uint32_t i = 0; i < p->max_slots; i++)
         p->slots[i].next_free = i + 1 < p->max_slots ? i + 1 : CACHE__NONE;
     p->free_slot = 0;
@@ -1122,7 +1201,7 @@ fail_pages:
 fail_arena:
     munmap(p->arena, p->arena_bytes);
 fail_slots:
-    free(p->slots);
+    munmap(p->slots, p->slots_bytes);
 fail_mags:
     free(p->tcaches[0].mags);
 fail_tcaches:
@@ -1143,7 +1222,7 @@ void cache_pool_destroy(cache_pool_t *p)
     pthread_mutex_destroy(&p->lock);
     munmap(p->arena, p->arena_bytes);
     free(p->pages);
-    free(p->slots);
+    munmap(p->slots, p->slots_bytes);
     free(p->tcaches[0].mags);
     free(p->tcaches);
     free(p->classes);
@@ -1230,6 +1309,7 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
         if (want <= md->max_ctx &&
             (want <= s->room ||
              ((tc = cache__tcache_mine(p)) != NULL && cache__reserve_parked(p, md, s, tc, want)))) {
+            cache__prefetch(md, s);
             kv->head = s->head;
             kv->tail = s->tail;
             kv->len = s->entries;
@@ -1561,6 +1641,8 @@ int cache__pool_check(cache_pool_t *p)
             CACHE__CHECK(pg < 0 || (p->pages[pg].cls != CACHE__NONE &&
                                     p->classes[p->pages[pg].cls].stride == stride),
                          "slot %u block %u on a page of another class", i, n);
+            CACHE__CHECK(n >= CACHE__SLOT_BLOCKS || s->blocks[n] == b,
+                         "slot %u block %u not named in blocks[]", i, n);
             if (s->entries >= room && s->entries - room < b->capacity)
                 tail = b;
             room += b->capacity;
