@@ -277,6 +277,8 @@ typedef struct cache__slot {
 } __attribute__((aligned(CACHE__ALIGN))) cache__slot_t;
 
 _Static_assert(sizeof(cache__slot_t) == 3 * CACHE__ALIGN, "a slot is three cache lines");
+_Static_assert(SIZE_MAX / sizeof(cache__slot_t) >= UINT32_MAX,
+               "a table of any uint32_t count of slots has a size_t size");
 _Static_assert(offsetof(cache__slot_t, id_words) + 5 * sizeof(uint64_t) <= 2 * CACHE__ALIGN,
                "the owner check of an id of up to 40 bytes reads two lines");
 
