@@ -135,14 +135,8 @@ session_t *server_session_get(server_t *s)
 {
     session_t *sess = s->free_sessions;
 
-    if (sess == NULL) {
-        /* Aligned as session_t asks (calloc() gives 16 bytes), so that a
-         * step's fields share one cache line. */
-        sess = aligned_alloc(_Alignof(session_t), sizeof(*sess));
-        if (sess != NULL)
-            memset(sess, 0, sizeof(*sess));
-        return sess;
-    }
+    if (sess == NULL)
+        return calloc(1, sizeof(*sess));
     s->free_sessions = sess->next;
     s->nfree_sessions--;
     memset(sess, 0, sizeof(*sess));
