@@ -906,19 +906,25 @@ static void cache__slot_append(cache__slot_t *s, model_block_t *b, uint32_t cap)
 /* Bytes of a block, from its start, that a reserve prefetches. */
 #define CACHE__PREFETCH_BYTES 640
 
+/* Asks the CPU to start loading the first CACHE__PREFETCH_BYTES of block
+ * `b`.  A prefetch never faults; `b` is one of the slot's own blocks. */
+static inline void cache__prefetch_block(const model_block_t *b)
+{
+    for (size_t off = 0; off < CACHE__PREFETCH_BYTES; off += CACHE__ALIGN)
+        __builtin_prefetch((const char *)b + off);
+}
+
 /* Asks the CPU to start loading what the model reads right after a
  * reserve, while the caller is still on its way there: the state (the
  * pick reads it first) and, for a model whose step reads every block
- * (attn), the first CACHE__PREFETCH_BYTES of the chain's first
- * CACHE__SLOT_BLOCKS blocks and of its tail and last block, whose
- * addresses the slot holds (all of a tiny chain); for hash, the tail's
- * header.  With many live sessions all of it is out of cache, and without
- * this the kernel finds the blocks one `next` at a time.  A hint only: it changes
- * no byte, and the addresses are the slot's own objects (a prefetch never
- * faults anyway).  The slot's user, on the fast path of reserve. */
+ * (attn), the chain's first CACHE__SLOT_BLOCKS blocks, and its tail and
+ * last block when the chain is longer (all of a tiny chain); for hash,
+ * the tail's header.  With many live sessions all of it is out of cache,
+ * and without this the model finds the blocks one `next` at a time.  A
+ * hint only: it changes no byte.  The slot's user, on the fast path of
+ * reserve. */
 static void cache__prefetch(const cache__model_t *md, const cache__slot_t *s)
 {
-    const model_block_t *b[CACHE__SLOT_BLOCKS + 2];
     size_t n = s->nblocks < CACHE__SLOT_BLOCKS ? s->nblocks : CACHE__SLOT_BLOCKS;
 
     if (s->state != NULL)
@@ -929,15 +935,14 @@ static void cache__prefetch(const cache__model_t *md, const cache__slot_t *s)
             __builtin_prefetch(s->tail, 1);
         return;
     }
-    memcpy(b, s->blocks, n * sizeof b[0]);
-    /* The tail and the last block, when the chain is longer than that. */
-    if (s->tail != NULL && s->nblocks > CACHE__SLOT_BLOCKS)
-        b[n++] = s->tail;
-    if (s->last != NULL && s->nblocks > CACHE__SLOT_BLOCKS && s->last != s->tail)
-        b[n++] = s->last;
     for (size_t i = 0; i < n; i++)
-        for (size_t off = 0; off < CACHE__PREFETCH_BYTES; off += CACHE__ALIGN)
-            __builtin_prefetch((const char *)b[i] + off);
+        cache__prefetch_block(s->blocks[i]);
+    if (s->nblocks > CACHE__SLOT_BLOCKS) {
+        if (s->tail != NULL)
+            cache__prefetch_block(s->tail);
+        if (s->last != NULL && s->last != s->tail)
+            cache__prefetch_block(s->last);
+    }
 }
 
 /* Most blocks a reserve takes from its thread cache without the lock. */
