@@ -261,6 +261,6 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
     r->rc = rc;
     if (r->rq.op == PROTO_OP_STEP) {
         uint64_t now = uv_hrtime();
-        metrics_observe_step(now - worker_job_start(w), now);
+        metrics_observe_step(worker_index(w), now - worker_job_start(w), now);
     }
 }

@@ -46,8 +46,11 @@ void metrics_count_accept_error(void);
 void metrics_count_conn_timeout(void);
 
 /** Records one model request's latency (a step request, whatever its n)
- * and stamps `now_ns` as the time of the last completed step.  Any thread. */
-void metrics_observe_step(uint64_t duration_ns, uint64_t now_ns);
+ * and stamps `now_ns` as the time of the last completed step.  Any thread;
+ * `shard` picks the copy of the histogram it goes to (any number does):
+ * give each thread its own, such as its worker number, and threads do not
+ * share the histogram's cache lines. */
+void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns);
 
 uint64_t metrics_requests_total(void);
 uint64_t metrics_errors_total(void);

@@ -155,7 +155,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static bool inited;
     if (!inited) {
         metrics_init(1000000000ull);
-        metrics_observe_step(12345, 2000000000ull);
+        metrics_observe_step(0, 12345, 2000000000ull);
         inited = true;
     }
     proto_buf_t whole, split;

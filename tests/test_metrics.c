@@ -74,7 +74,7 @@ static void fill(void)
     metrics_count_refused();
     metrics_count_refused();
     for (size_t i = 0; i < NOBSERVED; i++)
-        metrics_observe_step(observed[i], 90 * SEC - i); /* out of order stamps */
+        metrics_observe_step((unsigned)i * 7, observed[i], 90 * SEC - i); /* out of order stamps, several copies */
 }
 
 static char *render(const proto_stats_t *st, uint64_t now_ns)
@@ -309,8 +309,9 @@ START_TEST(test_last_step)
     ck_assert(has_line(t, "slotd_step_seconds_bucket{le=\"+Inf\"} 0"));
     free(t);
 
-    metrics_observe_step(1000, 50 * SEC);
-    metrics_observe_step(1000, 40 * SEC); /* finished earlier, reported later */
+    metrics_observe_step(0, 1000, 50 * SEC);
+    metrics_observe_step(1, 1000, 40 * SEC); /* finished earlier, reported later */
+    metrics_observe_step(16, 1000, 45 * SEC); /* the copy of worker 0 again */
     ck_assert_uint_eq(metrics_last_step_ns(), 50 * SEC);
     t = render(&known_stats, 52 * SEC + SEC / 2);
     ck_assert_double_eq_tol(sample(t, "slotd_last_step_age_seconds"), 2.5, 1e-9);
@@ -338,7 +339,8 @@ static void *observer(void *arg)
 {
     uintptr_t k = (uintptr_t)arg;
     for (uint64_t i = 0; i < PER_THREAD; i++) {
-        metrics_observe_step((i * 7919 + k) % (20 * SEC), i + 1);
+        /* Two threads to a copy of the histogram. */
+        metrics_observe_step((unsigned)(k / 2), (i * 7919 + k) % (20 * SEC), i + 1);
         metrics_count_request(PROTO_OP_STEP);
         metrics_count_error(SLOTD_ECONTEXT_FULL);
     }
