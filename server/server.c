@@ -725,6 +725,12 @@ static int load_models(server_t *s)
     return SLOTD_OK;
 }
 
+/* worker_pool_config_t.wake_ns: a sleeping worker is woken while another
+ * is awake only for jobs worth more than this (worker.c, DESIGN).  Above a
+ * `tiny` loop turn's batch at pipeline depth 1 (64 jobs of about a
+ * microsecond), below two `small` steps. */
+#define SERVER_WAKE_NS 100000u
+
 static int start_workers(server_t *s)
 {
     worker_pool_config_t wc;
@@ -759,6 +765,7 @@ static int start_workers(server_t *s)
     wc.run = job_run;
     wc.done = job_done_cb;
     wc.arg = s;
+    wc.wake_ns = SERVER_WAKE_NS;
     rc = worker_pool_create(&s->loop, &wc, &s->workers);
     if (rc != 0)
         log_error("worker threads: %s", uv_strerror(rc));

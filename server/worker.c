@@ -1,7 +1,8 @@
 /*
  * worker.c: the worker threads, their job queue and the completion queue
  * (see worker.h).  It owns the threads, each worker's scratch and
- * token/logit buffers, and the uv_async_t that wakes the loop.
+ * token/logit buffers, the uv_async_t that wakes the loop, and the timer
+ * of the wake-up rule.
  *
  * DESIGN.  Two locks, never held together.
  *
@@ -38,6 +39,23 @@
  * its local batch looks at the queue before it sleeps.  Nobody spins: on
  * two cores spinning was measured to cost more than the futex it saves.
  *
+ * A wake-up is also made only when it pays (worth_waking()).  While some
+ * worker is awake to take them, the jobs left unstarted must be worth
+ * more than `wake_ns` of work at the mean time per job (each worker keeps
+ * a running mean of its own jobs; the largest is used), or every awake
+ * worker must have been in its current job that long (the young current
+ * jobs count as work ahead of the unstarted ones).  A wake-up costs
+ * more than its futex: on a machine with as many busy threads as cores
+ * the woken worker takes a core from the loop thread or the client for a
+ * while.  With `tiny` jobs of about a microsecond, one worker taking a
+ * loop turn's batch alone was measured faster, and with a shorter latency
+ * tail, than two woken for it (bench/RESULTS.md).  A prediction can be
+ * wrong: the job an awake worker has just begun may be long, or wedged.
+ * So while jobs are out a timer on the loop (`nudge`) applies the same
+ * rule every WORKER_NUDGE_MS, and by then the old job shows its age: a job
+ * never waits behind a long one for much more than wake_ns plus that tick
+ * while a worker sleeps.
+ *
  * `done_lock` guards the completion FIFO.  A worker appends each job as
  * it finishes and calls uv_async_send() only if the FIFO was empty: the
  * loop is then certain to drain it, and every later append before that
@@ -68,6 +86,10 @@
 /* The most jobs a worker takes per queue_lock acquisition. */
 #define WORKER_TAKE_MAX 8u
 
+/* How often, while jobs are out, the loop looks for jobs left behind a
+ * long one (see DESIGN). */
+#define WORKER_NUDGE_MS 1
+
 struct worker {
     _Alignas(64) pthread_t thread; /* workers do not share cache lines */
     worker_pool_t *pool;
@@ -77,6 +99,7 @@ struct worker {
     double *logits; /* owned; logits_len values */
     size_t logits_len;
     _Atomic uint64_t job_start; /* uv_hrtime() when the current job started; 0 if idle */
+    _Atomic uint64_t job_ns;    /* running mean of its jobs' time; written by the worker only */
 
     /* The local batch: jobs taken and not started are local[claim ..
      * nlocal).  local, local_seq and nlocal are written by the worker under
@@ -96,6 +119,9 @@ struct worker {
 
 struct worker_pool {
     uv_async_t async; /* loop thread; workers only uv_async_send() it */
+    uv_timer_t nudge; /* loop thread: runs while jobs are out, if wake_ns > 0 */
+    unsigned handles; /* loop thread: of the two above, those not yet closed */
+    uint64_t wake_ns; /* immutable */
     worker_run_cb run;
     worker_done_cb done;
     void *arg;
@@ -108,6 +134,7 @@ struct worker_pool {
     size_t queued;              /* queue_lock: jobs in the FIFO */
     worker_t *sleepers;         /* queue_lock: stack of workers waiting for a wake-up */
     unsigned waking;            /* queue_lock: woken, not yet back at the queue */
+    unsigned nsleeping;         /* queue_lock: workers on the sleepers stack */
     uint64_t taken;             /* queue_lock: jobs ever taken off the queue */
     bool stopping;              /* queue_lock */
 
@@ -199,20 +226,56 @@ static worker_job_t *claim_local(worker_t *w)
     return NULL;
 }
 
+/* Whether `unstarted` jobs are worth waking a worker for (see DESIGN):
+ * no worker is awake, none of the awake ones has been in its current job
+ * for less than wake_ns, or the jobs, after the current jobs of those that
+ * have, would keep them busy for longer than wake_ns.  Called with
+ * queue_lock held, which keeps the sleepers' `asleep` flags still. */
+static bool worth_waking(const worker_pool_t *wp, size_t unstarted)
+{
+    uint64_t now, per_job = 0, avail = 0, ahead = 0;
+
+    if (wp->wake_ns == 0 || wp->nsleeping == wp->nworkers)
+        return true;
+    now = uv_hrtime();
+    for (unsigned i = 0; i < wp->nworkers; i++) {
+        const worker_t *v = &wp->workers[i];
+        uint64_t t, mean;
+
+        if (v->asleep)
+            continue;
+        /* Idle (between jobs, or not started yet) or in a young job: it
+         * will be at the queue soon. */
+        t = atomic_load_explicit(&v->job_start, memory_order_relaxed);
+        if (t == 0 || now < t || now - t < wp->wake_ns) {
+            avail++;
+            ahead += t != 0; /* its current job comes first */
+        }
+        mean = atomic_load_explicit(&v->job_ns, memory_order_relaxed);
+        if (mean > per_job)
+            per_job = mean;
+    }
+    if (avail == 0)
+        return true;
+    return per_job > 0 && unstarted + ahead > wp->wake_ns * avail / per_job;
+}
+
 /* Pops a sleeping worker and marks it woken, if one is needed: some
  * sleep, `unstarted` jobs (queued, or waiting in a local batch) are left
- * for them, and no worker woken earlier is still on its way to the queue
- * (that one fans out further).  The caller signals the worker's `wake`
- * after it releases queue_lock.  Called with queue_lock held. */
+ * for them and worth a wake-up, and no worker woken earlier is still on
+ * its way to the queue (that one fans out further).  The caller signals
+ * the worker's `wake` after it releases queue_lock.  Called with
+ * queue_lock held. */
 static worker_t *do_pick_sleeper(worker_pool_t *wp, size_t unstarted)
 {
     worker_t *w = wp->sleepers;
 
-    if (w == NULL || wp->waking > 0 || unstarted == 0)
+    if (w == NULL || wp->waking > 0 || unstarted == 0 || !worth_waking(wp, unstarted))
         return NULL;
     wp->sleepers = w->next_sleeper;
     w->next_sleeper = NULL;
     w->asleep = false;
+    wp->nsleeping--;
     wp->waking++;
     return w;
 }
@@ -273,6 +336,7 @@ static worker_job_t *take_jobs(worker_t *w)
         w->asleep = true;
         w->next_sleeper = wp->sleepers;
         wp->sleepers = w;
+        wp->nsleeping++;
         pthread_mutex_unlock(&wp->queue_lock);
         uv_sem_wait(&w->wake);
         pthread_mutex_lock(&wp->queue_lock);
@@ -300,19 +364,41 @@ static worker_job_t *take_jobs(worker_t *w)
     return w->local[0];
 }
 
+/* Adds a job's time `ns` to w's running mean, over about its last eight
+ * jobs.  Worker w. */
+static void note_job_ns(worker_t *w, uint64_t ns)
+{
+    uint64_t mean = atomic_load_explicit(&w->job_ns, memory_order_relaxed);
+
+    atomic_store_explicit(&w->job_ns, mean - mean / 8 + ns / 8, memory_order_relaxed);
+}
+
 static void *worker_main(void *arg)
 {
     worker_t *w = arg;
     worker_pool_t *wp = w->pool;
     worker_job_t *job;
+    uint64_t t0, last = 0; /* when the job before began, if this one follows it at once */
     bool was_empty;
 
     for (;;) {
+        /* A job's time, for job_ns, runs from its start to the start of
+         * the next (its completion included), or to the moment the worker
+         * goes back to the queue: one clock reading per job. */
         job = claim_local(w);
-        if (job == NULL && (job = take_jobs(w)) == NULL)
-            break;
+        if (job == NULL) {
+            if (last != 0)
+                note_job_ns(w, uv_hrtime() - last);
+            last = 0;
+            if ((job = take_jobs(w)) == NULL)
+                break;
+        }
+        t0 = uv_hrtime();
+        if (last != 0)
+            note_job_ns(w, t0 - last);
+        last = t0;
 
-        atomic_store_explicit(&w->job_start, uv_hrtime(), memory_order_relaxed);
+        atomic_store_explicit(&w->job_start, t0, memory_order_relaxed);
         wp->run(w, job, wp->arg);
         atomic_store_explicit(&w->job_start, 0, memory_order_relaxed);
         buf_trim((void **)&w->tokens, &w->tokens_len, wp->tokens_cap, sizeof(uint32_t));
@@ -356,6 +442,39 @@ static void async_cb(uv_async_t *h)
     drain_completions(container_of(h, worker_pool_t, async));
 }
 
+/* Jobs unstarted: queued, or in a local batch.  Called with queue_lock
+ * held, which keeps every local batch from being refilled. */
+static size_t do_unstarted(const worker_pool_t *wp)
+{
+    size_t n = wp->queued;
+
+    for (unsigned i = 0; i < wp->nworkers; i++) {
+        const worker_t *v = &wp->workers[i];
+        unsigned c = atomic_load_explicit(&v->claim, memory_order_relaxed);
+        if (c < v->nlocal)
+            n += v->nlocal - c;
+    }
+    return n;
+}
+
+/* The timer of DESIGN: wakes a sleeper for jobs left behind a long one;
+ * stops once no job is out.  Loop thread. */
+static void nudge_cb(uv_timer_t *h)
+{
+    worker_pool_t *wp = container_of(h, worker_pool_t, nudge);
+    worker_t *wake;
+
+    if (wp->outstanding == 0) {
+        uv_timer_stop(h);
+        return;
+    }
+    pthread_mutex_lock(&wp->queue_lock);
+    wake = do_pick_sleeper(wp, do_unstarted(wp));
+    pthread_mutex_unlock(&wp->queue_lock);
+    if (wake != NULL)
+        uv_sem_post(&wake->wake);
+}
+
 /* Stops and joins the started threads. */
 static void stop_threads(worker_pool_t *wp)
 {
@@ -365,6 +484,7 @@ static void stop_threads(worker_pool_t *wp)
     wp->stopping = true;
     w = wp->sleepers; /* woken all, as do_pick_sleeper() would */
     wp->sleepers = NULL;
+    wp->nsleeping = 0;
     for (next = w; next != NULL; next = next->next_sleeper) {
         next->asleep = false;
         wp->waking++;
@@ -425,6 +545,7 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
     wp->run = cfg->run;
     wp->done = cfg->done;
     wp->arg = cfg->arg;
+    wp->wake_ns = cfg->wake_ns;
     wp->scratch_bytes = cfg->scratch_bytes;
     /* At least one element, so that a buffer is never NULL. */
     wp->tokens_cap = cfg->tokens_cap > 0 ? cfg->tokens_cap : 1;
@@ -434,6 +555,7 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
         worker_t *w = &wp->workers[i];
         w->pool = wp;
         atomic_init(&w->job_start, 0);
+        atomic_init(&w->job_ns, 0);
         atomic_init(&w->claim, 0);
         w->scratch = malloc(cfg->scratch_bytes > 0 ? cfg->scratch_bytes : 1);
         if (w->scratch == NULL || worker_tokens(w, wp->tokens_cap) == NULL ||
@@ -451,10 +573,15 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
             goto fail_threads;
         }
     }
-    /* Last, so that no failure after it needs the loop to close it. */
+    /* Last, so that no failure after it needs the loop to close it; the
+     * timer's initialisation cannot fail. */
     rc = uv_async_init(loop, &wp->async, async_cb);
     if (rc != 0)
         goto fail_threads;
+    rc = uv_timer_init(loop, &wp->nudge);
+    assert(rc == 0);
+    wp->async.data = wp->nudge.data = wp;
+    wp->handles = 2;
     *out = wp;
     return 0;
 
@@ -485,6 +612,8 @@ void worker_pool_submit(worker_pool_t *wp, worker_batch_t *b)
         uv_sem_post(&wake->wake);
     b->head = b->tail = NULL;
     b->n = 0;
+    if (wp->wake_ns > 0 && !uv_is_active((uv_handle_t *)&wp->nudge))
+        uv_timer_start(&wp->nudge, nudge_cb, WORKER_NUDGE_MS, WORKER_NUDGE_MS);
 }
 
 void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out)
@@ -544,9 +673,22 @@ size_t worker_pool_pending(worker_pool_t *wp)
     return wp->outstanding;
 }
 
+unsigned worker_pool_asleep(worker_pool_t *wp)
+{
+    unsigned n;
+
+    pthread_mutex_lock(&wp->queue_lock);
+    n = wp->nsleeping;
+    pthread_mutex_unlock(&wp->queue_lock);
+    return n;
+}
+
 static void close_cb(uv_handle_t *h)
 {
-    free_pool(container_of((uv_async_t *)h, worker_pool_t, async));
+    worker_pool_t *wp = h->data;
+
+    if (--wp->handles == 0)
+        free_pool(wp);
 }
 
 void worker_pool_close(worker_pool_t *wp)
@@ -554,4 +696,5 @@ void worker_pool_close(worker_pool_t *wp)
     stop_threads(wp);
     drain_completions(wp);
     uv_close((uv_handle_t *)&wp->async, close_cb);
+    uv_close((uv_handle_t *)&wp->nudge, close_cb);
 }

@@ -59,12 +59,21 @@ typedef struct worker_pool_config {
     worker_run_cb run;
     worker_done_cb done;
     void *arg; /* passed to both callbacks */
+    /* While some worker is awake to take them, a sleeping one is woken for
+     * jobs left unstarted only if, at the measured mean time per job, they
+     * would keep the awake ones busy for more than this many nanoseconds,
+     * or if the awake ones have been in their current job that long (a
+     * long or wedged job).  A sleeper is always woken when no worker is
+     * awake.  0 wakes one whenever jobs are left unstarted.  worker.c says
+     * why, and what bounds the wait. */
+    uint64_t wake_ns;
 } worker_pool_config_t;
 
 /** Appends `job` to `b`. */
 void worker_batch_push(worker_batch_t *b, worker_job_t *job);
 
-/** Starts the threads and the completion handle on `loop`.  *out is owned
+/** Starts the threads, the completion handle and the wake-up rule's timer
+ * on `loop`.  *out is owned
  * by the caller until worker_pool_close(), which frees it.  Returns 0, or
  * a negative libuv error (UV_ENOMEM, or the thread creation failure). */
 int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_pool_t **out);
@@ -87,9 +96,12 @@ bool worker_pool_wedged(const worker_pool_t *wp, uint64_t now_ns, uint64_t bound
  * running.  Loop thread; for tests and assertions. */
 size_t worker_pool_pending(worker_pool_t *wp);
 
+/** Workers asleep, waiting for a wake-up.  Any thread; for tests. */
+unsigned worker_pool_asleep(worker_pool_t *wp);
+
 /** Lets the workers finish what is queued, joins them, hands every
- * remaining completion to `done`, closes the completion handle and frees
- * the pool in its close callback (the loop must run once more).  Loop
+ * remaining completion to `done`, closes both handles and frees the pool
+ * in the last close callback (the loop must run once more).  Loop
  * thread. */
 void worker_pool_close(worker_pool_t *wp);
 

@@ -9,7 +9,10 @@
  * taken by a worker that is stuck on another is run by an idle worker, and
  * take_back gives back what a worker has taken but not begun, in
  * submission order; under random batches and take-backs every job is run
- * once and completed once, or given back and never run.
+ * once and completed once, or given back and never run.  With a wake-up
+ * threshold, cheap jobs do not wake a second worker, jobs worth more than
+ * the threshold do, and a job left behind a long one is run by a sleeper
+ * that the pool's timer wakes once the long one has run past it.
  */
 #include <check.h>
 #include <pthread.h>
@@ -89,9 +92,10 @@ static void done_cb(worker_job_t *job, void *arg)
     t->done_order = ++done_count;
 }
 
-static worker_pool_t *pool_new(uv_loop_t *loop, unsigned threads)
+/* A pool whose sleepers are woken by the rule of `wake_ns` (worker.h). */
+static worker_pool_t *pool_new_wake(uv_loop_t *loop, unsigned threads, uint64_t wake_ns)
 {
-    worker_pool_config_t cfg = {threads, 64, 16, 16, run_cb, done_cb, NULL};
+    worker_pool_config_t cfg = {threads, 64, 16, 16, run_cb, done_cb, NULL, wake_ns};
     worker_pool_t *wp = NULL;
 
     atomic_store(&started, 0);
@@ -102,6 +106,12 @@ static worker_pool_t *pool_new(uv_loop_t *loop, unsigned threads)
     ck_assert_int_eq(uv_loop_init(loop), 0);
     ck_assert_int_eq(worker_pool_create(loop, &cfg, &wp), 0);
     return wp;
+}
+
+/* A pool that wakes a sleeper whenever jobs are left unstarted. */
+static worker_pool_t *pool_new(uv_loop_t *loop, unsigned threads)
+{
+    return pool_new_wake(loop, threads, 0);
 }
 
 static void pool_end(uv_loop_t *loop, worker_pool_t *wp)
@@ -367,6 +377,103 @@ START_TEST(test_take_back_taken)
 }
 END_TEST
 
+/* Waits until every one of `threads` workers is asleep, so that the next
+ * submit finds none awake. */
+static void wait_asleep(worker_pool_t *wp, unsigned threads)
+{
+    for (int ms = 0; worker_pool_asleep(wp) < threads; ms++) {
+        ck_assert_msg(ms < 10000, "%u of %u workers asleep", worker_pool_asleep(wp), threads);
+        sleep_ms(1);
+    }
+}
+
+#define NCHEAP 20
+
+START_TEST(test_cheap_jobs_one_worker)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new_wake(&loop, 2, 10000000000ull);
+    test_job_t jobs[NCHEAP];
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    /* With a 10 s threshold no batch of quick jobs is worth a second
+     * worker: the one the submit wakes runs them all, while the loop (and
+     * the pool's timer) runs. */
+    memset(jobs, 0, sizeof(jobs));
+    wait_asleep(wp, 2);
+    for (int k = 0; k < NCHEAP; k++) {
+        jobs[k].index = k;
+        worker_batch_push(&b, &jobs[k].job);
+    }
+    worker_pool_submit(wp, &b);
+    wait_done(&loop, NCHEAP, 10000);
+    for (int k = 1; k < NCHEAP; k++)
+        ck_assert_msg(pthread_equal(jobs[k].thread, jobs[0].thread), "job %d ran on another worker",
+                      k);
+    pool_end(&loop, wp);
+}
+END_TEST
+
+#define NWORTH 200
+
+START_TEST(test_costly_jobs_wake_another)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new_wake(&loop, 2, 2000000u);
+    test_job_t jobs[NWORTH];
+    worker_batch_t b = WORKER_BATCH_INIT;
+    int on_first = 0;
+
+    /* Jobs of 50 us or more, 200 of them, are worth far more than 2 ms:
+     * once the first worker has measured a few, it wakes the second. */
+    memset(jobs, 0, sizeof(jobs));
+    wait_asleep(wp, 2);
+    for (int k = 0; k < NWORTH; k++) {
+        jobs[k].index = k;
+        jobs[k].slow = true;
+        worker_batch_push(&b, &jobs[k].job);
+    }
+    worker_pool_submit(wp, &b);
+    wait_done(&loop, NWORTH, 30000);
+    for (int k = 0; k < NWORTH; k++)
+        on_first += pthread_equal(jobs[k].thread, jobs[0].thread) != 0;
+    ck_assert_msg(on_first < NWORTH, "all %d jobs ran on one worker", NWORTH);
+    pool_end(&loop, wp);
+}
+END_TEST
+
+START_TEST(test_long_job_nudges_sleeper)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new_wake(&loop, 2, 2000000u);
+    test_job_t jobs[3];
+    worker_batch_t b = WORKER_BATCH_INIT;
+    uint64_t t0;
+
+    /* The worker the submit wakes takes jobs 0 and 1 and is held in job 0;
+     * job 2 is not worth a wake-up while job 0 is young.  Once job 0 has
+     * run 2 ms the timer wakes the other worker, which runs job 2 and
+     * takes job 1 from the held one. */
+    memset(jobs, 0, sizeof(jobs));
+    wait_asleep(wp, 2);
+    atomic_store(&gated_index, 0);
+    for (int k = 0; k < 3; k++) {
+        jobs[k].index = k;
+        worker_batch_push(&b, &jobs[k].job);
+    }
+    t0 = uv_hrtime();
+    worker_pool_submit(wp, &b);
+    wait_done(&loop, 2, 10000);
+    ck_assert_uint_ge(uv_hrtime() - t0, 2000000u);
+    ck_assert_int_eq(atomic_load(&jobs[0].ran), 0);
+    ck_assert(pthread_equal(jobs[1].thread, jobs[2].thread));
+    atomic_store(&gate_open, 1);
+    wait_done(&loop, 3, 10000);
+    ck_assert(!pthread_equal(jobs[0].thread, jobs[1].thread));
+    pool_end(&loop, wp);
+}
+END_TEST
+
 #define NSTRESS 6000
 
 START_TEST(test_exactly_once)
@@ -429,6 +536,9 @@ static Suite *suite(void)
     tcase_add_test(tc, test_idle_worker_runs_taken_job);
     tcase_add_test(tc, test_take_back_taken);
     tcase_add_test(tc, test_exactly_once);
+    tcase_add_test(tc, test_cheap_jobs_one_worker);
+    tcase_add_test(tc, test_costly_jobs_wake_another);
+    tcase_add_test(tc, test_long_job_nudges_sleeper);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     return s;
