@@ -52,9 +52,13 @@
  * tail, than two woken for it (bench/RESULTS.md).  A prediction can be
  * wrong: the job an awake worker has just begun may be long, or wedged.
  * So while jobs are out a timer on the loop (`nudge`) applies the same
- * rule every WORKER_NUDGE_MS, and by then the old job shows its age: a job
- * never waits behind a long one for much more than wake_ns plus that tick
- * while a worker sleeps.
+ * rule every WORKER_NUDGE_MS, and by then the old job shows its age; and
+ * a worker that goes to the queue first steals the unstarted jobs of a
+ * local batch whose worker has been in its current job longer than
+ * wake_ns, as those were queued before anything still in the queue.  So a
+ * job waits behind a long one for little more than wake_ns plus that tick
+ * while a worker sleeps, and not at all longer while the loop keeps the
+ * queue busy.  The rule needs the loop to run: the timer is the loop's.
  *
  * `done_lock` guards the completion FIFO.  A worker appends each job as
  * it finishes and calls uv_async_send() only if the FIFO was empty: the
@@ -93,6 +97,7 @@
 struct worker {
     _Alignas(64) pthread_t thread; /* workers do not share cache lines */
     worker_pool_t *pool;
+    unsigned index; /* in pool->workers; kept here, off the pool's busy lines */
     void *scratch;    /* owned; pool->scratch_bytes */
     uint32_t *tokens; /* owned; tokens_len values */
     size_t tokens_len;
@@ -195,7 +200,7 @@ uint64_t worker_job_start(const worker_t *w)
 
 unsigned worker_index(const worker_t *w)
 {
-    return (unsigned)(w - w->pool->workers);
+    return w->index;
 }
 
 void *worker_scratch(worker_t *w)
@@ -228,9 +233,10 @@ static worker_job_t *claim_local(worker_t *w)
 
 /* Whether `unstarted` jobs are worth waking a worker for (see DESIGN):
  * no worker is awake, none of the awake ones has been in its current job
- * for less than wake_ns, or the jobs, after the current jobs of those that
- * have, would keep them busy for longer than wake_ns.  Called with
- * queue_lock held, which keeps the sleepers' `asleep` flags still. */
+ * for less than wake_ns, one that has holds unstarted jobs of its local
+ * batch, or the jobs, after the current jobs of the young ones, would keep
+ * those busy for longer than wake_ns.  Called with queue_lock held, which
+ * keeps the sleepers' `asleep` flags and the local batches still. */
 static bool worth_waking(const worker_pool_t *wp, size_t unstarted)
 {
     uint64_t now, per_job = 0, avail = 0, ahead = 0;
@@ -250,6 +256,8 @@ static bool worth_waking(const worker_pool_t *wp, size_t unstarted)
         if (t == 0 || now < t || now - t < wp->wake_ns) {
             avail++;
             ahead += t != 0; /* its current job comes first */
+        } else if (atomic_load_explicit(&v->claim, memory_order_relaxed) < v->nlocal) {
+            return true; /* stuck with jobs of its batch unstarted */
         }
         mean = atomic_load_explicit(&v->job_ns, memory_order_relaxed);
         if (mean > per_job)
@@ -257,7 +265,9 @@ static bool worth_waking(const worker_pool_t *wp, size_t unstarted)
     }
     if (avail == 0)
         return true;
-    return per_job > 0 && unstarted + ahead > wp->wake_ns * avail / per_job;
+    /* In doubles: wake_ns may be any value, and this is an estimate. */
+    return per_job > 0 &&
+           (double)(unstarted + ahead) * (double)per_job > (double)wp->wake_ns * (double)avail;
 }
 
 /* Pops a sleeping worker and marks it woken, if one is needed: some
@@ -282,10 +292,12 @@ static worker_t *do_pick_sleeper(worker_pool_t *wp, size_t unstarted)
 
 /* Moves the first half (rounded up) of the unstarted jobs of another
  * worker's local batch into w's empty one, so that a job never waits
- * behind a long one while a worker is free; the first is claimed.
- * Returns false if no worker holds unstarted jobs.  Called with
- * queue_lock held, which keeps every local batch from being refilled. */
-static bool do_steal(worker_t *w)
+ * behind a long one while a worker is free; the first is claimed.  With
+ * `stuck_before` not 0, only from a worker whose current job began before
+ * that uv_hrtime().  Returns false if no such worker holds unstarted jobs.
+ * Called with queue_lock held, which keeps every local batch from being
+ * refilled. */
+static bool do_steal(worker_t *w, uint64_t stuck_before)
 {
     worker_pool_t *wp = w->pool;
 
@@ -293,6 +305,13 @@ static bool do_steal(worker_t *w)
     for (unsigned k = 0; k < wp->nworkers; k++) {
         worker_t *v = &wp->workers[k];
         unsigned i = atomic_load_explicit(&v->claim, memory_order_relaxed), n;
+        uint64_t t;
+
+        if (stuck_before != 0) {
+            t = atomic_load_explicit(&v->job_start, memory_order_relaxed);
+            if (t == 0 || t >= stuck_before)
+                continue;
+        }
 
         while (v != w && i < v->nlocal) {
             n = (v->nlocal - i + 1) / 2;
@@ -309,10 +328,25 @@ static bool do_steal(worker_t *w)
     return false;
 }
 
-/* Fills w's (empty) local batch with its share of the queue, or else
- * with jobs stolen from another local batch, sleeping until there are
- * some; returns the first job of it, already claimed, or NULL when the
- * pool stops and nothing is left to take.  Worker w. */
+/* Whether a local batch of a worker stuck in a long job (one begun more
+ * than wake_ns ago) has unstarted jobs that w can steal; if so w steals
+ * them.  Called with queue_lock held. */
+static bool do_steal_stuck(worker_t *w)
+{
+    worker_pool_t *wp = w->pool;
+    uint64_t now;
+
+    if (wp->wake_ns == 0)
+        return false;
+    now = uv_hrtime();
+    return now > wp->wake_ns && do_steal(w, now - wp->wake_ns);
+}
+
+/* Fills w's (empty) local batch with jobs stolen from a stuck worker's
+ * local batch, else its share of the queue, else jobs stolen from another
+ * local batch, sleeping until there are some; returns the first job of it,
+ * already claimed, or NULL when the pool stops and nothing is left to
+ * take.  Worker w. */
 static worker_job_t *take_jobs(worker_t *w)
 {
     worker_pool_t *wp = w->pool;
@@ -321,14 +355,19 @@ static worker_job_t *take_jobs(worker_t *w)
     size_t n;
 
     pthread_mutex_lock(&wp->queue_lock);
-    while (wp->queue_head == NULL) {
-        if (do_steal(w)) {
+    for (;;) {
+        /* Jobs in the local batch of a stuck worker were taken off the
+         * queue before anything still in it: they come first, or a queue
+         * the loop keeps busy would leave them there for good. */
+        if (wp->queue_head != NULL ? do_steal_stuck(w) : do_steal(w, 0)) {
             wake = do_pick_sleeper(wp, w->nlocal - 1);
             pthread_mutex_unlock(&wp->queue_lock);
             if (wake != NULL)
                 uv_sem_post(&wake->wake);
             return w->local[0];
         }
+        if (wp->queue_head != NULL)
+            break;
         if (wp->stopping) { /* nothing left to run but what others hold */
             pthread_mutex_unlock(&wp->queue_lock);
             return NULL;
@@ -469,7 +508,7 @@ static void nudge_cb(uv_timer_t *h)
         return;
     }
     pthread_mutex_lock(&wp->queue_lock);
-    wake = do_pick_sleeper(wp, do_unstarted(wp));
+    wake = wp->sleepers != NULL && wp->waking == 0 ? do_pick_sleeper(wp, do_unstarted(wp)) : NULL;
     pthread_mutex_unlock(&wp->queue_lock);
     if (wake != NULL)
         uv_sem_post(&wake->wake);
@@ -554,6 +593,7 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
     for (unsigned i = 0; i < n; i++) {
         worker_t *w = &wp->workers[i];
         w->pool = wp;
+        w->index = i;
         atomic_init(&w->job_start, 0);
         atomic_init(&w->job_ns, 0);
         atomic_init(&w->claim, 0);

@@ -72,8 +72,8 @@ typedef struct worker_pool_config {
 /** Appends `job` to `b`. */
 void worker_batch_push(worker_batch_t *b, worker_job_t *job);
 
-/** Starts the threads, the completion handle and the wake-up rule's timer
- * on `loop`.  *out is owned
+/** Starts the threads, and initialises on `loop` the completion handle
+ * and the wake-up rule's timer (which worker_pool_submit() starts).  *out is owned
  * by the caller until worker_pool_close(), which frees it.  Returns 0, or
  * a negative libuv error (UV_ENOMEM, or the thread creation failure). */
 int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_pool_t **out);

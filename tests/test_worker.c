@@ -12,7 +12,8 @@
  * once and completed once, or given back and never run.  With a wake-up
  * threshold, cheap jobs do not wake a second worker, jobs worth more than
  * the threshold do, and a job left behind a long one is run by a sleeper
- * that the pool's timer wakes once the long one has run past it.
+ * that the pool's timer wakes once the long one has run past it, even
+ * while the loop keeps the queue busy.
  */
 #include <check.h>
 #include <pthread.h>
@@ -474,6 +475,55 @@ START_TEST(test_long_job_nudges_sleeper)
 }
 END_TEST
 
+#define NFILL 50000
+
+START_TEST(test_stuck_batch_before_queue)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new_wake(&loop, 2, 2000000u);
+    test_job_t *jobs = calloc(8 + NFILL, sizeof(*jobs));
+    worker_batch_t b = WORKER_BATCH_INIT;
+    int nfill = 0;
+    uint64_t end;
+
+    /* The worker the submit wakes takes jobs 0-3 of 8 and is held in job
+     * 0; the loop then keeps the queue full of short jobs.  Jobs 1-3 were
+     * queued before all of those, so once job 0 has run past wake_ns the
+     * other worker must take them from the held one's batch, busy queue or
+     * not. */
+    ck_assert_ptr_nonnull(jobs);
+    wait_asleep(wp, 2);
+    atomic_store(&gated_index, 0);
+    for (int k = 0; k < 8; k++) {
+        jobs[k].index = k;
+        worker_batch_push(&b, &jobs[k].job);
+    }
+    worker_pool_submit(wp, &b);
+    end = uv_hrtime() + 2000000000ull;
+    while (atomic_load(&jobs[1].ran) + atomic_load(&jobs[2].ran) + atomic_load(&jobs[3].ran) < 3) {
+        ck_assert_msg(uv_hrtime() < end && nfill + 32 <= NFILL,
+                      "jobs behind the held one never ran while the queue was busy (%d run)",
+                      atomic_load(&jobs[1].ran) + atomic_load(&jobs[2].ran) +
+                          atomic_load(&jobs[3].ran));
+        if (worker_pool_pending(wp) < 64) {
+            for (int k = 0; k < 32; k++, nfill++) {
+                jobs[8 + nfill].index = 8 + nfill;
+                jobs[8 + nfill].slow = true;
+                worker_batch_push(&b, &jobs[8 + nfill].job);
+            }
+            worker_pool_submit(wp, &b);
+        }
+        uv_run(&loop, UV_RUN_NOWAIT);
+        sleep_ms(1);
+    }
+    ck_assert_int_eq(atomic_load(&jobs[0].ran), 0);
+    atomic_store(&gate_open, 1);
+    wait_done(&loop, 8 + nfill, 30000);
+    pool_end(&loop, wp);
+    free(jobs);
+}
+END_TEST
+
 #define NSTRESS 6000
 
 START_TEST(test_exactly_once)
@@ -539,6 +589,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_cheap_jobs_one_worker);
     tcase_add_test(tc, test_costly_jobs_wake_another);
     tcase_add_test(tc, test_long_job_nudges_sleeper);
+    tcase_add_test(tc, test_stuck_batch_before_queue);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     return s;
