@@ -300,6 +300,17 @@ struct cache_pool {
     uint64_t serial;          /* this pool's number, never reused: names it to thread caches */
     cache__tcache_t *tcaches; /* CACHE__TCACHES; `thread` (lock), magazines see cache__mag_t */
 
+    /* Three groups on cache lines of their own: the read-only fields
+     * above, which every lock-free reserve and commit reads; the lock and
+     * what it guards, which every acquisition writes; and `entries`, which
+     * every commit writes.  Sharing lines, each acquisition of the lock
+     * and each commit cost the other threads a miss (C=64 P=16, 6
+     * interleaved rounds: 3.37 -> 3.23 us of daemon CPU per step).  Padding
+     * rather than _Alignas: the pool comes from calloc(), aligned to 16
+     * bytes only, and 64 bytes between two fields put them on different
+     * lines whatever the base. */
+    char pad_ro[64];
+
     /* Guards every (lock) field: the slot table, the page descriptors, the
      * class lists, the thread caches' claims and objects, and the counts
      * below.  Held for O(1) table work per call, plus one object per object
@@ -320,9 +331,12 @@ struct cache_pool {
      * reserve counted as its slot's). */
     uint64_t bytes_taken;
 
-    /* Entries committed by all live slots: written under the lock, read
-     * without it (cache_pool_entries()). */
+    char pad_lock[64];
+
+    /* Entries committed by all live slots: written under the lock, or by
+     * a commit without it, read without it (cache_pool_entries()). */
     _Atomic uint64_t entries;
+    char pad_end[64 - sizeof(uint64_t)];
 };
 
 static void *(*cache__calloc)(size_t, size_t) = calloc;
