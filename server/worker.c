@@ -61,13 +61,19 @@
  * queue busy.  The rule needs the loop to run: the timer is the loop's.
  *
  * Completions go on `done_top`, a stack linked through the jobs' `next`:
- * a worker pushes each job as it finishes with a compare-and-swap
- * (release, so the job's result is visible to whoever takes it) and calls
- * uv_async_send() only if the stack was empty: the loop is then certain to
- * drain it, and every later push before that drain rides on the same
- * wake-up.  The async callback (loop thread) takes the whole stack with
- * one exchange (acquire), reverses it into completion order and calls
- * `done` on each job.  Only pushes and whole-stack takes, so no ABA.  It
+ * a worker pushes each job as it finishes with a compare-and-swap and
+ * calls uv_async_send() only if the stack was empty: the loop is then
+ * certain to drain it, and every later push before that drain rides on
+ * the same wake-up.  The async callback (loop thread) takes the whole
+ * stack with one exchange, reverses it into completion order and calls
+ * `done` on each job.  Both are acquire and release.  Release on the push
+ * and acquire on the take make the job's result visible to the loop.
+ * Release on the take and acquire on the push make a worker that finds
+ * the stack emptied also see libuv's clearing of the async's pending flag,
+ * which came before the take: otherwise its uv_async_send() could read the
+ * old flag, send nothing, and leave its job with no wake-up coming (weakly
+ * ordered machines; x86 orders both anyway).  Only pushes and whole-stack
+ * takes, so no ABA.  It
  * was a mutex-guarded FIFO; at pipeline 16 that mutex was contended
  * between the two workers and the loop on most loop turns, and its futex
  * calls outnumbered every other futex call of the daemon (perf, C=64
@@ -454,7 +460,7 @@ static void *worker_main(void *arg)
         do
             job->next = top;
         while (!atomic_compare_exchange_weak_explicit(&wp->done_top, &top, job,
-                                                      memory_order_release, memory_order_relaxed));
+                                                      memory_order_acq_rel, memory_order_relaxed));
         if (top == NULL)
             uv_async_send(&wp->async);
     }
@@ -467,7 +473,7 @@ static void drain_completions(worker_pool_t *wp)
     worker_job_t *job, *next, *first = NULL;
 
     /* The stack holds them latest first: reverse it. */
-    job = atomic_exchange_explicit(&wp->done_top, NULL, memory_order_acquire);
+    job = atomic_exchange_explicit(&wp->done_top, NULL, memory_order_acq_rel);
     for (; job != NULL; job = next) {
         next = job->next;
         job->next = first;

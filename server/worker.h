@@ -6,7 +6,7 @@
  * container_of).  The loop thread collects jobs in a worker_batch_t and
  * hands a whole batch over with worker_pool_submit(): one lock, one
  * wake-up at most.  A worker takes a share of the queue at a time, runs
- * the pool's `run` callback on each job, then appends each to the
+ * the pool's `run` callback on each job, then pushes each to the
  * completion queue as it finishes; the loop thread gets every completed
  * job, in completion order, through the pool's `done` callback, called
  * from one uv_async_t.  Between submit and `done` the job belongs to the
