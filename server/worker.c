@@ -73,8 +73,9 @@
  * which came before the take: otherwise its uv_async_send() could read the
  * old flag, send nothing, and leave its job with no wake-up coming (weakly
  * ordered machines; x86 orders both anyway).  Only pushes and whole-stack
- * takes, so no ABA.  It
- * was a mutex-guarded FIFO; at pipeline 16 that mutex was contended
+ * takes, so no ABA.
+ *
+ * It was a mutex-guarded FIFO; at pipeline 16 that mutex was contended
  * between the two workers and the loop on most loop turns, and its futex
  * calls outnumbered every other futex call of the daemon (perf, C=64
  * P=16).  Finished jobs are not held back to be pushed several at a time:
