@@ -82,6 +82,8 @@ static const option_t options[] = {
      "seconds a shutdown may take (10)"},
     {"wedge-timeout", OPT_UINT, 1, 86400, FIELD(wedge_timeout),
      "seconds one job may run before /health fails (10)"},
+    {"reply-hold-us", OPT_UINT, 0, 10000000, FIELD(reply_hold_us),
+     "microseconds replies may wait for more of their connection's jobs, 0 for never (100)"},
     {"models", OPT_MODELS, 0, 0, 0, 0, "presets to load, comma separated (tiny,hash)"},
     {"default-model", OPT_MODEL, 0, 0, FIELD(default_model), "model of a start without one (tiny)"},
     {"log-level", OPT_LEVEL, 0, 0, FIELD(log_level), "debug, info, warn or error (info)"},
@@ -222,6 +224,7 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     cfg->idle_timeout = 300;
     cfg->shutdown_timeout = 10;
     cfg->wedge_timeout = 10;
+    cfg->reply_hold_us = 100;
     cfg->nmodels = 2;
     strcpy(cfg->models[0], "tiny");
     strcpy(cfg->models[1], "hash");

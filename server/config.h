@@ -31,6 +31,8 @@ typedef struct server_config {
                                          request in flight may sit silent; 0 = forever */
     uint32_t shutdown_timeout;        /* seconds a drain may take before exit 1 */
     uint32_t wedge_timeout;           /* seconds one job may run before /health fails */
+    uint32_t reply_hold_us;           /* microseconds a connection's replies may wait for
+                                         its other jobs out; 0 = never */
     size_t nmodels;                   /* presets to load, in the order given */
     char models[CONFIG_MAX_MODELS][PROTO_MODEL_MAX + 1];
     char default_model[PROTO_MODEL_MAX + 1]; /* one of `models` */

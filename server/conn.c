@@ -33,7 +33,12 @@
  * Writing.  Whenever the head of the order FIFO has its reply, the reply
  * is copied to `out`; at the end of the loop turn the server writes each
  * connection with new output: uv_try_write() first, and a uv_write for
- * what the socket did not take, with at most one in flight.
+ * what the socket did not take, with at most one in flight.  While more
+ * jobs of the connection are out, new output may wait for them, for at
+ * most --reply-hold-us and below CONN_HOLD_MAX_BYTES (conn_hold_output()):
+ * a pipelining client's burst of requests is then answered in one write
+ * instead of one per loop turn in which some of its jobs came back, which
+ * saves the daemon a system call and the client a read for each.
  *
  * Closing.  A connection whose input ended (EOF, line_too_long, a drain)
  * closes once every request read is answered and written.  If its input
@@ -570,6 +575,18 @@ static void write_cb(uv_write_t *req, int status)
     conn_update(c);
 }
 
+bool conn_hold_output(conn_t *c, uint64_t now_ns)
+{
+    uint64_t hold_ns = (uint64_t)c->server->cfg->reply_hold_us * 1000u;
+
+    if (hold_ns == 0 || c->refs <= 1 || c->closed || c->writing || c->out.len == 0 ||
+        c->out.len >= CONN_HOLD_MAX_BYTES)
+        return false;
+    if (c->held_since == 0)
+        c->held_since = now_ns;
+    return now_ns - c->held_since < hold_ns;
+}
+
 void conn_write(conn_t *c)
 {
     proto_buf_t t;
@@ -578,6 +595,8 @@ void conn_write(conn_t *c)
 
     if (c->closed || c->writing || c->out.len == 0)
         return;
+    c->held_since = 0;
+    metrics_count_socket_write();
     /* What the socket takes at once costs one write(); a uv_write (which
      * also arms the poller) only for the rest. */
     b = uv_buf_init(c->out.data, (unsigned)c->out.len);
@@ -919,6 +938,7 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         return;
     }
 
+    metrics_count_socket_read();
     if (c->wait == CONN_WAIT_QUIET)
         server_wait_remove(c->server, c); /* not quiet: conn_update() starts the clock again */
     rc = proto_framer_feed(&c->framer, buf->base, (size_t)nread, on_line, c);

@@ -116,6 +116,8 @@ static struct {
     _Atomic uint64_t refused;
     _Atomic uint64_t accept_errors;
     _Atomic uint64_t conn_timeouts;
+    _Atomic uint64_t socket_reads;
+    _Atomic uint64_t socket_writes;
     step_shard_t steps[METRICS_SHARDS];
 } m;
 
@@ -137,6 +139,8 @@ void metrics_init(uint64_t now_ns)
     STORE(m.refused, 0);
     STORE(m.accept_errors, 0);
     STORE(m.conn_timeouts, 0);
+    STORE(m.socket_reads, 0);
+    STORE(m.socket_writes, 0);
     for (size_t k = 0; k < METRICS_SHARDS; k++) {
         for (size_t i = 0; i <= NBUCKETS; i++)
             STORE(m.steps[k].buckets[i], 0);
@@ -204,6 +208,16 @@ void metrics_count_conn_timeout(void)
     BUMP(m.conn_timeouts, 1);
 }
 
+void metrics_count_socket_read(void)
+{
+    BUMP(m.socket_reads, 1);
+}
+
+void metrics_count_socket_write(void)
+{
+    BUMP(m.socket_writes, 1);
+}
+
 void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
 {
     step_shard_t *h = &m.steps[shard % METRICS_SHARDS];
@@ -268,6 +282,16 @@ uint64_t metrics_accept_errors_total(void)
 uint64_t metrics_conn_timeouts_total(void)
 {
     return LOAD(m.conn_timeouts);
+}
+
+uint64_t metrics_socket_reads_total(void)
+{
+    return LOAD(m.socket_reads);
+}
+
+uint64_t metrics_socket_writes_total(void)
+{
+    return LOAD(m.socket_writes);
 }
 
 uint64_t metrics_last_step_ns(void)
@@ -411,6 +435,12 @@ int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
                "Session connections closed by the daemon, by reason."));
     TRY(put(out, "slotd_connections_closed_total{reason=\"timeout\"} %" PRIu64 "\n",
             LOAD(m.conn_timeouts)));
+    TRY(simple(out, "slotd_socket_reads_total", "counter",
+               "Reads that took request bytes from session connections.", LOAD(m.socket_reads)));
+    TRY(simple(out, "slotd_socket_writes_total", "counter",
+               "Writes of replies begun on session connections (one system call each, more "
+               "when the socket is full).",
+               LOAD(m.socket_writes)));
 
     TRY(render_requests(out));
     TRY(render_errors(out));

@@ -44,6 +44,10 @@ void metrics_count_refused(void);
 void metrics_count_accept_error(void);
 /** Counts one connection closed for --conn-timeout. */
 void metrics_count_conn_timeout(void);
+/** Counts one read that took bytes from a session connection. */
+void metrics_count_socket_read(void);
+/** Counts one write of replies begun on a session connection. */
+void metrics_count_socket_write(void);
 
 /** Records one model request's latency (a step request, whatever its n)
  * and stamps `now_ns` as the time of the last completed step.  Any thread;
@@ -60,6 +64,8 @@ uint64_t metrics_audits_total(void);
 uint64_t metrics_refused_total(void);
 uint64_t metrics_accept_errors_total(void);
 uint64_t metrics_conn_timeouts_total(void);
+uint64_t metrics_socket_reads_total(void);
+uint64_t metrics_socket_writes_total(void);
 /** Monotonic ns of the last completed step; 0 if none yet. */
 uint64_t metrics_last_step_ns(void);
 

@@ -10,9 +10,11 @@
  * the request records submitted to them (see job.c) and the immutable
  * pointers of this struct (`pool`).  One uv_check_t runs at the end of
  * every loop turn, after all reads and completions of the turn: it starts
- * one write per connection with new output, then submits the turn's jobs
- * (those a write that completed at once let go too) to the workers in one
- * batch.  Idle sessions sit on a list in the order they went idle; one
+ * one write per connection with new output (but leaves for a later turn
+ * the output conn_hold_output() holds back, with a timer for the end of
+ * the oldest hold), then submits the turn's jobs (those a write that
+ * completed at once let go too) to the workers in one batch.  Idle
+ * sessions sit on a list in the order they went idle; one
  * timer, always set for the oldest, releases those past --idle-timeout, so
  * a check costs O(expired).  Connections wait on two lists of the same
  * kind: quiet ones for --conn-timeout, lingering ones for the end of their
@@ -187,16 +189,41 @@ void server_mark_dirty(server_t *s, conn_t *c)
     s->dirty = c;
 }
 
+/* Only makes a loop turn: flush_check_cb() ends it. */
+static void hold_timer_cb(uv_timer_t *h)
+{
+    (void)h;
+}
+
 static void flush_check_cb(uv_check_t *h)
 {
     server_t *s = container_of(h, server_t, flush_check);
-    conn_t *c;
+    conn_t *c, *held = NULL;
+    uint64_t now = s->dirty != NULL ? uv_hrtime() : 0, first = UINT64_MAX;
 
-    /* Writes first: one that completes at once may let parked jobs go. */
+    /* Writes first: one that completes at once may let parked jobs go.
+     * Output held back stays on the list for a later turn. */
     while ((c = s->dirty) != NULL) {
         s->dirty = c->dirty_next;
+        if (conn_hold_output(c, now)) {
+            c->dirty_next = held;
+            held = c;
+            if (c->held_since < first)
+                first = c->held_since;
+            continue;
+        }
         c->dirty = false;
         conn_write(c);
+    }
+    s->dirty = held;
+    if (held != NULL && !uv_is_active((uv_handle_t *)&s->hold_timer)) {
+        /* A turn by the end of the oldest hold.  libuv's timers count whole
+         * milliseconds from the loop's clock, so the turn may come up to a
+         * millisecond early; the hold then sets the timer again. */
+        uint64_t end = first + (uint64_t)s->cfg->reply_hold_us * 1000u;
+        uint64_t ms = end > now ? (end - now + 999999u) / 1000000u : 0;
+        uv_update_time(&s->loop);
+        uv_timer_start(&s->hold_timer, hold_timer_cb, ms, 0);
     }
     if (s->batch.n > 0)
         worker_pool_submit(s->workers, &s->batch);
@@ -597,6 +624,7 @@ static void server_finish(server_t *s)
     close_quietly((uv_handle_t *)&s->idle_timer);
     close_quietly((uv_handle_t *)&s->shutdown_timer);
     close_quietly((uv_handle_t *)&s->flush_check);
+    close_quietly((uv_handle_t *)&s->hold_timer);
 }
 
 void server_conn_freed(server_t *s)
@@ -886,6 +914,8 @@ int server_run(const server_config_t *cfg)
     uv_timer_init(&s->loop, &s->idle_timer);
     uv_timer_init(&s->loop, &s->shutdown_timer);
     uv_check_init(&s->loop, &s->flush_check);
+    uv_timer_init(&s->loop, &s->hold_timer);
+    uv_unref((uv_handle_t *)&s->hold_timer);
 
     if (load_models(s) != SLOTD_OK)
         goto fail;

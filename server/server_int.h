@@ -51,6 +51,11 @@
 #define CONN_LINGER_MS 2000
 #define CONN_LINGER_MAX_BYTES (32u << 20)
 
+/* Holding replies (conn_hold_output()): a connection's new output waits
+ * for more of its jobs out for at most --reply-hold-us, and only while it
+ * is below this many bytes. */
+#define CONN_HOLD_MAX_BYTES (16u << 10)
+
 #define SERVER_READ_BUF (64u << 10)
 
 /* The message of every shutting_down reply. */
@@ -178,6 +183,7 @@ struct conn {
     size_t linger_bytes;            /* input discarded while lingering */
     proto_buf_t out;                /* replies for the next write */
     proto_buf_t wbuf;               /* the bytes of the write in flight */
+    uint64_t held_since;            /* uv_hrtime() `out` was first held back; 0 when not */
     metrics_release_t release_reason; /* set when closed */
     bool dirty;                       /* `out` has bytes to write at the end of this loop turn */
     bool reading;                     /* uv_read_start() in force */
@@ -215,6 +221,7 @@ struct server {
     conn_list_t linger;      /* CONN_WAIT_LINGER, by deadline */
     uint64_t drain_deadline; /* uv_now() at which a drain overruns --shutdown-timeout */
     uv_check_t flush_check;  /* end of each loop turn: write, then submit the batch */
+    uv_timer_t hold_timer;   /* a turn for output held back (conn_hold_output()) */
     admin_t *admin;
     worker_pool_t *workers; /* NULL once closed */
     cache_pool_t *pool;     /* immutable pointer: workers read it */
@@ -289,6 +296,13 @@ void conn_turn_away(int fd, const char *why);
 /** Takes back a job that came back from the workers (or was taken back
  * unstarted, with its result set by req_set_error()). */
 void conn_job_done(req_t *r);
+/** Whether the end of this loop turn (`now_ns`, uv_hrtime()) should leave
+ * `c`'s new output for a later turn rather than write it: true while more
+ * of its jobs are out (their replies would follow in a write of their own),
+ * since less than --reply-hold-us ago and below CONN_HOLD_MAX_BYTES, so
+ * that a pipelining client's replies leave together.  The caller keeps `c`
+ * dirty, and makes sure of another turn within the time left. */
+bool conn_hold_output(conn_t *c, uint64_t now_ns);
 /** Starts the write of whatever `c` has accumulated. */
 void conn_write(conn_t *c);
 /** Shutdown: stops reading `c`, answers its waiting requests with

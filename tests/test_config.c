@@ -52,6 +52,7 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(cfg.idle_timeout, 300);
     ck_assert_uint_eq(cfg.shutdown_timeout, 10);
     ck_assert_uint_eq(cfg.wedge_timeout, 10);
+    ck_assert_uint_eq(cfg.reply_hold_us, 100);
     ck_assert_uint_eq(cfg.nmodels, 2);
     ck_assert_str_eq(cfg.models[0], "tiny");
     ck_assert_str_eq(cfg.models[1], "hash");
@@ -67,7 +68,7 @@ START_TEST(test_every_flag)
     ck_assert_int_eq(parse(&cfg, "--listen", "::1", "--port", "0", "--admin-port=9", "--threads",
                            "3", "--cache-mb=17", "--max-sessions", "5", "--max-connections=6",
                            "--max-line", "100", "--idle-timeout=0", "--shutdown-timeout", "2",
-                           "--wedge-timeout=4", "--models", "small,hash,tiny",
+                           "--wedge-timeout=4", "--reply-hold-us", "0", "--models", "small,hash,tiny",
                            "--default-model=small", "--log-level", "debug"),
                      CONFIG_OK);
     ck_assert_str_eq(cfg.listen, "::1");
@@ -81,6 +82,7 @@ START_TEST(test_every_flag)
     ck_assert_uint_eq(cfg.idle_timeout, 0);
     ck_assert_uint_eq(cfg.shutdown_timeout, 2);
     ck_assert_uint_eq(cfg.wedge_timeout, 4);
+    ck_assert_uint_eq(cfg.reply_hold_us, 0);
     ck_assert_uint_eq(cfg.nmodels, 3);
     ck_assert_str_eq(cfg.models[0], "small");
     ck_assert_str_eq(cfg.models[1], "hash");
@@ -109,6 +111,7 @@ START_TEST(test_environment)
                          "SLOTD_IDLE_TIMEOUT=12",
                          "SLOTD_SHUTDOWN_TIMEOUT=13",
                          "SLOTD_WEDGE_TIMEOUT=14",
+                         "SLOTD_REPLY_HOLD_US=10000000",
                          "SLOTD_MODELS=hash",
                          "SLOTD_DEFAULT_MODEL=hash",
                          "SLOTD_LOG_LEVEL=warn",
@@ -127,6 +130,7 @@ START_TEST(test_environment)
     ck_assert_uint_eq(cfg.idle_timeout, 12);
     ck_assert_uint_eq(cfg.shutdown_timeout, 13);
     ck_assert_uint_eq(cfg.wedge_timeout, 14);
+    ck_assert_uint_eq(cfg.reply_hold_us, 10000000);
     ck_assert_uint_eq(cfg.nmodels, 1);
     ck_assert_str_eq(cfg.models[0], "hash");
     ck_assert_str_eq(cfg.default_model, "hash");
@@ -295,6 +299,7 @@ static const struct {
     {{"--idle-timeout", "1.5"}, "--idle-timeout"},
     {{"--shutdown-timeout", "0"}, "--shutdown-timeout"},
     {{"--wedge-timeout", "0"}, "--wedge-timeout"},
+    {{"--reply-hold-us", "10000001"}, "--reply-hold-us"},
     {{"--models", "tiny,bogus"}, "bogus"},
     {{"--models", "tiny,,hash"}, "empty"},
     {{"--models", "tiny,tiny"}, "twice"},

@@ -15,7 +15,9 @@
  * --fault-wedge-after N holds the worker of the N-th job: /health answers
  * 503 once the job has run past --wedge-timeout 1 while the other worker
  * serves on, and 200 again after SIGUSR1 releases it; a SIGTERM during the
- * wedge drains cleanly (exit status 0) with the job answered.
+ * wedge drains cleanly (exit status 0) with the job answered; and a reply
+ * held back for a later job of its connection (--reply-hold-us) leaves when
+ * its hold ends, though that job is wedged.
  */
 #include <signal.h>
 #include <stdarg.h>
@@ -330,6 +332,48 @@ START_TEST(test_wedge_sigterm)
 }
 END_TEST
 
+/* A finished reply held for a later job of its connection (--reply-hold-us
+ * 200 ms) leaves when the hold ends, though that job is wedged: job 2 (a
+ * step) is done, job 3 (the next start) holds the only worker.  The reply
+ * comes no sooner than the hold and long before the release. */
+START_TEST(test_wedge_hold_bounded)
+{
+    itest_daemon_t *d = itest_daemon_start("--threads", "1", "--fault-wedge-after", "3",
+                                           "--reply-hold-us", "200000", NULL);
+    itest_conn_t *c = itest_connect(d);
+    int64_t p[] = {1, 2};
+    itest_session_t a;
+
+    itest_session_init(&a, "a", "tiny", p, 2);
+    itest_session_start(c, &a); /* job 1 */
+    int64_t t0 = itest_now_ms();
+    ck_assert(itest_send_str(c, "{\"op\":\"step\",\"id\":\"a\"}\n"                  /* job 2 */
+                                "{\"op\":\"start\",\"id\":\"b\",\"prompt\":[3]}\n")); /* job 3: wedged */
+    size_t n;
+    char *line = itest_read_line(c, itest_scale_ms(5000), &n);
+    int64_t took = itest_now_ms() - t0;
+    ck_assert_msg(line != NULL, "the step's reply was held for the wedged job");
+    cJSON *r = cJSON_Parse(line);
+    ck_assert_ptr_nonnull(r);
+    itest_session_check_step(&a, r, line, 1, NULL);
+    cJSON_Delete(r);
+    free(line);
+    fprintf(stderr, "a reply held behind a wedged job of its connection left after %lld ms "
+                    "(--reply-hold-us 200000)\n", (long long)took);
+    ck_assert_msg(took >= 190, "the reply came after %lld ms, before the 200 ms hold ended",
+                  (long long)took);
+    ck_assert_msg(itest_expect_silence(c, 100), "the wedged job was answered");
+
+    itest_daemon_signal(d, SIGUSR1);
+    r = itest_read_reply(c);
+    ck_assert_str_eq(itest_str(r, "id"), "b");
+    ck_assert_int_eq(itest_int(r, "entries"), 1);
+    cJSON_Delete(r);
+    itest_session_free(&a);
+    itest_close(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_audit");
@@ -340,5 +384,6 @@ int main(void)
     ITEST_ADD(s, test_uncaught_hash);
     ITEST_ADD(s, test_wedge_health);
     ITEST_ADD(s, test_wedge_sigterm);
+    ITEST_ADD(s, test_wedge_hold_bounded);
     return itest_main(s);
 }

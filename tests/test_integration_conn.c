@@ -5,8 +5,9 @@
  * request or an unsent reply is not); running out of file descriptors
  * (the daemon counts and logs failed accepts, turns the connection away,
  * serves the connections it has, does not spin, and accepts again once
- * descriptors free up); and a drain whose lingering closes must end before
- * --shutdown-timeout.
+ * descriptors free up); a drain whose lingering closes must end before
+ * --shutdown-timeout; and the replies of a pipelined burst leaving in one
+ * write (--reply-hold-us).
  *
  * Every wait is bounded and scaled by SLOTD_TIME_SCALE; no check is on
  * speed.  The descriptor case is left out under SLOTD_WRAPPER (valgrind
@@ -350,6 +351,74 @@ START_TEST(test_conn_out_of_fds)
 }
 END_TEST
 
+/* ---- Replies held for the rest of a pipelined burst ---- */
+
+/* Sixteen starts of `small` sessions with prompts of different lengths
+ * (so that their jobs end at different times on the two workers), sent in
+ * one write, are read in one read and answered in one write
+ * (slotd_socket_*_total), in request order: with --reply-hold-us of 2 s,
+ * finished replies wait while more jobs of the connection are out, and go
+ * as soon as the last one is back, long before the hold would end.
+ * A step of each then matches the uncached reference. */
+START_TEST(test_conn_burst_one_write)
+{
+    char hold[24];
+    int hold_ms = itest_scale_ms(2000) < 10000 ? itest_scale_ms(2000) : 10000; /* at most 10 s */
+    snprintf(hold, sizeof(hold), "%d", hold_ms * 1000);
+    itest_daemon_t *d = itest_daemon_start("--threads", "2", "--models", "tiny,small",
+                                           "--reply-hold-us", hold, NULL);
+    itest_conn_t *c = itest_connect(d);
+    enum { N = 16, LEN0 = 24 };
+    itest_session_t ss[N];
+    static char buf[N * 8 * (LEN0 + 2 * N)];
+    size_t len = 0;
+
+    for (int i = 0; i < N; i++) {
+        int64_t p[LEN0 + 2 * N];
+        size_t n = LEN0 + 2 * (size_t)i;
+        char id[16];
+        snprintf(id, sizeof(id), "s%d", i);
+        len += (size_t)snprintf(buf + len, sizeof(buf) - len,
+                                "{\"op\":\"start\",\"id\":\"%s\",\"model\":\"small\",\"prompt\":[",
+                                id);
+        for (size_t j = 0; j < n; j++) {
+            p[j] = (int64_t)((j * 37 + (size_t)i * 11) % 512);
+            len += (size_t)snprintf(buf + len, sizeof(buf) - len, "%s%lld", j ? "," : "",
+                                    (long long)p[j]);
+        }
+        len += (size_t)snprintf(buf + len, sizeof(buf) - len, "]}\n");
+        itest_session_init(&ss[i], id, "small", p, n);
+    }
+    ck_assert_uint_lt(len, sizeof(buf) - 1);
+    int64_t reads = itest_metric(d, "slotd_socket_reads_total");
+    int64_t writes = itest_metric(d, "slotd_socket_writes_total");
+    int64_t t0 = itest_now_ms();
+    ck_assert(itest_send(c, buf, len));
+    for (int i = 0; i < N; i++) {
+        cJSON *r = itest_read_reply(c);
+        ck_assert_str_eq(itest_str(r, "id"), ss[i].id);
+        ck_assert_int_eq(itest_int(r, "entries"), (int64_t)ss[i].nprompt);
+        cJSON_Delete(r);
+    }
+    int64_t took = itest_now_ms() - t0;
+    reads = itest_metric(d, "slotd_socket_reads_total") - reads;
+    writes = itest_metric(d, "slotd_socket_writes_total") - writes;
+    fprintf(stderr, "a burst of %d starts (%zu bytes): %lld read(s), %lld write(s), answered in %lld ms\n",
+            N, len, (long long)reads, (long long)writes, (long long)took);
+    ck_assert_int_eq(reads, 1);
+    ck_assert_int_eq(writes, 1);
+    ck_assert_msg(took < hold_ms * 3 / 4,
+                  "the burst took %lld ms: its replies waited for the %d ms hold to end",
+                  (long long)took, hold_ms);
+    for (int i = 0; i < N; i++) {
+        itest_session_step(c, &ss[i], 1);
+        itest_session_finish(c, &ss[i]);
+        itest_session_free(&ss[i]);
+    }
+    itest_close(c);
+}
+END_TEST
+
 /* ---- A drain's lingering closes end before --shutdown-timeout ---- */
 
 /* A client pipelines stats without reading until the daemon stops reading
@@ -453,5 +522,6 @@ int main(void)
     ITEST_ADD(s, test_conn_out_of_fds);
     ITEST_ADD(s, test_conn_drain_linger_bounded);
     ITEST_ADD(s, test_conn_lingering_counts);
+    ITEST_ADD(s, test_conn_burst_one_write);
     return itest_main(s);
 }

@@ -73,6 +73,10 @@ static void fill(void)
     metrics_count_refused();
     metrics_count_refused();
     metrics_count_refused();
+    for (int i = 0; i < 5; i++)
+        metrics_count_socket_read();
+    for (int i = 0; i < 4; i++)
+        metrics_count_socket_write();
     for (size_t i = 0; i < NOBSERVED; i++)
         metrics_observe_step((unsigned)i * 7, observed[i], 90 * SEC - i); /* out of order stamps, several copies */
 }
@@ -145,6 +149,8 @@ START_TEST(test_every_family)
         {"slotd_connections_refused_total", "counter"},
         {"slotd_accept_errors_total", "counter"},
         {"slotd_connections_closed_total", "counter"},
+        {"slotd_socket_reads_total", "counter"},
+        {"slotd_socket_writes_total", "counter"},
         {"slotd_step_seconds", "histogram"},
         {"slotd_last_step_age_seconds", "gauge"},
         {"slotd_cache_divergence_total", "counter"},
@@ -192,6 +198,10 @@ START_TEST(test_stats_figures)
     ck_assert(has_line(t, "slotd_connections_refused_total 3"));
     ck_assert_uint_eq(metrics_audits_total(), 2);
     ck_assert_uint_eq(metrics_refused_total(), 3);
+    ck_assert(has_line(t, "slotd_socket_reads_total 5"));
+    ck_assert(has_line(t, "slotd_socket_writes_total 4"));
+    ck_assert_uint_eq(metrics_socket_reads_total(), 5);
+    ck_assert_uint_eq(metrics_socket_writes_total(), 4);
     ck_assert_double_eq_tol(sample(t, "slotd_uptime_seconds"), 99.0, 1e-9);
     free(t);
 
