@@ -34,6 +34,12 @@ static const char *skip_string(const char *p, const char *end)
     return NULL;
 }
 
+/* The bytes that mean something inside an array or object; runs of any
+ * other byte (the digits, signs and commas of the logits) are passed over
+ * in a tight loop, which is most of what the scanner does with a reply. */
+static const bool structural[256] = {['"'] = true, ['['] = true, [']'] = true,
+                                     ['{'] = true, ['}'] = true};
+
 static const char *skip_value(const char *p, const char *end)
 {
     int depth = 0;
@@ -54,6 +60,11 @@ static const char *skip_value(const char *p, const char *end)
         return p == start ? NULL : p;
     }
     while (p < end) {
+        while (!structural[(unsigned char)*p]) {
+            if (++p == end) {
+                return NULL;
+            }
+        }
         switch (*p) {
         case '"':
             p = skip_string(p, end);
