@@ -438,8 +438,8 @@ int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
     TRY(simple(out, "slotd_socket_reads_total", "counter",
                "Reads that took request bytes from session connections.", LOAD(m.socket_reads)));
     TRY(simple(out, "slotd_socket_writes_total", "counter",
-               "Writes of replies begun on session connections (one system call each, more "
-               "when the socket is full).",
+               "Writes of replies begun on session connections (one write attempt each; what "
+               "a full socket does not take is written later and not counted again).",
                LOAD(m.socket_writes)));
 
     TRY(render_requests(out));

@@ -219,7 +219,9 @@ static void flush_check_cb(uv_check_t *h)
     if (held != NULL && !uv_is_active((uv_handle_t *)&s->hold_timer)) {
         /* A turn by the end of the oldest hold.  libuv's timers count whole
          * milliseconds from the loop's clock, so the turn may come up to a
-         * millisecond early; the hold then sets the timer again. */
+         * millisecond early; the hold then sets the timer again.  (While a
+         * job is out the worker pool's timer makes turns too, but the
+         * bound does not rest on another module's timer.) */
         uint64_t end = first + (uint64_t)s->cfg->reply_hold_us * 1000u;
         uint64_t ms = end > now ? (end - now + 999999u) / 1000000u : 0;
         uv_update_time(&s->loop);
