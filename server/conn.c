@@ -575,16 +575,18 @@ static void write_cb(uv_write_t *req, int status)
     conn_update(c);
 }
 
-bool conn_hold_output(conn_t *c, uint64_t now_ns)
+bool conn_hold_output(conn_t *c, uint64_t *now_ns)
 {
     uint64_t hold_ns = (uint64_t)c->server->cfg->reply_hold_us * 1000u;
 
     if (hold_ns == 0 || c->refs <= 1 || c->closed || c->writing || c->out.len == 0 ||
         c->out.len >= CONN_HOLD_MAX_BYTES)
         return false;
+    if (*now_ns == 0)
+        *now_ns = uv_hrtime();
     if (c->held_since == 0)
-        c->held_since = now_ns;
-    return now_ns - c->held_since < hold_ns;
+        c->held_since = *now_ns;
+    return *now_ns - c->held_since < hold_ns;
 }
 
 void conn_write(conn_t *c)

@@ -199,13 +199,13 @@ static void flush_check_cb(uv_check_t *h)
 {
     server_t *s = container_of(h, server_t, flush_check);
     conn_t *c, *held = NULL;
-    uint64_t now = s->dirty != NULL ? uv_hrtime() : 0, first = UINT64_MAX;
+    uint64_t now = 0, first = UINT64_MAX;
 
     /* Writes first: one that completes at once may let parked jobs go.
      * Output held back stays on the list for a later turn. */
     while ((c = s->dirty) != NULL) {
         s->dirty = c->dirty_next;
-        if (conn_hold_output(c, now)) {
+        if (conn_hold_output(c, &now)) {
             c->dirty_next = held;
             held = c;
             if (c->held_since < first)

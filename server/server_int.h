@@ -296,13 +296,15 @@ void conn_turn_away(int fd, const char *why);
 /** Takes back a job that came back from the workers (or was taken back
  * unstarted, with its result set by req_set_error()). */
 void conn_job_done(req_t *r);
-/** Whether the end of this loop turn (`now_ns`, uv_hrtime()) should leave
- * `c`'s new output for a later turn rather than write it: true while more
- * of its jobs are out (their replies would follow in a write of their own),
- * since less than --reply-hold-us ago and below CONN_HOLD_MAX_BYTES, so
- * that a pipelining client's replies leave together.  The caller keeps `c`
- * dirty, and makes sure of another turn within the time left. */
-bool conn_hold_output(conn_t *c, uint64_t now_ns);
+/** Whether the end of this loop turn should leave `c`'s new output for a
+ * later turn rather than write it: true while more of its jobs are out
+ * (their replies would follow in a write of their own), since less than
+ * --reply-hold-us ago and below CONN_HOLD_MAX_BYTES, so that a pipelining
+ * client's replies leave together.  *now_ns is the turn's uv_hrtime(), 0
+ * until someone needs it: read here only for a connection that may be
+ * held, so a turn with none reads no clock.  The caller keeps `c` dirty,
+ * and makes sure of another turn within the time left. */
+bool conn_hold_output(conn_t *c, uint64_t *now_ns);
 /** Starts the write of whatever `c` has accumulated. */
 void conn_write(conn_t *c);
 /** Shutdown: stops reading `c`, answers its waiting requests with

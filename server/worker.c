@@ -349,9 +349,15 @@ static bool do_steal(worker_t *w, uint64_t stuck_before)
 static bool do_steal_stuck(worker_t *w)
 {
     worker_pool_t *wp = w->pool;
+    bool others = false;
     uint64_t now;
 
-    if (wp->wake_ns == 0)
+    /* No clock reading unless some other worker holds unstarted jobs. */
+    for (unsigned k = 0; k < wp->nworkers && !others; k++) {
+        const worker_t *v = &wp->workers[k];
+        others = v != w && atomic_load_explicit(&v->claim, memory_order_relaxed) < v->nlocal;
+    }
+    if (wp->wake_ns == 0 || !others)
         return false;
     now = uv_hrtime();
     return now > wp->wake_ns && do_steal(w, now - wp->wake_ns);
