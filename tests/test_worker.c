@@ -395,6 +395,26 @@ static void wait_asleep(worker_pool_t *wp, unsigned threads)
     }
 }
 
+/* Once both workers sleep, submits jobs[0 .. n-1], zeroed and numbered
+ * (and slow if asked), in one batch, so that the submit finds none awake.
+ * Returns uv_hrtime() just before the submit. */
+static uint64_t submit_to_sleepers(worker_pool_t *wp, test_job_t *jobs, int n, bool slow)
+{
+    worker_batch_t b = WORKER_BATCH_INIT;
+    uint64_t t0;
+
+    memset(jobs, 0, (size_t)n * sizeof(*jobs));
+    wait_asleep(wp, 2);
+    for (int k = 0; k < n; k++) {
+        jobs[k].index = k;
+        jobs[k].slow = slow;
+        worker_batch_push(&b, &jobs[k].job);
+    }
+    t0 = uv_hrtime();
+    worker_pool_submit(wp, &b);
+    return t0;
+}
+
 #define NCHEAP 20
 
 START_TEST(test_cheap_jobs_one_worker)
@@ -402,18 +422,11 @@ START_TEST(test_cheap_jobs_one_worker)
     uv_loop_t loop;
     worker_pool_t *wp = pool_new_wake(&loop, 2, 10000000000ull);
     test_job_t jobs[NCHEAP];
-    worker_batch_t b = WORKER_BATCH_INIT;
 
     /* With a 10 s threshold no batch of quick jobs is worth a second
      * worker: the one the submit wakes runs them all, while the loop (and
      * the pool's timer) runs. */
-    memset(jobs, 0, sizeof(jobs));
-    wait_asleep(wp, 2);
-    for (int k = 0; k < NCHEAP; k++) {
-        jobs[k].index = k;
-        worker_batch_push(&b, &jobs[k].job);
-    }
-    worker_pool_submit(wp, &b);
+    submit_to_sleepers(wp, jobs, NCHEAP, false);
     wait_done(&loop, NCHEAP, 10000);
     for (int k = 1; k < NCHEAP; k++)
         ck_assert_msg(pthread_equal(jobs[k].thread, jobs[0].thread), "job %d ran on another worker",
@@ -429,19 +442,11 @@ START_TEST(test_costly_jobs_wake_another)
     uv_loop_t loop;
     worker_pool_t *wp = pool_new_wake(&loop, 2, 2000000u);
     test_job_t jobs[NWORTH];
-    worker_batch_t b = WORKER_BATCH_INIT;
     int on_first = 0;
 
     /* Jobs of 50 us or more, 200 of them, are worth far more than 2 ms:
      * once the first worker has measured a few, it wakes the second. */
-    memset(jobs, 0, sizeof(jobs));
-    wait_asleep(wp, 2);
-    for (int k = 0; k < NWORTH; k++) {
-        jobs[k].index = k;
-        jobs[k].slow = true;
-        worker_batch_push(&b, &jobs[k].job);
-    }
-    worker_pool_submit(wp, &b);
+    submit_to_sleepers(wp, jobs, NWORTH, true);
     wait_done(&loop, NWORTH, 30000);
     for (int k = 0; k < NWORTH; k++)
         on_first += pthread_equal(jobs[k].thread, jobs[0].thread) != 0;
@@ -455,22 +460,14 @@ START_TEST(test_long_job_nudges_sleeper)
     uv_loop_t loop;
     worker_pool_t *wp = pool_new_wake(&loop, 2, 2000000u);
     test_job_t jobs[3];
-    worker_batch_t b = WORKER_BATCH_INIT;
     uint64_t t0;
 
     /* The worker the submit wakes takes jobs 0 and 1 and is held in job 0;
      * job 2 is not worth a wake-up while job 0 is young.  Once job 0 has
      * run 2 ms the timer wakes the other worker, which runs job 2 and
      * takes job 1 from the held one. */
-    memset(jobs, 0, sizeof(jobs));
-    wait_asleep(wp, 2);
     atomic_store(&gated_index, 0);
-    for (int k = 0; k < 3; k++) {
-        jobs[k].index = k;
-        worker_batch_push(&b, &jobs[k].job);
-    }
-    t0 = uv_hrtime();
-    worker_pool_submit(wp, &b);
+    t0 = submit_to_sleepers(wp, jobs, 3, false);
     wait_done(&loop, 2, 10000);
     ck_assert_uint_ge(uv_hrtime() - t0, 2000000u);
     release_held(&loop, jobs);
@@ -495,13 +492,8 @@ START_TEST(test_stuck_batch_before_queue)
      * other worker must take them from the held one's batch, busy queue or
      * not. */
     ck_assert_ptr_nonnull(jobs);
-    wait_asleep(wp, 2);
     atomic_store(&gated_index, 0);
-    for (int k = 0; k < 8; k++) {
-        jobs[k].index = k;
-        worker_batch_push(&b, &jobs[k].job);
-    }
-    worker_pool_submit(wp, &b);
+    submit_to_sleepers(wp, jobs, 8, false);
     end = uv_hrtime() + 2000000000ull;
     while (atomic_load(&jobs[1].ran) + atomic_load(&jobs[2].ran) + atomic_load(&jobs[3].ran) < 3) {
         ck_assert_msg(uv_hrtime() < end && nfill + 32 <= NFILL,
