@@ -959,6 +959,44 @@ static void cache__prefetch(const cache__model_t *md, const cache__slot_t *s)
     }
 }
 
+void cache_pool_hint(const cache_pool_t *p, cache_handle_t h, cache_hint_t *out)
+{
+    const cache__slot_t *s;
+    const cache__model_t *md;
+    size_t n, k = 0;
+
+    assert(p != NULL && out != NULL && h.slot < p->max_slots);
+    s = &p->slots[h.slot];
+    assert(atomic_load_explicit(&s->gen, memory_order_relaxed) == h.gen);
+    md = &p->models[s->model];
+    memset(out, 0, sizeof(*out));
+    out->addr[k] = s;
+    out->lines[k++] = sizeof(*s) / CACHE__ALIGN;
+    if (s->state != NULL) {
+        out->addr[k] = s->state;
+        out->lines[k++] =
+            (uint8_t)((md->state_bytes < 4 * CACHE__ALIGN ? md->state_bytes : 4 * CACHE__ALIGN) /
+                      CACHE__ALIGN);
+    }
+    if (!md->reads_chain) {
+        if (s->tail != NULL) {
+            out->addr[k] = s->tail;
+            out->lines[k++] = 1;
+        }
+        return;
+    }
+    n = s->nblocks < CACHE__SLOT_BLOCKS ? s->nblocks : CACHE__SLOT_BLOCKS;
+    for (size_t i = 0; i < n && k < CACHE_HINTS; i++) {
+        size_t bytes = model_block_bytes_for(md->m, s->blocks[i]->capacity);
+
+        out->addr[k] = s->blocks[i];
+        out->lines[k++] =
+            (uint8_t)(((bytes < CACHE__PREFETCH_BYTES ? bytes : CACHE__PREFETCH_BYTES) +
+                       CACHE__ALIGN - 1) /
+                      CACHE__ALIGN);
+    }
+}
+
 /* Most blocks a reserve takes from its thread cache without the lock. */
 #define CACHE__FAST_BLOCKS 4
 

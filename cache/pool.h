@@ -74,8 +74,20 @@ typedef struct cache_handle {
     uint32_t gen;
 } cache_handle_t;
 
+/** Where a slot's memory was, for a caller that will prefetch it before
+ * the slot's next use: up to CACHE_HINTS ranges, each `lines[i]` 64-byte
+ * lines from addr[i] (0 lines: unused).  A plain value and a hint only:
+ * nothing may read through it, as the slot may have changed, or been
+ * released, by the time it is used; a prefetch never faults. */
+#define CACHE_HINTS 6
+
+typedef struct cache_hint {
+    const void *addr[CACHE_HINTS];
+    uint8_t lines[CACHE_HINTS];
+} cache_hint_t;
+
 typedef struct cache_pool_stats {
-    uint64_t entries;        /* entries held by all live slots */
+    uint64_t entries; /* entries held by all live slots */
     uint64_t live_slots;
     uint64_t max_slots;
     uint64_t bytes_capacity; /* == bytes_used + bytes_free, always */
@@ -124,6 +136,13 @@ int cache_pool_commit(cache_pool_t *p, cache_handle_t h, const cache_owner_t *ow
  * SLOTD_ESTALE as above (a second release of one handle is caught). */
 int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
                        uint32_t *entries);
+
+/** Fills *out with the memory the slot's next step reads first: the slot's
+ * record, its state and, for a model whose step reads the whole chain
+ * (attn), the first blocks of the chain, as cache_pool_reserve()
+ * prefetches them; for hash, the tail's header.  The slot's user, with a
+ * live handle (asserted), right after a commit; takes no lock. */
+void cache_pool_hint(const cache_pool_t *p, cache_handle_t h, cache_hint_t *out);
 
 /** Entries held by all live slots.  Lock-free; any thread. */
 uint64_t cache_pool_entries(const cache_pool_t *p);

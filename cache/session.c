@@ -71,6 +71,7 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
     s->model = m;
     s->owner = *owner;
     s->entries = kv.len;
+    cache_pool_hint(p, h, &s->hint);
     return SLOTD_OK;
 
 fail_release:
@@ -117,6 +118,7 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
         return session__pool_error(err, rc, "step", s->owner.id);
     }
     s->entries = kv.len;
+    cache_pool_hint(p, s->handle, &s->hint);
     return SLOTD_OK;
 }
 

@@ -27,7 +27,8 @@ typedef struct cache_session {
     cache_handle_t handle;
     const model_t *model;
     cache_owner_t owner;
-    uint32_t entries; /* entries the slot holds: prompt plus generated */
+    uint32_t entries;  /* entries the slot holds: prompt plus generated */
+    cache_hint_t hint; /* set by start and step: what the next step reads first (pool.h) */
 } cache_session_t;
 
 /** Validates the prompt (model_check_prompt()), acquires a clean slot,

@@ -168,6 +168,8 @@ static size_t req_reply_bound(const req_t *r)
 }
 
 /* Sends `r`'s job to the workers at the end of this loop turn. */
+_Static_assert(WORKER_HINTS == CACHE_HINTS, "a session's hint fills a job's");
+
 static void req_submit(req_t *r)
 {
     conn_t *c = r->conn;
@@ -175,6 +177,12 @@ static void req_submit(req_t *r)
     if (r->session != NULL && r->rq.op == PROTO_OP_STEP) {
         r->cs = r->session->cs;
         r->toks = r->session->toks; /* the job's until it comes back */
+        /* Where the step will read first, as the last start or step of
+         * the session left it: the worker prefetches it (worker.h). */
+        memcpy(r->job.hint, r->cs.hint.addr, sizeof(r->job.hint));
+        memcpy(r->job.hint_lines, r->cs.hint.lines, sizeof(r->job.hint_lines));
+    } else {
+        memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));
     }
     r->state = REQ_RUNNING;
     c->reserved += r->reply_bound;

@@ -75,6 +75,12 @@
  * two warnings about failed accepts; the pause when no descriptor is left
  * even to turn a connection away. */
 #define ACCEPT_BATCH 64
+/* A request record's alignment, a cache line, and its size rounded up
+ * to it for aligned_alloc(). */
+#define SERVER_REQ_ALIGN 64
+#define SERVER_REQ_BYTES                                                                           \
+    ((sizeof(req_t) + SERVER_REQ_ALIGN - 1) / SERVER_REQ_ALIGN * SERVER_REQ_ALIGN)
+
 #define ACCEPT_WARN_MS 10000
 #define ACCEPT_PAUSE_MS 100
 
@@ -89,15 +95,21 @@ req_t *server_req_get(server_t *s)
         s->nfree_reqs--;
         s->free_reply_bytes -= r->reply.cap;
     } else {
-        r = calloc(1, sizeof(*r));
+        /* Line-aligned, so that the job (and its hints) is the one line a
+         * worker reads under the queue's lock (worker.c, Prefetching). */
+        r = aligned_alloc(SERVER_REQ_ALIGN, SERVER_REQ_BYTES);
         if (r == NULL)
             return NULL;
+        memset(r, 0, sizeof(*r));
         proto_request_init(&r->rq);
         proto_buf_init(&r->reply);
     }
     r->order_next = NULL;
     return r;
 }
+
+_Static_assert(offsetof(req_t, job) == 0 && sizeof(worker_job_t) <= SERVER_REQ_ALIGN,
+               "a request's job is its first line");
 
 /* server_req_put() clears a record around its request. */
 _Static_assert(offsetof(req_t, rq) < offsetof(req_t, model) &&
@@ -793,6 +805,7 @@ static int start_workers(server_t *s)
             wc.logits_cap = rows * model_vocab(m);
     }
     wc.run = job_run;
+    wc.record_bytes = sizeof(req_t);
     wc.done = job_done_cb;
     wc.arg = s;
     wc.wake_ns = SERVER_WAKE_NS;

@@ -20,10 +20,21 @@
 #include <stdint.h>
 #include <uv.h>
 
-/** Embedded in the caller's record; `next` belongs to the pool or the
- * batch the job is in. */
+/** Ranges of memory a job names for prefetching (worker_job_t.hint). */
+#define WORKER_HINTS 6
+
+/** Embedded in the caller's record, at its start; `next` belongs to the
+ * pool or the batch the job is in.  The caller sets `hint` and
+ * `hint_lines` before submitting: up to WORKER_HINTS ranges of
+ * hint_lines[i] 64-byte lines from hint[i] (0: unused) that the job will
+ * read.  A worker prefetches them, with the first record_bytes of the
+ * record (worker_pool_config_t), while it runs the job before this one.
+ * Hints only: never read through, so they may name memory that has moved
+ * or been freed since (a prefetch never faults). */
 typedef struct worker_job {
     struct worker_job *next;
+    const void *hint[WORKER_HINTS];
+    uint8_t hint_lines[WORKER_HINTS];
 } worker_job_t;
 
 /** A FIFO of jobs not yet submitted (or taken back).  A plain value owned
@@ -67,6 +78,9 @@ typedef struct worker_pool_config {
      * awake.  0 wakes one whenever jobs are left unstarted.  worker.c says
      * why, and what bounds the wait. */
     uint64_t wake_ns;
+    /* Bytes of the record a job is embedded in, from the job, that a
+     * worker prefetches with the job's hints (0: the job alone). */
+    size_t record_bytes;
 } worker_pool_config_t;
 
 /** Appends `job` to `b`. */

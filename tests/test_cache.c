@@ -408,6 +408,64 @@ START_TEST(test_reserve_commit_grows_exactly)
 }
 END_TEST
 
+/* The hint names what the slot's next step reads first: its state and
+ * the chain's first blocks (attn; each block's bytes up to the prefetch
+ * cap, in whole lines), or the tail's header (hash); nothing else. */
+START_TEST(test_hint_names_the_slot)
+{
+    model_t *tiny = model("tiny"), *hash = model("hash");
+    const model_t *models[] = {tiny, hash};
+    cache_pool_t *p = pool((size_t)4 << 20, 4, models, 2);
+    cache_owner_t o = owner(3, "hint");
+    cache_handle_t h;
+    cache_hint_t hint;
+    model_kv_t kv;
+    uint32_t nb;
+    size_t k, used;
+
+    /* tiny: grow entry by entry; after each commit the hint names the
+     * state and then the chain's blocks, in chain order. */
+    ck_assert_int_eq(cache_pool_acquire(p, tiny, &o, &h), SLOTD_OK);
+    for (uint32_t e = 1; e <= model_max_ctx(tiny); e++) {
+        ck_assert_int_eq(grow(p, h, &o, 1), SLOTD_OK);
+        ck_assert_int_eq(cache_pool_reserve(p, h, &o, 0, &kv), SLOTD_OK);
+        cache_pool_hint(p, h, &hint);
+        nb = chain_len(kv.head);
+        ck_assert_uint_gt(hint.lines[0], 0); /* the slot's own record */
+        ck_assert_ptr_eq(hint.addr[1], kv.state);
+        ck_assert_uint_eq(hint.lines[1], 1); /* d = 8 doubles */
+        used = 2;
+        for (k = 2; k < CACHE_HINTS && k - 2 < nb; k++, used++) {
+            const model_block_t *b = chain_at(kv.head, (uint32_t)(k - 2));
+            size_t bytes = model_block_bytes_for(tiny, b->capacity);
+            ck_assert_ptr_eq(hint.addr[k], b);
+            ck_assert_uint_ge((size_t)hint.lines[k] * 64, bytes < 640 ? bytes : 640);
+            ck_assert_uint_lt((size_t)hint.lines[k] * 64, (bytes < 640 ? bytes : 640) + 64);
+        }
+        for (k = used; k < CACHE_HINTS; k++)
+            ck_assert_uint_eq(hint.lines[k], 0);
+    }
+    ck_assert_int_eq(cache_pool_release(p, h, &o, NULL), SLOTD_OK);
+
+    /* hash reads no chain: the state, if any, and the tail's header. */
+    ck_assert_int_eq(cache_pool_acquire(p, hash, &o, &h), SLOTD_OK);
+    ck_assert_int_eq(grow(p, h, &o, 3), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_reserve(p, h, &o, 0, &kv), SLOTD_OK);
+    cache_pool_hint(p, h, &hint);
+    k = kv.state != NULL ? 2 : 1;
+    if (kv.state != NULL)
+        ck_assert_ptr_eq(hint.addr[1], kv.state);
+    ck_assert_ptr_eq(hint.addr[k], kv.tail);
+    ck_assert_uint_eq(hint.lines[k], 1);
+    for (k++; k < CACHE_HINTS; k++)
+        ck_assert_uint_eq(hint.lines[k], 0);
+    ck_assert_int_eq(cache_pool_release(p, h, &o, NULL), SLOTD_OK);
+    cache_pool_destroy(p);
+    model_destroy(tiny);
+    model_destroy(hash);
+}
+END_TEST
+
 START_TEST(test_block_boundaries)
 {
     model_t *hash = model("hash");
@@ -1131,8 +1189,8 @@ static int frag_scenario(bool steal_first, bool *other_page)
     model_t *hash = model("hash"), *tiny = model("tiny");
     const model_t *models[] = {hash, tiny};
     cache_pool_t *p = pool(3 * page_for(models, 2), 64, models, 2);
-    uint32_t per_page = (uint32_t)(cache__pool_page_size(p) /
-                                   round_align(model_block_bytes_for(tiny, 2)));
+    uint32_t per_page =
+        (uint32_t)(cache__pool_page_size(p) / round_align(model_block_bytes_for(tiny, 2)));
     cache_handle_t h[64], hh;
     cache_owner_t o[64], ho = owner(9, "hash");
     one_block_t other = {p, tiny, owner(8, "other"), {0, 0}, 0, NULL};
@@ -1168,8 +1226,7 @@ static int frag_scenario(bool steal_first, bool *other_page)
     rc = cache_pool_reserve(p, hh, &ho, 30, &kv);
     if (rc != SLOTD_OK) {
         cache_pool_stats_t st = stats(p);
-        fprintf(stderr,
-                "frag: hash block refused: used %llu of %llu bytes, %u of %u pages free\n",
+        fprintf(stderr, "frag: hash block refused: used %llu of %llu bytes, %u of %u pages free\n",
                 (unsigned long long)st.bytes_used, (unsigned long long)st.bytes_capacity,
                 cache__pool_pages_free(p), cache__pool_pages(p));
     }
@@ -1254,7 +1311,8 @@ START_TEST(test_pages_move_between_classes)
         size_t stride = cache__pool_page_stride(p, (uint32_t)pages_of_small[i]);
         bool hash_class = stride == CACHE__ALIGN;
         for (uint32_t b = 0; b < blocks_for(hash, model_max_ctx(hash)); b++)
-            hash_class |= stride == round_align(model_block_bytes_for(hash, model_block_capacity(hash, b)));
+            hash_class |=
+                stride == round_align(model_block_bytes_for(hash, model_block_capacity(hash, b)));
         ck_assert(hash_class);
     }
     sound(p);
@@ -1367,10 +1425,10 @@ START_TEST(test_randomized)
                 /* Commit anything from the entries to the room, usually all. */
                 len = rng_below(4) == 0 ? r->entries + rng_below(n + 1) : r->entries + n;
                 if (rng_below(3) == 0)
-                    len = r->entries + rng_below((room_of(r->m, r->nblocks) < max
-                                                      ? room_of(r->m, r->nblocks)
-                                                      : max) -
-                                                 r->entries + 1);
+                    len = r->entries +
+                          rng_below(
+                              (room_of(r->m, r->nblocks) < max ? room_of(r->m, r->nblocks) : max) -
+                              r->entries + 1);
                 kv.len = len;
                 ck_assert_int_eq(cache_pool_commit(p, r->h, &r->owner, &kv), SLOTD_OK);
                 entries += len - r->entries;
@@ -1580,6 +1638,7 @@ static Suite *cache_suite(bool forking)
     tcase_add_test(tc, test_create_oom);
     tcase_add_test(tc, test_acquire_empty);
     tcase_add_test(tc, test_reserve_commit_grows_exactly);
+    tcase_add_test(tc, test_hint_names_the_slot);
     tcase_add_test(tc, test_block_boundaries);
     tcase_add_test(tc, test_models_run_in_slots);
     tcase_add_test(tc, test_slot_bytes_bound);

@@ -13,13 +13,15 @@
  * threshold, cheap jobs do not wake a second worker, jobs worth more than
  * the threshold do, and a job left behind a long one is run by a sleeper
  * that the pool's timer wakes once the long one has run past it, even
- * while the loop keeps the queue busy.
+ * while the loop keeps the queue busy.  The jobs' prefetch hints are
+ * never read through.
  */
 #include <check.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <uv.h>
 
@@ -96,7 +98,8 @@ static void done_cb(worker_job_t *job, void *arg)
 /* A pool whose sleepers are woken by the rule of `wake_ns` (worker.h). */
 static worker_pool_t *pool_new_wake(uv_loop_t *loop, unsigned threads, uint64_t wake_ns)
 {
-    worker_pool_config_t cfg = {threads, 64, 16, 16, run_cb, done_cb, NULL, wake_ns};
+    worker_pool_config_t cfg = {threads,           64, 16, 16, run_cb, done_cb, NULL, wake_ns,
+                                sizeof(test_job_t)};
     worker_pool_t *wp = NULL;
 
     atomic_store(&started, 0);
@@ -568,6 +571,47 @@ START_TEST(test_exactly_once)
 }
 END_TEST
 
+/* Hints are prefetched, never read: jobs whose hints name memory that
+ * faults on any access (mapped with no access, then unmapped, and NULL)
+ * run and complete as any other. */
+START_TEST(test_hints_never_read)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 2);
+    test_job_t *jobs = calloc(NJOBS, sizeof(*jobs));
+    worker_batch_t b = WORKER_BATCH_INIT;
+    size_t len = (size_t)1 << 20;
+    char *none = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *gone = mmap(NULL, len, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+    ck_assert_ptr_ne(none, MAP_FAILED);
+    ck_assert_ptr_ne(gone, MAP_FAILED);
+    ck_assert_int_eq(munmap(gone, len), 0);
+    for (int i = 0; i < NJOBS; i++) {
+        jobs[i].index = i;
+        jobs[i].job.hint[0] = none + (size_t)(i % 256) * 4096;
+        jobs[i].job.hint_lines[0] = 64;
+        jobs[i].job.hint[1] = gone + (size_t)(i % 256) * 4096;
+        jobs[i].job.hint_lines[1] = 255;
+        jobs[i].job.hint[2] = NULL;
+        jobs[i].job.hint_lines[2] = 8;
+        worker_batch_push(&b, &jobs[i].job);
+        if (i % 37 == 36)
+            worker_pool_submit(wp, &b);
+    }
+    worker_pool_submit(wp, &b);
+    while (done_count < NJOBS)
+        uv_run(&loop, UV_RUN_ONCE);
+    for (int i = 0; i < NJOBS; i++) {
+        ck_assert_int_eq(atomic_load(&jobs[i].ran), 1);
+        ck_assert_int_gt(jobs[i].done_order, 0);
+    }
+    pool_end(&loop, wp);
+    ck_assert_int_eq(munmap(none, len), 0);
+    free(jobs);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("worker");
@@ -581,6 +625,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_idle_worker_runs_taken_job);
     tcase_add_test(tc, test_take_back_taken);
     tcase_add_test(tc, test_exactly_once);
+    tcase_add_test(tc, test_hints_never_read);
     tcase_add_test(tc, test_cheap_jobs_one_worker);
     tcase_add_test(tc, test_costly_jobs_wake_another);
     tcase_add_test(tc, test_long_job_nudges_sleeper);
