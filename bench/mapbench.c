@@ -32,6 +32,7 @@
 /* About the size of the server's session record. */
 typedef struct record {
     session_map_node_t node;
+    char id[PROTO_ID_MAX + 1]; /* node.id points here */
     uint64_t payload[16];
 } record_t;
 
@@ -109,7 +110,8 @@ static void bench(const setup_t *st, int rounds, size_t finds, double *wall_med,
         record_t *r = xmalloc(sizeof(*r));
         memset(r, 0, sizeof(*r));
         r->payload[3] = order[i];
-        snprintf(r->node.id, sizeof(r->node.id), "s%zu", order[i] % st->per_map);
+        snprintf(r->id, sizeof(r->id), "s%zu", order[i] % st->per_map);
+        r->node.id = r->id;
         recs[order[i]] = r;
     }
     for (size_t i = 0; i < total; i++) {

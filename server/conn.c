@@ -169,6 +169,8 @@ static size_t req_reply_bound(const req_t *r)
 
 /* Sends `r`'s job to the workers at the end of this loop turn. */
 _Static_assert(WORKER_HINTS == CACHE_HINTS, "a session's hint fills a job's");
+_Static_assert(sizeof(((cache_owner_t *)0)->id) == sizeof(((proto_request_t *)0)->id),
+               "a session's owner holds any id");
 
 static void req_submit(req_t *r)
 {
@@ -786,7 +788,11 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     sess = server_session_get(s);
     if (sess == NULL)
         return SLOTD_ENOMEM;
-    memcpy(sess->node.id, r->rq.id, sizeof(sess->node.id));
+    /* The id is kept once, in the owner its slot will have; the map's
+     * node points at it. */
+    sess->cs.owner.key = c->serial;
+    memcpy(sess->cs.owner.id, r->rq.id, sizeof(sess->cs.owner.id));
+    sess->node.id = sess->cs.owner.id;
     if (session_map_insert(&c->map, &sess->node) != SLOTD_OK) {
         server_session_put(s, sess);
         return SLOTD_ENOMEM;

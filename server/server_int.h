@@ -133,11 +133,11 @@ struct session {
     bool has_slot;                  /* its start succeeded and it was not released yet */
     bool in_lru;                    /* idle: holds a slot, in the map, nothing queued or running */
 
-    cache_session_t cs;  /* valid while has_slot */
+    cache_session_t cs;  /* owner from the parse on (node.id is its id); the rest while has_slot */
     audit_tokens_t toks; /* audit on: its tokens while has_slot; owned, freed with it */
 
     /* Start, finish and close only. */
-    session_map_node_t node;        /* id; linked in conn->map while in_map */
+    session_map_node_t node;        /* id: cs.owner.id; linked in conn->map while in_map */
     session_t *prev, *next;         /* conn->sessions: every record of the connection */
 };
 

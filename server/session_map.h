@@ -27,11 +27,14 @@
 
 #include "proto/proto.h"
 
-/** Embedded in the caller's record.  The caller fills `id` before
- * session_map_insert(); the map owns `hash` while the node is linked. */
+/** Embedded in the caller's record.  Before session_map_insert() the
+ * caller points `id` at the id (1..PROTO_ID_MAX bytes and a NUL), stored
+ * where it stays, unchanged, while the node is linked (the server's
+ * session record keeps it once, in its cache owner); the map owns `hash`
+ * while the node is linked. */
 typedef struct session_map_node {
     uint64_t hash;
-    char id[PROTO_ID_MAX + 1];
+    const char *id;
 } session_map_node_t;
 
 /** Ids of at most this many bytes are compared in the slot alone. */

@@ -17,11 +17,14 @@
 
 #include "server/session_map.h"
 
+/* A node and its id in one allocation, as the server's record keeps them. */
 static session_map_node_t *node_new(const char *id)
 {
-    session_map_node_t *n = calloc(1, sizeof(*n));
+    session_map_node_t *n = calloc(1, sizeof(*n) + PROTO_ID_MAX + 1);
+    char *copy = (char *)(n + 1);
     ck_assert_ptr_nonnull(n);
-    snprintf(n->id, sizeof(n->id), "%s", id);
+    snprintf(copy, PROTO_ID_MAX + 1, "%s", id);
+    n->id = copy;
     return n;
 }
 
