@@ -198,6 +198,10 @@ typedef struct cache__model {
     size_t state_bytes; /* the state's stride, counted per slot; 0: no state object */
     uint32_t state_cls; /* NONE when state_bytes is 0 */
     bool reads_chain;   /* a step reads every block (attn), not only the tail (hash) */
+    /* Lines of the i-th block of a chain that a step's prefetch asks for:
+     * the block, at most CACHE__PREFETCH_BYTES of it; and of the state. */
+    uint8_t block_lines[CACHE__SLOT_BLOCKS];
+    uint8_t state_lines;
 } cache__model_t;
 
 /* Thread caches.  A thread cache parks at most this many objects of one
@@ -928,30 +932,53 @@ static inline void cache__prefetch_block(const model_block_t *b)
         __builtin_prefetch((const char *)b + off);
 }
 
+/* What a step of slot `s` reads first, as cache_pool_hint() describes it:
+ * the slot's record, the state (the pick reads it first) and, for a model
+ * whose step reads every block (attn), the chain's first
+ * CACHE__SLOT_BLOCKS blocks; for hash, the tail's header.  Reads the
+ * slot's own fields only, never a block.  The slot's user. */
+static void cache__slot_hint(const cache__model_t *md, const cache__slot_t *s, cache_hint_t *out)
+{
+    size_t n = s->nblocks < CACHE__SLOT_BLOCKS ? s->nblocks : CACHE__SLOT_BLOCKS, k = 0;
+
+    _Static_assert(CACHE_HINTS >= 2 + CACHE__SLOT_BLOCKS, "a hint names every line asked for");
+    memset(out, 0, sizeof(*out));
+    out->addr[k] = s;
+    out->lines[k++] = sizeof(*s) / CACHE__ALIGN;
+    if (s->state != NULL) {
+        out->addr[k] = s->state;
+        out->lines[k++] = md->state_lines;
+    }
+    if (!md->reads_chain) {
+        if (s->tail != NULL) {
+            out->addr[k] = s->tail;
+            out->lines[k++] = 1;
+        }
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        out->addr[k] = s->blocks[i];
+        out->lines[k++] = md->block_lines[i];
+    }
+}
+
 /* Asks the CPU to start loading what the model reads right after a
- * reserve, while the caller is still on its way there: the state (the
- * pick reads it first) and, for a model whose step reads every block
- * (attn), the chain's first CACHE__SLOT_BLOCKS blocks, and its tail and
- * last block when the chain is longer (all of a tiny chain); for hash,
- * the tail's header.  With many live sessions all of it is out of cache,
- * and without this the model finds the blocks one `next` at a time.  A
- * hint only: it changes no byte.  The slot's user, on the fast path of
+ * reserve, while the caller is still on its way there: the lines of
+ * cache__slot_hint() but the slot's record (the caller has it), and for a
+ * chain longer than those blocks its tail and last block too (all of a
+ * tiny chain).  With many live sessions all of it is out of cache, and
+ * without this the model finds the blocks one `next` at a time.  A hint
+ * only: it changes no byte.  The slot's user, on the fast path of
  * reserve. */
 static void cache__prefetch(const cache__model_t *md, const cache__slot_t *s)
 {
-    size_t n = s->nblocks < CACHE__SLOT_BLOCKS ? s->nblocks : CACHE__SLOT_BLOCKS;
+    cache_hint_t h;
 
-    if (s->state != NULL)
-        for (size_t off = 0; off < md->state_bytes && off < 4 * CACHE__ALIGN; off += CACHE__ALIGN)
-            __builtin_prefetch((const char *)s->state + off);
-    if (!md->reads_chain) {
-        if (s->tail != NULL)
-            __builtin_prefetch(s->tail, 1);
-        return;
-    }
-    for (size_t i = 0; i < n; i++)
-        cache__prefetch_block(s->blocks[i]);
-    if (s->nblocks > CACHE__SLOT_BLOCKS) {
+    cache__slot_hint(md, s, &h);
+    for (size_t k = 1; k < CACHE_HINTS; k++)
+        for (size_t l = 0; l < h.lines[k]; l++)
+            __builtin_prefetch((const char *)h.addr[k] + l * CACHE__ALIGN);
+    if (md->reads_chain && s->nblocks > CACHE__SLOT_BLOCKS) {
         if (s->tail != NULL)
             cache__prefetch_block(s->tail);
         if (s->last != NULL && s->last != s->tail)
@@ -962,39 +989,11 @@ static void cache__prefetch(const cache__model_t *md, const cache__slot_t *s)
 void cache_pool_hint(const cache_pool_t *p, cache_handle_t h, cache_hint_t *out)
 {
     const cache__slot_t *s;
-    const cache__model_t *md;
-    size_t n, k = 0;
 
     assert(p != NULL && out != NULL && h.slot < p->max_slots);
     s = &p->slots[h.slot];
     assert(atomic_load_explicit(&s->gen, memory_order_relaxed) == h.gen);
-    md = &p->models[s->model];
-    memset(out, 0, sizeof(*out));
-    out->addr[k] = s;
-    out->lines[k++] = sizeof(*s) / CACHE__ALIGN;
-    if (s->state != NULL) {
-        out->addr[k] = s->state;
-        out->lines[k++] =
-            (uint8_t)((md->state_bytes < 4 * CACHE__ALIGN ? md->state_bytes : 4 * CACHE__ALIGN) /
-                      CACHE__ALIGN);
-    }
-    if (!md->reads_chain) {
-        if (s->tail != NULL) {
-            out->addr[k] = s->tail;
-            out->lines[k++] = 1;
-        }
-        return;
-    }
-    n = s->nblocks < CACHE__SLOT_BLOCKS ? s->nblocks : CACHE__SLOT_BLOCKS;
-    for (size_t i = 0; i < n && k < CACHE_HINTS; i++) {
-        size_t bytes = model_block_bytes_for(md->m, s->blocks[i]->capacity);
-
-        out->addr[k] = s->blocks[i];
-        out->lines[k++] =
-            (uint8_t)(((bytes < CACHE__PREFETCH_BYTES ? bytes : CACHE__PREFETCH_BYTES) +
-                       CACHE__ALIGN - 1) /
-                      CACHE__ALIGN);
-    }
+    cache__slot_hint(&p->models[s->model], s, out);
 }
 
 /* Most blocks a reserve takes from its thread cache without the lock. */
@@ -1194,6 +1193,16 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
         }
         md->state_bytes = cache__round_up(model_state_size(md->m), CACHE__ALIGN);
         md->state_cls = md->state_bytes > 0 ? cache__class_for(p, md->state_bytes) : CACHE__NONE;
+        md->state_lines = (uint8_t)((md->state_bytes < 4 * CACHE__ALIGN ? md->state_bytes
+                                                                       : 4 * CACHE__ALIGN) /
+                                    CACHE__ALIGN);
+        for (uint32_t b = 0; b < CACHE__SLOT_BLOCKS; b++) {
+            size_t bytes = model_block_bytes_for(md->m, model_block_capacity(md->m, b));
+
+            if (bytes > CACHE__PREFETCH_BYTES)
+                bytes = CACHE__PREFETCH_BYTES;
+            md->block_lines[b] = (uint8_t)(cache__round_up(bytes, CACHE__ALIGN) / CACHE__ALIGN);
+        }
     }
     for (uint32_t i = 0; i < p->nclasses; i++) {
         cache__class_t *c = &p->classes[i];

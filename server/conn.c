@@ -167,11 +167,11 @@ static size_t req_reply_bound(const req_t *r)
     return REPLY_FIXED + tag + tokens * REPLY_TOKEN_BYTES + picks * row;
 }
 
-/* Sends `r`'s job to the workers at the end of this loop turn. */
 _Static_assert(WORKER_HINTS == CACHE_HINTS, "a session's hint fills a job's");
 _Static_assert(sizeof(((cache_owner_t *)0)->id) == sizeof(((proto_request_t *)0)->id),
                "a session's owner holds any id");
 
+/* Sends `r`'s job to the workers at the end of this loop turn. */
 static void req_submit(req_t *r)
 {
     conn_t *c = r->conn;

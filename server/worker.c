@@ -92,7 +92,8 @@
  * they arrive while job i runs.  Only addresses are used, never what they
  * point to, so a hint that has gone stale (a stolen job, a freed record)
  * costs a wasted prefetch and nothing else.  Measured at C=64 P=16: the
- * workers' user CPU per step 5-6 % lower (bench/RESULTS.md).
+ * daemon's user CPU per step 4-6 % lower, its total about 2 %
+ * (bench/RESULTS.md).
  *
  * Each worker publishes the monotonic start time of its current job in an
  * atomic (0 when idle) for worker_pool_wedged() and worker_job_start().
