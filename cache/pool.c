@@ -64,18 +64,24 @@
  *    object (cache__mag_t says how).
  *
  * Accounting.  bytes_used is the sum of the objects live slots hold, counted
- * at their strides (what the arena gives up for them), so used + free ==
- * capacity always.  The pool keeps bytes_taken, which adds the parked
- * objects, and reports it right after a steal, when the two agree.  A
- * request is refused with SLOTD_ECACHE_FULL, and nothing changes, when no
- * slot is free, when used + needed > capacity, or when the pages cannot
- * supply the objects (the rounding of objects, the tail of each page, the
- * tail of the arena, and pages held by other classes): free bytes are an
- * upper bound on what can still be had, not a promise.  As the arena is no
- * larger than the budget, the pages always run out before used + needed
- * passes capacity; the byte test stays as the rule the figures promise, at
- * no cost (it reads bytes_taken, which a steal before any refusal makes
- * equal to used).
+ * at their strides, so used + free == capacity always.  The pool keeps
+ * bytes_taken, which adds the parked objects, and reports it right after a
+ * steal, when the two agree.  A request is refused with SLOTD_ECACHE_FULL,
+ * and nothing changes, when no slot is free, when used + needed >
+ * capacity, or when the pages cannot supply the objects (the rounding of
+ * objects, the tail of each page, and holes in pages held by other
+ * classes).  With an arena no larger than the budget (arena_factor 1), the
+ * pages always run out before used + needed passes capacity: free bytes
+ * are an upper bound on what can still be had, and whether a request fits
+ * depends on the order in which blocks were taken and given back.  With
+ * arena_factor F >= 2 (what the server uses), the arena maps F times the
+ * pages as address space, backed only as pages are first carved, and the
+ * free-page stack hands out pages already touched before new ones; so
+ * resident memory stays near the bytes in use, and the byte and slot
+ * counts alone decide, until holes waste (F - 1) budgets.  That makes
+ * whether a request fits a function of what the live slots hold, which is
+ * what keeps a pipelined client's replies those of one at a time
+ * (docs/design.md, "Pipelining").
  *
  * Ownership.  A slot's generation is odd while it is live and even while it
  * is free; acquire and release each bump it.  Every call matches index,
@@ -289,7 +295,7 @@ _Static_assert(offsetof(cache__slot_t, id_words) + 5 * sizeof(uint64_t) <= 2 * C
 struct cache_pool {
     /* Set at creation, then read-only: no lock needed. */
     unsigned char *arena;
-    size_t arena_bytes; /* npages * page_size, at most capacity */
+    size_t arena_bytes; /* npages * page_size: arena_factor x the budget's pages */
     size_t page_size;
     uint32_t npages;
     uint32_t max_slots;
@@ -340,7 +346,11 @@ struct cache_pool {
     /* Entries committed by all live slots: written under the lock, or by
      * a commit without it, read without it (cache_pool_entries()). */
     _Atomic uint64_t entries;
-    char pad_end[64 - sizeof(uint64_t)];
+    /* bytes_taken and live_slots as of the last unlock (do_unlock()), for
+     * cache_pool_room(): read without the lock. */
+    _Atomic uint64_t room_taken;
+    _Atomic uint64_t room_live;
+    char pad_end[64 - 3 * sizeof(uint64_t)];
 };
 
 static void *(*cache__calloc)(size_t, size_t) = calloc;
@@ -348,6 +358,15 @@ static void *(*cache__calloc)(size_t, size_t) = calloc;
 /* Pools are numbered so that a thread's record of its cache never names a
  * destroyed pool whose memory a new pool happens to reuse. */
 static _Atomic uint64_t cache__pool_serial;
+
+/* Releases p->lock, first publishing the room figures it guards for
+ * cache_pool_room(). */
+static void do_unlock(cache_pool_t *p)
+{
+    atomic_store_explicit(&p->room_taken, p->bytes_taken, memory_order_relaxed);
+    atomic_store_explicit(&p->room_live, p->live_slots, memory_order_relaxed);
+    pthread_mutex_unlock(&p->lock);
+}
 
 /* The calling thread's cache in the pool it used last: `pool` is that
  * pool's serial (0: none yet), `tc` its cache there, or NULL if the pool
@@ -731,12 +750,15 @@ static void do_steal_class(cache_pool_t *p, uint32_t ci)
 
 /* Tops the owner's magazine of class `ci` up from the class's partial
  * pages, never assigning a page to the class for it (so that parking
- * changes which pages a class holds as little as possible). */
+ * changes which pages a class holds as little as possible), and never past
+ * the budget: a parked object counts as taken, and a lock-free reserve
+ * takes it without another look at the bytes. */
 static void do_mag_fill(cache_pool_t *p, cache__mag_t *m, uint32_t ci)
 {
     cache__class_t *c = &p->classes[ci];
 
-    while (c->partial != CACHE__NONE && do_mag_count(m) < c->mag_cap) {
+    while (c->partial != CACHE__NONE && do_mag_count(m) < c->mag_cap &&
+           p->bytes_taken + c->stride <= p->capacity) {
         bool fresh;
         void *obj = do_obj_take(p, ci, &fresh);
 
@@ -1047,7 +1069,7 @@ static bool cache__reserve_parked(cache_pool_t *p, const cache__model_t *md, cac
                     p->bytes_taken -= p->classes[cls[j]].stride;
                 }
             }
-            pthread_mutex_unlock(&p->lock);
+            do_unlock(p);
             return false;
         }
         bytes += p->classes[cls[i]].stride;
@@ -1130,7 +1152,8 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
     int rc = SLOTD_ENOMEM;
 
     if (cfg == NULL || out == NULL || cfg->capacity_bytes == 0 || cfg->max_slots == 0 ||
-        cfg->max_slots == CACHE__NONE || cfg->models == NULL || cfg->nmodels == 0)
+        cfg->arena_factor > CACHE__ARENA_FACTOR_MAX || cfg->max_slots == CACHE__NONE ||
+        cfg->models == NULL || cfg->nmodels == 0)
         return SLOTD_EINVAL;
     for (size_t i = 0; i < cfg->nmodels; i++) {
         const model_t *m = cfg->models[i];
@@ -1157,7 +1180,7 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
         rc = SLOTD_EINVAL;
         goto fail_pool;
     }
-    npages = cfg->capacity_bytes / p->page_size;
+    npages = cfg->capacity_bytes / p->page_size * (cfg->arena_factor > 1 ? cfg->arena_factor : 1);
     if (npages >= CACHE__NONE)
         goto fail_pool;
     p->npages = (uint32_t)npages;
@@ -1350,7 +1373,7 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
     p->live_slots++;
     h->slot = si;
 out:
-    pthread_mutex_unlock(&p->lock);
+    do_unlock(p);
     return rc;
 }
 
@@ -1450,7 +1473,7 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
     kv->len = s->entries;
     kv->state = s->state;
 out:
-    pthread_mutex_unlock(&p->lock);
+    do_unlock(p);
     return rc;
 }
 
@@ -1471,7 +1494,7 @@ int cache_pool_commit(cache_pool_t *p, cache_handle_t h, const cache_owner_t *ow
     if (s == NULL) {
         pthread_mutex_lock(&p->lock);
         s = do_slot_get(p, h, owner);
-        pthread_mutex_unlock(&p->lock);
+        do_unlock(p);
         if (s == NULL)
             return SLOTD_ESTALE;
         /* Matched under the lock: the same answer as without it, as only
@@ -1508,7 +1531,7 @@ int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
     pthread_mutex_lock(&p->lock);
     s = do_slot_get(p, h, owner);
     if (s == NULL) {
-        pthread_mutex_unlock(&p->lock);
+        do_unlock(p);
         return SLOTD_ESTALE;
     }
     /* From here the handle is stale; the slot is on no free list until
@@ -1522,19 +1545,28 @@ int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
     {
         const cache__model_t *md = &p->models[s->model];
 
-        pthread_mutex_unlock(&p->lock);
+        do_unlock(p);
         cache__poison_slot(p, md, head, state);
         pthread_mutex_lock(&p->lock);
     }
 #endif
     do_slot_free(p, do_tcache_claim(p), (uint32_t)(s - p->slots), head, state);
-    pthread_mutex_unlock(&p->lock);
+    do_unlock(p);
     return SLOTD_OK;
 }
 
 uint64_t cache_pool_entries(const cache_pool_t *p)
 {
     return atomic_load_explicit(&p->entries, memory_order_relaxed);
+}
+
+void cache_pool_room(const cache_pool_t *p, uint64_t *bytes_free, uint64_t *slots_free)
+{
+    uint64_t taken = atomic_load_explicit(&p->room_taken, memory_order_relaxed);
+    uint64_t live = atomic_load_explicit(&p->room_live, memory_order_relaxed);
+
+    *bytes_free = taken < p->capacity ? p->capacity - taken : 0;
+    *slots_free = live < p->max_slots ? p->max_slots - live : 0;
 }
 
 void cache_pool_stats(cache_pool_t *p, cache_pool_stats_t *st)
@@ -1549,7 +1581,7 @@ void cache_pool_stats(cache_pool_t *p, cache_pool_stats_t *st)
     st->bytes_capacity = p->capacity;
     st->bytes_used = p->bytes_taken;
     st->bytes_free = p->capacity - p->bytes_taken;
-    pthread_mutex_unlock(&p->lock);
+    do_unlock(p);
 }
 
 /* ---- For the tests (pool_impl.h) ---- */
@@ -1571,7 +1603,7 @@ uint32_t cache__pool_pages_free(cache_pool_t *p)
     pthread_mutex_lock(&p->lock);
     do_steal_all(p);
     n = p->pages_free;
-    pthread_mutex_unlock(&p->lock);
+    do_unlock(p);
     return n;
 }
 
@@ -1592,7 +1624,7 @@ size_t cache__pool_page_stride(cache_pool_t *p, uint32_t page)
     do_steal_all(p);
     if (page < p->npages && p->pages[page].cls != CACHE__NONE)
         stride = p->classes[p->pages[page].cls].stride;
-    pthread_mutex_unlock(&p->lock);
+    do_unlock(p);
     return stride;
 }
 
@@ -1603,7 +1635,7 @@ void cache__pool_debug_free(cache_pool_t *p, void *obj)
 
     pthread_mutex_lock(&p->lock);
     stride = p->classes[p->pages[off / p->page_size].cls].stride;
-    pthread_mutex_unlock(&p->lock);
+    do_unlock(p);
 #if CACHE__DEBUG
     cache__poison(obj, stride, NULL);
 #else
@@ -1611,7 +1643,7 @@ void cache__pool_debug_free(cache_pool_t *p, void *obj)
 #endif
     pthread_mutex_lock(&p->lock);
     do_obj_free(p, obj);
-    pthread_mutex_unlock(&p->lock);
+    do_unlock(p);
 }
 
 #define CACHE__CHECK(cond, ...)                                                                    \
@@ -1733,6 +1765,8 @@ int cache__pool_check(cache_pool_t *p)
                  (unsigned long long)p->live_slots, (unsigned long long)live);
     CACHE__CHECK(live + nfree_slots == p->max_slots, "slots lost: %llu live, %llu free",
                  (unsigned long long)live, (unsigned long long)nfree_slots);
+    CACHE__CHECK(p->bytes_taken <= p->capacity, "bytes_taken %llu past capacity %llu",
+                 (unsigned long long)p->bytes_taken, (unsigned long long)p->capacity);
     CACHE__CHECK(used == p->bytes_taken, "bytes_taken %llu, counted %llu",
                  (unsigned long long)p->bytes_taken, (unsigned long long)used);
     CACHE__CHECK(used <= p->capacity, "used past capacity");
@@ -1782,7 +1816,7 @@ int cache__pool_check(cache_pool_t *p)
         CACHE__CHECK(partial == (cls_objs[i] == 1), "page %u partial-list membership", i);
     }
 
-    pthread_mutex_unlock(&p->lock);
+    do_unlock(p);
     free(cls_free);
     free(cls_objs);
     return bad;

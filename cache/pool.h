@@ -57,6 +57,12 @@ typedef struct cache_pool_config {
     uint32_t max_slots;             /* at most this many live slots */
     const model_t *const *models;   /* every model the pool will serve; not owned, must outlive the pool */
     size_t nmodels;
+    /* Address space mapped per byte of budget (0 counts as 1).  With 1,
+     * pages run out before the budget's bytes do, so a refusal also
+     * depends on how freed blocks left pages partly used; with 2 or more
+     * only the bytes and slots refuse, until fragmentation wastes as much
+     * as (factor - 1) budgets (pool.c, Accounting). */
+    unsigned arena_factor;
 } cache_pool_config_t;
 
 /** Who a slot belongs to: an opaque key (the server uses its connection's
@@ -146,6 +152,15 @@ void cache_pool_hint(const cache_pool_t *p, cache_handle_t h, cache_hint_t *out)
 
 /** Entries held by all live slots.  Lock-free; any thread. */
 uint64_t cache_pool_entries(const cache_pool_t *p);
+
+/** The pool's free bytes and free slots as of the last call that held its
+ * lock: an estimate, read without the lock (any thread), for a caller
+ * deciding whether requests may compete for room.  Bytes parked in thread
+ * caches count as taken, so the bytes are never more than
+ * cache_pool_stats() would say; either figure may be stale by the calls
+ * under way.  A request may still be refused with more free bytes than it
+ * needs (pool.h, cache_pool_create()). */
+void cache_pool_room(const cache_pool_t *p, uint64_t *bytes_free, uint64_t *slots_free);
 
 /** A consistent snapshot of the figures (taken under the lock, with every
  * thread's parked blocks taken back first, which costs each thread one

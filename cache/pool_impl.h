@@ -21,6 +21,9 @@
  * cache__page_unit()) or state that reaches this. */
 #define CACHE__PAGE_MIN ((size_t)64 * 1024)
 
+/* The largest cache_pool_config_t.arena_factor. */
+#define CACHE__ARENA_FACTOR_MAX 8
+
 /* Debug builds fill a released object with this byte; its first word keeps
  * a list link and its second word holds CACHE__FREE_MAGIC. */
 #define CACHE__POISON 0xDB

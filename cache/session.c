@@ -25,17 +25,34 @@
 
 #include <assert.h>
 #include <inttypes.h>
+#include <stdio.h>
 
 /* The owner of borrowed slots: the empty id is not a valid request id. */
 static const cache_owner_t session__borrower = {.key = 0, .id = ""};
 
-/* Fills `err` for a pool failure met by `op` on behalf of `id`. */
-static int session__pool_error(slotd_error_t *err, int rc, const char *op, const char *id)
+/* Fills `err` for a pool failure met by `op` on behalf of `id`.  A refusal
+ * names what ran out: a slot (the table is as large as the session limit
+ * allows), which only an acquire (`acquire`) can meet, or the pool's
+ * bytes. */
+static int session__pool_error(cache_pool_t *p, slotd_error_t *err, int rc, bool acquire,
+                               const char *op, const char *id)
 {
-    if (rc == SLOTD_ECACHE_FULL) {
-        return slotd_error_set(err, rc, "%s: the cache pool has no room for '%s'", op, id);
-    }
-    return slotd_error_set(err, rc, "%s: %s ('%s')", op, slotd_strerror(rc), id);
+    char who[CACHE_ID_MAX + 8] = "it";
+    uint64_t bytes, slots;
+
+    if (id[0] != '\0')
+        snprintf(who, sizeof(who), "'%s'", id);
+    if (rc != SLOTD_ECACHE_FULL)
+        return slotd_error_set(err, rc, "%s: %s (%s)", op, slotd_strerror(rc), who);
+    cache_pool_room(p, &bytes, &slots);
+    if (acquire && slots == 0)
+        return slotd_error_set(err, rc,
+                               "%s: no free slot for %s: every slot is taken (the session "
+                               "limit, --max-sessions)",
+                               op, who);
+    return slotd_error_set(
+        err, rc, "%s: the cache pool's memory has no room for %s (%" PRIu64 " bytes free)", op, who,
+        bytes);
 }
 
 int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
@@ -52,7 +69,7 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
     }
     rc = cache_pool_acquire(p, m, owner, &h);
     if (rc != SLOTD_OK) {
-        return session__pool_error(err, rc, "start", owner->id);
+        return session__pool_error(p, err, rc, true, "start", owner->id);
     }
     rc = cache_pool_reserve(p, h, owner, (uint32_t)n, &kv);
     if (rc != SLOTD_OK) {
@@ -76,7 +93,7 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
 
 fail_release:
     (void)cache_pool_release(p, h, owner, NULL);
-    return session__pool_error(err, rc, "start", owner->id);
+    return session__pool_error(p, err, rc, false, "start", owner->id);
 }
 
 int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
@@ -99,7 +116,7 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
     }
     rc = cache_pool_reserve(p, s->handle, &s->owner, n, &kv);
     if (rc != SLOTD_OK) {
-        return session__pool_error(err, rc, "step", s->owner.id);
+        return session__pool_error(p, err, rc, false, "step", s->owner.id);
     }
     assert(kv.len == s->entries);
 
@@ -115,7 +132,7 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
          * lock, and may catch such a release or not; the rule (a session's
          * slot is released only when no call on it is running) is what
          * keeps a released slot unwritten. */
-        return session__pool_error(err, rc, "step", s->owner.id);
+        return session__pool_error(p, err, rc, false, "step", s->owner.id);
     }
     s->entries = kv.len;
     cache_pool_hint(p, s->handle, &s->hint);
@@ -194,17 +211,12 @@ static int session__borrow(cache_pool_t *p, const model_t *m, uint32_t positions
 
     rc = cache_pool_acquire(p, m, &session__borrower, h);
     if (rc != SLOTD_OK) {
-        return slotd_error_set(err, rc, "%s: %s", op,
-                               rc == SLOTD_ECACHE_FULL ? "the cache pool has no room for a slot"
-                                                       : slotd_strerror(rc));
+        return session__pool_error(p, err, rc, true, op, "");
     }
     rc = cache_pool_reserve(p, *h, &session__borrower, positions, kv);
     if (rc != SLOTD_OK) {
         (void)cache_pool_release(p, *h, &session__borrower, NULL);
-        return slotd_error_set(err, rc, "%s: %s", op,
-                               rc == SLOTD_ECACHE_FULL
-                                   ? "the cache pool has no room for the positions"
-                                   : slotd_strerror(rc));
+        return session__pool_error(p, err, rc, false, op, "");
     }
     assert(kv->len == 0);
     return SLOTD_OK;

@@ -111,6 +111,7 @@ static int real_open(const char *preset, const stage_limits_t *lim, void **self)
     cfg.max_slots = lim != NULL && lim->max_slots ? lim->max_slots : 256;
     cfg.models = models;
     cfg.nmodels = 1;
+    cfg.arena_factor = 2; /* as the daemon maps it */
     rc = cache_pool_create(&cfg, &e->pool);
     if (rc != SLOTD_OK) {
         goto fail;

@@ -63,7 +63,7 @@ static cache_owner_t owner(uint64_t key, const char *id)
 static cache_pool_t *pool(size_t capacity, uint32_t max_slots, const model_t *const *models,
                           size_t nmodels)
 {
-    cache_pool_config_t cfg = {capacity, max_slots, models, nmodels};
+    cache_pool_config_t cfg = {capacity, max_slots, models, nmodels, 1};
     cache_pool_t *p = NULL;
 
     ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_OK);
@@ -253,7 +253,7 @@ START_TEST(test_create_invalid)
     model_t *hash = model("hash");
     const model_t *models[] = {hash};
     const model_t *none[] = {NULL};
-    cache_pool_config_t cfg = {(size_t)4 << 20, 8, models, 1};
+    cache_pool_config_t cfg = {(size_t)4 << 20, 8, models, 1, 1};
     cache_pool_t *p = NULL;
 
     ck_assert_int_eq(cache_pool_create(NULL, &p), SLOTD_EINVAL);
@@ -287,7 +287,7 @@ START_TEST(test_create_oom)
 {
     model_t *hash = model("hash");
     const model_t *models[] = {hash};
-    cache_pool_config_t cfg = {(size_t)1 << 20, 8, models, 1};
+    cache_pool_config_t cfg = {(size_t)1 << 20, 8, models, 1, 1};
     cache_pool_t *p = NULL;
     int budget = 0;
 
@@ -1252,6 +1252,84 @@ START_TEST(test_parked_blocks_keep_pages_whole)
 }
 END_TEST
 
+/* Random sessions of "small" and "tiny" grow and go in a pool of six
+ * pages' budget.  With arena_factor 2 every refusal is one the counts
+ * justify (used + needed > capacity), whatever holes the releases left;
+ * with arena_factor 1 the same sequence meets refusals the bytes alone do
+ * not justify, which is why the server maps the larger arena. */
+static uint32_t refusals_beyond_bytes(unsigned factor)
+{
+    model_t *small = model("small"), *tiny = model("tiny");
+    const model_t *models[] = {small, tiny};
+    cache_pool_config_t cfg = {6 * page_for(models, 2), 256, models, 2, factor};
+    cache_pool_t *p = NULL;
+    struct {
+        cache_handle_t h;
+        cache_owner_t o;
+        const model_t *m;
+        uint32_t n;
+        bool live;
+    } s[64] = {{{0, 0}, {0, ""}, NULL, 0, false}};
+    uint64_t x = 0x9E3779B97F4A7C15u;
+    uint32_t beyond = 0, refused = 0;
+
+    ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_OK);
+    for (int op = 0; op < 4000; op++) {
+        uint32_t i, add;
+        cache_pool_stats_t st;
+        uint64_t need;
+        int rc;
+
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        i = (uint32_t)(x % 64);
+        if (!s[i].live) {
+            char id[16];
+            snprintf(id, sizeof id, "s%u", i);
+            s[i].o = owner(1, id);
+            s[i].m = x % 3 == 0 ? tiny : small;
+            s[i].n = 0;
+            st = stats(p);
+            rc = cache_pool_acquire(p, s[i].m, &s[i].o, &s[i].h);
+            need = round_align(model_state_size(s[i].m));
+            s[i].live = rc == SLOTD_OK;
+        } else if (x % 5 == 0) {
+            ck_assert_int_eq(cache_pool_release(p, s[i].h, &s[i].o, NULL), SLOTD_OK);
+            s[i].live = false;
+            continue;
+        } else {
+            uint32_t max = model_max_ctx(s[i].m) - s[i].n;
+            if (max == 0)
+                continue;
+            add = 1 + (uint32_t)((x >> 20) % (max < 40 ? max : 40));
+            st = stats(p);
+            need = slot_bytes(s[i].m, blocks_for(s[i].m, s[i].n + add)) -
+                   slot_bytes(s[i].m, blocks_for(s[i].m, s[i].n));
+            rc = grow(p, s[i].h, &s[i].o, add);
+            if (rc == SLOTD_OK)
+                s[i].n += add;
+        }
+        if (rc == SLOTD_OK)
+            continue;
+        ck_assert_int_eq(rc, SLOTD_ECACHE_FULL);
+        refused++;
+        if (st.bytes_used + need <= st.bytes_capacity && st.live_slots < st.max_slots)
+            beyond++;
+    }
+    ck_assert_uint_gt(refused, 100); /* the sequence ran the pool out often */
+    ck_assert_int_eq(cache__pool_check(p), 0);
+    cache_pool_destroy(p);
+    model_destroy(small);
+    model_destroy(tiny);
+    return beyond;
+}
+
+START_TEST(test_arena_factor_refuses_by_counts)
+{
+    ck_assert_uint_eq(refusals_beyond_bytes(2), 0);
+    ck_assert_uint_gt(refusals_beyond_bytes(1), 0);
+}
+END_TEST
+
 /* ---- Pages shared between classes ---- */
 
 START_TEST(test_pages_move_between_classes)
@@ -1652,6 +1730,7 @@ static Suite *cache_suite(bool forking)
     tcase_add_test(tc, test_owner_id_words);
     tcase_add_test(tc, test_parked_blocks_do_not_refuse);
     tcase_add_test(tc, test_parked_blocks_keep_pages_whole);
+    tcase_add_test(tc, test_arena_factor_refuses_by_counts);
     tcase_add_test(tc, test_pages_move_between_classes);
     tcase_add_test(tc, test_randomized);
 #ifndef NDEBUG

@@ -286,6 +286,7 @@ START_TEST(test_pool_threads)
     cfg.max_slots = MAX_SLOTS;
     cfg.models = cfg_models;
     cfg.nmodels = 2;
+    cfg.arena_factor = 2; /* as the daemon maps it */
     /* Three pages (one of them for the states): less than even one worker's
      * slots take at their usual length, so that refusals come whether the
      * workers run at once or, as under valgrind, one after another.  A

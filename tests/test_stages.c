@@ -814,6 +814,7 @@ static void session_open(int i, size_t capacity, uint32_t slots)
     cfg.max_slots = slots;
     cfg.models = models;
     cfg.nmodels = 1;
+    cfg.arena_factor = 2; /* as the daemon maps it */
     rc = cache_pool_create(&cfg, &spool);
     ck_assert_msg(rc == SLOTD_OK, "setup: cache_pool_create: %s", slotd_err_name(rc));
 }
