@@ -72,6 +72,7 @@
 static void conn_close(conn_t *c);
 static void conn_update(conn_t *c);
 static void release_barrier(conn_t *c, req_t *r);
+static bool req_apply(conn_t *c, req_t *r);
 static void session_kick(session_t *sess);
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void conn_close_lingering(conn_t *c);
@@ -93,11 +94,18 @@ int req_set_error(req_t *r, int code, const char *fmt, ...)
     return proto_reply_error(&r->reply, r->rq.tag, &err);
 }
 
-/* The record's reply is ready: it now counts against the output bound. */
+/* The record's reply is ready: it now counts against the output bound,
+ * and the room it might have taken no longer counts as pending. */
 static void req_done(req_t *r)
 {
+    conn_t *c = r->conn;
+
     r->state = REQ_DONE;
-    r->conn->held_bytes += r->reply.len;
+    c->held_bytes += r->reply.len;
+    c->pending_bytes -= r->need_bytes;
+    c->pending_slots -= r->need_slots;
+    r->need_bytes = 0;
+    r->need_slots = 0;
 }
 
 /* Finishes `r` with an error reply; false (and the connection closed) if
@@ -252,6 +260,112 @@ static void conn_run_parked(conn_t *c)
     }
 }
 
+/* ---- Pipelined order under pressure (docs/design.md, "Pipelining") ----
+ *
+ * Lines take effect as if run one at a time in the order read.  Work for
+ * different sessions runs concurrently; only room in the pool can make
+ * the outcome depend on timing.  So a request that takes room is held
+ * back (REQ_DEFER, with the lines after it held as behind a stats)
+ * when it could take room an earlier request of its connection may still
+ * need; and a request refused for room while earlier requests of its
+ * connection have not all taken effect (a finish not yet run, a start
+ * that may fail) is not answered: it runs again once they have.  Neither
+ * costs anything while the pool has room for every request in flight. */
+
+/* Whether a line read before `r` on its connection has not taken effect. */
+static bool earlier_pending(const conn_t *c, const req_t *r)
+{
+    for (const req_t *h = c->order_head; h != r; h = h->order_next)
+        if (h->state != REQ_DONE)
+            return true;
+    return false;
+}
+
+/* An upper bound on the pool room `r` may take with model `m`: bytes of
+ * state and blocks, and slots.  The slot's chain grows from empty for a
+ * start and for the borrowed slot of logits and generate; a step of n adds
+ * at most n entries' blocks, and one more block. */
+static void req_need(const req_t *r, const model_t *m, uint64_t *bytes, uint64_t *slots)
+{
+    size_t chain = 0;
+    uint32_t positions;
+
+    switch (r->rq.op) {
+    case PROTO_OP_STEP:
+        if (r->rq.n <= 1)
+            chain = model_block_bytes(m);
+        else
+            model_chain_blocks(m, r->rq.n + model_block_positions(m), 64, &chain);
+        *bytes = chain + 64;
+        *slots = 0;
+        return;
+    case PROTO_OP_GENERATE:
+        positions = (uint32_t)(r->rq.ntokens + (size_t)r->rq.steps);
+        break;
+    default: /* start, logits */
+        positions = (uint32_t)r->rq.ntokens;
+        break;
+    }
+    model_chain_blocks(m, positions, 64, &chain);
+    *bytes = chain + model_state_size(m) + 128;
+    *slots = 1;
+}
+
+/* Whether `r`, which may take `bytes` and `slots` of the pool, must wait
+ * for the earlier lines of its connection: when the pool may not hold it
+ * and every earlier request still pending, it could take room one of them
+ * needs, which one at a time it would not have had.  A finish (no need)
+ * waits likewise while the earlier requests may not all fit: its room
+ * could let one of them succeed that one at a time would have failed. */
+static bool conn_must_wait(conn_t *c, const req_t *r, uint64_t bytes, uint64_t slots)
+{
+    uint64_t free_bytes, free_slots;
+
+    if (c->pending_bytes == 0 && c->pending_slots == 0)
+        return false;
+    cache_pool_room(c->server->pool, &free_bytes, &free_slots);
+    if (free_bytes >= c->pending_bytes + bytes && free_slots >= c->pending_slots + slots)
+        return false;
+    return earlier_pending(c, r);
+}
+
+/* `r` may take `bytes` and `slots`: pending until it is done. */
+static void req_count_need(conn_t *c, req_t *r, uint64_t bytes, uint64_t slots)
+{
+    r->need_bytes = bytes;
+    r->need_slots = (uint32_t)slots;
+    c->pending_bytes += bytes;
+    c->pending_slots += slots;
+}
+
+/* Makes `r` wait until every earlier line of its connection has taken
+ * effect: applied then (again false), or its job run again (true).  The
+ * lines read after it are held, unless a later barrier holds them already;
+ * conn_advance() resumes it when it reaches the head. */
+static void req_defer(conn_t *c, req_t *r, bool again)
+{
+    r->state = REQ_DEFER;
+    r->again = again;
+    if (c->barrier == NULL)
+        c->barrier = r;
+}
+
+/* `r`, deferred, is at the head: nothing before it is pending any more. */
+static void req_resume(conn_t *c, req_t *r)
+{
+    if (r->again) {
+        r->again = false;
+        r->rc = SLOTD_OK;
+        r->reply.len = 0;
+        req_launch(r);
+    } else {
+        r->state = REQ_NEW;
+        if (!req_apply(c, r))
+            return; /* closed */
+    }
+    release_barrier(c, r);
+}
+
 /* ---- The connection's lifetime ---- */
 
 static void conn_free(conn_t *c)
@@ -395,8 +509,9 @@ static void conn_detach(conn_t *c)
             atomic_store_explicit(&r->canceled, true, memory_order_relaxed);
             continue;
         }
-        if (r->state == REQ_PARKED && r->session != NULL && r->session->running == r)
-            r->session->running = NULL; /* never submitted */
+        if ((r->state == REQ_PARKED || r->state == REQ_DEFER) && r->session != NULL &&
+            r->session->running == r)
+            r->session->running = NULL; /* not out */
         server_req_put(s, r);
     }
     c->order_head = c->order_tail = NULL;
@@ -405,6 +520,8 @@ static void conn_detach(conn_t *c)
     c->outstanding = 0;
     c->held_bytes = 0;
     c->reserved = 0;
+    c->pending_bytes = 0;
+    c->pending_slots = 0;
 
     for (sess = c->sessions; sess != NULL; sess = snext) {
         snext = sess->next;
@@ -472,6 +589,12 @@ static void conn_advance(conn_t *c)
     req_t *r;
 
     while ((r = c->order_head) != NULL && !c->closed) {
+        if (r->state == REQ_DEFER) {
+            req_resume(c, r);
+            if (c->closed)
+                return;
+            continue;
+        }
         if (r->state != REQ_DONE) {
             proto_stats_t st;
             int rc;
@@ -499,6 +622,8 @@ static void conn_advance(conn_t *c)
         c->held_bytes -= r->reply.len;
         if (r->rc != SLOTD_OK)
             metrics_count_error(r->rc);
+        if (c->barrier == r) /* a deferred request that a drain failed */
+            release_barrier(c, r);
         server_req_put(s, r);
         moved = true;
     }
@@ -652,6 +777,8 @@ static void session_settle(session_t *sess)
     server_t *s = c->server;
 
     assert(sess->running == NULL && sess->fifo_head == NULL);
+    if (sess->in_map && !sess->has_slot) /* its starts failed: the id is free again */
+        session_unmap(sess);
     if (!sess->in_map && !sess->has_slot)
         session_discard(sess);
     else if (sess->in_map && sess->has_slot && !sess->in_lru && !s->draining &&
@@ -703,6 +830,10 @@ static void session_kick(session_t *sess)
         } else if (r->rq.op == PROTO_OP_STEP && !sess->has_slot) {
             slotd_error_set(&err, SLOTD_EUNKNOWN_ID,
                             "step: no live session '%s' on this connection", r->rq.id);
+            ok = req_fail(r, &err);
+        } else if (r->rq.op == PROTO_OP_START && sess->has_slot) { /* the one before it succeeded */
+            slotd_error_set(&err, SLOTD_EDUPLICATE_ID,
+                            "start: session '%s' is already live on this connection", r->rq.id);
             ok = req_fail(r, &err);
         } else {
             sess->running = r;
@@ -772,18 +903,39 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     server_t *s = c->server;
     const model_t *m = resolve_model(c, r, err);
     session_t *sess;
+    uint64_t bytes, slots;
 
     if (m == NULL)
         return err->code;
     if (model_check_prompt(m, r->rq.tokens, r->rq.ntokens, err) != SLOTD_OK)
         return err->code;
-    if (find_session(c, r->rq.id) != NULL)
+    sess = find_session(c, r->rq.id);
+    if (sess != NULL && sess->has_slot)
         return slotd_error_set(err, SLOTD_EDUPLICATE_ID,
                                "start: session '%s' is already live on this connection", r->rq.id);
-    if (s->admitted >= s->cfg->max_sessions)
+    if (sess == NULL && s->admitted >= s->cfg->max_sessions) {
+        if (earlier_pending(c, r)) { /* an earlier finish or failed start may make room */
+            req_defer(c, r, false);
+            return SLOTD_OK;
+        }
         return slotd_error_set(err, SLOTD_ECACHE_FULL,
-                               "start: the daemon holds %u sessions, its limit",
+                               "start: the daemon holds %u sessions, its limit (--max-sessions)",
                                s->cfg->max_sessions);
+    }
+    req_need(r, m, &bytes, &slots);
+    if (conn_must_wait(c, r, bytes, slots)) {
+        req_defer(c, r, false);
+        return SLOTD_OK;
+    }
+    r->model = m;
+    r->owner_key = c->serial;
+    if (sess != NULL) {
+        /* The id's start has not succeeded yet: this one is decided after
+         * it, duplicate_id if it succeeds, run if it fails. */
+        req_count_need(c, r, bytes, slots);
+        session_enqueue(sess, r);
+        return SLOTD_OK;
+    }
 
     sess = server_session_get(s);
     if (sess == NULL)
@@ -800,14 +952,14 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     sess->in_map = true;
     s->admitted++;
     sess->conn = c;
+    sess->cs.model = m; /* for the room its steps may take, before it has a slot */
     sess->prev = NULL;
     sess->next = c->sessions;
     if (c->sessions != NULL)
         c->sessions->prev = sess;
     c->sessions = sess;
 
-    r->model = m;
-    r->owner_key = c->serial;
+    req_count_need(c, r, bytes, slots);
     session_enqueue(sess, r);
     return SLOTD_OK;
 }
@@ -820,8 +972,23 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
         return slotd_error_set(err, SLOTD_EUNKNOWN_ID,
                                "%s: no live session '%s' on this connection",
                                proto_op_name(r->rq.op), r->rq.id);
-    if (r->rq.op == PROTO_OP_FINISH)
+    if (r->rq.op == PROTO_OP_FINISH) {
+        /* Its room must not reach an earlier request that may not fit
+         * without it. */
+        if (conn_must_wait(c, r, 0, 0)) {
+            req_defer(c, r, false);
+            return SLOTD_OK;
+        }
         session_unmap(sess); /* later lines no longer see the id */
+    } else {
+        uint64_t bytes, slots;
+        req_need(r, sess->cs.model, &bytes, &slots);
+        if (conn_must_wait(c, r, bytes, slots)) {
+            req_defer(c, r, false);
+            return SLOTD_OK;
+        }
+        req_count_need(c, r, bytes, slots);
+    }
     session_enqueue(sess, r);
     return SLOTD_OK;
 }
@@ -830,6 +997,7 @@ static int read_stateless(conn_t *c, req_t *r, slotd_error_t *err)
 {
     const model_t *m = resolve_model(c, r, err);
     int64_t steps = r->rq.op == PROTO_OP_GENERATE ? r->rq.steps : 0;
+    uint64_t bytes, slots;
 
     if (m == NULL)
         return err->code;
@@ -839,6 +1007,12 @@ static int read_stateless(conn_t *c, req_t *r, slotd_error_t *err)
                                proto_op_name(r->rq.op));
     if (model_check_generate(m, r->rq.tokens, r->rq.ntokens, steps, err) != SLOTD_OK)
         return err->code;
+    req_need(r, m, &bytes, &slots);
+    if (conn_must_wait(c, r, bytes, slots)) {
+        req_defer(c, r, false);
+        return SLOTD_OK;
+    }
+    req_count_need(c, r, bytes, slots);
     r->model = m;
     req_launch(r);
     return SLOTD_OK;
@@ -884,8 +1058,9 @@ static bool req_apply(conn_t *c, req_t *r)
     return rc == SLOTD_OK || req_fail(r, &err);
 }
 
-/* The stats `r` has been answered: applies the lines held behind it, in
- * order, up to the next stats. */
+/* If `r` is the barrier (a stats answered, a deferred request resumed or
+ * failed by a drain), lifts it: counts and applies the lines held behind
+ * it, in order, up to the next barrier. */
 static void release_barrier(conn_t *c, req_t *r)
 {
     req_t *h;
@@ -893,9 +1068,14 @@ static void release_barrier(conn_t *c, req_t *r)
     if (c->barrier != r)
         return;
     c->barrier = NULL;
-    for (h = r->order_next; h != NULL && c->barrier == NULL; h = h->order_next)
+    for (h = r->order_next; h != NULL && c->barrier == NULL; h = h->order_next) {
+        if (h->uncounted) {
+            h->uncounted = false;
+            metrics_count_request(h->rq.op);
+        }
         if (h->state == REQ_HELD && !req_apply(c, h))
             return;
+    }
 }
 
 /* proto_framer_feed() callback: one complete line. */
@@ -912,7 +1092,12 @@ static int on_line(void *arg, const char *line, size_t len)
     r->conn = c;
     order_append(c, r);
     rc = proto_request_parse(line, len, &r->rq, &err);
-    metrics_count_request(r->rq.op);
+    /* A line behind a barrier is counted when the barrier goes, so that a
+     * stats shows nothing of the lines after it. */
+    if (c->barrier == NULL)
+        metrics_count_request(r->rq.op);
+    else
+        r->uncounted = true;
     if (rc != SLOTD_OK) {
         if (!req_fail(r, &err))
             return SLOTD_ENOMEM;
@@ -998,6 +1183,14 @@ void conn_job_done(req_t *r)
 
     if (!c->closed)
         c->reserved -= r->reply_bound;
+    /* Refused for room while an earlier line has yet to take effect, which
+     * may make room: not answered, but run again once they all have. */
+    if (r->rc == SLOTD_ECACHE_FULL && !c->closed && !s->draining && earlier_pending(c, r)) {
+        req_defer(c, r, true);
+        conn_update(c);
+        conn_unref(c);
+        return;
+    }
     /* The session takes the result first; it keeps `running` until the
      * end, so that a close here leaves it for the code below. */
     if (sess != NULL) {
@@ -1008,7 +1201,9 @@ void conn_job_done(req_t *r)
             sess->has_slot = true;
             s->live_sessions++;
         } else if (r->rq.op == PROTO_OP_START) {
-            session_unmap(sess); /* the steps queued behind it get unknown_id */
+            /* No trace: the steps and finish queued behind it get
+             * unknown_id, a start queued behind it runs, and with nothing
+             * queued the id is free again (session_settle()). */
         } else {
             sess->cs = r->cs; /* a failed step left it as it was */
             sess->toks = r->toks;
@@ -1136,9 +1331,14 @@ void conn_drain(conn_t *c)
         return;
     conn_end_input(c);
     slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
-    for (req_t *r = c->order_head; r != NULL; r = r->order_next)
-        if (r->state == REQ_HELD && !req_fail(r, &err))
+    for (req_t *r = c->order_head; r != NULL; r = r->order_next) {
+        if (r->state != REQ_HELD && r->state != REQ_DEFER)
+            continue;
+        if (r->session != NULL && r->session->running == r)
+            r->session->running = NULL; /* deferred after its job ran: not out */
+        if (!req_fail(r, &err))
             return;
+    }
     while (c->park_head != NULL) { /* never submitted */
         req_t *r = c->park_head;
         c->park_head = r->park_next;

@@ -940,6 +940,10 @@ int server_run(const server_config_t *cfg)
     pc.max_slots = cfg->max_sessions + cfg->threads;
     pc.models = (const model_t *const *)s->models;
     pc.nmodels = s->nmodels;
+    /* Refusals by bytes and slots alone, never by the holes freed blocks
+     * leave: the outcome of a request then depends on what is live, not on
+     * the order concurrent requests took and gave back blocks. */
+    pc.arena_factor = 2;
     rc = cache_pool_create(&pc, &s->pool);
     if (rc != SLOTD_OK) {
         log_error("cache pool of %" PRIu64 " MiB: %s", cfg->cache_mb, slotd_strerror(rc));

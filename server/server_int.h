@@ -73,6 +73,7 @@ typedef enum req_state {
     REQ_PARKED,  /* a job held back by its connection's output bound (conn->park_head) */
     REQ_RUNNING, /* a job: in the batch, the workers' queue, or running */
     REQ_DONE,    /* `reply` holds its line */
+    REQ_DEFER,   /* waits for its connection's earlier lines (conn.c, Pipelined order) */
 } req_state_t;
 
 /** A request record: one line read, from parse until its reply is copied
@@ -90,6 +91,10 @@ struct req {
     req_t *park_next;    /* conn->park_head while REQ_PARKED */
     uint64_t seq;        /* the line's number on its connection */
     size_t reply_bound;  /* a job: its reply's most bytes; in conn->reserved while out */
+    uint64_t need_bytes; /* pool room it may take, in conn->pending_bytes until REQ_DONE */
+    uint32_t need_slots; /* slots likewise, in conn->pending_slots */
+    bool again;          /* REQ_DEFER after its job ran: run it again, not apply it */
+    bool uncounted;      /* read behind a barrier: counted in requests_total when it lifts */
     req_state_t state;
 
     /* The job's input: set by the loop before submit, read-only after.
@@ -174,11 +179,13 @@ struct conn {
     session_map_t map;              /* live ids -> session records */
     session_t *sessions;            /* every session record of the connection */
     req_t *order_head, *order_tail; /* requests not yet answered, in read order */
-    req_t *barrier;                 /* a stats not yet answered: the lines after it are REQ_HELD */
+    req_t *barrier;                 /* a stats or REQ_DEFER: the lines after it are REQ_HELD */
     size_t outstanding;             /* records in the order FIFO */
     size_t held_bytes;              /* reply bytes of REQ_DONE records in the FIFO */
     req_t *park_head, *park_tail;   /* REQ_PARKED jobs, in read order */
     size_t reserved;                /* reply_bound of every job of the connection out */
+    uint64_t pending_bytes;         /* need_bytes of its lines applied and not yet done */
+    uint64_t pending_slots;         /* need_slots likewise */
     uint64_t next_seq;              /* seq of the next line read */
     size_t linger_bytes;            /* input discarded while lingering */
     proto_buf_t out;                /* replies for the next write */

@@ -490,14 +490,15 @@ START_TEST(test_pressure_hash_all_or_nothing)
 }
 END_TEST
 
-/* Eight connections, four hash sessions each, pipelining steps of n=256 (4
- * blocks) at once until the pool runs out in the middle of the race.  Each
+/* Eight connections, five hash sessions each, pipelining steps of n=256 (4
+ * blocks) at once until the pool's bytes run out in the middle of the race
+ * (40 sessions of up to 3841 entries need more than 1 MiB).  Each
  * reply is either the reference's next 256 picks or cache_full; the daemon's
  * figures then match the books; half the connections finish their sessions,
  * the others reset, and the pool drains to 0. */
 START_TEST(test_pressure_race)
 {
-    enum { NCONN = 8, NSESS = 4, ROUNDS = 15, N = 256 };
+    enum { NCONN = 8, NSESS = 5, ROUNDS = 15, N = 256 };
     itest_daemon_t *d = itest_daemon_start("--cache-mb", "1", "--models", "hash", "--default-model",
                                            "hash", "--threads", "2", NULL);
     const uint32_t V = model_vocab(itest_model("hash"));
