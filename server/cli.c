@@ -84,7 +84,7 @@ static void usage(FILE *f)
             "  -a [host:]port     admin HTTP port, for health and metrics (default: the\n"
             "                     server address, port " CLI_DEFAULT_ADMIN_PORT ")\n"
             "  -t seconds         limit on each wait for the server (default %d, 0: none)\n"
-            "  --raw              print the daemon's replies byte for byte\n"
+            "  --raw              print the daemon's replies byte for byte (for scripts)\n"
             "  --full             print logits in full, not shortened\n"
             "  --help             this text\n"
             "\n"
