@@ -210,7 +210,10 @@ static cJSON *new_request(const char *op)
 static cli_kind_t build_start(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 {
     const char *model = NULL;
-    if (a->n < 1 || a->w[0][0] == '-')
+    /* -m may come before or after the id. */
+    if (!take_options(c, a, &model, NULL))
+        return CLI_LOCAL_ERR;
+    if (a->n < 1)
         return usage_error(c, a);
     const char *id = a->w[0];
     a->w++;

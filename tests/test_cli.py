@@ -174,7 +174,8 @@ def run_batch(d, work):
     # The session's requests, as commands and as the JSON the daemon gets.
     session = [
         ("start a 1 2 3", '{"op":"start","id":"a","prompt":[1,2,3]}'),
-        ("start b -m hash 5 6", '{"op":"start","id":"b","model":"hash","prompt":[5,6]}'),
+        ("start -m hash b 5 6", '{"op":"start","id":"b","model":"hash","prompt":[5,6]}'),
+        ("start c -m small 1,2", '{"op":"start","id":"c","model":"small","prompt":[1,2]}'),
         ("step a 2", '{"op":"step","id":"a","n":2}'),
         ("step a", '{"op":"step","id":"a"}'),
         ("step b 3", '{"op":"step","id":"b","n":3}'),
@@ -185,6 +186,7 @@ def run_batch(d, work):
          '{"op":"generate","model":"small","steps":2,"use_cache":true,"tokens":[7,8]}'),
         ("finish a", '{"op":"finish","id":"a"}'),
         ("finish b", '{"op":"finish","id":"b"}'),
+        ("finish c", '{"op":"finish","id":"c"}'),
         ('{"op":"start","id":"j","prompt":[0],"tag":7}', '{"op":"start","id":"j","prompt":[0],"tag":7}'),
     ]
     cmds = [c for c, _ in session]
@@ -201,13 +203,13 @@ def run_batch(d, work):
     check("start: 'id: a  model: tiny  entries: 3'", got[:1] == ["id: a  model: tiny  entries: 3"],
           repr(got[:1]))
     check("step with logits shortened: 'logits: 2 × 6, first [-0.125467 0.468642 …]'",
-          len(got) > 2 and got[2] == "id: a  tokens: [1 0]  logits: 2 × 6, first "
-          "[-0.125467 0.468642 …]  entries: 5", repr(got[2:3]))
+          len(got) > 3 and got[3] == "id: a  tokens: [1 0]  logits: 2 × 6, first "
+          "[-0.125467 0.468642 …]  entries: 5", repr(got[3:4]))
     check("hash step without logits: 'id: b  tokens: [260 352 680]  entries: 5'",
-          len(got) > 4 and got[4] == "id: b  tokens: [260 352 680]  entries: 5", repr(got[4:5]))
+          len(got) > 5 and got[5] == "id: b  tokens: [260 352 680]  entries: 5", repr(got[5:6]))
     check("logits: one vector, 'logits: 6, first [...]  rows: 6'",
-          len(got) > 5 and re.fullmatch(r"logits: 6, first \[-?\d\.\d{6} -?\d\.\d{6} …\]  rows: 6",
-                                        got[5]) is not None, repr(got[5:6]))
+          len(got) > 6 and re.fullmatch(r"logits: 6, first \[-?\d\.\d{6} -?\d\.\d{6} …\]  rows: 6",
+                                        got[6]) is not None, repr(got[6:7]))
     check("a JSON line goes as it is, members in the daemon's order: 'tag: 7  id: j  model: tiny  entries: 1'",
           got[-1:] == ["tag: 7  id: j  model: tiny  entries: 1"], repr(got[-1:]))
 
@@ -222,9 +224,9 @@ def run_batch(d, work):
     r = cli(d, "--raw", *cmds, env=env)
     check("--raw: the daemon's lines byte for byte", r.stdout == b"".join(want_raw),
           "got:\n%r\nwant:\n%r" % (r.stdout, b"".join(want_raw)))
-    r = cli(d, "--full", *cmds[:3], env=env)
+    r = cli(d, "--full", *cmds[:4], env=env)
     check("--full: logits in full, six decimals",
-          r.stdout.decode().splitlines() == [fmt_reply(l, full=True) for l in want_raw[:3]],
+          r.stdout.decode().splitlines() == [fmt_reply(l, full=True) for l in want_raw[:4]],
           r.stdout.decode())
 
     # A lone command word joins the arguments into one command.
