@@ -506,7 +506,7 @@ def run_pty(d, work):
     t.send("sta\t")
     t.pump(0.3 * SCALE)
     check("Tab after 'sta' (start, stats): the bell, the line stays 'slotd> sta'",
-          b"\x07" in t.out[t.mark:] and t.screen_line() == "slotd> sta", repr(t.screen_line()))
+          b"\x07" in t.plain()[t.mark:] and t.screen_line() == "slotd> sta", repr(t.screen_line()))
     t.send("\t")
     check("a second Tab lists both candidates, start and stats, and the line comes back",
           t.read_until(rb"\r\nstart\s+stats\s*\r\n") is not None and t.line_is("slotd> sta"),
