@@ -63,7 +63,7 @@ def accepts(port):
 class Daemon:
     """The daemon on two free loopback ports, with tiny, hash and small."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, *flags):
         for _ in range(5):
             self.port, self.admin = free_port(), free_port()
             if self.port == self.admin:
@@ -71,7 +71,7 @@ class Daemon:
             self.log = open(os.path.join(workdir, "daemon.log"), "ab")
             self.proc = subprocess.Popen(
                 [SLOTD, "--port", str(self.port), "--admin-port", str(self.admin),
-                 "--models", "tiny,hash,small", "--threads", "2"],
+                 "--models", "tiny,hash,small", "--threads", "2", *flags],
                 stdout=self.log, stderr=subprocess.STDOUT)
             limit = time.monotonic() + 10 * SCALE
             while time.monotonic() < limit and self.proc.poll() is None:
@@ -279,6 +279,31 @@ def run_batch(d, work):
                        timeout=60 * SCALE, env=e)
     check("--admin [::1]:1 (nothing there): exit 3 with a message",
           r.returncode == 3 and b"cannot connect to ::1:1" in r.stderr, repr(r.stderr))
+
+    # An unhealthy daemon: a test build's wedged worker makes /health 503.
+    if "--fault-wedge-after" not in subprocess.run([SLOTD, "--help"], capture_output=True,
+                                                   text=True).stdout:
+        print("SKIP: health at 503: the daemon is not a test build (SLOTD_FAULT_INJECTION)")
+    else:
+        w = Daemon(work, "--fault-wedge-after", "1", "--wedge-timeout", "1")
+        try:
+            with socket.create_connection(("127.0.0.1", w.port), timeout=10 * SCALE) as s:
+                s.sendall(b'{"op":"logits","tokens":[1]}\n')  # holds its worker
+                limit = time.monotonic() + 20 * SCALE
+                while w.http("/health")[0] != 503 and time.monotonic() < limit:
+                    time.sleep(0.1)
+                r = cli(w, "health", env=env)
+                check("health at 503: '(error) http 503: status: ...', exit 1",
+                      r.returncode == 1 and r.stdout.decode().startswith(
+                          "(error) http 503: status: a worker is stuck on one job\n"),
+                      "rc %d %r" % (r.returncode, r.stdout))
+                r = cli(w, "--raw", "health", env=env)
+                check("health --raw at 503: the body, exit 1",
+                      r.returncode == 1 and r.stdout == w.http("/health")[1], repr(r.stdout))
+                w.proc.send_signal(signal.SIGUSR1)  # lets the job go
+                s.makefile("rb").readline()
+        finally:
+            check("the wedged daemon exits 0 on SIGTERM", w.stop() == 0)
 
     # Local: help, unknown commands, usage.
     r = cli(d, "help", env=env)
