@@ -223,9 +223,13 @@ static ssize_t recv_some(const cli_t *c, int fd, const char *what, char **buf, s
 {
     if (*cap - *len < 4096) {
         size_t ncap = *cap ? *cap * 2 : 65536;
-        char *p = *len >= max ? NULL : realloc(*buf, ncap);
+        if (*len >= max) {
+            fprintf(stderr, "slotd-cli: answer from %s larger than %zu bytes\n", what, max);
+            return -1;
+        }
+        char *p = realloc(*buf, ncap);
         if (p == NULL) {
-            fprintf(stderr, "slotd-cli: answer from %s too large\n", what);
+            fprintf(stderr, "slotd-cli: out of memory\n");
             return -1;
         }
         *buf = p;
