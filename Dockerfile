@@ -1,6 +1,7 @@
 # slotd in a container.  The build stage installs and builds through the
 # same scripts as the README and CI (scripts/deps.sh, scripts/build.sh); the
-# runtime stage holds the two binaries, their shared libraries and curl for
+# runtime stage holds the two binaries, their shared libraries (libedit2 and
+# the libbsd0 it links are for slotd-cli's line editing) and curl for
 # the health check, and runs as an unprivileged user.
 #   docker build -t slotd .
 #   docker run -p 7070:7070 -p 7071:7071 slotd
@@ -14,7 +15,7 @@ RUN scripts/deps.sh && scripts/build.sh build none
 
 FROM debian:12-slim
 RUN apt-get update -qq \
- && apt-get install -y -qq --no-install-recommends libuv1 libcjson1 libhttp-parser2.9 curl \
+ && apt-get install -y -qq --no-install-recommends libuv1 libcjson1 libhttp-parser2.9 libedit2 libbsd0 curl \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --no-create-home --shell /usr/sbin/nologin slotd
 COPY --from=build /src/build/server/slotd /src/build/server/slotd-cli /usr/local/bin/

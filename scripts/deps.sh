@@ -5,7 +5,7 @@
 # The README, CI (.ci/run) and the Dockerfile all install through this script.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config libuv1-dev libcjson-dev check libhttp-parser-dev)
+pkgs=(build-essential cmake pkg-config libuv1-dev libcjson-dev check libhttp-parser-dev libedit-dev)
 if [ "${1:-}" = "--test" ]; then
   pkgs+=(clang libclang-rt-14-dev valgrind python3 prometheus redis-server haproxy
          netcat-openbsd curl procps)

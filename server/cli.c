@@ -1,34 +1,32 @@
 /*
- * cli.c: slotd-cli, a command-line client for the session port.
+ * cli.c: slotd-cli, a command-line client for the session and admin ports.
  *
- *   slotd-cli [-h host] [-p port] [-t seconds] [--raw] [COMMAND|JSON]...
+ *   slotd-cli [-h host] [-p port] [-a [host:]port] [-t seconds] [--raw] [--full]
+ *             [COMMAND|JSON]...
  *
  * As with redis-cli, words make one command: `slotd-cli start a 1 2 3`.
- * When the first argument is a lone shortcut word, all the arguments are
- * joined into that one command line; otherwise each argument is one command
- * line, as it would be typed at the prompt (`slotd-cli 'start a 1 2'
- * 'step a 3' stats`, or JSON lines).  All of them go over one connection
- * and each reply is printed before the next line is sent.  With no argument the lines come from stdin (with a
- * "slotd> " prompt when stdin is a terminal).  A line whose first word is
- * one of the shortcuts below is turned into its JSON request; any other
- * line is sent as it is, so the server judges it:
+ * When the first argument is a lone command word, all the arguments are
+ * joined into that one command line; otherwise each argument is one
+ * command line (`slotd-cli 'start a 1 2' 'step a 3' stats`, or JSON
+ * lines).  With no argument the lines come from stdin: at a terminal
+ * through libedit, with line editing, history (~/.slotd_history, or
+ * $SLOTD_HISTFILE; empty: none) and Tab completion of command names; from
+ * a pipe or a file, plainly, with no prompt.  cli_cmd.c turns each line
+ * into a request and cli_out.c prints the reply.
  *
- *   stats                  {"op":"stats"}
- *   start ID TOKEN...      {"op":"start","id":ID,"prompt":[TOKEN,...]}
- *   step ID [N]            {"op":"step","id":ID[,"n":N]}
- *   finish ID              {"op":"finish","id":ID}
- *   help, quit (exit)      local
+ * Session commands share one connection to the session port, opened at the
+ * first of them, and each reply is printed before the next line is sent.
+ * health and metrics open one HTTP/1.1 connection each to the admin port.
+ * Every wait (connect, send, each reply) is bounded by -t seconds.
  *
- * Replies are pretty-printed (cJSON, errors as "(error) code: message")
- * when stdout is a terminal, and printed as the raw line otherwise or with
- * --raw.  Server errors are printed as they come and do not change the exit
- * status: 0, or 1 if the connection fails or is lost (with a message on
- * stderr), or 2 for a bad option.  Every wait on the server (connect, send,
- * each reply) is bounded by -t seconds (default 30; 0 waits for ever).
+ * Exit status: 0; 1 if any command got an error reply (from the daemon, an
+ * admin answer other than 200, or refused here); 2 for a bad option; 3 if
+ * a connection failed, was lost or timed out (the commands stop there).
+ * At the terminal's prompt a failed connection is reported and retried at
+ * the next command, and errors do not change the status.
  *
  * Non-blocking POSIX sockets and poll(); single-threaded.
  */
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -42,20 +40,34 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <editline/readline.h>
+
+#include "server/cli.h"
+
 #define CLI_DEFAULT_HOST "127.0.0.1"
 #define CLI_DEFAULT_PORT "7070"
+#define CLI_DEFAULT_ADMIN_PORT "7071"
 #define CLI_DEFAULT_TIMEOUT 30
+#define CLI_HISTORY_LINES 1000
+#define CLI_MAX_HTTP (64u << 20) /* an admin answer larger than this is refused */
+
+enum { EXIT_REPLY_ERROR = 1, EXIT_USAGE = 2, EXIT_CONNECTION = 3 };
 
 typedef struct cli {
-    int fd;
+    int fd;         /* the session connection, or -1 until needed */
     int timeout_ms; /* per wait; -1 for none */
-    bool pretty;
     const char *host;
     const char *port;
-    char *in; /* bytes received and not yet returned as lines */
+    char admin_host[256];
+    char admin_port[8];
+    cli_out_t out;
+    bool interactive;
+    unsigned errors; /* error replies and refused commands */
+    char *in;        /* bytes received and not yet returned as lines (malloc) */
     size_t in_len;
     size_t in_cap;
     size_t line_len; /* the line last returned, consumed on the next read */
@@ -64,32 +76,37 @@ typedef struct cli {
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: slotd-cli [-h host] [-p port] [-t seconds] [--raw] [COMMAND|JSON]...\n"
+            "usage: slotd-cli [-h host] [-p port] [-a [host:]port] [-t seconds] [--raw] [--full]\n"
+            "                 [COMMAND|JSON]...\n"
             "\n"
-            "  -h host     server address (default " CLI_DEFAULT_HOST ")\n"
-            "  -p port     session port (default " CLI_DEFAULT_PORT ")\n"
-            "  -t seconds  limit on each wait for the server (default %d, 0: none)\n"
-            "  --raw       print replies as received, even on a terminal\n"
-            "  --help      this text\n"
+            "  -h host            server address (default " CLI_DEFAULT_HOST ")\n"
+            "  -p port            session port (default " CLI_DEFAULT_PORT ")\n"
+            "  -a [host:]port     admin HTTP port, for health and metrics (default: the\n"
+            "                     server address, port " CLI_DEFAULT_ADMIN_PORT ")\n"
+            "  -t seconds         limit on each wait for the server (default %d, 0: none)\n"
+            "  --raw              print the daemon's replies byte for byte (for scripts)\n"
+            "  --full             print logits in full, not shortened\n"
+            "  --help             this text\n"
             "\n"
-            "Each argument is one command line; with none, lines are read from stdin.\n"
-            "Type 'help' at the prompt for the commands.\n",
+            "Arguments: a lone command word joins every argument into one command\n"
+            "(slotd-cli start a 1 2 3); otherwise each argument is one command line\n"
+            "(slotd-cli 'start a 1 2 3' 'step a 2' 'finish a').  With none, lines are\n"
+            "read from stdin; at a terminal with line editing, history (~/.slotd_history,\n"
+            "or $SLOTD_HISTFILE) and Tab completion.  Colour only at a terminal, never\n"
+            "with NO_COLOR set.\n"
+            "\n",
             CLI_DEFAULT_TIMEOUT);
+    cli_cmd_help_all(f);
+    fprintf(f, "\n"
+               "Output: one line per reply (id: a  tokens: [1 0]  logits: 2 × 6, first [...]),\n"
+               "errors as (error) code: message.\n"
+               "\n"
+               "Exit status: 0 if every command succeeded; 1 if any got an error reply\n"
+               "(or was refused here: unknown command, bad usage); 2 for a bad option;\n"
+               "3 if a connection failed, was lost or timed out.\n");
 }
 
-static void help(void)
-{
-    printf("Commands (anything else is sent as a JSON request line):\n"
-           "  stats                 daemon figures\n"
-           "  start ID TOKEN...     start session ID with the prompt TOKEN...\n"
-           "  step ID [N]           N greedy steps (default 1)\n"
-           "  finish ID             release session ID\n"
-           "  help                  this text\n"
-           "  quit                  leave (also: exit, end of input)\n"
-           "Example: {\"op\":\"logits\",\"tokens\":[0,1,2]}\n");
-}
-
-/* ---- Connection ---- */
+/* ---- Connections ---- */
 
 static int64_t now_ms(void)
 {
@@ -126,20 +143,20 @@ static int64_t deadline_of(const cli_t *c)
     return c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
 }
 
-/* Connects to c->host:c->port.  Returns 0, or -1 after printing why. */
-static int cli_connect(cli_t *c)
+/* Opens a non-blocking connection to host:port.  Returns the socket, or -1
+ * after printing why. */
+static int dial(const cli_t *c, const char *host, const char *port)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     struct addrinfo *res;
-    int rc = getaddrinfo(c->host, c->port, &hints, &res);
+    int rc = getaddrinfo(host, port, &hints, &res);
     if (rc != 0) {
-        fprintf(stderr, "slotd-cli: cannot resolve %s:%s: %s\n", c->host, c->port,
-                gai_strerror(rc));
+        fprintf(stderr, "slotd-cli: cannot resolve %s:%s: %s\n", host, port, gai_strerror(rc));
         return -1;
     }
-    int err = 0;
+    int err = 0, out = -1;
     bool timed_out = false;
-    for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+    for (struct addrinfo *ai = res; ai != NULL && out < 0; ai = ai->ai_next) {
         int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
         if (fd < 0) {
             err = errno;
@@ -147,14 +164,14 @@ static int cli_connect(cli_t *c)
         }
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-            c->fd = fd;
+            out = fd;
             break;
         }
         if (errno == EINPROGRESS) {
             int w = wait_fd(fd, POLLOUT, deadline_of(c));
             socklen_t len = sizeof(err);
             if (w == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
-                c->fd = fd;
+                out = fd;
                 break;
             }
             if (w == 0)
@@ -167,18 +184,17 @@ static int cli_connect(cli_t *c)
         close(fd);
     }
     freeaddrinfo(res);
-    if (c->fd >= 0)
-        return 0;
-    fprintf(stderr, "slotd-cli: cannot connect to %s:%s: %s\n", c->host, c->port,
-            timed_out ? "timed out" : strerror(err));
-    return -1;
+    if (out < 0)
+        fprintf(stderr, "slotd-cli: cannot connect to %s:%s: %s\n", host, port,
+                timed_out ? "timed out" : strerror(err));
+    return out;
 }
 
-static int send_all(cli_t *c, const char *data, size_t len)
+static int send_all(const cli_t *c, int fd, const char *what, const char *data, size_t len)
 {
     int64_t deadline = deadline_of(c);
     while (len > 0) {
-        ssize_t n = send(c->fd, data, len, MSG_NOSIGNAL);
+        ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
         if (n > 0) {
             data += n;
             len -= (size_t)n;
@@ -187,24 +203,77 @@ static int send_all(cli_t *c, const char *data, size_t len)
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int w = wait_fd(c->fd, POLLOUT, deadline);
+            int w = wait_fd(fd, POLLOUT, deadline);
             if (w == 1)
                 continue;
-            fprintf(stderr, "slotd-cli: sending to %s:%s: %s\n", c->host, c->port,
+            fprintf(stderr, "slotd-cli: sending to %s: %s\n", what,
                     w == 0 ? "timed out" : strerror(errno));
             return -1;
         }
-        fprintf(stderr, "slotd-cli: connection to %s:%s lost: %s\n", c->host, c->port,
-                strerror(errno));
+        fprintf(stderr, "slotd-cli: connection to %s lost: %s\n", what, strerror(errno));
         return -1;
     }
     return 0;
 }
 
-/* Returns the next line from the server (without "\n"), valid until the
- * next call, or NULL after printing why (closed, timed out, error). */
+/* Receives into *buf (grown as needed, at most `max` bytes) until the
+ * deadline.  Returns the bytes read (0 at EOF), or -1 after printing why. */
+static ssize_t recv_some(const cli_t *c, int fd, const char *what, char **buf, size_t *len,
+                         size_t *cap, size_t max, int64_t deadline)
+{
+    if (*cap - *len < 4096) {
+        size_t ncap = *cap ? *cap * 2 : 65536;
+        if (*len >= max) {
+            fprintf(stderr, "slotd-cli: answer from %s larger than %zu bytes\n", what, max);
+            return -1;
+        }
+        char *p = realloc(*buf, ncap);
+        if (p == NULL) {
+            fprintf(stderr, "slotd-cli: out of memory\n");
+            return -1;
+        }
+        *buf = p;
+        *cap = ncap;
+    }
+    for (;;) {
+        ssize_t n = recv(fd, *buf + *len, *cap - *len - 1, 0);
+        if (n >= 0) {
+            *len += (size_t)n;
+            return n;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            break;
+        int w = wait_fd(fd, POLLIN, deadline);
+        if (w == 1)
+            continue;
+        if (w == 0)
+            fprintf(stderr, "slotd-cli: no answer from %s within %d s\n", what,
+                    c->timeout_ms / 1000);
+        else
+            fprintf(stderr, "slotd-cli: %s: %s\n", what, strerror(errno));
+        return -1;
+    }
+    fprintf(stderr, "slotd-cli: connection to %s lost: %s\n", what, strerror(errno));
+    return -1;
+}
+
+static void session_close(cli_t *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    c->in_len = 0;
+    c->line_len = 0;
+}
+
+/* Returns the next line from the session port (without "\n"), valid until
+ * the next call, or NULL after printing why (closed, timed out, error). */
 static char *read_line(cli_t *c, size_t *len)
 {
+    char what[300];
+    snprintf(what, sizeof(what), "%s:%s", c->host, c->port);
     /* Drop the line returned last time. */
     if (c->line_len > 0) {
         memmove(c->in, c->in + c->line_len, c->in_len - c->line_len);
@@ -216,220 +285,127 @@ static char *read_line(cli_t *c, size_t *len)
     for (;;) {
         char *nl = c->in_len > scanned ? memchr(c->in + scanned, '\n', c->in_len - scanned) : NULL;
         if (nl != NULL) {
-            *nl = '\0';
             *len = (size_t)(nl - c->in);
             c->line_len = *len + 1;
-            if (*len > 0 && c->in[*len - 1] == '\r')
-                c->in[--*len] = '\0';
             return c->in;
         }
         scanned = c->in_len;
-        if (c->in_cap - c->in_len < 4096) {
-            size_t cap = c->in_cap ? c->in_cap * 2 : 65536;
-            char *p = realloc(c->in, cap);
-            if (p == NULL) {
-                fprintf(stderr, "slotd-cli: out of memory\n");
-                return NULL;
-            }
-            c->in = p;
-            c->in_cap = cap;
-        }
-        ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len - 1, 0);
-        if (n > 0) {
-            c->in_len += (size_t)n;
-            continue;
-        }
-        if (n == 0) {
-            fprintf(stderr, "slotd-cli: %s:%s closed the connection\n", c->host, c->port);
+        ssize_t n = recv_some(c, c->fd, what, &c->in, &c->in_len, &c->in_cap, SIZE_MAX, deadline);
+        if (n == 0)
+            fprintf(stderr, "slotd-cli: %s closed the connection\n", what);
+        if (n <= 0)
             return NULL;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int w = wait_fd(c->fd, POLLIN, deadline);
-            if (w == 1)
-                continue;
-            if (w == 0)
-                fprintf(stderr, "slotd-cli: no reply from %s:%s within %d s\n", c->host, c->port,
-                        c->timeout_ms / 1000);
-            else
-                fprintf(stderr, "slotd-cli: %s\n", strerror(errno));
-            return NULL;
-        }
-        fprintf(stderr, "slotd-cli: connection to %s:%s lost: %s\n", c->host, c->port,
-                strerror(errno));
-        return NULL;
     }
 }
 
-/* ---- Output ---- */
-
-static void print_reply(const cli_t *c, const char *line, size_t len)
+/* Sends one request line and prints its reply.  Returns 0, or -1 if the
+ * connection failed (it is closed then). */
+static int session_call(cli_t *c, const char *json)
 {
-    cJSON *j = c->pretty ? cJSON_ParseWithLength(line, len) : NULL;
-    if (j == NULL) {
-        fwrite(line, 1, len, stdout);
-        fputc('\n', stdout);
-    } else {
-        cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
-        cJSON *code = cJSON_GetObjectItemCaseSensitive(err, "code");
-        cJSON *msg = cJSON_GetObjectItemCaseSensitive(err, "message");
-        if (cJSON_IsString(code) && cJSON_IsString(msg)) {
-            printf("(error) %s: %s\n", code->valuestring, msg->valuestring);
+    char what[300];
+    snprintf(what, sizeof(what), "%s:%s", c->host, c->port);
+    if (c->fd < 0 && (c->fd = dial(c, c->host, c->port)) < 0)
+        return -1;
+    size_t len = strlen(json);
+    char *line = malloc(len + 1);
+    if (line == NULL) {
+        fprintf(stderr, "slotd-cli: out of memory\n");
+        return -1;
+    }
+    memcpy(line, json, len);
+    line[len] = '\n';
+    int rc = send_all(c, c->fd, what, line, len + 1);
+    free(line);
+    size_t rlen;
+    char *reply = rc == 0 ? read_line(c, &rlen) : NULL;
+    if (reply == NULL) {
+        session_close(c);
+        return -1;
+    }
+    if (cli_out_reply(&c->out, reply, rlen))
+        c->errors++;
+    return 0;
+}
+
+/* GET `path` on the admin port over a connection of its own, and prints
+ * the answer.  Returns 0, or -1 if the connection failed. */
+static int http_call(cli_t *c, const char *path, const char *pattern)
+{
+    char what[300];
+    snprintf(what, sizeof(what), "%s:%s", c->admin_host, c->admin_port);
+    int fd = dial(c, c->admin_host, c->admin_port);
+    if (fd < 0)
+        return -1;
+    char req[512];
+    int n = snprintf(req, sizeof(req),
+                     "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: slotd-cli\r\n"
+                     "Connection: close\r\n\r\n",
+                     path, c->admin_host);
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    int rc = send_all(c, fd, what, req, (size_t)n);
+    /* Read to EOF: the request asked the daemon to close. */
+    int64_t deadline = deadline_of(c);
+    ssize_t got = 1;
+    while (rc == 0 && got > 0) {
+        got = recv_some(c, fd, what, &buf, &len, &cap, CLI_MAX_HTTP, deadline);
+        if (got < 0)
+            rc = -1;
+    }
+    close(fd);
+    if (rc == 0) {
+        buf[len] = '\0';
+        int status = 0;
+        char *body = strstr(buf, "\r\n\r\n");
+        if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1 || body == NULL) {
+            fprintf(stderr, "slotd-cli: %s did not answer in HTTP\n", what);
+            rc = -1;
         } else {
-            char *s = cJSON_Print(j);
-            if (s != NULL)
-                printf("%s\n", s);
-            else
-                printf("%.*s\n", (int)len, line);
-            cJSON_free(s);
-        }
-        cJSON_Delete(j);
-    }
-    fflush(stdout);
-}
-
-/* ---- Commands ---- */
-
-enum { CMD_SEND, CMD_LOCAL, CMD_QUIT };
-
-/* Splits `s` in place into at most `max` words; returns the count. */
-static int split_words(char *s, char **w, int max)
-{
-    int n = 0;
-    for (char *tok = strtok(s, " \t\r,"); tok != NULL && n < max; tok = strtok(NULL, " \t\r,"))
-        w[n++] = tok;
-    return n;
-}
-
-static bool parse_int(const char *s, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0')
-        return false;
-    *out = v;
-    return true;
-}
-
-/* Builds the request for a shortcut in `words` into *json (malloc), or
- * prints a usage line and returns CMD_LOCAL. */
-static int shortcut(char **w, int n, char **json)
-{
-    cJSON *o = cJSON_CreateObject();
-    int rc = CMD_SEND;
-    long long v;
-
-    if (strcasecmp(w[0], "stats") == 0 && n == 1) {
-        cJSON_AddStringToObject(o, "op", "stats");
-    } else if (strcasecmp(w[0], "start") == 0 && n >= 2) {
-        cJSON_AddStringToObject(o, "op", "start");
-        cJSON_AddStringToObject(o, "id", w[1]);
-        cJSON *prompt = cJSON_AddArrayToObject(o, "prompt");
-        for (int i = 2; i < n && rc == CMD_SEND; i++) {
-            if (!parse_int(w[i], &v)) {
-                fprintf(stderr, "(error) start: token '%s' is not an integer\n", w[i]);
-                rc = CMD_LOCAL;
-            } else {
-                cJSON_AddItemToArray(prompt, cJSON_CreateNumber((double)v));
+            body += 4;
+            /* Content-Length, when given, ends the body. */
+            size_t blen = len - (size_t)(body - buf);
+            for (char *h = strstr(buf, "\r\n"); h != NULL && h + 2 < body;
+                 h = strstr(h + 2, "\r\n")) {
+                unsigned long long cl;
+                if (strncasecmp(h + 2, "Content-Length:", 15) == 0 &&
+                    sscanf(h + 17, "%llu", &cl) == 1 && cl < blen)
+                    blen = (size_t)cl;
             }
-        }
-    } else if (strcasecmp(w[0], "step") == 0 && (n == 2 || n == 3)) {
-        cJSON_AddStringToObject(o, "op", "step");
-        cJSON_AddStringToObject(o, "id", w[1]);
-        if (n == 3) {
-            if (parse_int(w[2], &v)) {
-                cJSON_AddNumberToObject(o, "n", (double)v);
-            } else {
-                fprintf(stderr, "(error) step: N '%s' is not an integer\n", w[2]);
-                rc = CMD_LOCAL;
-            }
-        }
-    } else if (strcasecmp(w[0], "finish") == 0 && n == 2) {
-        cJSON_AddStringToObject(o, "op", "finish");
-        cJSON_AddStringToObject(o, "id", w[1]);
-    } else {
-        fprintf(stderr, "(error) usage: %s\n",
-                strcasecmp(w[0], "stats") == 0   ? "stats"
-                : strcasecmp(w[0], "start") == 0 ? "start ID TOKEN..."
-                : strcasecmp(w[0], "step") == 0  ? "step ID [N]"
-                                                 : "finish ID");
-        rc = CMD_LOCAL;
-    }
-    if (rc == CMD_SEND) {
-        *json = cJSON_PrintUnformatted(o);
-        if (*json == NULL) {
-            fprintf(stderr, "slotd-cli: out of memory\n");
-            rc = CMD_LOCAL;
+            if (cli_out_http(&c->out, path, status, body, blen, pattern))
+                c->errors++;
         }
     }
-    cJSON_Delete(o);
+    free(buf);
     return rc;
 }
 
-static bool is_blank(const char *s)
-{
-    return s[strspn(s, " \t\r")] == '\0';
-}
+/* ---- Lines ---- */
 
-/* Turns one command line into the request to send (*json, malloc'd), or
- * handles it locally. */
-static int translate(const char *line, char **json)
-{
-    char first[16];
-    const char *p = line + strspn(line, " \t");
-    size_t wl = strcspn(p, " \t\r");
-    *json = NULL;
-    if (wl < sizeof(first)) {
-        memcpy(first, p, wl);
-        first[wl] = '\0';
-        if (strcasecmp(first, "help") == 0) {
-            help();
-            return CMD_LOCAL;
-        }
-        if (strcasecmp(first, "quit") == 0 || strcasecmp(first, "exit") == 0)
-            return CMD_QUIT;
-        if (strcasecmp(first, "stats") == 0 || strcasecmp(first, "start") == 0 ||
-            strcasecmp(first, "step") == 0 || strcasecmp(first, "finish") == 0) {
-            char *copy = strdup(line);
-            char **w = calloc(strlen(line) / 2 + 2, sizeof(*w));
-            int rc = CMD_LOCAL;
-            if (copy != NULL && w != NULL)
-                rc = shortcut(w, split_words(copy, w, (int)(strlen(line) / 2 + 2)), json);
-            free(w);
-            free(copy);
-            return rc;
-        }
-    }
-    *json = strdup(line);
-    return *json != NULL ? CMD_SEND : CMD_LOCAL;
-}
-
-/* Runs one line of input: returns 0 to go on, 1 to stop (quit), -1 if the
+/* Runs one line of input: returns 0 to go on, 1 to stop (quit), -1 if a
  * connection failed. */
 static int run_line(cli_t *c, const char *line)
 {
-    if (is_blank(line))
-        return 0;
-    char *json;
-    int what = translate(line, &json);
-    if (what == CMD_QUIT)
-        return 1;
-    if (what == CMD_LOCAL)
-        return 0;
-    size_t len = strlen(json);
-    json[len] = '\n';
-    int rc = send_all(c, json, len + 1);
-    free(json);
-    if (rc != 0)
-        return -1;
-    size_t rlen;
-    char *reply = read_line(c, &rlen);
-    if (reply == NULL)
-        return -1;
-    print_reply(c, reply, rlen);
-    return 0;
+    cli_req_t req = {.kind = CLI_NONE};
+    int rc = 0;
+    switch (cli_cmd_parse(line, &req, &c->out)) {
+    case CLI_NONE:
+    case CLI_LOCAL:
+        break;
+    case CLI_LOCAL_ERR:
+        c->errors++;
+        break;
+    case CLI_QUIT:
+        rc = 1;
+        break;
+    case CLI_SEND:
+        rc = session_call(c, req.json);
+        break;
+    case CLI_HTTP:
+        rc = http_call(c, req.path, req.pattern);
+        break;
+    }
+    cli_req_clear(&req);
+    return rc;
 }
 
 /* An argument may hold several lines; each is one command. */
@@ -445,16 +421,6 @@ static int run_arg(cli_t *c, const char *arg)
         rc = run_line(c, l);
     free(copy);
     return rc;
-}
-
-/* True for an argument that is exactly one shortcut word ("start"). */
-static bool is_shortcut_word(const char *arg)
-{
-    static const char *const words[] = {"stats", "start", "step", "finish", "help"};
-    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
-        if (strcasecmp(arg, words[i]) == 0)
-            return true;
-    return false;
 }
 
 /* Joins `n` words with spaces into one command line and runs it. */
@@ -477,92 +443,216 @@ static int run_words(cli_t *c, char **words, int n)
     return rc;
 }
 
+/* Lines from a pipe or a file: no prompt, no editing. */
 static int run_stdin(cli_t *c)
 {
-    bool tty = isatty(STDIN_FILENO);
     char *line = NULL;
     size_t cap = 0;
     int rc = 0;
-    for (;;) {
-        if (tty) {
-            fputs("slotd> ", stdout);
-            fflush(stdout);
-        }
-        ssize_t n = getline(&line, &cap, stdin);
-        if (n < 0) {
-            if (tty)
-                fputc('\n', stdout);
-            break;
-        }
+    ssize_t n;
+    while (rc == 0 && (n = getline(&line, &cap, stdin)) >= 0) {
         if (n > 0 && line[n - 1] == '\n')
             line[n - 1] = '\0';
         rc = run_line(c, line);
-        if (rc != 0)
-            break;
     }
     free(line);
     return rc < 0 ? -1 : 0;
 }
 
+/* ---- At a terminal ---- */
+
+/* Where history is kept: $SLOTD_HISTFILE (empty: nowhere), else
+ * ~/.slotd_history.  NULL for nowhere; the caller frees the rest. */
+static char *history_path(void)
+{
+    const char *env = getenv("SLOTD_HISTFILE");
+    if (env != NULL)
+        return env[0] != '\0' ? strdup(env) : NULL;
+    const char *home = getenv("HOME");
+    if (home == NULL || home[0] == '\0')
+        return NULL;
+    size_t len = strlen(home) + sizeof("/.slotd_history");
+    char *p = malloc(len);
+    if (p != NULL)
+        snprintf(p, len, "%s/.slotd_history", home);
+    return p;
+}
+
+/* Completion: command names for the first word, nothing after it (libedit
+ * would offer file names otherwise). */
+static char *complete_name(const char *text, int state)
+{
+    static size_t i;
+    if (state == 0)
+        i = 0;
+    for (const char *name; (name = cli_cmd_name(i)) != NULL;) {
+        i++;
+        if (strncasecmp(name, text, strlen(text)) == 0)
+            return strdup(name);
+    }
+    return NULL;
+}
+
+static char **complete(const char *text, int start, int end)
+{
+    (void)end;
+    rl_attempted_completion_over = 1;
+    return start == 0 ? rl_completion_matches(text, complete_name) : NULL;
+}
+
+static int run_terminal(cli_t *c)
+{
+    char *hist = history_path();
+    rl_readline_name = "slotd-cli";
+    rl_attempted_completion_function = complete;
+    using_history();
+    stifle_history(CLI_HISTORY_LINES);
+    if (hist != NULL)
+        read_history(hist); /* none yet is fine */
+    int rc = 0;
+    char *line;
+    while (rc != 1 && (line = readline("slotd> ")) != NULL) {
+        if (line[strspn(line, " \t")] != '\0') {
+            add_history(line);
+            /* Saved at every line, so that a ^C or a lost terminal keeps it. */
+            if (hist != NULL && write_history(hist) == 0)
+                chmod(hist, 0600);
+        }
+        rc = run_line(c, line);
+        free(line);
+        /* At the prompt, a lost connection is retried at the next command. */
+        if (rc < 0)
+            session_close(c);
+    }
+    if (rc != 1)
+        putchar('\n');
+    clear_history();
+    free(hist);
+    return 0;
+}
+
+/* ---- Options ---- */
+
+static bool parse_port(const char *s)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    return errno == 0 && end != s && *end == '\0' && v >= 1 && v <= 65535;
+}
+
+/* -a [host:]port; a bracketed IPv6 host ([::1]:7071) or just a port. */
+static bool parse_admin(cli_t *c, const char *arg)
+{
+    const char *colon = strrchr(arg, ':');
+    const char *port = colon != NULL ? colon + 1 : arg;
+    if (!parse_port(port) || strlen(port) >= sizeof(c->admin_port))
+        return false;
+    snprintf(c->admin_port, sizeof(c->admin_port), "%s", port);
+    if (colon != NULL) {
+        const char *h = arg;
+        size_t hl = (size_t)(colon - arg);
+        if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+            h++;
+            hl -= 2;
+        }
+        if (hl == 0 || hl >= sizeof(c->admin_host))
+            return false;
+        memcpy(c->admin_host, h, hl);
+        c->admin_host[hl] = '\0';
+    }
+    return true;
+}
+
+static bool colour_on(int fd)
+{
+    const char *no = getenv("NO_COLOR");
+    const char *term = getenv("TERM");
+    return isatty(fd) && (no == NULL || no[0] == '\0') &&
+           (term == NULL || strcmp(term, "dumb") != 0);
+}
+
 int main(int argc, char **argv)
 {
     cli_t c = {.fd = -1, .host = CLI_DEFAULT_HOST, .port = CLI_DEFAULT_PORT};
+    const char *admin = NULL;
     int timeout = CLI_DEFAULT_TIMEOUT;
-    bool raw = false;
     static const struct option longopts[] = {
         {"raw", no_argument, NULL, 'r'},
+        {"full", no_argument, NULL, 'f'},
+        {"admin", required_argument, NULL, 'a'},
         {"help", no_argument, NULL, 'H'},
         {NULL, 0, NULL, 0},
     };
     int opt;
-    long long v;
-    /* "+": stop at the first command, so JSON and shortcut arguments are
+    /* "+": stop at the first command, so JSON and command arguments are
      * never taken for options. */
-    while ((opt = getopt_long(argc, argv, "+h:p:t:", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "+h:p:a:t:", longopts, NULL)) != -1) {
         switch (opt) {
         case 'h':
             c.host = optarg;
             break;
         case 'p':
-            if (!parse_int(optarg, &v) || v < 1 || v > 65535) {
+            if (!parse_port(optarg)) {
                 fprintf(stderr, "slotd-cli: bad port '%s'\n", optarg);
-                return 2;
+                return EXIT_USAGE;
             }
             c.port = optarg;
             break;
-        case 't':
-            if (!parse_int(optarg, &v) || v < 0 || v > INT_MAX / 1000) {
+        case 'a':
+            admin = optarg;
+            break;
+        case 't': {
+            char *end;
+            errno = 0;
+            long v = strtol(optarg, &end, 10);
+            if (errno != 0 || end == optarg || *end != '\0' || v < 0 || v > INT_MAX / 1000) {
                 fprintf(stderr, "slotd-cli: bad timeout '%s'\n", optarg);
-                return 2;
+                return EXIT_USAGE;
             }
             timeout = (int)v;
             break;
+        }
         case 'r':
-            raw = true;
+            c.out.raw = true;
+            break;
+        case 'f':
+            c.out.full = true;
             break;
         case 'H':
             usage(stdout);
             return 0;
         default:
             usage(stderr);
-            return 2;
+            return EXIT_USAGE;
         }
     }
+    /* The admin host follows -h unless -a names one. */
+    snprintf(c.admin_host, sizeof(c.admin_host), "%s", c.host);
+    snprintf(c.admin_port, sizeof(c.admin_port), "%s", CLI_DEFAULT_ADMIN_PORT);
+    if (admin != NULL && !parse_admin(&c, admin)) {
+        fprintf(stderr, "slotd-cli: bad admin address '%s' (want [host:]port)\n", admin);
+        return EXIT_USAGE;
+    }
     c.timeout_ms = timeout == 0 ? -1 : timeout * 1000;
-    c.pretty = !raw && isatty(STDOUT_FILENO);
+    c.out.colour = colour_on(STDOUT_FILENO);
+    c.out.colour_err = colour_on(STDERR_FILENO);
 
-    if (cli_connect(&c) != 0)
-        return 1;
     int rc = 0;
-    if (optind < argc && is_shortcut_word(argv[optind])) {
+    if (optind < argc && cli_cmd_is_name(argv[optind])) {
         rc = run_words(&c, argv + optind, argc - optind);
     } else if (optind < argc) {
         for (int i = optind; i < argc && rc == 0; i++)
             rc = run_arg(&c, argv[i]);
+    } else if (isatty(STDIN_FILENO)) {
+        c.interactive = true;
+        rc = run_terminal(&c);
     } else {
         rc = run_stdin(&c);
     }
-    close(c.fd);
+    session_close(&c);
     free(c.in);
-    return rc < 0 ? 1 : 0;
+    if (rc < 0)
+        return EXIT_CONNECTION;
+    return c.errors > 0 && !c.interactive ? EXIT_REPLY_ERROR : 0;
 }

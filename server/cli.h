@@ -1,0 +1,75 @@
+/*
+ * cli.h: what the three files of slotd-cli share.  cli.c owns the
+ * connections, the options and the input loop (libedit at a terminal);
+ * cli_cmd.c owns the command table, which turns a typed line into a
+ * request; cli_out.c owns how replies are printed.  Single-threaded.
+ */
+#ifndef SLOTD_SERVER_CLI_H
+#define SLOTD_SERVER_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+/** What a command line turned into. */
+typedef enum cli_kind {
+    CLI_NONE,      /* a blank line: nothing to do */
+    CLI_SEND,      /* send req.json on the session port and print the reply */
+    CLI_HTTP,      /* GET req.path on the admin port and print the answer */
+    CLI_LOCAL,     /* handled here (help); nothing to send */
+    CLI_LOCAL_ERR, /* refused here (unknown command, bad usage), error printed */
+    CLI_QUIT,      /* quit or exit */
+} cli_kind_t;
+
+/** One translated line.  Owns json and pattern; cli_req_clear() frees them. */
+typedef struct cli_req {
+    cli_kind_t kind;
+    char *json;       /* CLI_SEND: the request, without "\n" (malloc) */
+    const char *path; /* CLI_HTTP: "/health" or "/metrics" (static) */
+    char *pattern;    /* CLI_HTTP: keep only the lines holding it, or NULL (malloc) */
+} cli_req_t;
+
+/** How replies are printed. */
+typedef struct cli_out {
+    bool raw;        /* the daemon's bytes as they came */
+    bool full;       /* logits in full rather than shortened */
+    bool colour;     /* ANSI colour on stdout */
+    bool colour_err; /* ANSI colour on stderr */
+} cli_out_t;
+
+/* ---- cli_cmd.c ---- */
+
+/** Translates one typed line into *req (cleared first).  Prints help and
+ * local errors itself (errors on stderr, through `o`).  Returns req->kind. */
+cli_kind_t cli_cmd_parse(const char *line, cli_req_t *req, const cli_out_t *o);
+
+/** Frees what *req owns and sets it to CLI_NONE. */
+void cli_req_clear(cli_req_t *req);
+
+/** True if `word` names a command (any case). */
+bool cli_cmd_is_name(const char *word);
+
+/** The name of the i-th command, for completion; NULL past the last.
+ * Static strings. */
+const char *cli_cmd_name(size_t i);
+
+/** Prints the command list to `f`. */
+void cli_cmd_help_all(FILE *f);
+
+/* ---- cli_out.c ---- */
+
+/** Prints one reply line of the session port (`len` bytes, no "\n") to
+ * stdout.  Returns true if it is an error reply. */
+bool cli_out_reply(const cli_out_t *o, const char *line, size_t len);
+
+/** Prints the answer to GET `path` on the admin port: HTTP status `status`,
+ * body `body` of `len` bytes; with `pattern`, only the body's lines that
+ * hold it.  Returns true if the status is not 200. */
+bool cli_out_http(const cli_out_t *o, const char *path, int status, const char *body, size_t len,
+                  const char *pattern);
+
+/** Prints "(error) " and the formatted message on stderr, in red at a
+ * terminal. */
+void cli_out_error(const cli_out_t *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif
