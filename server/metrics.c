@@ -36,8 +36,16 @@
 #include <string.h>
 
 /* Upper bounds of the histogram buckets, in nanoseconds, with their `le`
- * labels spelled exactly; an implicit +Inf bucket follows. */
+ * labels spelled exactly; an implicit +Inf bucket follows.  A `hash` step
+ * takes a few hundred nanoseconds, a `tiny` one a few microseconds, a
+ * `base` one at full context up to seconds: 1-2.5-5 per decade from 100 ns
+ * to 10 s resolves each. */
 #define METRICS_BUCKETS(XX)                                                                        \
+    XX(100u, "1e-07")                                                                              \
+    XX(250u, "2.5e-07")                                                                            \
+    XX(500u, "5e-07")                                                                              \
+    XX(1000u, "1e-06")                                                                             \
+    XX(2500u, "2.5e-06")                                                                           \
     XX(5000u, "5e-06")                                                                             \
     XX(10000u, "1e-05")                                                                            \
     XX(25000u, "2.5e-05")                                                                          \
