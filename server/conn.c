@@ -1050,6 +1050,8 @@ void conn_turn_away(int fd, const char *why)
      * the reset could destroy the line before the client reads it. */
     if (n > 0 && (size_t)n < sizeof(line) && write(fd, line, (size_t)n) < 0)
         log_debug("turning a connection away: %s", strerror(errno));
+    else
+        metrics_count_error(SLOTD_ETOO_MANY_CONNECTIONS); /* an error reply sent */
     shutdown(fd, SHUT_WR);
     for (int i = 0; i < 16; i++) {
         char sink[4096];
