@@ -189,7 +189,17 @@ static void free_lists_clear(server_t *s)
 
 void server_submit(server_t *s, req_t *r)
 {
+    if (r->rq.op == PROTO_OP_STEP)
+        metrics_step_out();
     worker_batch_push(&s->batch, &r->job);
+}
+
+/* A job is back from the workers, run or not. */
+static void server_job_back(req_t *r)
+{
+    if (r->rq.op == PROTO_OP_STEP)
+        metrics_step_back();
+    conn_job_done(r);
 }
 
 void server_mark_dirty(server_t *s, conn_t *c)
@@ -246,7 +256,7 @@ static void flush_check_cb(uv_check_t *h)
 static void job_done_cb(worker_job_t *job, void *arg)
 {
     (void)arg;
-    conn_job_done(container_of(job, req_t, job));
+    server_job_back(container_of(job, req_t, job));
 }
 
 /* ---- Idle sessions ---- */
@@ -723,7 +733,7 @@ static void server_drain(server_t *s)
         next = job->next;
         if (req_set_error(r, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG) != SLOTD_OK)
             r->rc = SLOTD_ENOMEM; /* closes the connection */
-        conn_job_done(r);
+        server_job_back(r);
     }
     for (c = s->conns; c != NULL; c = cnext) {
         cnext = c->next;

@@ -17,7 +17,8 @@
  * serves on, and 200 again after SIGUSR1 releases it; a SIGTERM during the
  * wedge drains cleanly (exit status 0) with the job answered; and a reply
  * held back for a later job of its connection (--reply-hold-us) leaves when
- * its hold ends, though that job is wedged.
+ * its hold ends, though that job is wedged; slotd_steps_in_flight counts
+ * the wedged step and not a step answered unknown_id.
  */
 #include <signal.h>
 #include <stdarg.h>
@@ -378,6 +379,50 @@ START_TEST(test_wedge_hold_bounded)
 }
 END_TEST
 
+/* Polls the unlabelled sample `name` of /metrics until it is `want`, for
+ * up to `ms` (scaled); its last value. */
+static int64_t await_metric(itest_daemon_t *d, const char *name, int64_t want, int ms)
+{
+    int64_t deadline = itest_now_ms() + itest_scale_ms(ms), v;
+
+    while ((v = itest_metric(d, name)) != want && itest_now_ms() < deadline)
+        itest_sleep_ms(20);
+    return v;
+}
+
+/* slotd_steps_in_flight counts the steps the workers hold, which a wedge
+ * keeps up, and not a step answered with an error on the loop. */
+START_TEST(test_wedge_steps_in_flight)
+{
+    itest_daemon_t *d = itest_daemon_start("--threads", "1", "--fault-wedge-after", "2", NULL);
+    itest_conn_t *c = itest_connect(d), *c2 = itest_connect(d);
+
+    cJSON *r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1]}"); /* job 1 */
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    ck_assert_int_eq(itest_metric(d, "slotd_steps_in_flight"), 0);
+    ck_assert(itest_send_str(c, "{\"op\":\"step\",\"id\":\"a\"}\n"    /* job 2: wedged */
+                                "{\"op\":\"step\",\"id\":\"a\"}\n")); /* waits behind it */
+    ck_assert_int_eq(await_metric(d, "slotd_steps_in_flight", 1, 3000), 1);
+    r = itest_rpc(c2, "{\"op\":\"step\",\"id\":\"gone\"}");
+    itest_expect_error(r, NULL, "unknown_id", NULL);
+    cJSON_Delete(r);
+    ck_assert_int_eq(itest_metric(d, "slotd_steps_in_flight"), 1);
+    ck_assert_int_eq(itest_metric(d, "slotd_step_seconds_count"), 0);
+
+    itest_daemon_signal(d, SIGUSR1);
+    for (int i = 0; i < 2; i++) {
+        r = itest_read_reply(c);
+        ck_assert_int_eq(itest_int(r, "entries"), 2 + i);
+        cJSON_Delete(r);
+    }
+    ck_assert_int_eq(await_metric(d, "slotd_steps_in_flight", 0, 3000), 0);
+    ck_assert_int_eq(itest_metric(d, "slotd_step_seconds_count"), 2);
+    itest_close(c);
+    itest_close(c2);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_audit");
@@ -388,6 +433,7 @@ int main(void)
     ITEST_ADD(s, test_uncaught_hash);
     ITEST_ADD(s, test_wedge_health);
     ITEST_ADD(s, test_wedge_sigterm);
+    ITEST_ADD(s, test_wedge_steps_in_flight);
     ITEST_ADD(s, test_wedge_hold_bounded);
     return itest_main(s);
 }

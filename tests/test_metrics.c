@@ -155,6 +155,7 @@ START_TEST(test_every_family)
         {"slotd_socket_reads_total", "counter"},
         {"slotd_socket_writes_total", "counter"},
         {"slotd_step_seconds", "histogram"},
+        {"slotd_steps_in_flight", "gauge"},
         {"slotd_last_step_age_seconds", "gauge"},
         {"slotd_cache_divergence_total", "counter"},
         {"slotd_cache_audits_total", "counter"},
@@ -346,6 +347,26 @@ START_TEST(test_last_step)
 }
 END_TEST
 
+START_TEST(test_steps_in_flight)
+{
+    metrics_init(1 * SEC);
+    char *t = render(&known_stats, 2 * SEC);
+    ck_assert(has_line(t, "slotd_steps_in_flight 0"));
+    free(t);
+    metrics_step_out();
+    metrics_step_out();
+    metrics_step_out();
+    metrics_step_back();
+    t = render(&known_stats, 2 * SEC);
+    ck_assert(has_line(t, "slotd_steps_in_flight 2"));
+    free(t);
+    metrics_init(0);
+    t = render(&known_stats, 2 * SEC);
+    ck_assert(has_line(t, "slotd_steps_in_flight 0"));
+    free(t);
+}
+END_TEST
+
 #define NTHREADS 8
 #define PER_THREAD 20000
 
@@ -390,6 +411,7 @@ static Suite *metrics_suite(void)
     tcase_add_test(tc, test_released_by_reason);
     tcase_add_test(tc, test_histogram);
     tcase_add_test(tc, test_last_step);
+    tcase_add_test(tc, test_steps_in_flight);
     tcase_add_test(tc, test_concurrent);
     suite_add_tcase(s, tc);
     return s;
