@@ -32,15 +32,25 @@ endforeach()
 
 # The committed deploy/ files: HAProxy accepts its configuration (with
 # example addresses), promtool accepts the Prometheus configuration and its
-# rules, and the alert rules pass their unit tests (deploy/slotd_alerts_test.yml).
+# rules, the alert rules pass their unit tests (deploy/slotd_alerts_test.yml),
+# amtool accepts the Alertmanager configuration, and it routes each
+# severity the rules use to its receiver.
 add_test(NAME deploy_configs
   COMMAND sh -c [[
-    command -v haproxy >/dev/null || { echo "FAIL: haproxy not installed (scripts/deps.sh --test)"; exit 1; }
-    command -v promtool >/dev/null || { echo "FAIL: promtool not installed (scripts/deps.sh --test)"; exit 1; }
+    for t in haproxy promtool amtool; do
+      command -v $t >/dev/null || { echo "FAIL: $t not installed (scripts/deps.sh --test)"; exit 1; }
+    done
     SLOTD_LB_BIND=127.0.0.1:7000 SLOTD_LB_STATS=127.0.0.1:7001 \
     SLOTD_S1=127.0.0.1:7170 SLOTD_S1_ADMIN_PORT=7171 SLOTD_S2=127.0.0.1:7270 SLOTD_S2_ADMIN_PORT=7271 \
     SLOTD_S3=127.0.0.1:7370 SLOTD_S3_ADMIN_PORT=7371 haproxy -c -f "$1/haproxy.cfg" || exit 1
     promtool check config "$1/prometheus.yml" || exit 1
-    promtool test rules "$1/slotd_alerts_test.yml"
+    promtool test rules "$1/slotd_alerts_test.yml" || exit 1
+    amtool check-config "$1/alertmanager.yml" || exit 1
+    sevs=$(sed -n 's/.*labels: *{severity: *\([a-z]*\)}.*/\1/p' "$1/slotd_alerts.yml" | sort -u)
+    [ "$sevs" = "$(printf 'page\nwarn')" ] || { echo "FAIL: severities in the rules: $sevs"; exit 1; }
+    for sev in $sevs; do
+      amtool config routes test --config.file="$1/alertmanager.yml" --verify.receivers="slotd-$sev" \
+        severity=$sev alertname=SlotdDown instance=a:7171 || exit 1
+    done
   ]] sh ${PROJECT_SOURCE_DIR}/deploy)
 set_tests_properties(deploy_configs PROPERTIES TIMEOUT 60 LABELS "scaleout;unit")
