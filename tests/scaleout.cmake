@@ -1,12 +1,16 @@
 # Operations: bash scripts that build nothing and run the built binaries.
 #   scaleout         three daemons behind HAProxy on the committed
-#                    deploy/haproxy.cfg, driven by slotd-bench --verify,
-#                    with an instance killed, restarted and drained
+#                    deploy/haproxy.cfg (started under ulimit -n 20000),
+#                    driven by slotd-bench --verify, with an instance
+#                    killed, restarted and drained; Prometheus and
+#                    Alertmanager on the deploy/ files deliver SlotdDown
+#                    for the killed instance to a webhook receiver
 #   test_dockerfile  the Dockerfile against the scripts, Debian 12's
 #                    packages and the daemon started as its CMD says
 #   test_config_env  flags and SLOTD_* variables, and their table in
 #                    docs/operations.md
-# A missing haproxy, curl or binary fails a test; it is never skipped
+# A missing tool (haproxy, prometheus, prometheus-alertmanager, socat,
+# curl, python3) or binary fails a test; it is never skipped
 # (scripts/deps.sh --test installs the tools).  `ctest -L scaleout` runs them.
 
 find_program(BASH_EXECUTABLE bash REQUIRED)
@@ -17,10 +21,11 @@ set(_ops_env "SLOTD_BIN=$<TARGET_FILE:slotd>;SLOTD_BENCH=$<TARGET_FILE:slotd-ben
 add_test(NAME scaleout
   COMMAND ${BASH_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scaleout.sh ${PROJECT_BINARY_DIR})
 # Serial: its checks have deadlines (HAProxy marks an instance down within
-# 3 s) that a machine busy with other tests could miss.
+# 3 s) that a machine busy with other tests could miss.  About a minute,
+# half of it waiting for SlotdDown's `for: 30s`.
 set_tests_properties(scaleout PROPERTIES
   ENVIRONMENT "${_ops_env}" REQUIRED_FILES "${_ops_bins}"
-  TIMEOUT 120 RUN_SERIAL TRUE LABELS "scaleout;integration")
+  TIMEOUT 240 RUN_SERIAL TRUE LABELS "scaleout;integration")
 
 foreach(_ops test_dockerfile test_config_env)
   add_test(NAME ${_ops}
