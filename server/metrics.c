@@ -37,11 +37,13 @@
 #include <string.h>
 
 /* Upper bounds of the histogram buckets, in nanoseconds, with their `le`
- * labels spelled exactly; an implicit +Inf bucket follows.  A `hash` step
- * takes a few hundred nanoseconds, a `tiny` one a few microseconds, a
- * `base` one at full context up to seconds: 1-2.5-5 per decade from 100 ns
- * to 10 s resolves each. */
+ * labels spelled exactly; an implicit +Inf bucket follows.  In a Release
+ * build a `hash` step takes 50 to 250 ns, a `tiny` one 250 ns to 1 us, a
+ * `small` one 25 to 100 us, a `base` one of 500 tokens 2 s: 1-2.5-5 per
+ * decade from 25 ns to 10 s resolves each (bench/RESULTS.md). */
 #define METRICS_BUCKETS(XX)                                                                        \
+    XX(25u, "2.5e-08")                                                                             \
+    XX(50u, "5e-08")                                                                               \
     XX(100u, "1e-07")                                                                              \
     XX(250u, "2.5e-07")                                                                            \
     XX(500u, "5e-07")                                                                              \

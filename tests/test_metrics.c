@@ -38,7 +38,8 @@ static const proto_stats_t known_stats = {
 
 /* Durations observed by fill(), in ns, with the bucket each lands in. */
 static const uint64_t observed[] = {
-    1,             /* le 1e-07 */
+    1,             /* le 2.5e-08 */
+    30,            /* le 5e-08 */
     100,           /* le 1e-07: the bound is inclusive */
     101,           /* le 2.5e-07 */
     750,           /* le 1e-06 */
@@ -288,12 +289,13 @@ START_TEST(test_histogram)
 {
     fill();
     char *t = render(&known_stats, 100 * SEC);
-    static const char *const le[] = {
-        "1e-07",  "2.5e-07", "5e-07",  "1e-06", "2.5e-06", "5e-06", "1e-05", "2.5e-05", "5e-05",
-        "0.0001", "0.00025", "0.0005", "0.001", "0.0025",  "0.005", "0.01",  "0.025",   "0.05",
-        "0.1",    "0.25",    "0.5",    "1",     "2.5",     "5",     "10",    "+Inf"};
-    static const double expect[] = {2, 3, 3, 4, 4, 5, 6, 6, 6, 6, 6, 6, 6,
-                                    6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 8, 10};
+    static const char *const le[] = {"2.5e-08", "5e-08",  "1e-07", "2.5e-07", "5e-07", "1e-06",
+                                     "2.5e-06", "5e-06",  "1e-05", "2.5e-05", "5e-05", "0.0001",
+                                     "0.00025", "0.0005", "0.001", "0.0025",  "0.005", "0.01",
+                                     "0.025",   "0.05",   "0.1",   "0.25",    "0.5",   "1",
+                                     "2.5",     "5",      "10",    "+Inf"};
+    static const double expect[] = {1, 2, 3, 4, 4, 5, 5, 6, 7, 7, 7, 7, 7, 7,
+                                    7, 7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 9, 11};
     double prev = 0;
     for (size_t i = 0; i < sizeof(le) / sizeof(le[0]); i++) {
         char prefix[96];
