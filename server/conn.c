@@ -42,10 +42,10 @@
  *
  * Closing.  A connection whose input ended (EOF, line_too_long, a drain)
  * closes once every request read is answered and written; a drain first
- * reads and answers shutting_down what the socket already holds
- * (conn_drain_input()).  If its input
- * may not be all read (anything but EOF), it closes lingering: its sending
- * side is shut down, and its input is read and discarded until the peer's
+ * reads what the socket already holds and answers each line in it
+ * shutting_down (conn_drain_input()).  If its input may not be all read
+ * (anything but EOF), it closes lingering: its sending side is shut down,
+ * and its input is read and discarded until the peer's
  * EOF, CONN_LINGER_MAX_BYTES or CONN_LINGER_MS (shorter in a drain, so as
  * to end before --shutdown-timeout); a close with input unread would make
  * the kernel reset the connection and drop replies not yet read.  With

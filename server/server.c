@@ -33,11 +33,13 @@
  *
  * Shutdown.  SIGTERM or SIGINT starts a drain: the listener closes, the
  * admin port reports 503, jobs no worker has started are taken back and
- * answered shutting_down like every request still waiting, running jobs
- * finish and are answered, then each connection closes (its slots released
- * with reason shutdown).  When the last connection is freed, the workers
- * are joined and every handle closed, and uv_run() returns.  A drain that
- * overruns --shutdown-timeout ends the process with status 1.
+ * answered shutting_down like every request still waiting, and like
+ * every complete line already in a connection's socket (conn_drain()),
+ * running jobs finish and are answered, then each connection closes (its
+ * slots released with reason shutdown).  When the last connection is
+ * freed, the workers are joined and every handle closed, and uv_run()
+ * returns.  A drain that overruns --shutdown-timeout ends the process with
+ * status 1.
  *
  * With --audit-rate above 0 it also owns the audit (audit.h), created with
  * the workers and freed after they are joined.  Test builds
