@@ -26,6 +26,7 @@
     XX(CACHE_FULL, "cache_full", "the pool has no room for the slot or the entry")                \
     XX(LINE_TOO_LONG, "line_too_long", "the line is longer than the limit")                       \
     XX(SHUTTING_DOWN, "shutting_down", "the daemon is draining")                                  \
+    XX(TOO_MANY_CONNECTIONS, "too_many_connections", "no room for one more connection")           \
     XX(STALE, "internal", "stale cache handle: the slot was released or reused")                  \
     XX(NOMEM, "internal", "out of memory")                                                        \
     XX(INVAL, "internal", "invalid argument")

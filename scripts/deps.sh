@@ -7,8 +7,8 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libuv1-dev libcjson-dev check libhttp-parser-dev libedit-dev)
 if [ "${1:-}" = "--test" ]; then
-  pkgs+=(clang libclang-rt-14-dev valgrind python3 prometheus redis-server haproxy
-         netcat-openbsd curl procps)
+  pkgs+=(clang libclang-rt-14-dev valgrind python3 prometheus prometheus-alertmanager
+         redis-server haproxy socat netcat-openbsd curl procps)
 fi
 
 missing=()

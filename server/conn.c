@@ -41,9 +41,11 @@
  * saves the daemon a system call and the client a read for each.
  *
  * Closing.  A connection whose input ended (EOF, line_too_long, a drain)
- * closes once every request read is answered and written.  If its input
- * may not be all read (anything but EOF), it closes lingering: its sending
- * side is shut down, and its input is read and discarded until the peer's
+ * closes once every request read is answered and written; a drain first
+ * reads what the socket already holds and answers each line in it
+ * shutting_down (conn_drain_input()).  If its input may not be all read
+ * (anything but EOF), it closes lingering: its sending side is shut down,
+ * and its input is read and discarded until the peer's
  * EOF, CONN_LINGER_MAX_BYTES or CONN_LINGER_MS (shorter in a drain, so as
  * to end before --shutdown-timeout); a close with input unread would make
  * the kernel reset the connection and drop replies not yet read.  With
@@ -687,6 +689,7 @@ static void conn_end_input(conn_t *c)
         uv_read_stop((uv_stream_t *)&c->tcp);
     c->reading = false;
     c->input_done = true;
+    c->drain_left = 0;
 }
 
 static void write_cb(uv_write_t *req, int status)
@@ -1110,12 +1113,36 @@ static int on_line(void *arg, const char *line, size_t len)
     return c->closed ? SLOTD_ENOMEM : 0;
 }
 
+/* proto_framer_feed() callback in a drain: one complete line the peer had
+ * sent before it, answered shutting_down (its tag echoed if it has one). */
+static int on_drain_line(void *arg, const char *line, size_t len)
+{
+    conn_t *c = arg;
+    slotd_error_t err;
+    req_t *r = server_req_get(c->server);
+
+    if (r == NULL)
+        return SLOTD_ENOMEM;
+    slotd_error_clear(&err);
+    r->conn = c;
+    order_append(c, r);
+    (void)proto_request_parse(line, len, &r->rq, &err); /* for the op and the tag */
+    metrics_count_request(r->rq.op);
+    slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+    if (!req_fail(r, &err))
+        return SLOTD_ENOMEM;
+    conn_advance(c);
+    return c->closed ? SLOTD_ENOMEM : 0;
+}
+
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     conn_t *c = container_of((uv_tcp_t *)h, conn_t, tcp);
 
     buf->base = c->server->readbuf;
     buf->len = sizeof(c->server->readbuf);
+    if (c->drain_left > 0 && c->drain_left < buf->len)
+        buf->len = c->drain_left; /* not a byte sent after the drain */
 }
 
 static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
@@ -1142,7 +1169,16 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     metrics_count_socket_read();
     if (c->wait == CONN_WAIT_QUIET)
         server_wait_remove(c->server, c); /* not quiet: conn_update() starts the clock again */
-    rc = proto_framer_feed(&c->framer, buf->base, (size_t)nread, on_line, c);
+    if (c->drain_left > 0) {
+        rc = proto_framer_feed(&c->framer, buf->base, (size_t)nread, on_drain_line, c);
+        if (c->closed)
+            return;
+        c->drain_left -= (size_t)nread < c->drain_left ? (size_t)nread : c->drain_left;
+        if (c->drain_left == 0 && rc == SLOTD_OK)
+            conn_end_input(c);
+    } else {
+        rc = proto_framer_feed(&c->framer, buf->base, (size_t)nread, on_line, c);
+    }
     if (c->closed)
         return;
     if (rc == SLOTD_ELINE_TOO_LONG) {
@@ -1245,6 +1281,8 @@ void conn_turn_away(int fd, const char *why)
      * the reset could destroy the line before the client reads it. */
     if (n > 0 && (size_t)n < sizeof(line) && write(fd, line, (size_t)n) < 0)
         log_debug("turning a connection away: %s", strerror(errno));
+    else
+        metrics_count_error(SLOTD_ETOO_MANY_CONNECTIONS); /* an error reply sent */
     shutdown(fd, SHUT_WR);
     for (int i = 0; i < 16; i++) {
         char sink[4096];
@@ -1322,6 +1360,24 @@ void conn_expire_quiet(conn_t *c)
     conn_close(c);
 }
 
+/* A drain ends the input, but not before every complete line the peer
+ * had sent by then is answered: what the socket holds at this moment is
+ * still read, by read_cb() under the usual bounds (so only as fast as the
+ * client reads its answers), and not a byte more (alloc_cb()); each line
+ * in it is answered shutting_down.  What the peer sends after the drain
+ * began is discarded by the lingering close. */
+static void conn_drain_input(conn_t *c)
+{
+    uv_os_fd_t fd;
+    int unread = 0;
+
+    if (!c->input_done && uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0 &&
+        ioctl(fd, FIONREAD, &unread) == 0 && unread > 0)
+        c->drain_left = (size_t)unread;
+    else
+        conn_end_input(c);
+}
+
 void conn_drain(conn_t *c)
 {
     session_t *sess;
@@ -1329,7 +1385,7 @@ void conn_drain(conn_t *c)
 
     if (c->closed)
         return;
-    conn_end_input(c);
+    conn_drain_input(c);
     slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
     for (req_t *r = c->order_head; r != NULL; r = r->order_next) {
         if (r->state != REQ_HELD && r->state != REQ_DEFER)

@@ -4,7 +4,8 @@
  *
  * DESIGN.  One process-wide set of counters, all C11 atomics with relaxed
  * ordering: the loop thread counts requests, errors, releases, refused
- * connections, failed accepts and connections closed for their timeout;
+ * connections, failed accepts, connections closed for their timeout and
+ * the steps out with the workers;
  * worker threads record step latencies, the time of their last completed
  * step, audits and divergences.
  * Readers (the stats op, the admin port) read them on the loop thread
@@ -48,6 +49,12 @@ void metrics_count_conn_timeout(void);
 void metrics_count_socket_read(void);
 /** Counts one write of replies begun on a session connection. */
 void metrics_count_socket_write(void);
+
+/** Counts one step request handed to the workers, and one back from them
+ * (run, or taken back unrun by a drain): their difference is the gauge
+ * slotd_steps_in_flight.  Loop thread. */
+void metrics_step_out(void);
+void metrics_step_back(void);
 
 /** Records one model request's latency (a step request, whatever its n)
  * and stamps `now_ns` as the time of the last completed step.  Any thread;

@@ -33,11 +33,13 @@
  *
  * Shutdown.  SIGTERM or SIGINT starts a drain: the listener closes, the
  * admin port reports 503, jobs no worker has started are taken back and
- * answered shutting_down like every request still waiting, running jobs
- * finish and are answered, then each connection closes (its slots released
- * with reason shutdown).  When the last connection is freed, the workers
- * are joined and every handle closed, and uv_run() returns.  A drain that
- * overruns --shutdown-timeout ends the process with status 1.
+ * answered shutting_down like every request still waiting, and like
+ * every complete line already in a connection's socket (conn_drain()),
+ * running jobs finish and are answered, then each connection closes (its
+ * slots released with reason shutdown).  When the last connection is
+ * freed, the workers are joined and every handle closed, and uv_run()
+ * returns.  A drain that overruns --shutdown-timeout ends the process with
+ * status 1.
  *
  * With --audit-rate above 0 it also owns the audit (audit.h), created with
  * the workers and freed after they are joined.  Test builds
@@ -189,7 +191,17 @@ static void free_lists_clear(server_t *s)
 
 void server_submit(server_t *s, req_t *r)
 {
+    if (r->rq.op == PROTO_OP_STEP)
+        metrics_step_out();
     worker_batch_push(&s->batch, &r->job);
+}
+
+/* A job is back from the workers, run or not. */
+static void server_job_back(req_t *r)
+{
+    if (r->rq.op == PROTO_OP_STEP)
+        metrics_step_back();
+    conn_job_done(r);
 }
 
 void server_mark_dirty(server_t *s, conn_t *c)
@@ -246,7 +258,7 @@ static void flush_check_cb(uv_check_t *h)
 static void job_done_cb(worker_job_t *job, void *arg)
 {
     (void)arg;
-    conn_job_done(container_of(job, req_t, job));
+    server_job_back(container_of(job, req_t, job));
 }
 
 /* ---- Idle sessions ---- */
@@ -723,7 +735,7 @@ static void server_drain(server_t *s)
         next = job->next;
         if (req_set_error(r, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG) != SLOTD_OK)
             r->rc = SLOTD_ENOMEM; /* closes the connection */
-        conn_job_done(r);
+        server_job_back(r);
     }
     for (c = s->conns; c != NULL; c = cnext) {
         cnext = c->next;

@@ -188,6 +188,7 @@ struct conn {
     uint64_t pending_slots;         /* need_slots likewise */
     uint64_t next_seq;              /* seq of the next line read */
     size_t linger_bytes;            /* input discarded while lingering */
+    size_t drain_left;              /* a drain: input bytes still to read and answer (conn_drain()) */
     proto_buf_t out;                /* replies for the next write */
     proto_buf_t wbuf;               /* the bytes of the write in flight */
     uint64_t held_since;            /* uv_hrtime() `out` was first held back; 0 when not */

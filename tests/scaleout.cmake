@@ -1,12 +1,16 @@
 # Operations: bash scripts that build nothing and run the built binaries.
 #   scaleout         three daemons behind HAProxy on the committed
-#                    deploy/haproxy.cfg, driven by slotd-bench --verify,
-#                    with an instance killed, restarted and drained
+#                    deploy/haproxy.cfg (started under ulimit -n 20000),
+#                    driven by slotd-bench --verify, with an instance
+#                    killed, restarted and drained; Prometheus and
+#                    Alertmanager on the deploy/ files deliver SlotdDown
+#                    for the killed instance to a webhook receiver
 #   test_dockerfile  the Dockerfile against the scripts, Debian 12's
 #                    packages and the daemon started as its CMD says
 #   test_config_env  flags and SLOTD_* variables, and their table in
 #                    docs/operations.md
-# A missing haproxy, curl or binary fails a test; it is never skipped
+# A missing tool (haproxy, prometheus, prometheus-alertmanager, socat,
+# curl, python3) or binary fails a test; it is never skipped
 # (scripts/deps.sh --test installs the tools).  `ctest -L scaleout` runs them.
 
 find_program(BASH_EXECUTABLE bash REQUIRED)
@@ -17,10 +21,11 @@ set(_ops_env "SLOTD_BIN=$<TARGET_FILE:slotd>;SLOTD_BENCH=$<TARGET_FILE:slotd-ben
 add_test(NAME scaleout
   COMMAND ${BASH_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scaleout.sh ${PROJECT_BINARY_DIR})
 # Serial: its checks have deadlines (HAProxy marks an instance down within
-# 3 s) that a machine busy with other tests could miss.
+# 3 s) that a machine busy with other tests could miss.  About a minute,
+# half of it waiting for SlotdDown's `for: 30s`.
 set_tests_properties(scaleout PROPERTIES
   ENVIRONMENT "${_ops_env}" REQUIRED_FILES "${_ops_bins}"
-  TIMEOUT 120 RUN_SERIAL TRUE LABELS "scaleout;integration")
+  TIMEOUT 240 RUN_SERIAL TRUE LABELS "scaleout;integration")
 
 foreach(_ops test_dockerfile test_config_env)
   add_test(NAME ${_ops}
@@ -32,15 +37,25 @@ endforeach()
 
 # The committed deploy/ files: HAProxy accepts its configuration (with
 # example addresses), promtool accepts the Prometheus configuration and its
-# rules, and the alert rules pass their unit tests (deploy/slotd_alerts_test.yml).
+# rules, the alert rules pass their unit tests (deploy/slotd_alerts_test.yml),
+# amtool accepts the Alertmanager configuration, and it routes each
+# severity the rules use to its receiver.
 add_test(NAME deploy_configs
   COMMAND sh -c [[
-    command -v haproxy >/dev/null || { echo "FAIL: haproxy not installed (scripts/deps.sh --test)"; exit 1; }
-    command -v promtool >/dev/null || { echo "FAIL: promtool not installed (scripts/deps.sh --test)"; exit 1; }
+    for t in haproxy promtool amtool; do
+      command -v $t >/dev/null || { echo "FAIL: $t not installed (scripts/deps.sh --test)"; exit 1; }
+    done
     SLOTD_LB_BIND=127.0.0.1:7000 SLOTD_LB_STATS=127.0.0.1:7001 \
     SLOTD_S1=127.0.0.1:7170 SLOTD_S1_ADMIN_PORT=7171 SLOTD_S2=127.0.0.1:7270 SLOTD_S2_ADMIN_PORT=7271 \
     SLOTD_S3=127.0.0.1:7370 SLOTD_S3_ADMIN_PORT=7371 haproxy -c -f "$1/haproxy.cfg" || exit 1
     promtool check config "$1/prometheus.yml" || exit 1
-    promtool test rules "$1/slotd_alerts_test.yml"
+    promtool test rules "$1/slotd_alerts_test.yml" || exit 1
+    amtool check-config "$1/alertmanager.yml" || exit 1
+    sevs=$(sed -n 's/.*labels: *{severity: *\([a-z]*\)}.*/\1/p' "$1/slotd_alerts.yml" | sort -u)
+    [ "$sevs" = "$(printf 'page\nwarn')" ] || { echo "FAIL: severities in the rules: $sevs"; exit 1; }
+    for sev in $sevs; do
+      amtool config routes test --config.file="$1/alertmanager.yml" --verify.receivers="slotd-$sev" \
+        severity=$sev alertname=SlotdDown instance=a:7171 || exit 1
+    done
   ]] sh ${PROJECT_SOURCE_DIR}/deploy)
 set_tests_properties(deploy_configs PROPERTIES TIMEOUT 60 LABELS "scaleout;unit")

@@ -8,20 +8,32 @@
 # SLOTD_BIN and SLOTD_BENCH name the binaries if they are not under
 # BUILD_DIR (CTest passes them).  HAProxy runs on the committed
 # deploy/haproxy.cfg, which reads its addresses from the environment.
+# Prometheus and Alertmanager run on copies of deploy/prometheus.yml,
+# deploy/slotd_alerts.yml and deploy/alertmanager.yml in which only the
+# addresses and the intervals are changed (1 s instead of 5 s and more, to
+# keep the test short); a few lines of Python stand for the webhook
+# receiver.
 #
 # What it checks, in order:
-#   1. the three instances and HAProxy come up, and HAProxy marks all three UP;
+#   1. the three instances come up; HAProxy starts on the file's defaults
+#      under `ulimit -n 20000` and marks all three UP; Prometheus scrapes
+#      all three;
 #   2. slotd-bench --verify through HAProxy finds no mismatch, every instance
 #      gets a fair share of the connections and requests, and every
 #      instance's cache is empty afterwards;
 #   3. kill -9 of one instance during a run: the clients on it lose their
 #      connections (and nothing else goes wrong), HAProxy marks it DOWN within
-#      3 s, new sessions land on the two survivors and pass --verify;
+#      3 s, new sessions land on the two survivors and pass --verify, and
+#      SlotdDown reaches the webhook receiver (the page route) about 30 s
+#      after the kill;
 #   4. the instance restarted on the same ports is marked UP again and gets
 #      its share of a new run;
 #   5. SIGTERM to an instance held open by a client that does not read: its
 #      /health answers 503, HAProxy marks it DOWN for that reason and sends it
-#      nothing, and once the client goes the instance exits with status 0.
+#      nothing, and once the client goes the instance exits with status 0;
+#   6. the guide's drain through HAProxy's runtime API (the stats socket
+#      haproxy.cfg declares): an instance set to drain gets no new
+#      connection, and is UP again when set ready.
 # Each check prints PASS or FAIL; the exit status is 1 if any failed.  Every
 # wait is bounded, and every process started here is stopped on exit.
 set -uo pipefail
@@ -169,8 +181,9 @@ bench_ok() { # LABEL NAME RC: exit 0, no mismatch, no error reply
 
 # ---- Preflight ----
 
-command -v haproxy >/dev/null || die "haproxy is not installed (scripts/deps.sh --test installs it)"
-command -v curl >/dev/null || die "curl is not installed (scripts/deps.sh --test installs it)"
+for tool in haproxy curl socat python3 prometheus prometheus-alertmanager amtool promtool; do
+  command -v $tool >/dev/null || die "$tool is not installed (scripts/deps.sh --test installs it)"
+done
 [ -x "$slotd" ] || die "no daemon at $slotd (build first: scripts/build.sh)"
 [ -x "$bench" ] || die "no slotd-bench at $bench (build first: scripts/build.sh)"
 [ -f "$cfg" ] || die "no $cfg"
@@ -181,16 +194,78 @@ for i in 1 2 3; do
   port[$i]=$(free_port "${taken[@]}") && taken+=("${port[$i]}") &&
     admin[$i]=$(free_port "${taken[@]}") && taken+=("${admin[$i]}") || die "no free loopback port"
 done
-lb_port=$(free_port "${taken[@]}") && lb_stats_port=$(free_port "${taken[@]}" "$lb_port") ||
-  die "no free loopback port"
+for name in lb_port lb_stats_port prom_port am_port hook_port; do
+  p=$(free_port "${taken[@]}") || die "no free loopback port"
+  taken+=("$p")
+  printf -v "$name" %s "$p"
+done
 lb_stats=127.0.0.1:$lb_stats_port
+lb_sock=$work/haproxy.sock
 
-export SLOTD_LB_BIND=127.0.0.1:$lb_port SLOTD_LB_STATS=$lb_stats SLOTD_LB_MAXCONN=2000
+export SLOTD_LB_BIND=127.0.0.1:$lb_port SLOTD_LB_STATS=$lb_stats SLOTD_LB_SOCKET=$lb_sock
+unset SLOTD_LB_MAXCONN # the file's default is under test
 for i in 1 2 3; do
   export "SLOTD_S$i=127.0.0.1:${port[$i]}" "SLOTD_S${i}_ADMIN_PORT=${admin[$i]}"
 done
 echo "scaleout: instances on ${port[1]}, ${port[2]}, ${port[3]} (admin ${admin[1]}, ${admin[2]}, ${admin[3]});" \
-  "HAProxy on $lb_port, its stats on $lb_stats_port; logs in $work"
+  "HAProxy on $lb_port, its stats on $lb_stats_port; Prometheus on $prom_port, Alertmanager on" \
+  "$am_port, the webhook receiver on $hook_port; logs in $work"
+
+# ---- Monitoring: the committed files with test addresses and intervals ----
+
+# edit FILE SED-SCRIPT: applies the script in place; the test stops if the
+# file did not change (the committed file no longer has that line).
+edit() {
+  local before
+  before=$(cksum <"$1")
+  sed -i "$2" "$1"
+  [ "$(cksum <"$1")" != "$before" ] || die "$(basename "$1"): no line matched '$2'"
+}
+cp "$root/deploy/prometheus.yml" "$root/deploy/slotd_alerts.yml" "$root/deploy/alertmanager.yml" "$work/"
+edit "$work/prometheus.yml" 's/^\(  *scrape_interval:\) .*/\1 1s/'
+edit "$work/prometheus.yml" 's/^\(  *evaluation_interval:\) .*/\1 1s/'
+edit "$work/prometheus.yml" "s/- targets: \[\"127.0.0.1:7171\".*/- targets: [\"127.0.0.1:${admin[1]}\", \"127.0.0.1:${admin[2]}\", \"127.0.0.1:${admin[3]}\"]/"
+edit "$work/prometheus.yml" "s/- targets: \[\"127.0.0.1:9093\"\]/- targets: [\"127.0.0.1:$am_port\"]/"
+edit "$work/alertmanager.yml" "s#http://127.0.0.1:9095/#http://127.0.0.1:$hook_port/#"
+edit "$work/alertmanager.yml" 's/^\(  *group_wait:\) .*/\1 1s/'
+edit "$work/alertmanager.yml" 's/^\(  *group_interval:\) .*/\1 1s/'
+if promtool check config "$work/prometheus.yml" >"$work/promtool.log" 2>&1 &&
+   amtool check-config "$work/alertmanager.yml" >"$work/amtool.log" 2>&1; then
+  pass "the monitoring configurations, at test addresses and 1 s intervals, are valid"
+else
+  die "promtool or amtool rejects the test's copies (see promtool.log, amtool.log)"
+fi
+
+# The webhook receiver: the path and body of each POST on one line of
+# webhook.log.
+: >"$work/webhook.log"
+python3 -c '
+import http.server, sys
+class Hook(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with open(sys.argv[2], "ab") as f:
+            f.write(self.path.encode() + b" " + body.replace(b"\n", b" ") + b"\n")
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Hook).serve_forever()
+' "$hook_port" "$work/webhook.log" >"$work/webhook.err" 2>&1 &
+pids+=("$!")
+prometheus-alertmanager --config.file="$work/alertmanager.yml" --storage.path="$work/am" \
+  --web.listen-address="127.0.0.1:$am_port" --cluster.listen-address= >"$work/alertmanager.log" 2>&1 &
+pids+=("$!")
+prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+  --web.listen-address="127.0.0.1:$prom_port" >"$work/prometheus.log" 2>&1 &
+pids+=("$!")
+ready() { curl -sf -m 2 -o /dev/null "http://127.0.0.1:$1/-/ready"; }
+# prom_up: how many of the three instances Prometheus last saw up.
+prom_up() {
+  curl -s -m 2 "http://127.0.0.1:$prom_port/api/v1/query" --data-urlencode 'query=sum(up{job="slotd"})' |
+    grep -o '"value":\[[^]]*\]' | grep -o '"[0-9]*"\]' | tr -dc 0-9
+}
+prom_sees() { [ "$(prom_up)" = "$1" ]; }
 
 # ---- 1. Start ----
 
@@ -205,13 +280,30 @@ for i in 1 2 3; do
 done
 pass "three instances answer /health 200"
 
-haproxy -db -f "$cfg" >"$work/haproxy.log" 2>&1 &
+# Under `ulimit -n 20000`, with no maxconn set: it must start (a maxconn of
+# 20000 needs twice as many descriptors, and HAProxy refused to start).
+(ulimit -n 20000 && exec haproxy -db -f "$cfg") >"$work/haproxy.log" 2>&1 &
 pids+=("$!")
+# lb_cmd COMMAND: one command to HAProxy's runtime API, as the guide sends it.
+lb_cmd() { echo "$1" | socat stdio "$lb_sock"; }
+lb_info() { lb_cmd "show info" 2>/dev/null | sed -n "s/^$1: //p"; }
+lb_started() { [ -n "$(lb_info Maxconn)" ]; }
+if wait_for 10 lb_started; then
+  pass "HAProxy starts on the file's defaults under ulimit -n 20000 (its show info: Ulimit-n" \
+    "$(lb_info Ulimit-n), Maxconn $(lb_info Maxconn)), its runtime API answering on SLOTD_LB_SOCKET"
+else
+  die "HAProxy did not start under ulimit -n 20000, or its runtime API does not answer (see haproxy.log)"
+fi
 all_up() { lb_is s1 UP && lb_is s2 UP && lb_is s3 UP; }
 if wait_for 10 all_up; then
   pass "HAProxy marks s1, s2, s3 UP"
 else
   die "HAProxy did not mark all three UP within 10 s: s1 '$(lb s1 status)', s2 '$(lb s2 status)', s3 '$(lb s3 status)'"
+fi
+if wait_for 20 ready "$am_port" && wait_for 20 ready "$prom_port" && wait_for 10 prom_sees 3; then
+  pass "Alertmanager is ready, and Prometheus scrapes all three instances (up = 1)"
+else
+  die "Prometheus sees '$(prom_up)' of 3 instances up, or it or Alertmanager is not ready (see prometheus.log, alertmanager.log)"
 fi
 
 # ---- 2. Load through HAProxy ----
@@ -233,6 +325,7 @@ sleep 1
 victims=$(stat 2 connections)
 kill -KILL "${pid[2]}"
 t0=$(now_ms)
+killed_at=$t0
 wait "${pid[2]}" 2>/dev/null
 if wait_for 3 lb_is s2 DOWN; then
   pass "HAProxy marks the killed s2 DOWN after $(($(now_ms) - t0)) ms ($(lb s2 check_status))"
@@ -260,6 +353,20 @@ bench_ok "after the kill" survivors $?
 check "the killed s2 gets no connection from HAProxy" test "$(lb s2 stot)" = "${before_conn[2]}"
 spread "new sessions land on s1 and s3" 1 3
 check_drained "after the kill" 1 3
+
+# The alert, end to end: up == 0 for 30 s fires SlotdDown for s2,
+# Prometheus sends it to Alertmanager, which routes severity page to the
+# slotd-page receiver: the webhook above.
+hook_alert() {
+  grep -F '"receiver":"slotd-page"' "$work/webhook.log" | grep -F '"status":"firing"' |
+    grep -F '"alertname":"SlotdDown"' | grep -qF "\"instance\":\"127.0.0.1:${admin[2]}\""
+}
+if wait_for 90 hook_alert; then
+  pass "SlotdDown for the killed s2 reached the webhook receiver $(($(now_ms) - killed_at)) ms after the" \
+    "kill: $(grep -F SlotdDown "$work/webhook.log" | head -n 1 | cut -c 1-200)..."
+else
+  fail "no SlotdDown for s2 at the webhook receiver 90 s after the kill (see webhook.log, prometheus.log, alertmanager.log)"
+fi
 
 # ---- 4. Restart on the same ports ----
 
@@ -301,7 +408,8 @@ wait_for 15 stalled || fail "the holding client did not fill s3's buffers within
 
 kill -TERM "${pid[3]}"
 t0=$(now_ms)
-if wait_for 2 test "$(health_code 3)" = 503; then
+health_is() { [ "$(health_code "$1")" = "$2" ]; }
+if wait_for 2 health_is 3 503; then
   pass "draining s3 answers /health 503"
 else
   fail "draining s3 answers /health '$(health_code 3)', not 503"
@@ -328,6 +436,23 @@ if wait_for 10 exited; then
   check "s3 exits with status 0 once the client is gone (got $rc)" test $rc -eq 0
 else
   fail "s3 still running 10 s after the holding client went"
+fi
+
+# ---- 6. The guide's drain: HAProxy's runtime API ----
+
+if lb_cmd "set server slotd/s1 state drain" >"$work/lb-cmd.log" 2>&1 && wait_for 3 lb_is s1 DRAIN; then
+  pass "'set server slotd/s1 state drain' through the runtime API: HAProxy shows s1 DRAIN"
+else
+  fail "s1 is '$(lb s1 status)' after 'set server slotd/s1 state drain' (see lb-cmd.log)"
+fi
+snapshot
+run_bench lb_drain -c 12 -P 4 -d 2 --verify
+bench_ok "with s1 in drain" lb_drain $?
+check "s1 in drain gets no new connection" test "$(lb s1 stot)" = "${before_conn[1]}"
+if lb_cmd "set server slotd/s1 state ready" >>"$work/lb-cmd.log" 2>&1 && wait_for 3 lb_is s1 UP; then
+  pass "'set server slotd/s1 state ready': s1 UP again"
+else
+  fail "s1 is '$(lb s1 status)' after 'set server slotd/s1 state ready' (see lb-cmd.log)"
 fi
 
 [ $failed -eq 0 ]

@@ -901,6 +901,7 @@ START_TEST(test_live_metrics)
         "slotd_step_seconds_bucket{le=\"+Inf\"} 0\n",
         "slotd_step_seconds_sum ",
         "slotd_step_seconds_count 0\n",
+        "slotd_steps_in_flight 0\n",
         "slotd_cache_divergence_total 0\n",
         "slotd_uptime_seconds ",
         "slotd_threads 3\n",

@@ -17,10 +17,13 @@
  * serves on, and 200 again after SIGUSR1 releases it; a SIGTERM during the
  * wedge drains cleanly (exit status 0) with the job answered; and a reply
  * held back for a later job of its connection (--reply-hold-us) leaves when
- * its hold ends, though that job is wedged.
+ * its hold ends, though that job is wedged; slotd_steps_in_flight counts
+ * the wedged step and not a step answered unknown_id; and a drain answers
+ * shutting_down the lines a client had sent but the daemon had not read.
  */
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/ioctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -378,6 +381,131 @@ START_TEST(test_wedge_hold_bounded)
 }
 END_TEST
 
+/* Polls the unlabelled sample `name` of /metrics until it is `want`, for
+ * up to `ms` (scaled); its last value. */
+static int64_t await_metric(itest_daemon_t *d, const char *name, int64_t want, int ms)
+{
+    int64_t deadline = itest_now_ms() + itest_scale_ms(ms), v;
+
+    while ((v = itest_metric(d, name)) != want && itest_now_ms() < deadline)
+        itest_sleep_ms(20);
+    return v;
+}
+
+/* slotd_steps_in_flight counts the steps the workers hold, which a wedge
+ * keeps up, and not a step answered with an error on the loop. */
+START_TEST(test_wedge_steps_in_flight)
+{
+    itest_daemon_t *d = itest_daemon_start("--threads", "1", "--fault-wedge-after", "2", NULL);
+    itest_conn_t *c = itest_connect(d), *c2 = itest_connect(d);
+
+    cJSON *r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1]}"); /* job 1 */
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    ck_assert_int_eq(itest_metric(d, "slotd_steps_in_flight"), 0);
+    ck_assert(itest_send_str(c, "{\"op\":\"step\",\"id\":\"a\"}\n"    /* job 2: wedged */
+                                "{\"op\":\"step\",\"id\":\"a\"}\n")); /* waits behind it */
+    ck_assert_int_eq(await_metric(d, "slotd_steps_in_flight", 1, 3000), 1);
+    r = itest_rpc(c2, "{\"op\":\"step\",\"id\":\"gone\"}");
+    itest_expect_error(r, NULL, "unknown_id", NULL);
+    cJSON_Delete(r);
+    ck_assert_int_eq(itest_metric(d, "slotd_steps_in_flight"), 1);
+    ck_assert_int_eq(itest_metric(d, "slotd_step_seconds_count"), 0);
+
+    itest_daemon_signal(d, SIGUSR1);
+    for (int i = 0; i < 2; i++) {
+        r = itest_read_reply(c);
+        ck_assert_int_eq(itest_int(r, "entries"), 2 + i);
+        cJSON_Delete(r);
+    }
+    ck_assert_int_eq(await_metric(d, "slotd_steps_in_flight", 0, 3000), 0);
+    ck_assert_int_eq(itest_metric(d, "slotd_step_seconds_count"), 2);
+    itest_close(c);
+    itest_close(c2);
+}
+END_TEST
+
+/* The connection's requests read so far, from the admin port's /stats. */
+static int64_t requests_read(itest_daemon_t *d)
+{
+    cJSON *st = itest_admin_stats(d);
+    int64_t n = itest_int(st, "requests_total");
+    cJSON_Delete(st);
+    return n;
+}
+
+/* A drain answers every complete line the client sent before it, read or
+ * not: the wedged step holds the 1,100 steps behind it, the connection
+ * has more than CONN_MAX_OUTSTANDING requests out and stops reading, and
+ * 300 more lines wait unread in the socket when SIGTERM comes.  The wedged
+ * step gets its result, every other line shutting_down with its tag, in
+ * order; a half line at the end gets nothing; then the connection closes. */
+START_TEST(test_drain_answers_unread_lines)
+{
+    itest_daemon_t *d = itest_daemon_start("--threads", "1", "--fault-wedge-after", "2", NULL);
+    itest_conn_t *c = itest_connect(d);
+    const int held = 1100, unread = 300, lines = 1 + held + unread;
+    size_t cap = (size_t)lines * 64, o = 0;
+    char *buf = malloc(cap);
+
+    cJSON *r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1]}"); /* job 1 */
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    /* Tag 0 is job 2, wedged; tags 1..held wait behind it. */
+    for (int i = 0; i <= held; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "{\"op\":\"step\",\"id\":\"a\",\"tag\":%d}\n", i);
+    ck_assert(itest_send(c, buf, o));
+    int64_t deadline = itest_now_ms() + itest_scale_ms(5000);
+    while (requests_read(d) < 2 + held && itest_now_ms() < deadline)
+        itest_sleep_ms(20);
+    ck_assert_int_eq(requests_read(d), 2 + held);
+
+    /* Lines it will not read before the drain: steps, a stats, a line
+     * that is not JSON (no tag to echo), and half a line. */
+    o = 0;
+    for (int i = held + 1; i < lines; i++) {
+        if (i == held + 100)
+            o += (size_t)snprintf(buf + o, cap - o, "not json\n");
+        else if (i % 7 == 0)
+            o += (size_t)snprintf(buf + o, cap - o, "{\"op\":\"stats\",\"tag\":%d}\n", i);
+        else
+            o += (size_t)snprintf(buf + o, cap - o, "{\"op\":\"step\",\"id\":\"a\",\"tag\":%d}\n",
+                                  i);
+    }
+    o += (size_t)snprintf(buf + o, cap - o, "{\"op\":\"step\",\"id\":\"a\",\"ta");
+    ck_assert(itest_send(c, buf, o));
+    free(buf);
+    /* All of it in the daemon's socket (nothing left unacknowledged on
+     * ours), and still unread a while later. */
+    int queued = -1;
+    deadline = itest_now_ms() + itest_scale_ms(5000);
+    while ((ioctl(itest_conn_fd(c), TIOCOUTQ, &queued) != 0 || queued > 0) &&
+           itest_now_ms() < deadline)
+        itest_sleep_ms(10);
+    ck_assert_int_eq(queued, 0);
+    itest_sleep_ms(200);
+    ck_assert_int_eq(requests_read(d), 2 + held);
+
+    itest_daemon_signal(d, SIGTERM);
+    r = itest_read_reply(c);
+    itest_expect_tag(r, "0");
+    ck_assert_int_eq(itest_int(r, "entries"), 2);
+    cJSON_Delete(r);
+    for (int i = 1; i < lines; i++) {
+        char tag[16];
+        snprintf(tag, sizeof(tag), "%d", i);
+        r = itest_read_reply(c);
+        itest_expect_error(r, i == held + 100 ? NULL : tag, "shutting_down", NULL);
+        cJSON_Delete(r);
+    }
+    ck_assert_msg(itest_expect_closed(c, ITEST_REPLY_MS), "bytes after the last answer");
+    ck_assert_msg(itest_pending(c) == 0, "a partial line of %zu bytes before the close",
+                  itest_pending(c));
+    ck_assert_int_eq(itest_daemon_wait(d, ITEST_STOP_MS), 0);
+    itest_close(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_audit");
@@ -388,6 +516,8 @@ int main(void)
     ITEST_ADD(s, test_uncaught_hash);
     ITEST_ADD(s, test_wedge_health);
     ITEST_ADD(s, test_wedge_sigterm);
+    ITEST_ADD(s, test_wedge_steps_in_flight);
+    ITEST_ADD(s, test_drain_answers_unread_lines);
     ITEST_ADD(s, test_wedge_hold_bounded);
     return itest_main(s);
 }

@@ -1211,7 +1211,9 @@ END_TEST
 /* A client that reads slowly when the daemon is told to stop: SIGTERM
  * while the daemon holds replies it cannot write yet; the client then
  * reads.  Every line the daemon read gets its reply, whole (its result or
- * shutting_down), then the close, and the daemon exits 0 (PROTOCOL.md,
+ * shutting_down), and so does every complete line waiting unread in its
+ * socket at the SIGTERM (shutting_down; there are some, since the client
+ * filled it), then the close, and the daemon exits 0 (PROTOCOL.md,
  * Shutdown: "never a partial line").
  *
  * This failed before the lingering close, for the reason above: about
@@ -1236,8 +1238,9 @@ START_TEST(test_hostile_shutdown_slow_reader)
             : t.how == ITEST_IO_RESET ? "a reset"
                                       : "a timeout");
     ck_assert_int_eq(itest_daemon_wait(d, ITEST_STOP_MS), 0);
-    ck_assert_msg(t.partial == 0 && t.lines == read_lines,
-                  "the daemon read %lld lines; the client got %ld complete replies, then %zu "
+    ck_assert_msg(t.partial == 0 && t.lines > read_lines && t.lines <= 200000,
+                  "the daemon had read %lld lines; the client got %ld complete replies (more "
+                  "expected: those of the lines in the daemon's socket), then %zu "
                   "bytes of a partial line and %s",
                   (long long)read_lines, t.lines, t.partial,
                   t.how == ITEST_IO_RESET ? "a reset" : "the end");

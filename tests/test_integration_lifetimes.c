@@ -291,6 +291,10 @@ START_TEST(test_max_connections)
         itest_close(c3);
     }
 
+    /* Each refusal is an error reply sent, and a refused connection. */
+    ck_assert_int_eq(itest_metric(d, "slotd_errors_total{code=\"too_many_connections\"}"), 3);
+    ck_assert_int_eq(itest_metric(d, "slotd_connections_refused_total"), 3);
+
     /* The two keep working. */
     int64_t p[] = {1};
     itest_session_t s;

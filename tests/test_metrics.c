@@ -38,8 +38,12 @@ static const proto_stats_t known_stats = {
 
 /* Durations observed by fill(), in ns, with the bucket each lands in. */
 static const uint64_t observed[] = {
-    1,             /* le 5e-06 */
-    5000,          /* le 5e-06: the bound is inclusive */
+    1,             /* le 2.5e-08 */
+    30,            /* le 5e-08 */
+    100,           /* le 1e-07: the bound is inclusive */
+    101,           /* le 2.5e-07 */
+    750,           /* le 1e-06 */
+    5000,          /* le 5e-06 */
     5001,          /* le 1e-05 */
     3000000,       /* le 0.005 */
     10 * SEC,      /* le 10 */
@@ -152,6 +156,7 @@ START_TEST(test_every_family)
         {"slotd_socket_reads_total", "counter"},
         {"slotd_socket_writes_total", "counter"},
         {"slotd_step_seconds", "histogram"},
+        {"slotd_steps_in_flight", "gauge"},
         {"slotd_last_step_age_seconds", "gauge"},
         {"slotd_cache_divergence_total", "counter"},
         {"slotd_cache_audits_total", "counter"},
@@ -284,11 +289,13 @@ START_TEST(test_histogram)
 {
     fill();
     char *t = render(&known_stats, 100 * SEC);
-    static const char *const le[] = {"5e-06",  "1e-05", "2.5e-05", "5e-05", "0.0001", "0.00025",
-                                     "0.0005", "0.001", "0.0025",  "0.005", "0.01",   "0.025",
-                                     "0.05",   "0.1",   "0.25",    "0.5",   "1",      "2.5",
-                                     "5",      "10",    "+Inf"};
-    static const double expect[] = {2, 3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 7};
+    static const char *const le[] = {"2.5e-08", "5e-08",  "1e-07", "2.5e-07", "5e-07", "1e-06",
+                                     "2.5e-06", "5e-06",  "1e-05", "2.5e-05", "5e-05", "0.0001",
+                                     "0.00025", "0.0005", "0.001", "0.0025",  "0.005", "0.01",
+                                     "0.025",   "0.05",   "0.1",   "0.25",    "0.5",   "1",
+                                     "2.5",     "5",      "10",    "+Inf"};
+    static const double expect[] = {1, 2, 3, 4, 4, 5, 5, 6, 7, 7, 7, 7, 7, 7,
+                                    7, 7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 9, 11};
     double prev = 0;
     for (size_t i = 0; i < sizeof(le) / sizeof(le[0]); i++) {
         char prefix[96];
@@ -342,6 +349,26 @@ START_TEST(test_last_step)
 }
 END_TEST
 
+START_TEST(test_steps_in_flight)
+{
+    metrics_init(1 * SEC);
+    char *t = render(&known_stats, 2 * SEC);
+    ck_assert(has_line(t, "slotd_steps_in_flight 0"));
+    free(t);
+    metrics_step_out();
+    metrics_step_out();
+    metrics_step_out();
+    metrics_step_back();
+    t = render(&known_stats, 2 * SEC);
+    ck_assert(has_line(t, "slotd_steps_in_flight 2"));
+    free(t);
+    metrics_init(0);
+    t = render(&known_stats, 2 * SEC);
+    ck_assert(has_line(t, "slotd_steps_in_flight 0"));
+    free(t);
+}
+END_TEST
+
 #define NTHREADS 8
 #define PER_THREAD 20000
 
@@ -386,6 +413,7 @@ static Suite *metrics_suite(void)
     tcase_add_test(tc, test_released_by_reason);
     tcase_add_test(tc, test_histogram);
     tcase_add_test(tc, test_last_step);
+    tcase_add_test(tc, test_steps_in_flight);
     tcase_add_test(tc, test_concurrent);
     suite_add_tcase(s, tc);
     return s;
