@@ -14,9 +14,17 @@ if(PROMTOOL_EXECUTABLE)
   list(APPEND _itest_env "PROMTOOL=${PROMTOOL_EXECUTABLE}")
 endif()
 
-foreach(theme ops cache errors malformed lifetimes admin shutdown pipeline)
+foreach(theme ops cache errors malformed lifetimes admin shutdown)
   set(_name test_integration_${theme})
   slotd_check_test(${_name} SOURCES ${_name}.c LIBS slotd_itest slotd_core cjson TIMEOUT 90)
   add_dependencies(${_name} slotd)
   set_tests_properties(${_name} PROPERTIES ENVIRONMENT "${_itest_env}" LABELS integration)
 endforeach()
+
+# Pipelined against one-at-a-time runs: twenty fresh daemons, so a longer
+# timeout than the others, for the sanitizer builds.
+slotd_check_test(test_integration_pipeline SOURCES test_integration_pipeline.c
+                 LIBS slotd_itest slotd_core cjson TIMEOUT 900)
+add_dependencies(test_integration_pipeline slotd)
+set_tests_properties(test_integration_pipeline PROPERTIES ENVIRONMENT "${_itest_env}"
+                     LABELS integration)
