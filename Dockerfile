@@ -3,7 +3,9 @@
 # runtime stage holds the two binaries, their shared libraries and curl for
 # the health check, and runs as an unprivileged user.
 #   docker build -t slotd .
-#   docker run -p 7070:7070 -p 7071:7071 slotd
+#   docker run -p 7070:7070 -p 127.0.0.1:7071:7071 -e SLOTD_ADMIN_LISTEN=0.0.0.0 slotd
+# The admin port stays on the container's loopback (where the health check
+# reaches it) unless SLOTD_ADMIN_LISTEN moves it; publish it privately.
 # Settings come from SLOTD_* variables (docker run -e SLOTD_CACHE_MB=1024 ...);
 # see docs/operations.md.
 # tests/test_dockerfile.sh checks this file against the built daemon.
@@ -23,5 +25,6 @@ EXPOSE 7070 7071
 # Follows SLOTD_ADMIN_PORT when the admin port is moved.
 HEALTHCHECK --interval=10s --timeout=3s --retries=3 \
   CMD curl -fsS "http://127.0.0.1:${SLOTD_ADMIN_PORT:-7071}/health" || exit 1
-# Inside the container the daemon must listen on all interfaces to be reached.
+# Inside the container the session port must listen on all interfaces to be
+# reached; --listen does not move the admin port (SLOTD_ADMIN_LISTEN does).
 CMD ["slotd", "--listen", "0.0.0.0"]

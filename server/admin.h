@@ -26,10 +26,11 @@ typedef struct admin_hooks {
     void *arg;
 } admin_hooks_t;
 
-/** Listens on host:port on `loop`.  *out is owned by the caller until
+/** Listens on host:port on `loop`; a connection that produces no response
+ * for `idle_ms` (at least 1) is closed.  *out is owned by the caller until
  * admin_close() has finished.  Returns 0 or a negative libuv error. */
-int admin_start(uv_loop_t *loop, const char *host, int port, const admin_hooks_t *hooks,
-                admin_t **out);
+int admin_start(uv_loop_t *loop, const char *host, int port, unsigned idle_ms,
+                const admin_hooks_t *hooks, admin_t **out);
 
 /** The local port `a` listens on (useful after asking for port 0), or a
  * negative libuv error. */

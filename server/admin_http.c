@@ -472,6 +472,11 @@ int admin_http_resume(admin_http_t *h, proto_buf_t *out)
     return rc;
 }
 
+bool admin_http_idle(const admin_http_t *h)
+{
+    return h->req_bytes == 0 && !h->full && h->held.len == 0;
+}
+
 uint64_t admin_http_responses(const admin_http_t *h)
 {
     return h->responses;

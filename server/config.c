@@ -65,9 +65,13 @@ typedef struct option {
 #define FIELD(f) offsetof(server_config_t, f), sizeof(((server_config_t *)0)->f)
 
 static const option_t options[] = {
-    {"listen", OPT_HOST, 0, 0, FIELD(listen), "address of both ports (127.0.0.1)"},
+    {"listen", OPT_HOST, 0, 0, FIELD(listen), "address of the session port (127.0.0.1)"},
     {"port", OPT_UINT, 0, 65535, FIELD(port), "session port, 0 for any (7070)"},
+    {"admin-listen", OPT_HOST, 0, 0, FIELD(admin_listen),
+     "address of the admin port, whatever --listen says (127.0.0.1)"},
     {"admin-port", OPT_UINT, 0, 65535, FIELD(admin_port), "admin HTTP port, 0 for any (7071)"},
+    {"admin-idle-timeout", OPT_UINT, 1, 86400, FIELD(admin_idle_timeout),
+     "seconds before an admin connection with nothing answered is closed (5)"},
     {"threads", OPT_UINT, 1, 1024, FIELD(threads), "worker threads (cores available)"},
     {"cache-mb", OPT_UINT, 1, UINT64_C(1) << 24, FIELD(cache_mb), "cache pool size in MiB (256)"},
     {"max-sessions", OPT_UINT, 1, 100000000, FIELD(max_sessions), "live sessions (100000)"},
@@ -212,8 +216,10 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
         cores = (long)lim->cpus;
     memset(cfg, 0, sizeof(*cfg));
     strcpy(cfg->listen, "127.0.0.1");
+    strcpy(cfg->admin_listen, "127.0.0.1");
     cfg->port = 7070;
     cfg->admin_port = 7071;
+    cfg->admin_idle_timeout = 5;
     cfg->threads = cores < 1 ? 1 : cores > 1024 ? 1024 : (unsigned)cores;
     cfg->cache_mb = 256;
     if (lim->memory_mb != 0 && lim->memory_mb / 2 < cfg->cache_mb)
@@ -374,7 +380,7 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
     case OPT_HOST:
         if (strlen(value) > CONFIG_HOST_MAX || !host_valid(value))
             return fail(err, errlen, "%s: '%s' is not a numeric IPv4 or IPv6 address", src, value);
-        strcpy(cfg->listen, value);
+        strcpy((char *)cfg + o->offset, value);
         return CONFIG_OK;
     case OPT_UINT:
         if (parse_uint(value, &v) != 0 || v < o->min || v > o->max)

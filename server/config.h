@@ -18,9 +18,11 @@
 
 /** Every setting.  A plain value with no owned memory. */
 typedef struct server_config {
-    char listen[CONFIG_HOST_MAX + 1]; /* numeric IPv4 or IPv6 address of both ports */
-    int port;                         /* session port; 0 = ephemeral */
-    int admin_port;                   /* admin HTTP port; 0 = ephemeral */
+    char listen[CONFIG_HOST_MAX + 1];       /* numeric IPv4 or IPv6 address of the session port */
+    char admin_listen[CONFIG_HOST_MAX + 1]; /* the same for the admin port */
+    int port;                               /* session port; 0 = ephemeral */
+    int admin_port;                         /* admin HTTP port; 0 = ephemeral */
+    uint32_t admin_idle_timeout;            /* seconds an admin connection may go unanswered */
     unsigned threads;                 /* worker threads */
     uint64_t cache_mb;                /* pool budget in MiB */
     uint32_t max_sessions;            /* live sessions, all connections together */

@@ -953,13 +953,14 @@ int server_run(const server_config_t *cfg)
     hooks.stats = admin_stats_cb;
     hooks.healthy = admin_healthy_cb;
     hooks.arg = s;
-    rc = admin_start(&s->loop, cfg->listen, cfg->admin_port, &hooks, &s->admin);
+    rc = admin_start(&s->loop, cfg->admin_listen, cfg->admin_port,
+                     cfg->admin_idle_timeout * 1000u, &hooks, &s->admin);
     if (rc != 0) {
-        log_error("admin port %s:%d: %s", cfg->listen, cfg->admin_port, uv_strerror(rc));
+        log_error("admin port %s:%d: %s", cfg->admin_listen, cfg->admin_port, uv_strerror(rc));
         s->admin = NULL;
         goto fail;
     }
-    log_info("admin port on %s:%d", cfg->listen, admin_port(s->admin));
+    log_info("admin port on %s:%d", cfg->admin_listen, admin_port(s->admin));
     uv_check_start(&s->flush_check, flush_check_cb);
     uv_unref((uv_handle_t *)&s->flush_check);
 

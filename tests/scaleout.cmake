@@ -38,8 +38,10 @@ add_test(NAME deploy_configs
     command -v haproxy >/dev/null || { echo "FAIL: haproxy not installed (scripts/deps.sh --test)"; exit 1; }
     command -v promtool >/dev/null || { echo "FAIL: promtool not installed (scripts/deps.sh --test)"; exit 1; }
     SLOTD_LB_BIND=127.0.0.1:7000 SLOTD_LB_STATS=127.0.0.1:7001 \
-    SLOTD_S1=127.0.0.1:7170 SLOTD_S1_ADMIN_PORT=7171 SLOTD_S2=127.0.0.1:7270 SLOTD_S2_ADMIN_PORT=7271 \
-    SLOTD_S3=127.0.0.1:7370 SLOTD_S3_ADMIN_PORT=7371 haproxy -c -f "$1/haproxy.cfg" || exit 1
+    SLOTD_S1=10.0.0.5:7070 SLOTD_S1_ADMIN_ADDR=127.0.0.1 SLOTD_S1_ADMIN_PORT=7171 \
+    SLOTD_S2=10.0.0.6:7070 SLOTD_S2_ADMIN_ADDR=127.0.0.1 SLOTD_S2_ADMIN_PORT=7271 \
+    SLOTD_S3=10.0.0.7:7070 SLOTD_S3_ADMIN_ADDR=127.0.0.1 SLOTD_S3_ADMIN_PORT=7371 \
+    haproxy -c -f "$1/haproxy.cfg" || exit 1
     promtool check config "$1/prometheus.yml" || exit 1
     promtool test rules "$1/slotd_alerts_test.yml"
   ]] sh ${PROJECT_SOURCE_DIR}/deploy)

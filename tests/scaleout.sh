@@ -91,8 +91,10 @@ lb() {
 }
 lb_is() { [ "$(lb "$1" status)" = "$2" ]; }
 
+# The session ports on 127.0.0.2, the admin ports where they are by
+# default (127.0.0.1): HAProxy's checks reach each instance's admin address.
 start_instance() { # I: on its fixed ports, logging to sI.log
-  "$slotd" --listen 127.0.0.1 --port "${port[$1]}" --admin-port "${admin[$1]}" \
+  "$slotd" --listen 127.0.0.2 --port "${port[$1]}" --admin-port "${admin[$1]}" \
     --threads 2 --shutdown-timeout 60 >>"$work/s$1.log" 2>&1 &
   pid[$1]=$!
   pids+=("$!")
@@ -187,7 +189,8 @@ lb_stats=127.0.0.1:$lb_stats_port
 
 export SLOTD_LB_BIND=127.0.0.1:$lb_port SLOTD_LB_STATS=$lb_stats SLOTD_LB_MAXCONN=2000
 for i in 1 2 3; do
-  export "SLOTD_S$i=127.0.0.1:${port[$i]}" "SLOTD_S${i}_ADMIN_PORT=${admin[$i]}"
+  export "SLOTD_S$i=127.0.0.2:${port[$i]}" "SLOTD_S${i}_ADMIN_ADDR=127.0.0.1" \
+    "SLOTD_S${i}_ADMIN_PORT=${admin[$i]}"
 done
 echo "scaleout: instances on ${port[1]}, ${port[2]}, ${port[3]} (admin ${admin[1]}, ${admin[2]}, ${admin[3]});" \
   "HAProxy on $lb_port, its stats on $lb_stats_port; logs in $work"
@@ -283,7 +286,7 @@ check_drained "after the restart" 1 2 3
 # drain lasts until the client goes (or --shutdown-timeout, 60 s here).
 # Each request is a step on an unknown id with a 16 KB tag, which the error
 # reply echoes: 16 KB of output for no work, a few hundred fill the buffers.
-bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1; exec yes "$2" >&3' _ "${port[3]}" \
+bash -c 'exec 3<>"/dev/tcp/127.0.0.2/$1" || exit 1; exec yes "$2" >&3' _ "${port[3]}" \
   "{\"op\":\"step\",\"id\":\"none\",\"tag\":\"$(printf '%016000d' 0)\"}" 2>"$work/holder.err" &
 holder=$!
 pids+=("$holder")

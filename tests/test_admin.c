@@ -710,6 +710,7 @@ static uv_async_t stopper;
 static admin_t *admin;
 static pthread_t loop_thread;
 static int port;
+static unsigned live_idle_ms = 30000; /* the idle timeout of the next start_on() */
 
 static void on_stop(uv_async_t *a)
 {
@@ -731,7 +732,7 @@ static void start_on(const char *host)
     metrics_init(uv_hrtime());
     ck_assert_int_eq(uv_loop_init(&loop), 0);
     ck_assert_int_eq(uv_async_init(&loop, &stopper, on_stop), 0);
-    ck_assert_int_eq(admin_start(&loop, host, 0, &hooks, &admin), 0);
+    ck_assert_int_eq(admin_start(&loop, host, 0, live_idle_ms, &hooks, &admin), 0);
     ck_assert_ptr_nonnull(admin);
     port = admin_port(admin);
     ck_assert_int_gt(port, 0);
@@ -1051,30 +1052,53 @@ START_TEST(test_live_connection_limit)
         x[i] = rx_new(dial());
         ck_assert_int_eq(get_status(x[i], "/health"), 200); /* accepted and served */
     }
+    /* One more: served, and the oldest idle connection makes room. */
     rx_t *over = rx_new(dial());
-    resp_t r;
-    recv_resp(over, false, &r);
-    ck_assert_int_eq(r.status, 503);
-    resp_free(&r);
-    expect_eof(over);
-    rx_free(over);
-
-    rx_free(x[0]);
-    /* The server notices the close; then there is room again. */
-    for (int tries = 0;; tries++) {
-        rx_t *y = rx_new(dial());
-        send_str(y->fd, "GET /health HTTP/1.1\r\n\r\n");
-        recv_resp(y, false, &r);
-        int st = r.status;
-        resp_free(&r);
-        rx_free(y);
-        if (st == 200)
-            break;
-        ck_assert_int_lt(tries, 100);
-        usleep(10000);
-    }
+    ck_assert_int_eq(get_status(over, "/health"), 200);
+    expect_eof(x[0]);
     for (int i = 1; i < N; i++)
+        ck_assert_int_eq(get_status(x[i], "/health"), 200);
+    ck_assert_int_eq(get_status(over, "/health"), 200);
+
+    /* A connection with half a request gives way only after the idle
+     * ones: x[1] is now the oldest idle, x[2] the oldest of all. */
+    send_str(x[2]->fd, "GET /hea");
+    usleep(20000);
+    rx_t *more = rx_new(dial());
+    ck_assert_int_eq(get_status(more, "/stats"), 200);
+    expect_eof(x[1]);
+    send_str(x[2]->fd, "lth HTTP/1.1\r\n\r\n");
+    resp_t r;
+    recv_resp(x[2], false, &r);
+    ck_assert_int_eq(r.status, 200);
+    resp_free(&r);
+
+    rx_free(over);
+    rx_free(more);
+    for (int i = 0; i < N; i++)
         rx_free(x[i]);
+}
+END_TEST
+
+START_TEST(test_live_idle_timeout)
+{
+    live_teardown();
+    live_idle_ms = 200;
+    start_on("127.0.0.1");
+    live_idle_ms = 30000;
+    rx_t *served = rx_new(dial());
+    ck_assert_int_eq(get_status(served, "/health"), 200);
+    rx_t *silent = rx_new(dial());
+    rx_t *partial = rx_new(dial());
+    send_str(partial->fd, "GET /he");
+    /* Each is closed once 200 ms pass without a response (bounded by the
+     * socket's 10 s receive timeout). */
+    expect_eof(served);
+    expect_eof(silent);
+    expect_eof(partial);
+    rx_free(served);
+    rx_free(silent);
+    rx_free(partial);
 }
 END_TEST
 
@@ -1126,11 +1150,12 @@ START_TEST(test_start_errors)
     uv_loop_t l;
     admin_t *a = (admin_t *)&l; /* must be reset to NULL */
     ck_assert_int_eq(uv_loop_init(&l), 0);
-    ck_assert_int_eq(admin_start(&l, "localhost", 0, &hooks, &a), UV_EINVAL);
+    ck_assert_int_eq(admin_start(&l, "localhost", 0, 5000, &hooks, &a), UV_EINVAL);
     ck_assert_ptr_null(a);
-    ck_assert_int_eq(admin_start(&l, "127.0.0.1", 70000, &hooks, &a), UV_EINVAL);
-    ck_assert_int_eq(admin_start(&l, "127.0.0.1", -1, &hooks, &a), UV_EINVAL);
-    ck_assert_int_eq(admin_start(&l, "[::1", 0, &hooks, &a), UV_EINVAL);
+    ck_assert_int_eq(admin_start(&l, "127.0.0.1", 70000, 5000, &hooks, &a), UV_EINVAL);
+    ck_assert_int_eq(admin_start(&l, "127.0.0.1", -1, 5000, &hooks, &a), UV_EINVAL);
+    ck_assert_int_eq(admin_start(&l, "[::1", 0, 5000, &hooks, &a), UV_EINVAL);
+    ck_assert_int_eq(admin_start(&l, "127.0.0.1", 0, 0, &hooks, &a), UV_EINVAL);
 
     /* A port in use: the error comes back and the half-made listener is
      * freed when the loop runs. */
@@ -1141,7 +1166,7 @@ START_TEST(test_start_errors)
     ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
     ck_assert_int_eq(listen(fd, 1), 0);
     ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-    int rc = admin_start(&l, "127.0.0.1", ntohs(sa.sin_port), &hooks, &a);
+    int rc = admin_start(&l, "127.0.0.1", ntohs(sa.sin_port), 5000, &hooks, &a);
     ck_assert_int_eq(rc, UV_EADDRINUSE);
     ck_assert_ptr_null(a);
     uv_run(&l, UV_RUN_DEFAULT);
@@ -1150,7 +1175,7 @@ START_TEST(test_start_errors)
 
     /* Start and close without ever running a connection. */
     ck_assert_int_eq(uv_loop_init(&l), 0);
-    ck_assert_int_eq(admin_start(&l, "127.0.0.1", 0, NULL, &a), 0);
+    ck_assert_int_eq(admin_start(&l, "127.0.0.1", 0, 5000, NULL, &a), 0);
     admin_close(a);
     uv_run(&l, UV_RUN_DEFAULT);
     ck_assert_int_eq(uv_loop_close(&l), 0);
@@ -1194,6 +1219,7 @@ static Suite *admin_suite(void)
     tcase_add_test(tc, test_live_single_bytes);
     tcase_add_test(tc, test_live_connection_close_and_half_close);
     tcase_add_test(tc, test_live_connection_limit);
+    tcase_add_test(tc, test_live_idle_timeout);
     tcase_add_test(tc, test_live_close_with_open_connections);
     tcase_add_test(tc, test_live_ipv6);
     suite_add_tcase(s, tc);

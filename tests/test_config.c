@@ -42,8 +42,10 @@ START_TEST(test_defaults)
 
     ck_assert_int_eq(parse_env(&cfg, no_env, (char *)NULL), CONFIG_OK);
     ck_assert_str_eq(cfg.listen, "127.0.0.1");
+    ck_assert_str_eq(cfg.admin_listen, "127.0.0.1");
     ck_assert_int_eq(cfg.port, 7070);
     ck_assert_int_eq(cfg.admin_port, 7071);
+    ck_assert_uint_eq(cfg.admin_idle_timeout, 5);
     ck_assert_uint_ge(cfg.threads, 1);
     ck_assert_uint_eq(cfg.cache_mb, 256);
     ck_assert_uint_eq(cfg.max_sessions, 100000);
@@ -93,6 +95,30 @@ START_TEST(test_every_flag)
     /* The last occurrence wins. */
     ck_assert_int_eq(parse(&cfg, "--port", "1", "--port=2"), CONFIG_OK);
     ck_assert_int_eq(cfg.port, 2);
+}
+END_TEST
+
+START_TEST(test_admin_listen)
+{
+    server_config_t cfg;
+    char *const env[] = {"SLOTD_ADMIN_LISTEN=10.1.2.3", "SLOTD_ADMIN_IDLE_TIMEOUT=9", NULL};
+
+    /* --listen moves the session port only. */
+    ck_assert_int_eq(parse(&cfg, "--listen", "0.0.0.0"), CONFIG_OK);
+    ck_assert_str_eq(cfg.listen, "0.0.0.0");
+    ck_assert_str_eq(cfg.admin_listen, "127.0.0.1");
+    ck_assert_int_eq(parse(&cfg, "--admin-listen", "::", "--admin-idle-timeout=1"), CONFIG_OK);
+    ck_assert_str_eq(cfg.listen, "127.0.0.1");
+    ck_assert_str_eq(cfg.admin_listen, "::");
+    ck_assert_uint_eq(cfg.admin_idle_timeout, 1);
+    ck_assert_int_eq(parse_env(&cfg, env, (char *)NULL), CONFIG_OK);
+    ck_assert_str_eq(cfg.admin_listen, "10.1.2.3");
+    ck_assert_uint_eq(cfg.admin_idle_timeout, 9);
+
+    ck_assert_int_eq(parse(&cfg, "--admin-listen", "localhost"), CONFIG_ERROR);
+    ck_assert_str_eq(err, "--admin-listen: 'localhost' is not a numeric IPv4 or IPv6 address");
+    ck_assert_int_eq(parse(&cfg, "--admin-idle-timeout", "0"), CONFIG_ERROR);
+    ck_assert_str_eq(err, "--admin-idle-timeout: '0' is not an integer in 1..86400");
 }
 END_TEST
 
@@ -478,6 +504,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("parse");
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_every_flag);
+    tcase_add_test(tc, test_admin_listen);
     tcase_add_test(tc, test_environment);
     tcase_add_test(tc, test_bad_environment);
     tcase_add_test(tc, test_cgroup_v2);

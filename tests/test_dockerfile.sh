@@ -281,6 +281,11 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 check "the daemon started by CMD answers /health 200 on SLOTD_ADMIN_PORT (got '$code')" test "$code" = 200
+# Every 127/8 address is loopback: one bound to 0.0.0.0 answers on 127.0.0.2,
+# one bound to 127.0.0.1 does not.  The CMD opens the session port to the
+# container's interfaces and leaves the admin port on its loopback.
+code2=$(curl -s -m 1 -o /dev/null -w '%{http_code}' "http://127.0.0.2:$admin/health")
+check "the CMD keeps the admin port on loopback (127.0.0.2:$admin answers '$code2')" test "$code2" = 000
 
 if [ -n "$hc_cmd" ]; then
   if [[ $hc_cmd == \[* ]]; then

@@ -10,11 +10,22 @@
  * method 405, a malformed request 400; after each of those, and after
  * connections that send half a request or nothing, the daemon still serves
  * both ports.
+ *
+ * The admin port's own address and its connections: --admin-listen binds
+ * it apart from --listen (loopback by default), a bad address stops
+ * start-up with status 2; with the connection limit's worth of idle admin
+ * connections held open a new connection's /health still answers 200, and
+ * idle ones are closed after --admin-idle-timeout.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "itest.h"
 
@@ -312,6 +323,186 @@ START_TEST(test_admin_errors)
 }
 END_TEST
 
+/* The admin port's connection limit (ADMIN_MAX_CONNS in server/admin.c). */
+#define ADMIN_LIMIT 64
+
+/* GET /health on a connection kept open; its status, or 0 if the
+ * connection closed or nothing came. */
+static int held_health(itest_conn_t *c)
+{
+    if (!itest_send_str(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
+        return 0;
+    char *line = itest_read_line(c, ITEST_REPLY_MS, NULL);
+    int status = 0;
+    if (line == NULL || sscanf(line, "HTTP/1.1 %d", &status) != 1) {
+        free(line);
+        return 0;
+    }
+    free(line);
+    /* The headers, the blank line, then the body: one JSON line. */
+    while ((line = itest_read_line(c, ITEST_REPLY_MS, NULL)) != NULL && strcmp(line, "\r") != 0)
+        free(line);
+    ck_assert_msg(line != NULL, "GET /health: the headers do not end");
+    free(line);
+    line = itest_read_line(c, ITEST_REPLY_MS, NULL);
+    ck_assert_msg(line != NULL, "GET /health: no body");
+    free(line);
+    return status;
+}
+
+START_TEST(test_admin_limit_keeps_health)
+{
+    /* A long idle timeout: here only the limit closes connections. */
+    itest_daemon_t *d = itest_daemon_start("--admin-idle-timeout", "600", NULL);
+    itest_conn_t *held[ADMIN_LIMIT];
+    for (int i = 0; i < ADMIN_LIMIT; i++) {
+        held[i] = itest_try_connect(d->admin_port);
+        ck_assert_msg(held[i] != NULL, "admin connection %d: %s", i, strerror(errno));
+        ck_assert_int_eq(held_health(held[i]), 200);
+    }
+    /* The limit is reached by idle keep-alive connections: each new one is
+     * served, and the oldest idle one makes room. */
+    enum { FRESH = 8 };
+    itest_conn_t *fresh[FRESH];
+    for (int i = 0; i < FRESH; i++) {
+        fresh[i] = itest_try_connect(d->admin_port);
+        ck_assert_ptr_nonnull(fresh[i]);
+        int st = held_health(fresh[i]);
+        ck_assert_msg(st == 200, "fresh connection %d at the limit: GET /health is %d", i, st);
+    }
+    for (int i = 0; i < FRESH; i++)
+        ck_assert_msg(itest_expect_closed(held[i], ITEST_REPLY_MS),
+                      "held connection %d, among the %d oldest, was not closed to make room", i,
+                      FRESH);
+    for (int i = FRESH; i < ADMIN_LIMIT; i++)
+        ck_assert_msg(held_health(held[i]) == 200, "held connection %d was closed", i);
+    for (int i = 0; i < FRESH; i++)
+        ck_assert_int_eq(held_health(fresh[i]), 200);
+    /* A client that closes after each request is served as well. */
+    for (int i = 0; i < 3; i++) {
+        itest_http_t h;
+        itest_http_get(d, i == 1 ? "/stats" : "/health", &h);
+        ck_assert_int_eq(h.status, 200);
+        itest_http_free(&h);
+    }
+    for (int i = 0; i < ADMIN_LIMIT; i++)
+        itest_close(held[i]);
+    for (int i = 0; i < FRESH; i++)
+        itest_close(fresh[i]);
+}
+END_TEST
+
+START_TEST(test_admin_idle_timeout)
+{
+    itest_daemon_t *d = itest_daemon_start("--admin-idle-timeout", "1", NULL);
+    enum { N = 6 };
+    itest_conn_t *c[N];
+    for (int i = 0; i < N; i++) {
+        c[i] = itest_try_connect(d->admin_port);
+        ck_assert_ptr_nonnull(c[i]);
+    }
+    /* Served once and then idle; never a byte; half a request. */
+    ck_assert_int_eq(held_health(c[0]), 200);
+    ck_assert_int_eq(held_health(c[1]), 200);
+    itest_send_str(c[2], "GET /hea");
+    for (int i = 0; i < N; i++)
+        ck_assert_msg(itest_expect_closed(c[i], itest_scale_ms(10000)),
+                      "idle admin connection %d still open 10 s after a 1 s idle timeout", i);
+    for (int i = 0; i < N; i++)
+        itest_close(c[i]);
+    /* The port itself serves on. */
+    itest_http_t h;
+    itest_http_get(d, "/health", &h);
+    ck_assert_int_eq(h.status, 200);
+    itest_http_free(&h);
+}
+END_TEST
+
+/* True if `host`:`port` accepts a TCP connection. */
+static bool accepts_on(const char *host, int port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    ck_assert_int_eq(inet_pton(AF_INET, host, &sa.sin_addr), 1);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    bool ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    int e = errno;
+    close(fd);
+    ck_assert_msg(ok || e == ECONNREFUSED, "connect to %s:%d: %s", host, port, strerror(e));
+    return ok;
+}
+
+/* True if the daemon's log has a line containing `text`. */
+static bool log_has(const itest_daemon_t *d, const char *text)
+{
+    FILE *f = fopen(d->log, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[1024];
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f) != NULL)
+        found = strstr(line, text) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* Every 127/8 address is this host's loopback; the daemon's sockets bound
+ * to 127.0.0.1 are not reachable on 127.0.0.2, those bound to 0.0.0.0 are. */
+START_TEST(test_admin_listen_apart)
+{
+    itest_daemon_t *d =
+        itest_daemon_start("--listen", "0.0.0.0", "--admin-listen", "127.0.0.1", NULL);
+    char want[64];
+    snprintf(want, sizeof(want), "listening on 0.0.0.0:%d", d->port);
+    ck_assert_msg(log_has(d, want), "no '%s' in the log", want);
+    snprintf(want, sizeof(want), "admin port on 127.0.0.1:%d", d->admin_port);
+    ck_assert_msg(log_has(d, want), "no '%s' in the log", want);
+    ck_assert_msg(accepts_on("127.0.0.2", d->port), "the session port is not on every address");
+    ck_assert_msg(!accepts_on("127.0.0.2", d->admin_port), "the admin port is on 127.0.0.2");
+    ck_assert(accepts_on("127.0.0.1", d->admin_port));
+    itest_daemon_stop(d);
+
+    /* SLOTD_ADMIN_LISTEN does the same. */
+    setenv("SLOTD_ADMIN_LISTEN", "127.0.0.1", 1);
+    d = itest_daemon_start("--listen", "0.0.0.0", NULL);
+    unsetenv("SLOTD_ADMIN_LISTEN");
+    ck_assert(accepts_on("127.0.0.2", d->port));
+    ck_assert(!accepts_on("127.0.0.2", d->admin_port));
+}
+END_TEST
+
+START_TEST(test_admin_listen_default_loopback)
+{
+    unsetenv("SLOTD_ADMIN_LISTEN");
+    itest_daemon_t *d = itest_daemon_start("--listen", "0.0.0.0", NULL);
+    ck_assert(accepts_on("127.0.0.2", d->port));
+    ck_assert_msg(!accepts_on("127.0.0.2", d->admin_port),
+                  "--listen 0.0.0.0 moved the admin port off loopback");
+    char want[64];
+    snprintf(want, sizeof(want), "admin port on 127.0.0.1:%d", d->admin_port);
+    ck_assert_msg(log_has(d, want), "no '%s' in the log", want);
+}
+END_TEST
+
+START_TEST(test_admin_listen_bad)
+{
+    static const char *const bad[] = {"localhost", "127.0.0.256", "::1%", "[::1", "", NULL};
+    for (int i = 0; bad[i] != NULL; i++) {
+        const char *argv[] = {itest_slotd_bin(), "--admin-listen", bad[i], "--port", "0",
+                              "--admin-port", "0", NULL};
+        char *out = NULL, *err = NULL;
+        int rc = itest_run(argv, NULL, 0, &out, &err, itest_scale_ms(10000));
+        char want[128];
+        snprintf(want, sizeof(want),
+                 "slotd: --admin-listen: '%s' is not a numeric IPv4 or IPv6 address\n", bad[i]);
+        ck_assert_msg(rc == 2, "--admin-listen '%s': exit %d", bad[i], rc);
+        ck_assert_msg(strcmp(err, want) == 0, "--admin-listen '%s': stderr '%s'", bad[i], err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_admin");
@@ -319,5 +510,10 @@ int main(void)
     ITEST_ADD(s, test_stats_endpoint);
     ITEST_ADD(s, test_metrics);
     ITEST_ADD(s, test_admin_errors);
+    ITEST_ADD(s, test_admin_limit_keeps_health);
+    ITEST_ADD(s, test_admin_idle_timeout);
+    ITEST_ADD(s, test_admin_listen_apart);
+    ITEST_ADD(s, test_admin_listen_default_loopback);
+    ITEST_ADD(s, test_admin_listen_bad);
     return itest_main(s);
 }
