@@ -3,7 +3,11 @@
 # runtime stage holds the two binaries, their shared libraries and curl for
 # the health check, and runs as an unprivileged user.
 #   docker build -t slotd .
-#   docker run -p 7070:7070 -p 127.0.0.1:7071:7071 -e SLOTD_ADMIN_LISTEN=0.0.0.0 slotd
+#   docker run -p 7070:7070 -p 127.0.0.1:7071:7071 -e SLOTD_ADMIN_LISTEN=0.0.0.0 \
+#     -v /etc/slotd/token:/run/secrets/slotd_token:ro \
+#     -e SLOTD_AUTH_TOKEN_FILE=/run/secrets/slotd_token slotd
+# Protected mode: without a token (a file only the slotd user reads) or
+# SLOTD_PROTECTED_MODE=no, the CMD below refuses to start.
 # The admin port stays on the container's loopback (where the health check
 # reaches it) unless SLOTD_ADMIN_LISTEN moves it; publish it privately.
 # Settings come from SLOTD_* variables (docker run -e SLOTD_CACHE_MB=1024 ...);

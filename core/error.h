@@ -26,6 +26,8 @@
     XX(CACHE_FULL, "cache_full", "the pool has no room for the slot or the entry")                \
     XX(LINE_TOO_LONG, "line_too_long", "the line is longer than the limit")                       \
     XX(SHUTTING_DOWN, "shutting_down", "the daemon is draining")                                  \
+    XX(AUTH_REQUIRED, "auth_required", "the connection has not authenticated yet")                \
+    XX(AUTH_FAILED, "auth_failed", "the token is wrong")                                          \
     XX(STALE, "internal", "stale cache handle: the slot was released or reused")                  \
     XX(NOMEM, "internal", "out of memory")                                                        \
     XX(INVAL, "internal", "invalid argument")

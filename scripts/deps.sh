@@ -8,7 +8,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config libuv1-dev libcjson-dev check libhttp-parser-dev)
 if [ "${1:-}" = "--test" ]; then
   pkgs+=(clang libclang-rt-14-dev valgrind python3 prometheus redis-server haproxy
-         netcat-openbsd curl procps)
+         netcat-openbsd curl procps openssl)
 fi
 
 missing=()

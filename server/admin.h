@@ -24,6 +24,12 @@ typedef struct admin_hooks {
      * `why` gets a short static reason when false. */
     bool (*healthy)(void *arg, const char **why);
     void *arg;
+    /** The token of --auth-token-file, or NULL (token_len 0) for none.
+     * When set, every route but /health asks for "Authorization: Bearer
+     * <token>" and answers 401 without it.  Not copied: it must outlive
+     * the admin port. */
+    const char *token;
+    size_t token_len;
 } admin_hooks_t;
 
 /** Listens on host:port on `loop`; a connection that produces no response

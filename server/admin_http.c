@@ -13,6 +13,11 @@
  *                 newline kept;
  *   GET /metrics  200 text/plain; version=0.0.4, from metrics_render().
  *
+ * With a token (admin_hooks_t.token), every route but /health asks for
+ * "Authorization: Bearer <token>" (the scheme in any case) and is 401 with
+ * "WWW-Authenticate: Bearer" without it; a wrong token is also counted
+ * (metrics_count_auth_failure()).  /health stays open for balancers.
+ *
  * HEAD is served like GET without the body.  The query string is ignored.
  * Any other method is 405 with "Allow: GET, HEAD" whatever the path (the
  * admin port has no other method on any resource); an unknown path is 404.
@@ -38,6 +43,7 @@
  */
 #include "admin_http.h"
 
+#include <ctype.h>
 #include <http_parser.h>
 #include <limits.h>
 #include <pthread.h>
@@ -45,9 +51,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
+#include "server/auth.h"
 #include "server/metrics.h"
+
+/* "Bearer " and the longest token, with room to see a longer value. */
+#define AUTHZ_MAX (7 + AUTH_TOKEN_MAX + 1)
 
 struct admin_http {
     http_parser parser;
@@ -66,6 +77,15 @@ struct admin_http {
     bool closed;         /* ADMIN_HTTP_CLOSE was returned */
     bool full;           /* ADMIN_HTTP_FULL is pending */
     uint64_t responses;
+    /* The Authorization header of the request being read, gathered across
+     * the parser's header callbacks. */
+    char hname[16];          /* the header name being read, lower case */
+    size_t hname_len;        /* > sizeof(hname): a longer name */
+    bool in_value;           /* the last header callback was a value */
+    bool value_is_authz;     /* the value being read is Authorization's */
+    unsigned authz_count;    /* Authorization headers seen */
+    char authz[AUTHZ_MAX + 1];
+    size_t authz_len;        /* > AUTHZ_MAX: too long to be right */
 };
 
 #define PARSER_OWNER(p) ((admin_http_t *)(p)->data)
@@ -86,6 +106,8 @@ static const char *status_text(int status)
         return "OK";
     case 400:
         return "Bad Request";
+    case 401:
+        return "Unauthorized";
     case 404:
         return "Not Found";
     case 405:
@@ -188,6 +210,34 @@ static void get_stats(admin_http_t *h, proto_stats_t *st)
         h->hooks.stats(h->hooks.arg, st);
 }
 
+/* True if no token is set, or the request carries exactly one
+ * "Authorization: Bearer <token>" with the right one.  A wrong token is
+ * counted; a missing header is not. */
+static bool authorized(const admin_http_t *h)
+{
+    const char *v = h->authz;
+    size_t n = h->authz_len;
+
+    if (h->hooks.token_len == 0)
+        return true;
+    if (h->authz_count == 0)
+        return false;
+    if (h->authz_count == 1 && n <= AUTHZ_MAX && n > 7 && strncasecmp(v, "bearer ", 7) == 0) {
+        v += 7;
+        n -= 7;
+        while (n > 0 && *v == ' ') {
+            v++;
+            n--;
+        }
+        while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+            n--;
+        if (auth_equal(v, n, h->hooks.token, h->hooks.token_len))
+            return true;
+    }
+    metrics_count_auth_failure();
+    return false;
+}
+
 /* Fills h->body and `r` for a GET or HEAD of `path`. */
 static int route(admin_http_t *h, const char *path, size_t len, response_t *r)
 {
@@ -195,6 +245,12 @@ static int route(admin_http_t *h, const char *path, size_t len, response_t *r)
     proto_stats_t st;
     int rc;
 
+    if ((IS("/stats") || IS("/metrics")) && !authorized(h)) {
+        r->status = 401;
+        r->content_type = "text/plain; charset=utf-8";
+        r->extra = "WWW-Authenticate: Bearer\r\n";
+        return proto_buf_append(&h->body, "Unauthorized\n", 13);
+    }
     if (IS("/health")) {
         const char *why = NULL;
         bool ok = h->hooks.healthy == NULL || h->hooks.healthy(h->hooks.arg, &why);
@@ -279,6 +335,45 @@ static int on_message_begin(http_parser *p)
     admin_http_t *h = PARSER_OWNER(p);
     h->url_len = 0;
     h->body_bytes = 0;
+    h->in_value = true; /* the first name starts afresh */
+    h->value_is_authz = false;
+    h->authz_count = 0;
+    h->authz_len = 0;
+    return 0;
+}
+
+static int on_header_field(http_parser *p, const char *at, size_t len)
+{
+    admin_http_t *h = PARSER_OWNER(p);
+    if (h->in_value) {
+        h->in_value = false;
+        h->hname_len = 0;
+    }
+    for (size_t i = 0; i < len; i++, h->hname_len++)
+        if (h->hname_len < sizeof(h->hname))
+            h->hname[h->hname_len] = (char)tolower((unsigned char)at[i]);
+    return 0;
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t len)
+{
+    admin_http_t *h = PARSER_OWNER(p);
+    if (!h->in_value) {
+        h->in_value = true;
+        h->value_is_authz = h->hname_len == 13 && memcmp(h->hname, "authorization", 13) == 0;
+        if (h->value_is_authz) {
+            h->authz_count++;
+            h->authz_len = 0;
+        }
+    }
+    if (!h->value_is_authz)
+        return 0;
+    if (len > AUTHZ_MAX - (h->authz_len < AUTHZ_MAX ? h->authz_len : AUTHZ_MAX)) {
+        h->authz_len = AUTHZ_MAX + 1;
+        return 0;
+    }
+    memcpy(h->authz + h->authz_len, at, len);
+    h->authz_len += len;
     return 0;
 }
 
@@ -339,6 +434,8 @@ static int on_message_complete(http_parser *p)
 static const http_parser_settings settings = {
     .on_message_begin = on_message_begin,
     .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_value = on_header_value,
     .on_headers_complete = on_headers_complete,
     .on_chunk_header = on_chunk_header,
     .on_message_complete = on_message_complete,

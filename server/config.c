@@ -50,6 +50,8 @@ typedef enum opt_kind {
     OPT_MODEL,
     OPT_LEVEL,
     OPT_RATE,
+    OPT_PATH,
+    OPT_YESNO,
     OPT_FLAG,
 } opt_kind_t;
 
@@ -93,6 +95,10 @@ static const option_t options[] = {
     {"log-level", OPT_LEVEL, 0, 0, FIELD(log_level), "debug, info, warn or error (info)"},
     {"audit-rate", OPT_RATE, 0, 0, FIELD(audit_rate),
      "fraction 0..1 of step requests checked against an uncached recompute (0)"},
+    {"auth-token-file", OPT_PATH, 0, 0, FIELD(auth_token_file),
+     "file holding the token clients must present, readable by its owner only (none)"},
+    {"protected-mode", OPT_YESNO, 0, 0, FIELD(protected_mode),
+     "yes: refuse a non-loopback --listen or --admin-listen without a token (yes)"},
 #if SLOTD_FAULT_INJECTION
     {"fault-corrupt-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_corrupt_after),
      "test build: damage the slot of the N-th step job (0, off)"},
@@ -236,6 +242,7 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     strcpy(cfg->models[1], "hash");
     strcpy(cfg->default_model, "tiny");
     cfg->log_level = LOG_LEVEL_INFO;
+    cfg->protected_mode = true;
 }
 
 void config_defaults(server_config_t *cfg)
@@ -281,6 +288,18 @@ static bool host_valid(const char *s)
 {
     unsigned char buf[sizeof(struct in6_addr)];
     return inet_pton(AF_INET, s, buf) == 1 || inet_pton(AF_INET6, s, buf) == 1;
+}
+
+/* True for 127.0.0.0/8, ::1 and ::ffff:127.0.0.0/104 (`s` is host_valid()). */
+static bool host_loopback(const char *s)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, s, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, s, &a6) != 1)
+        return false;
+    return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
 }
 
 /* Parses a decimal unsigned integer with nothing around it. */
@@ -404,6 +423,16 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
         if (parse_rate(value, &cfg->audit_rate) != 0)
             return fail(err, errlen, "%s: '%s' is not a number in 0..1", src, value);
         return CONFIG_OK;
+    case OPT_PATH:
+        if (value[0] == '\0' || strlen(value) > CONFIG_PATH_MAX)
+            return fail(err, errlen, "%s: '%.64s' is not a file path", src, value);
+        strcpy((char *)cfg + o->offset, value);
+        return CONFIG_OK;
+    case OPT_YESNO:
+        if (strcmp(value, "yes") != 0 && strcmp(value, "no") != 0)
+            return fail(err, errlen, "%s: '%s' is not yes or no", src, value);
+        *(bool *)((char *)cfg + o->offset) = strcmp(value, "yes") == 0;
+        return CONFIG_OK;
     case OPT_FLAG:
         break;
     }
@@ -513,6 +542,21 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
         return fail(err, errlen, "--default-model: '%s' is not among --models", cfg->default_model);
     if (cfg->port != 0 && cfg->port == cfg->admin_port)
         return fail(err, errlen, "--port and --admin-port are both %d", cfg->port);
+    cfg->auth_token[0] = '\0';
+    cfg->auth_token_len = 0;
+    if (cfg->auth_token_file[0] != '\0' &&
+        auth_load(cfg->auth_token_file, cfg->auth_token, &cfg->auth_token_len, err, errlen) != 0)
+        return CONFIG_ERROR;
+    if (cfg->protected_mode && cfg->auth_token_len == 0) {
+        const char *open = !host_loopback(cfg->listen)         ? cfg->listen
+                           : !host_loopback(cfg->admin_listen) ? cfg->admin_listen
+                                                               : NULL;
+        if (open != NULL)
+            return fail(err, errlen,
+                        "protected mode: refusing to listen on %s without a token; give "
+                        "--auth-token-file PATH, or --protected-mode no to serve it open",
+                        open);
+    }
     uint64_t phys = config_physical_mb();
     if (phys != 0 && cfg->cache_mb > phys)
         return fail(err, errlen,

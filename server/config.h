@@ -6,15 +6,18 @@
 #ifndef SLOTD_SERVER_CONFIG_H
 #define SLOTD_SERVER_CONFIG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
+#include "auth.h"
 #include "log.h"
 #include "proto/proto.h"
 
 #define CONFIG_MAX_MODELS 8
 #define CONFIG_HOST_MAX 63
+#define CONFIG_PATH_MAX 4095
 
 /** Every setting.  A plain value with no owned memory. */
 typedef struct server_config {
@@ -40,6 +43,10 @@ typedef struct server_config {
     char default_model[PROTO_MODEL_MAX + 1]; /* one of `models` */
     log_level_t log_level;
     double audit_rate; /* fraction of step requests recomputed uncached, 0..1 */
+    char auth_token_file[CONFIG_PATH_MAX + 1]; /* "" for none */
+    char auth_token[AUTH_TOKEN_MAX + 1];       /* read from it by config_parse(); "" for none */
+    size_t auth_token_len;                     /* 0: no token, both ports open */
+    bool protected_mode; /* refuse a non-loopback address without a token */
 #if SLOTD_FAULT_INJECTION
     /* Test builds only: the hooks of job.c (0 = off). */
     uint64_t fault_corrupt_after; /* damage the slot of the N-th step job, after it ran */

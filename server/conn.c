@@ -66,6 +66,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "log.h"
 #include "server_int.h"
 
@@ -898,22 +899,68 @@ static void release_barrier(conn_t *c, req_t *r)
             return;
 }
 
+/* An auth request: with no token set, or the right one, the connection is
+ * open from now on; a wrong one is auth_failed, counted and logged (not
+ * the token), and the connection closes after the reply.  False if the
+ * connection had to close (no memory). */
+static bool req_auth(conn_t *c, req_t *r)
+{
+    const server_config_t *cfg = c->server->cfg;
+    struct sockaddr_storage peer;
+    int plen = sizeof(peer);
+    char host[64] = "?";
+    slotd_error_t err;
+
+    if (cfg->auth_token_len == 0 ||
+        auth_equal(r->rq.token, r->rq.token_len, cfg->auth_token, cfg->auth_token_len)) {
+        c->authed = true;
+        r->rc = SLOTD_OK;
+        r->reply.len = 0;
+        if (proto_reply_auth(&r->reply, r->rq.tag) != SLOTD_OK) {
+            conn_close(c);
+            return false;
+        }
+        req_done(r);
+        return true;
+    }
+    metrics_count_auth_failure();
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &plen) == 0)
+        uv_ip_name((struct sockaddr *)&peer, host, sizeof(host));
+    log_warn("connection %" PRIu64 " from %s: auth with a wrong token; closing it", c->serial,
+             host);
+    slotd_error_set(&err, SLOTD_EAUTH_FAILED, "auth: wrong token; the connection is closed");
+    if (!req_fail(r, &err))
+        return false;
+    conn_end_input(c);
+    return true;
+}
+
 /* proto_framer_feed() callback: one complete line. */
 static int on_line(void *arg, const char *line, size_t len)
 {
     conn_t *c = arg;
     slotd_error_t err;
-    req_t *r = server_req_get(c->server);
+    req_t *r;
     int rc;
 
-    if (r == NULL)
+    if (c->input_done) /* after auth_failed: the rest of this read is dropped */
+        return 0;
+    if ((r = server_req_get(c->server)) == NULL)
         return SLOTD_ENOMEM;
     slotd_error_clear(&err);
     r->conn = c;
     order_append(c, r);
     rc = proto_request_parse(line, len, &r->rq, &err);
     metrics_count_request(r->rq.op);
-    if (rc != SLOTD_OK) {
+    if (r->rq.op == PROTO_OP_AUTH && rc == SLOTD_OK) {
+        if (!req_auth(c, r))
+            return SLOTD_ENOMEM;
+    } else if (r->rq.op != PROTO_OP_AUTH && !c->authed && c->server->cfg->auth_token_len > 0) {
+        slotd_error_set(&err, SLOTD_EAUTH_REQUIRED,
+                        "authenticate first: {\"op\":\"auth\",\"token\":\"...\"}");
+        if (!req_fail(r, &err))
+            return SLOTD_ENOMEM;
+    } else if (rc != SLOTD_OK) {
         if (!req_fail(r, &err))
             return SLOTD_ENOMEM;
     } else if (c->barrier != NULL) {

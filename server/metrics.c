@@ -116,6 +116,7 @@ static struct {
     _Atomic uint64_t refused;
     _Atomic uint64_t accept_errors;
     _Atomic uint64_t conn_timeouts;
+    _Atomic uint64_t auth_failures;
     _Atomic uint64_t socket_reads;
     _Atomic uint64_t socket_writes;
     step_shard_t steps[METRICS_SHARDS];
@@ -139,6 +140,7 @@ void metrics_init(uint64_t now_ns)
     STORE(m.refused, 0);
     STORE(m.accept_errors, 0);
     STORE(m.conn_timeouts, 0);
+    STORE(m.auth_failures, 0);
     STORE(m.socket_reads, 0);
     STORE(m.socket_writes, 0);
     for (size_t k = 0; k < METRICS_SHARDS; k++) {
@@ -206,6 +208,16 @@ void metrics_count_accept_error(void)
 void metrics_count_conn_timeout(void)
 {
     BUMP(m.conn_timeouts, 1);
+}
+
+void metrics_count_auth_failure(void)
+{
+    BUMP(m.auth_failures, 1);
+}
+
+uint64_t metrics_auth_failures_total(void)
+{
+    return LOAD(m.auth_failures);
 }
 
 void metrics_count_socket_read(void)
@@ -435,6 +447,10 @@ int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
                "Session connections closed by the daemon, by reason."));
     TRY(put(out, "slotd_connections_closed_total{reason=\"timeout\"} %" PRIu64 "\n",
             LOAD(m.conn_timeouts)));
+    TRY(simple(out, "slotd_auth_failures_total", "counter",
+               "Wrong tokens presented: auth ops on the session port, Bearer tokens on the "
+               "admin port.",
+               LOAD(m.auth_failures)));
     TRY(simple(out, "slotd_socket_reads_total", "counter",
                "Reads that took request bytes from session connections.", LOAD(m.socket_reads)));
     TRY(simple(out, "slotd_socket_writes_total", "counter",

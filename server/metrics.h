@@ -44,6 +44,9 @@ void metrics_count_refused(void);
 void metrics_count_accept_error(void);
 /** Counts one connection closed for --conn-timeout. */
 void metrics_count_conn_timeout(void);
+/** Counts one wrong token presented, on either port. */
+void metrics_count_auth_failure(void);
+uint64_t metrics_auth_failures_total(void);
 /** Counts one read that took bytes from a session connection. */
 void metrics_count_socket_read(void);
 /** Counts one write of replies begun on a session connection. */

@@ -950,9 +950,12 @@ int server_run(const server_config_t *cfg)
 
     if (start_workers(s) != 0 || start_listener(s) != 0 || start_signals(s) != 0)
         goto fail;
+    memset(&hooks, 0, sizeof(hooks));
     hooks.stats = admin_stats_cb;
     hooks.healthy = admin_healthy_cb;
     hooks.arg = s;
+    hooks.token = cfg->auth_token;
+    hooks.token_len = cfg->auth_token_len;
     rc = admin_start(&s->loop, cfg->admin_listen, cfg->admin_port,
                      cfg->admin_idle_timeout * 1000u, &hooks, &s->admin);
     if (rc != 0) {
@@ -961,6 +964,11 @@ int server_run(const server_config_t *cfg)
         goto fail;
     }
     log_info("admin port on %s:%d", cfg->admin_listen, admin_port(s->admin));
+    if (cfg->auth_token_len > 0)
+        log_info("auth: clients present the token of %s (admin port: all but /health)",
+                 cfg->auth_token_file);
+    else if (!cfg->protected_mode)
+        log_warn("auth: no token and --protected-mode no: both ports serve whoever reaches them");
     uv_check_start(&s->flush_check, flush_check_cb);
     uv_unref((uv_handle_t *)&s->flush_check);
 

@@ -191,6 +191,7 @@ struct conn {
     bool input_done;                  /* EOF, line_too_long or drain: close once all is answered */
     bool peer_eof;                    /* the peer's EOF was read: no input is left unread */
     bool line_too_long;               /* input ended by line_too_long: close lingering */
+    bool authed;         /* presented the --auth-token-file token (conn.c: auth) */
     bool closed;         /* no longer serving; lingering while wait is CONN_WAIT_LINGER */
     bool handle_closing; /* uv_close() called */
 };

@@ -33,16 +33,25 @@ endforeach()
 # The committed deploy/ files: HAProxy accepts its configuration (with
 # example addresses), promtool accepts the Prometheus configuration and its
 # rules, and the alert rules pass their unit tests (deploy/slotd_alerts_test.yml).
+# The token and the certificate the files name are made in a scratch copy.
 add_test(NAME deploy_configs
   COMMAND sh -c [[
     command -v haproxy >/dev/null || { echo "FAIL: haproxy not installed (scripts/deps.sh --test)"; exit 1; }
     command -v promtool >/dev/null || { echo "FAIL: promtool not installed (scripts/deps.sh --test)"; exit 1; }
+    command -v openssl >/dev/null || { echo "FAIL: openssl not installed (scripts/deps.sh --test)"; exit 1; }
+    tmp=$(mktemp -d) || exit 1
+    trap 'rm -rf "$tmp"' EXIT
+    cp "$1"/*.yml "$tmp"/ && umask 077 && echo deploy-check-token-0123456789 >"$tmp/slotd_token" &&
+      openssl req -x509 -newkey rsa:2048 -nodes -subj /CN=slotd -days 1 \
+        -keyout "$tmp/key.pem" -out "$tmp/cert.pem" 2>/dev/null &&
+      cat "$tmp/cert.pem" "$tmp/key.pem" >"$tmp/slotd.pem" || exit 1
+    SLOTD_LB_TLS_BIND=127.0.0.1:7443 SLOTD_LB_TLS_CERT="$tmp/slotd.pem" \
     SLOTD_LB_BIND=127.0.0.1:7000 SLOTD_LB_STATS=127.0.0.1:7001 \
     SLOTD_S1=10.0.0.5:7070 SLOTD_S1_ADMIN_ADDR=127.0.0.1 SLOTD_S1_ADMIN_PORT=7171 \
     SLOTD_S2=10.0.0.6:7070 SLOTD_S2_ADMIN_ADDR=127.0.0.1 SLOTD_S2_ADMIN_PORT=7271 \
     SLOTD_S3=10.0.0.7:7070 SLOTD_S3_ADMIN_ADDR=127.0.0.1 SLOTD_S3_ADMIN_PORT=7371 \
     haproxy -c -f "$1/haproxy.cfg" || exit 1
-    promtool check config "$1/prometheus.yml" || exit 1
+    promtool check config "$tmp/prometheus.yml" || exit 1
     promtool test rules "$1/slotd_alerts_test.yml"
   ]] sh ${PROJECT_SOURCE_DIR}/deploy)
 set_tests_properties(deploy_configs PROPERTIES TIMEOUT 60 LABELS "scaleout;unit")

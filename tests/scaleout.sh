@@ -11,6 +11,8 @@
 #
 # What it checks, in order:
 #   1. the three instances and HAProxy come up, and HAProxy marks all three UP;
+#      a session runs through HAProxy's TLS frontend (a self-signed
+#      certificate made here with openssl) to an instance;
 #   2. slotd-bench --verify through HAProxy finds no mismatch, every instance
 #      gets a fair share of the connections and requests, and every
 #      instance's cache is empty afterwards;
@@ -188,6 +190,12 @@ lb_port=$(free_port "${taken[@]}") && lb_stats_port=$(free_port "${taken[@]}" "$
 lb_stats=127.0.0.1:$lb_stats_port
 
 export SLOTD_LB_BIND=127.0.0.1:$lb_port SLOTD_LB_STATS=$lb_stats SLOTD_LB_MAXCONN=2000
+tls_port=$(free_port "${taken[@]}" "$lb_port" "$lb_stats_port") || die "no free loopback port"
+command -v openssl >/dev/null || die "openssl not installed (scripts/deps.sh --test)"
+(umask 077 && openssl req -x509 -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -days 1 \
+  -keyout "$work/key.pem" -out "$work/cert.pem" 2>"$work/openssl.err" &&
+  cat "$work/cert.pem" "$work/key.pem" >"$work/slotd.pem") || die "openssl could not make a certificate"
+export SLOTD_LB_TLS_BIND=127.0.0.1:$tls_port SLOTD_LB_TLS_CERT=$work/slotd.pem
 for i in 1 2 3; do
   export "SLOTD_S$i=127.0.0.2:${port[$i]}" "SLOTD_S${i}_ADMIN_ADDR=127.0.0.1" \
     "SLOTD_S${i}_ADMIN_PORT=${admin[$i]}"
@@ -216,6 +224,26 @@ if wait_for 10 all_up; then
 else
   die "HAProxy did not mark all three UP within 10 s: s1 '$(lb s1 status)', s2 '$(lb s2 status)', s3 '$(lb s3 status)'"
 fi
+
+# A session over TLS: openssl s_client checks the certificate against the
+# one made above and carries the lines; the replies come back decrypted.
+tls_session() {
+  local line out=()
+  coproc TLS { exec openssl s_client -quiet -verify_return_error -CAfile "$work/cert.pem" \
+    -connect "127.0.0.1:$tls_port" 2>>"$work/tls.err"; }
+  printf '%s\n' '{"op":"start","id":"t","prompt":[0,1,2]}' '{"op":"step","id":"t","n":2}' \
+    '{"op":"finish","id":"t"}' >&"${TLS[1]}"
+  for _ in 1 2 3; do
+    IFS= read -r -t 10 line <&"${TLS[0]}" || break
+    out+=("$line")
+  done
+  kill "$TLS_PID" 2>/dev/null
+  wait "$TLS_PID" 2>/dev/null
+  echo "${out[*]}"
+}
+reply=$(tls_session)
+check "a session through HAProxy's TLS frontend: ${reply:-no reply (see tls.err)}" \
+  bash -c '[[ $1 == "{\"id\":\"t\",\"model\":\"tiny\",\"entries\":3} {\"id\":\"t\",\"tokens\":[4,0],"*"\"entries\":5} {\"id\":\"t\",\"released\":5}" ]]' _ "$reply"
 
 # ---- 2. Load through HAProxy ----
 

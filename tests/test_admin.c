@@ -256,6 +256,57 @@ START_TEST(test_http_health)
 }
 END_TEST
 
+START_TEST(test_http_bearer)
+{
+    static const char tok[] = "unit-token-0123456789";
+    admin_hooks_t hk = hooks;
+    hk.token = tok;
+    hk.token_len = strlen(tok);
+    hx_t x;
+    resp_t r;
+    hx_init(&x);
+    admin_http_free(x.h);
+    x.h = admin_http_new(&hk, fixed_clock);
+    ck_assert_ptr_nonnull(x.h);
+
+    static const struct {
+        const char *req;
+        int status;
+    } cases[] = {
+        {"GET /health HTTP/1.1\r\n\r\n", 200},
+        {"GET /stats HTTP/1.1\r\n\r\n", 401},
+        {"HEAD /metrics HTTP/1.1\r\n\r\n", 401},
+        {"GET /stats HTTP/1.1\r\nAuthorization: Bearer unit-token-0123456789\r\n\r\n", 200},
+        {"GET /metrics HTTP/1.1\r\nX-A: 1\r\nauthorization:BEARER unit-token-0123456789 \r\n\r\n",
+         200},
+        {"GET /stats HTTP/1.1\r\nAuthorization: Bearer unit-token-012345678\r\n\r\n", 401},
+        {"GET /stats HTTP/1.1\r\nAuthorization: Bearer unit-token-01234567890\r\n\r\n", 401},
+        {"GET /stats HTTP/1.1\r\nAuthorization: Bearer unit-token-0123456789\r\n"
+         "Authorization: Bearer unit-token-0123456789\r\n\r\n",
+         401},
+        {"GET /stats HTTP/1.1\r\nAuthorizatio: Bearer unit-token-0123456789\r\n\r\n", 401},
+        {"GET /nope HTTP/1.1\r\n\r\n", 404},
+    };
+    /* Whole, and one byte at a time: the header is gathered across pieces. */
+    for (size_t step = 0; step < 2; step++) {
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+            const char *q = cases[i].req;
+            ck_assert_int_eq(hx_feed_step(&x, q, strlen(q), step ? 1 : strlen(q)),
+                             ADMIN_HTTP_MORE);
+            hx_next(&x, strncmp(q, "HEAD", 4) == 0, &r);
+            ck_assert_msg(r.status == cases[i].status, "%s: %d", q, r.status);
+            if (r.status == 401)
+                ck_assert(has_header(&r, "www-authenticate", "Bearer"));
+            resp_free(&r);
+        }
+    }
+    ck_assert(hx_empty(&x));
+    /* Each wrong token counts; a missing header does not. */
+    ck_assert_uint_eq(metrics_auth_failures_total(), 2 * 3);
+    hx_free(&x);
+}
+END_TEST
+
 START_TEST(test_http_no_hooks)
 {
     proto_buf_t out;
@@ -1189,6 +1240,7 @@ static Suite *admin_suite(void)
     TCase *tc = tcase_create("http");
     tcase_add_test(tc, test_http_health);
     tcase_add_test(tc, test_http_no_hooks);
+    tcase_add_test(tc, test_http_bearer);
     tcase_add_test(tc, test_http_stats);
     tcase_add_test(tc, test_http_metrics);
     tcase_add_test(tc, test_http_head);

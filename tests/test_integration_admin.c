@@ -450,7 +450,8 @@ static bool log_has(const itest_daemon_t *d, const char *text)
 START_TEST(test_admin_listen_apart)
 {
     itest_daemon_t *d =
-        itest_daemon_start("--listen", "0.0.0.0", "--admin-listen", "127.0.0.1", NULL);
+        itest_daemon_start("--listen", "0.0.0.0", "--admin-listen", "127.0.0.1",
+                           "--protected-mode", "no", NULL);
     char want[64];
     snprintf(want, sizeof(want), "listening on 0.0.0.0:%d", d->port);
     ck_assert_msg(log_has(d, want), "no '%s' in the log", want);
@@ -463,7 +464,7 @@ START_TEST(test_admin_listen_apart)
 
     /* SLOTD_ADMIN_LISTEN does the same. */
     setenv("SLOTD_ADMIN_LISTEN", "127.0.0.1", 1);
-    d = itest_daemon_start("--listen", "0.0.0.0", NULL);
+    d = itest_daemon_start("--listen", "0.0.0.0", "--protected-mode", "no", NULL);
     unsetenv("SLOTD_ADMIN_LISTEN");
     ck_assert(accepts_on("127.0.0.2", d->port));
     ck_assert(!accepts_on("127.0.0.2", d->admin_port));
@@ -473,7 +474,7 @@ END_TEST
 START_TEST(test_admin_listen_default_loopback)
 {
     unsetenv("SLOTD_ADMIN_LISTEN");
-    itest_daemon_t *d = itest_daemon_start("--listen", "0.0.0.0", NULL);
+    itest_daemon_t *d = itest_daemon_start("--listen", "0.0.0.0", "--protected-mode", "no", NULL);
     ck_assert(accepts_on("127.0.0.2", d->port));
     ck_assert_msg(!accepts_on("127.0.0.2", d->admin_port),
                   "--listen 0.0.0.0 moved the admin port off loopback");
