@@ -35,6 +35,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "procstat.h"
+
 /* Upper bounds of the histogram buckets, in nanoseconds, with their `le`
  * labels spelled exactly; an implicit +Inf bucket follows. */
 #define METRICS_BUCKETS(XX)                                                                        \
@@ -488,5 +490,5 @@ int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
     TRY(family(out, "slotd_uptime_seconds", "gauge", "Seconds since the daemon started."));
     TRY(put(out, "slotd_uptime_seconds %.9f\n", seconds(now_ns > start ? now_ns - start : 0)));
     TRY(simple(out, "slotd_threads", "gauge", "Worker threads.", st->threads));
-    return SLOTD_OK;
+    return procstat_render(out);
 }

@@ -618,8 +618,8 @@ START_TEST(test_http_split_bytes)
 {
     const char *req = "GET /health HTTP/1.1\r\nHost: a\r\nAccept: */*\r\n\r\n"
                       "POST /x HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"
-                      "GET /metrics?q HTTP/1.1\r\n\r\n"
-                      "HEAD /stats HTTP/1.1\r\n\r\n"
+                      "GET /stats?q HTTP/1.1\r\n\r\n"
+                      "HEAD /metrics HTTP/1.1\r\n\r\n"
                       "GET /health HTTP/1.1\r\nConnection: close\r\n\r\n";
     hx_t whole, split;
     hx_init(&whole);

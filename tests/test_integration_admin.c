@@ -173,15 +173,17 @@ START_TEST(test_metrics)
     ck_assert_msg(strncmp(ct, "text/plain; version=0.0.4", 25) == 0,
                   "GET /metrics Content-Type is \"%s\"", ct);
 
-    /* Every sample and every TYPE/HELP names slotd_*; counters end _total. */
+    /* Every sample and every TYPE/HELP names slotd_* or, for the standard
+     * process collector's families, process_*; counters end _total. */
     int samples = 0;
     char *body = strdup(m.body);
     char *save = NULL;
     for (char *line = strtok_r(body, "\n", &save); line != NULL;
          line = strtok_r(NULL, "\n", &save)) {
         if (strncmp(line, "# TYPE ", 7) == 0 || strncmp(line, "# HELP ", 7) == 0) {
-            ck_assert_msg(strncmp(line + 7, "slotd_", 6) == 0, "metric without the prefix: %s",
-                          line);
+            ck_assert_msg(strncmp(line + 7, "slotd_", 6) == 0 ||
+                              strncmp(line + 7, "process_", 8) == 0,
+                          "metric without the prefix: %s", line);
             if (strncmp(line, "# TYPE ", 7) == 0) {
                 char name[200], type[32];
                 ck_assert_int_eq(sscanf(line + 7, "%199s %31s", name, type), 2);
@@ -192,7 +194,8 @@ START_TEST(test_metrics)
                 }
             }
         } else if (line[0] != '#' && line[0] != '\0') {
-            ck_assert_msg(strncmp(line, "slotd_", 6) == 0, "sample without the prefix: %s", line);
+            ck_assert_msg(strncmp(line, "slotd_", 6) == 0 || strncmp(line, "process_", 8) == 0,
+                          "sample without the prefix: %s", line);
             samples++;
         }
     }
