@@ -1,5 +1,5 @@
 /*
- * admin.h: the admin HTTP port (GET /health, /stats, /metrics), served on
+ * admin.h: the admin HTTP port (GET /health, /stats, /metrics, /sessions), served on
  * the daemon's libuv loop with http-parser.
  *
  * DESIGN.  Everything here runs on the loop thread: the listener, every
@@ -23,6 +23,9 @@ typedef struct admin_hooks {
     /** True while serving; false while draining or with a wedged worker.
      * `why` gets a short static reason when false. */
     bool (*healthy)(void *arg, const char **why);
+    /** Appends the JSON body of GET /sessions with at most `limit`
+     * sessions; SLOTD_OK or SLOTD_ENOMEM.  NULL: the route is 404. */
+    int (*sessions)(void *arg, size_t limit, proto_buf_t *out);
     void *arg;
     /** The token of --auth-token-file, or NULL (token_len 0) for none.
      * When set, every route but /health asks for "Authorization: Bearer

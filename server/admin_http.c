@@ -11,14 +11,18 @@
  *   GET /stats    200 application/json, the stats object as the `stats` op
  *                 writes it (proto_reply_stats() with no tag), trailing
  *                 newline kept;
- *   GET /metrics  200 text/plain; version=0.0.4, from metrics_render().
+ *   GET /metrics  200 text/plain; version=0.0.4, from metrics_render();
+ *   GET /sessions 200 application/json from the sessions hook, with at
+ *                 most ?limit=N sessions (ADMIN_HTTP_SESSIONS_DEFAULT);
+ *                 400 for any other query (404 without the hook).
  *
  * With a token (admin_hooks_t.token), every route but /health asks for
  * "Authorization: Bearer <token>" (the scheme in any case) and is 401 with
  * "WWW-Authenticate: Bearer" without it; a wrong token is also counted
  * (metrics_count_auth_failure()).  /health stays open for balancers.
  *
- * HEAD is served like GET without the body.  The query string is ignored.
+ * HEAD is served like GET without the body.  The query string of the
+ * other routes is ignored.
  * Any other method is 405 with "Allow: GET, HEAD" whatever the path (the
  * admin port has no other method on any resource); an unknown path is 404.
  * Those keep the connection open.  A request the parser rejects is 400, a
@@ -238,14 +242,52 @@ static bool authorized(const admin_http_t *h)
     return false;
 }
 
-/* Fills h->body and `r` for a GET or HEAD of `path`. */
-static int route(admin_http_t *h, const char *path, size_t len, response_t *r)
+/* The query of GET /sessions: nothing, or "limit=N" with N a decimal
+ * integer in 0..ADMIN_HTTP_SESSIONS_MAX.  0 with the limit in *limit, or
+ * -1 for anything else (an unknown or repeated parameter, a bad number). */
+static int sessions_query(const char *q, size_t len, size_t *limit)
+{
+    bool seen = false;
+    *limit = ADMIN_HTTP_SESSIONS_DEFAULT;
+    while (len > 0) {
+        size_t n = 0;
+        while (n < len && q[n] != '&')
+            n++;
+        uint64_t v = 0;
+        if (n <= 6 || memcmp(q, "limit=", 6) != 0 || seen || n - 6 > 7)
+            return -1;
+        for (size_t i = 6; i < n; i++) {
+            if (q[i] < '0' || q[i] > '9')
+                return -1;
+            v = v * 10 + (uint64_t)(q[i] - '0');
+        }
+        if (v > ADMIN_HTTP_SESSIONS_MAX)
+            return -1;
+        *limit = (size_t)v;
+        seen = true;
+        q += n;
+        len -= n;
+        if (len > 0) { /* the '&': another parameter must follow */
+            q++;
+            len--;
+            if (len == 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* Fills h->body and `r` for a GET or HEAD of `path` with `query` (qlen
+ * bytes, 0 for none). */
+static int route(admin_http_t *h, const char *path, size_t len, const char *query, size_t qlen,
+                 response_t *r)
 {
 #define IS(lit) (len == sizeof(lit) - 1 && memcmp(path, lit, len) == 0)
     proto_stats_t st;
     int rc;
 
-    if ((IS("/stats") || IS("/metrics")) && !authorized(h)) {
+    if ((IS("/stats") || IS("/metrics") || (IS("/sessions") && h->hooks.sessions != NULL)) &&
+        !authorized(h)) {
         r->status = 401;
         r->content_type = "text/plain; charset=utf-8";
         r->extra = "WWW-Authenticate: Bearer\r\n";
@@ -270,6 +312,18 @@ static int route(admin_http_t *h, const char *path, size_t len, response_t *r)
         r->status = 200;
         r->content_type = "application/json";
         return proto_reply_stats(&h->body, NULL, &st);
+    }
+    if (IS("/sessions") && h->hooks.sessions != NULL) {
+        size_t limit;
+        if (sessions_query(query, qlen, &limit) != 0) {
+            r->status = 400;
+            r->content_type = "text/plain; charset=utf-8";
+            static const char msg[] = "Bad Request: the only parameter is limit=N, N in 0..1000000\n";
+            return proto_buf_append(&h->body, msg, sizeof(msg) - 1);
+        }
+        r->status = 200;
+        r->content_type = "application/json";
+        return h->hooks.sessions(h->hooks.arg, limit, &h->body);
     }
     if (IS("/metrics")) {
         get_stats(h, &st);
@@ -311,7 +365,10 @@ static int respond(admin_http_t *h)
             h->closed = true;
             return append_failure(h, 400);
         }
-        rc = route(h, h->url + u.field_data[UF_PATH].off, u.field_data[UF_PATH].len, &r);
+        bool q = (u.field_set & (1u << UF_QUERY)) != 0;
+        rc = route(h, h->url + u.field_data[UF_PATH].off, u.field_data[UF_PATH].len,
+                   q ? h->url + u.field_data[UF_QUERY].off : "", q ? u.field_data[UF_QUERY].len : 0,
+                   &r);
     }
     if (rc != SLOTD_OK)
         return SLOTD_ENOMEM;

@@ -32,6 +32,10 @@
 /** Request bodies are read and ignored; a longer one is answered 413 and
  * closes. */
 #define ADMIN_HTTP_MAX_BODY 65536
+/** GET /sessions lists this many sessions unless ?limit=N says otherwise,
+ * and never more than ADMIN_HTTP_SESSIONS_MAX. */
+#define ADMIN_HTTP_SESSIONS_DEFAULT 100
+#define ADMIN_HTTP_SESSIONS_MAX 1000000
 /** Once the output holds this many bytes, the next pipelined request waits
  * for admin_http_resume(). */
 #define ADMIN_HTTP_OUT_HIGH 65536

@@ -799,6 +799,7 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
         return SLOTD_ENOMEM;
     }
     sess->in_map = true;
+    sess->born = uv_now(&s->loop);
     s->admitted++;
     sess->conn = c;
     sess->prev = NULL;

@@ -445,6 +445,11 @@ static void admin_stats_cb(void *arg, proto_stats_t *out)
     server_stats(arg, out);
 }
 
+static int admin_sessions_cb(void *arg, size_t limit, proto_buf_t *out)
+{
+    return server_list_sessions(arg, limit, out);
+}
+
 static bool admin_healthy_cb(void *arg, const char **why)
 {
     server_t *s = arg;
@@ -953,6 +958,7 @@ int server_run(const server_config_t *cfg)
     memset(&hooks, 0, sizeof(hooks));
     hooks.stats = admin_stats_cb;
     hooks.healthy = admin_healthy_cb;
+    hooks.sessions = admin_sessions_cb;
     hooks.arg = s;
     hooks.token = cfg->auth_token;
     hooks.token_len = cfg->auth_token_len;

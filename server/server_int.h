@@ -103,6 +103,7 @@ struct req {
     cache_session_t cs;  /* start: the new session; step: in and out */
     audit_tokens_t toks; /* audit on: the session's tokens, as `cs` (start: its prompt) */
     int rc;              /* SLOTD_OK, or the code of the error in `reply` */
+    _Atomic bool started; /* a worker began the job (read by GET /sessions) */
     proto_buf_t reply;   /* owned; one reply line once REQ_DONE */
 
     /* Set by the loop thread when the connection has gone: a worker that
@@ -139,6 +140,7 @@ struct session {
     /* Start, finish and close only. */
     session_map_node_t node;        /* id: cs.owner.id; linked in conn->map while in_map */
     session_t *prev, *next;         /* conn->sessions: every record of the connection */
+    uint64_t born;                  /* uv_now() when its start was read (GET /sessions) */
 };
 
 /** Which timed list of the server a connection is on (conn->wait_next). */
@@ -284,6 +286,12 @@ void server_wait_remove(server_t *s, conn_t *c);
 /** The deadline of a lingering close that begins now: CONN_LINGER_MS from
  * now, or sooner in a drain, so as to end before --shutdown-timeout. */
 uint64_t server_linger_until(server_t *s);
+
+/* ---- inspect.c ---- */
+
+/** Appends the JSON body of GET /sessions: the total of live sessions and
+ * the `limit` largest (see inspect.c).  SLOTD_OK or SLOTD_ENOMEM. */
+int server_list_sessions(server_t *s, size_t limit, proto_buf_t *out);
 
 /* ---- conn.c ---- */
 

@@ -18,6 +18,8 @@
  * idle ones are closed after --admin-idle-timeout.
  */
 #include <errno.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -507,6 +509,204 @@ START_TEST(test_admin_listen_bad)
 }
 END_TEST
 
+/* GET /sessions`query` parsed; fails unless it is 200 and a JSON object. */
+static cJSON *get_sessions(const itest_daemon_t *d, const char *query)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "/sessions%s", query);
+    itest_http_t h;
+    itest_http_get(d, path, &h);
+    ck_assert_msg(h.status == 200, "GET %s: %d", path, h.status);
+    cJSON *j = cJSON_Parse(h.body);
+    ck_assert_msg(cJSON_IsObject(j), "GET %s: not a JSON object: %s", path, h.body);
+    itest_http_free(&h);
+    return j;
+}
+
+/* The listed session `id`, or NULL. */
+static const cJSON *listed(const cJSON *j, const char *id)
+{
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "sessions"))
+    {
+        if (strcmp(itest_str(e, "id"), id) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static int local_port(itest_conn_t *c)
+{
+    struct sockaddr_in sa;
+    socklen_t len = sizeof(sa);
+    ck_assert_int_eq(getsockname(itest_conn_fd(c), (struct sockaddr *)&sa, &len), 0);
+    return ntohs(sa.sin_port);
+}
+
+START_TEST(test_sessions_list)
+{
+    itest_daemon_t *d = itest_daemon_start(NULL);
+    itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
+    cJSON *r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"big\",\"prompt\":[1,2,3,4,5,0]}");
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"h\",\"model\":\"hash\",\"prompt\":[1,2,3]}");
+    cJSON_Delete(r);
+    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"small\",\"prompt\":[1]}");
+    cJSON_Delete(r);
+
+    cJSON *j = get_sessions(d, "");
+    ck_assert_int_eq(itest_int(j, "total"), 3);
+    ck_assert_int_eq(itest_int(j, "limit"), 100);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "sessions");
+    ck_assert_int_eq(cJSON_GetArraySize(list), 3);
+    /* Largest first: tiny entries are 256 bytes, hash ones 8. */
+    int64_t last = INT64_MAX;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, list)
+    {
+        ck_assert_int_le(itest_int(e, "pool_bytes"), last);
+        last = itest_int(e, "pool_bytes");
+        ck_assert_str_eq(itest_str(e, "state"), "idle");
+        ck_assert_int_eq(itest_int(e, "outstanding"), 0);
+        const cJSON *age = cJSON_GetObjectItemCaseSensitive(e, "age_seconds");
+        const cJSON *idle = cJSON_GetObjectItemCaseSensitive(e, "idle_seconds");
+        ck_assert(cJSON_IsNumber(age) && age->valuedouble >= 0 && age->valuedouble < 600);
+        ck_assert(cJSON_IsNumber(idle) && idle->valuedouble >= 0 &&
+                  idle->valuedouble <= age->valuedouble + 0.001);
+    }
+    ck_assert_str_eq(itest_str(cJSON_GetArrayItem(list, 0), "id"), "big");
+    const cJSON *big = listed(j, "big"), *h = listed(j, "h"), *small = listed(j, "small");
+    ck_assert(big && h && small);
+    ck_assert_str_eq(itest_str(big, "model"), "tiny");
+    ck_assert_str_eq(itest_str(h, "model"), "hash");
+    ck_assert_int_eq(itest_int(big, "entries"), 6);
+    ck_assert_int_eq(itest_int(h, "entries"), 3);
+    ck_assert_int_eq(itest_int(small, "entries"), 1);
+    ck_assert_int_gt(itest_int(big, "pool_bytes"), itest_int(small, "pool_bytes"));
+    ck_assert_int_ge(itest_int(big, "pool_bytes"), 6 * 256);
+    /* The connection: one number for both sessions of `a`, another for b,
+     * and each peer address is the client's end of its connection. */
+    const cJSON *ca = cJSON_GetObjectItemCaseSensitive(big, "connection");
+    const cJSON *ch = cJSON_GetObjectItemCaseSensitive(h, "connection");
+    const cJSON *cb = cJSON_GetObjectItemCaseSensitive(small, "connection");
+    ck_assert_int_eq(itest_int(ca, "number"), itest_int(ch, "number"));
+    ck_assert_int_ne(itest_int(ca, "number"), itest_int(cb, "number"));
+    char want[64];
+    snprintf(want, sizeof(want), "127.0.0.1:%d", local_port(a));
+    ck_assert_str_eq(itest_str(ca, "peer"), want);
+    snprintf(want, sizeof(want), "127.0.0.1:%d", local_port(b));
+    ck_assert_str_eq(itest_str(cb, "peer"), want);
+    cJSON_Delete(j);
+
+    /* ?limit=N: the N largest, the total still counting all. */
+    j = get_sessions(d, "?limit=1");
+    ck_assert_int_eq(itest_int(j, "total"), 3);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "sessions")), 1);
+    ck_assert_ptr_nonnull(listed(j, "big"));
+    cJSON_Delete(j);
+    j = get_sessions(d, "?limit=0");
+    ck_assert_int_eq(itest_int(j, "total"), 3);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "sessions")), 0);
+    cJSON_Delete(j);
+
+    static const char *const bad[] = {"?limit=x", "?limit=", "?lim=1", "?limit=1&limit=2",
+                                      "?limit=10000000", "?limit=1&", "?limit=-1", "?limit=1;x"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char path[64];
+        itest_http_t hh;
+        snprintf(path, sizeof(path), "/sessions%s", bad[i]);
+        itest_http_get(d, path, &hh);
+        ck_assert_msg(hh.status == 400, "GET %s: %d", path, hh.status);
+        itest_http_free(&hh);
+    }
+
+    /* Finished and disconnected sessions leave the list. */
+    r = itest_rpc(a, "{\"op\":\"finish\",\"id\":\"h\"}");
+    cJSON_Delete(r);
+    itest_close(b);
+    for (int tries = 0;; tries++) {
+        j = get_sessions(d, "");
+        int64_t total = itest_int(j, "total");
+        cJSON_Delete(j);
+        if (total == 1)
+            break;
+        ck_assert_int_lt(tries, 500);
+        usleep(10000);
+    }
+    itest_close(a);
+}
+END_TEST
+
+/* True if this daemon was built with the fault hooks (--fault-wedge-after). */
+static bool have_fault_hooks(void)
+{
+    const char *argv[] = {itest_slotd_bin(), "--help", NULL};
+    char *out = NULL;
+    ck_assert_int_eq(itest_run(argv, NULL, 0, &out, NULL, itest_scale_ms(10000)), 0);
+    bool have = strstr(out, "--fault-wedge-after") != NULL;
+    free(out);
+    return have;
+}
+
+START_TEST(test_sessions_states)
+{
+    if (!have_fault_hooks()) {
+        fprintf(stderr, "test_sessions_states: a build without fault hooks, skipped\n");
+        return;
+    }
+    /* One worker; the fourth job holds it until SIGUSR1. */
+    itest_daemon_t *d = itest_daemon_start("--threads", "1", "--fault-wedge-after", "4", NULL);
+    itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
+    cJSON *r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"run\",\"prompt\":[1,2]}");
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"rest\",\"prompt\":[1]}");
+    cJSON_Delete(r);
+    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"wait\",\"prompt\":[1,2,3]}");
+    cJSON_Delete(r);
+    /* Job 4 (run's first step) wedges the worker; run's second step waits
+     * behind it, and wait's step waits for the worker. */
+    itest_send_str(a, "{\"op\":\"step\",\"id\":\"run\"}\n{\"op\":\"step\",\"id\":\"run\"}\n");
+    itest_send_str(b, "{\"op\":\"step\",\"id\":\"wait\"}\n");
+    cJSON *j = NULL;
+    for (int tries = 0;; tries++) {
+        j = get_sessions(d, "");
+        const cJSON *run = listed(j, "run"), *w = listed(j, "wait");
+        if (run != NULL && w != NULL && strcmp(itest_str(run, "state"), "running") == 0 &&
+            itest_int(w, "outstanding") == 1)
+            break;
+        cJSON_Delete(j);
+        ck_assert_int_lt(tries, itest_scale_ms(5000) / 10);
+        usleep(10000);
+    }
+    ck_assert_int_eq(itest_int(listed(j, "run"), "outstanding"), 2);
+    ck_assert_str_eq(itest_str(listed(j, "wait"), "state"), "queued");
+    ck_assert_str_eq(itest_str(listed(j, "rest"), "state"), "idle");
+    ck_assert_int_eq(itest_int(listed(j, "rest"), "outstanding"), 0);
+    ck_assert_double_gt(cJSON_GetObjectItemCaseSensitive(listed(j, "rest"), "idle_seconds")->valuedouble,
+                        -0.001);
+    cJSON_Delete(j);
+
+    itest_daemon_signal(d, SIGUSR1);
+    for (int i = 0; i < 2; i++) {
+        r = itest_read_reply(a);
+        cJSON_Delete(r);
+    }
+    r = itest_read_reply(b);
+    cJSON_Delete(r);
+    j = get_sessions(d, "");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "sessions"))
+    {
+        ck_assert_str_eq(itest_str(e, "state"), "idle");
+        ck_assert_int_eq(itest_int(e, "outstanding"), 0);
+    }
+    ck_assert_int_eq(itest_int(listed(j, "run"), "entries"), 4);
+    cJSON_Delete(j);
+    itest_close(a);
+    itest_close(b);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_admin");
@@ -519,5 +719,7 @@ int main(void)
     ITEST_ADD(s, test_admin_listen_apart);
     ITEST_ADD(s, test_admin_listen_default_loopback);
     ITEST_ADD(s, test_admin_listen_bad);
+    ITEST_ADD(s, test_sessions_list);
+    ITEST_ADD(s, test_sessions_states);
     return itest_main(s);
 }

@@ -8,7 +8,7 @@
  * not answered), and slotd_auth_failures_total counts it; the right token
  * is {"ok":true} echoing the tag, and normal ops follow.  Neither token is
  * ever written to the log.  On the admin port /health stays open while
- * /stats and /metrics answer 401 with "WWW-Authenticate: Bearer" unless
+ * /stats, /metrics and /sessions answer 401 with "WWW-Authenticate: Bearer" unless
  * the request carries "Authorization: Bearer <token>".  A token file that
  * others may read, or of the wrong length, stops start-up with status 2;
  * so does a non-loopback address without a token, unless
@@ -176,8 +176,8 @@ START_TEST(test_auth_admin)
     admin_get(d, "/health", NULL, &h);
     ck_assert_int_eq(h.status, 200);
     itest_http_free(&h);
-    static const char *const locked[] = {"/stats", "/metrics"};
-    for (size_t i = 0; i < 2; i++) {
+    static const char *const locked[] = {"/stats", "/metrics", "/sessions"};
+    for (size_t i = 0; i < 3; i++) {
         admin_get(d, locked[i], NULL, &h);
         ck_assert_msg(h.status == 401, "GET %s without a token: %d", locked[i], h.status);
         ck_assert(itest_http_header(&h, "WWW-Authenticate", v, sizeof(v)));
@@ -196,8 +196,8 @@ START_TEST(test_auth_admin)
         ck_assert_int_eq(h.status, 200);
         itest_http_free(&h);
     }
-    /* Wrong Bearer and Basic, on both routes; a missing header is not one. */
-    ck_assert_int_eq(auth_failures(d), 4);
+    /* Wrong Bearer and Basic, on every route; a missing header is not one. */
+    ck_assert_int_eq(auth_failures(d), 6);
     token_unlink();
 }
 END_TEST
