@@ -6,6 +6,8 @@
 #                    packages and the daemon started as its CMD says
 #   test_config_env  flags and SLOTD_* variables, and their table in
 #                    docs/operations.md
+#   test_quickstart  the README's nc session word for word, and that
+#                    scripts/deps.sh installs what the quick start runs
 # A missing haproxy, curl or binary fails a test; it is never skipped
 # (scripts/deps.sh --test installs the tools).  `ctest -L scaleout` runs them.
 
@@ -22,7 +24,7 @@ set_tests_properties(scaleout PROPERTIES
   ENVIRONMENT "${_ops_env}" REQUIRED_FILES "${_ops_bins}"
   TIMEOUT 120 RUN_SERIAL TRUE LABELS "scaleout;integration")
 
-foreach(_ops test_dockerfile test_config_env)
+foreach(_ops test_dockerfile test_config_env test_quickstart)
   add_test(NAME ${_ops}
     COMMAND ${BASH_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/${_ops}.sh ${PROJECT_BINARY_DIR})
   set_tests_properties(${_ops} PROPERTIES
