@@ -225,6 +225,7 @@ struct server {
     uint64_t drain_deadline; /* uv_now() at which a drain overruns --shutdown-timeout */
     uv_check_t flush_check;  /* end of each loop turn: write, then submit the batch */
     uv_timer_t hold_timer;   /* a turn for output held back (conn_hold_output()) */
+    uv_timer_t trim_timer;   /* gives free pool pages back to the kernel (cache_pool_trim()) */
     admin_t *admin;
     worker_pool_t *workers; /* NULL once closed */
     cache_pool_t *pool;     /* immutable pointer: workers read it */
@@ -249,6 +250,9 @@ struct server {
     size_t free_reply_bytes; /* capacity of the reply buffers the free list keeps */
     session_t *free_sessions;
     size_t nfree_sessions;
+    /* The fewest records each free list held since the last trim: those
+     * sat unused all along, and the trim timer frees them. */
+    size_t low_free_reqs, low_free_sessions;
     bool draining;
     bool finished; /* every handle closed or closing */
 
