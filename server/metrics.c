@@ -124,6 +124,9 @@ static struct {
     step_shard_t steps[METRICS_SHARDS];
 } m;
 
+/* metrics_process_figures(); set before any thread renders. */
+static bool process_figures = true;
+
 #define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 #define STORE(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
 #define BUMP(x, v) atomic_fetch_add_explicit(&(x), (v), memory_order_relaxed)
@@ -490,5 +493,10 @@ int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
     TRY(family(out, "slotd_uptime_seconds", "gauge", "Seconds since the daemon started."));
     TRY(put(out, "slotd_uptime_seconds %.9f\n", seconds(now_ns > start ? now_ns - start : 0)));
     TRY(simple(out, "slotd_threads", "gauge", "Worker threads.", st->threads));
-    return procstat_render(out);
+    return procstat_render(out, process_figures);
+}
+
+void metrics_process_figures(bool on)
+{
+    process_figures = on;
 }

@@ -14,6 +14,7 @@
 #ifndef SLOTD_SERVER_METRICS_H
 #define SLOTD_SERVER_METRICS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "proto/proto.h"
@@ -71,6 +72,11 @@ uint64_t metrics_socket_reads_total(void);
 uint64_t metrics_socket_writes_total(void);
 /** Monotonic ns of the last completed step; 0 if none yet. */
 uint64_t metrics_last_step_ns(void);
+
+/** Whether metrics_render() appends the process_* families (procstat.h),
+ * which change from one rendering to the next; on unless a test that
+ * compares renderings turns it off.  Call before any thread renders. */
+void metrics_process_figures(bool on);
 
 /** Appends the Prometheus text exposition (format 0.0.4) of `st` and of
  * every counter and the histogram.  `now_ns` is the monotonic time now. */

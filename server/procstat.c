@@ -148,7 +148,7 @@ static int start_time(double *out)
             return rc_;                                                                            \
     } while (0)
 
-int procstat_render(proto_buf_t *out)
+int procstat_render(proto_buf_t *out, bool process)
 {
     char v[64];
     struct rusage ru;
@@ -157,6 +157,8 @@ int procstat_render(proto_buf_t *out)
     double started;
     long fds;
 
+    if (!process)
+        goto build;
     if (getrusage(RUSAGE_SELF, &ru) == 0) {
         double cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
                      (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
@@ -185,6 +187,7 @@ int procstat_render(proto_buf_t *out)
         TRY(one(out, "process_start_time_seconds", "gauge",
                 "Start time of the process since unix epoch in seconds.", v));
     }
+build:
     return put(out,
                "# HELP slotd_build_info The version and commit slotd was built from; always 1.\n"
                "# TYPE slotd_build_info gauge\n"
