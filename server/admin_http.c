@@ -83,13 +83,13 @@ struct admin_http {
     uint64_t responses;
     /* The Authorization header of the request being read, gathered across
      * the parser's header callbacks. */
-    char hname[16];          /* the header name being read, lower case */
-    size_t hname_len;        /* > sizeof(hname): a longer name */
-    bool in_value;           /* the last header callback was a value */
-    bool value_is_authz;     /* the value being read is Authorization's */
-    unsigned authz_count;    /* Authorization headers seen */
+    char hname[16];       /* the header name being read, lower case */
+    size_t hname_len;     /* > sizeof(hname): a longer name */
+    bool in_value;        /* the last header callback was a value */
+    bool value_is_authz;  /* the value being read is Authorization's */
+    unsigned authz_count; /* Authorization headers seen */
     char authz[AUTHZ_MAX + 1];
-    size_t authz_len;        /* > AUTHZ_MAX: too long to be right */
+    size_t authz_len; /* > AUTHZ_MAX: too long to be right */
 };
 
 #define PARSER_OWNER(p) ((admin_http_t *)(p)->data)
@@ -318,7 +318,8 @@ static int route(admin_http_t *h, const char *path, size_t len, const char *quer
         if (sessions_query(query, qlen, &limit) != 0) {
             r->status = 400;
             r->content_type = "text/plain; charset=utf-8";
-            static const char msg[] = "Bad Request: the only parameter is limit=N, N in 0..1000000\n";
+            static const char msg[] =
+                "Bad Request: the only parameter is limit=N, N in 0..1000000\n";
             return proto_buf_append(&h->body, msg, sizeof(msg) - 1);
         }
         r->status = 200;

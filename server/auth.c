@@ -62,8 +62,7 @@ int auth_load(const char *path, char *out, size_t *len, char *err, size_t errlen
         if (got < 0) {
             int e = errno;
             close(fd);
-            return fail(err, errlen, "--auth-token-file: cannot read '%s': %s", path,
-                        strerror(e));
+            return fail(err, errlen, "--auth-token-file: cannot read '%s': %s", path, strerror(e));
         }
         if (got == 0 || (n += (size_t)got) == sizeof(buf))
             break;
@@ -74,8 +73,8 @@ int auth_load(const char *path, char *out, size_t *len, char *err, size_t errlen
     if (n > 0 && buf[n - 1] == '\r')
         n--;
     if (n < AUTH_TOKEN_MIN || n > AUTH_TOKEN_MAX)
-        return fail(err, errlen, "--auth-token-file: '%s' must hold %d to %d bytes, not %s%zu", path,
-                    AUTH_TOKEN_MIN, AUTH_TOKEN_MAX, n > AUTH_TOKEN_MAX ? "more than " : "",
+        return fail(err, errlen, "--auth-token-file: '%s' must hold %d to %d bytes, not %s%zu",
+                    path, AUTH_TOKEN_MIN, AUTH_TOKEN_MAX, n > AUTH_TOKEN_MAX ? "more than " : "",
                     n > AUTH_TOKEN_MAX ? (size_t)AUTH_TOKEN_MAX : n);
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)buf[i] < 0x20 || (unsigned char)buf[i] > 0x7e)

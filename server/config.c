@@ -78,6 +78,10 @@ static const option_t options[] = {
     {"cache-mb", OPT_UINT, 1, UINT64_C(1) << 24, FIELD(cache_mb), "cache pool size in MiB (256)"},
     {"max-sessions", OPT_UINT, 1, 100000000, FIELD(max_sessions), "live sessions (100000)"},
     {"max-connections", OPT_UINT, 1, 1000000, FIELD(max_connections), "open connections (10000)"},
+    {"max-sessions-per-connection", OPT_UINT, 1, 100000000, FIELD(max_sessions_per_conn),
+     "live sessions one connection may hold (10000)"},
+    {"max-connection-share", OPT_RATE, 0, 0, FIELD(max_conn_share),
+     "fraction above 0 and up to 1 of the pool's bytes and slots one connection may hold (0.5)"},
     {"max-line", OPT_UINT, 16, UINT64_C(1) << 30, FIELD(max_line),
      "longest request line in bytes (65536)"},
     {"idle-timeout", OPT_UINT, 0, 100000000, FIELD(idle_timeout),
@@ -232,6 +236,8 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
         cfg->cache_mb = lim->memory_mb / 2 > 0 ? lim->memory_mb / 2 : 1;
     cfg->max_sessions = 100000;
     cfg->max_connections = 10000;
+    cfg->max_sessions_per_conn = 10000;
+    cfg->max_conn_share = 0.5;
     cfg->max_line = PROTO_DEFAULT_MAX_LINE;
     cfg->idle_timeout = 300;
     cfg->shutdown_timeout = 10;
@@ -419,10 +425,13 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
         if (log_level_parse(value, &cfg->log_level) != 0)
             return fail(err, errlen, "%s: '%s' is not one of debug, info, warn, error", src, value);
         return CONFIG_OK;
-    case OPT_RATE:
-        if (parse_rate(value, &cfg->audit_rate) != 0)
+    case OPT_RATE: {
+        double r;
+        if (parse_rate(value, &r) != 0)
             return fail(err, errlen, "%s: '%s' is not a number in 0..1", src, value);
+        memcpy((char *)cfg + o->offset, &r, sizeof(r));
         return CONFIG_OK;
+    }
     case OPT_PATH:
         if (value[0] == '\0' || strlen(value) > CONFIG_PATH_MAX)
             return fail(err, errlen, "%s: '%.64s' is not a file path", src, value);
@@ -542,6 +551,8 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
         return fail(err, errlen, "--default-model: '%s' is not among --models", cfg->default_model);
     if (cfg->port != 0 && cfg->port == cfg->admin_port)
         return fail(err, errlen, "--port and --admin-port are both %d", cfg->port);
+    if (!(cfg->max_conn_share > 0.0))
+        return fail(err, errlen, "--max-connection-share: 0 leaves no connection any share");
     cfg->auth_token[0] = '\0';
     cfg->auth_token_len = 0;
     if (cfg->auth_token_file[0] != '\0' &&

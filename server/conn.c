@@ -366,7 +366,47 @@ static void session_unmap(session_t *sess)
         session_map_remove(&sess->conn->map, &sess->node);
         sess->in_map = false;
         s->admitted--;
+        sess->conn->share_sessions--;
+        sess->conn->share_bytes -= sess->charged;
+        sess->charged = 0;
     }
+}
+
+/* One connection's share of the pool (--max-connection-share,
+ * --max-sessions-per-connection).  Bytes are counted as entries x entry
+ * size plus the model's state, charged when a start or step is read and
+ * given back when it fails or its session leaves the map: so a client
+ * that pipelines cannot pass its share before its requests have run. */
+static int share_charge(conn_t *c, session_t *sess, const model_t *m, uint64_t entries, bool start,
+                        slotd_error_t *err)
+{
+    const server_config_t *cfg = c->server->cfg;
+    uint64_t need =
+        m == NULL ? 0 : entries * model_entry_size(m) + (start ? model_state_size(m) : 0);
+    uint64_t cap = (uint64_t)((double)(cfg->cache_mb << 20) * cfg->max_conn_share);
+    const char *op = start ? "start" : "step";
+
+    if (start) {
+        uint64_t most = (uint64_t)((double)cfg->max_sessions * cfg->max_conn_share);
+        if (most > cfg->max_sessions_per_conn)
+            most = cfg->max_sessions_per_conn;
+        if (c->share_sessions >= (most > 0 ? most : 1))
+            return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                                   "start: this connection's share is used up: it holds %u "
+                                   "sessions (--max-sessions-per-connection, "
+                                   "--max-connection-share)",
+                                   c->share_sessions);
+    }
+    if (c->share_bytes + need > cap)
+        return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                               "%s: this connection's share of the pool is used up: %" PRIu64
+                               " of its %" PRIu64 " bytes (--max-connection-share)",
+                               op, c->share_bytes, cap);
+    if (sess != NULL) {
+        sess->charged += need;
+        c->share_bytes += need;
+    }
+    return SLOTD_OK;
 }
 
 /* Ends the connection's service: drops every request not yet started,
@@ -785,6 +825,8 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
         return slotd_error_set(err, SLOTD_ECACHE_FULL,
                                "start: the daemon holds %u sessions, its limit",
                                s->cfg->max_sessions);
+    if (share_charge(c, NULL, m, r->rq.ntokens, true, err) != SLOTD_OK)
+        return err->code;
 
     sess = server_session_get(s);
     if (sess == NULL)
@@ -801,6 +843,8 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     sess->in_map = true;
     sess->born = uv_now(&s->loop);
     s->admitted++;
+    c->share_sessions++;
+    (void)share_charge(c, sess, m, r->rq.ntokens, true, err); /* checked above */
     sess->conn = c;
     sess->prev = NULL;
     sess->next = c->sessions;
@@ -814,6 +858,16 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     return SLOTD_OK;
 }
 
+/* The session's model: its slot's, or its start's while that has not run. */
+static const model_t *session_model(const session_t *sess)
+{
+    if (sess->cs.model != NULL)
+        return sess->cs.model;
+    if (sess->running != NULL)
+        return sess->running->model;
+    return sess->fifo_head != NULL ? sess->fifo_head->model : NULL;
+}
+
 static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
 {
     session_t *sess = find_session(c, r->rq.id);
@@ -824,6 +878,8 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
                                proto_op_name(r->rq.op), r->rq.id);
     if (r->rq.op == PROTO_OP_FINISH)
         session_unmap(sess); /* later lines no longer see the id */
+    else if (share_charge(c, sess, session_model(sess), r->rq.n, false, err) != SLOTD_OK)
+        return err->code;
     session_enqueue(sess, r);
     return SLOTD_OK;
 }
@@ -1060,6 +1116,12 @@ void conn_job_done(req_t *r)
         } else {
             sess->cs = r->cs; /* a failed step left it as it was */
             sess->toks = r->toks;
+            if (r->rc != SLOTD_OK && sess->in_map) {
+                uint64_t back = (uint64_t)r->rq.n * model_entry_size(sess->cs.model);
+                back = back < sess->charged ? back : sess->charged;
+                sess->charged -= back;
+                c->share_bytes -= back;
+            }
         }
     }
     if (!c->closed && (r->rc == SLOTD_ENOMEM || r->rc == SLOTD_ESTALE || r->rc == SLOTD_EINVAL)) {

@@ -107,9 +107,9 @@ int server_list_sessions(server_t *s, size_t limit, proto_buf_t *out)
             outstanding++;
         bool started = sess->running != NULL &&
                        atomic_load_explicit(&sess->running->started, memory_order_relaxed);
-        const char *state = started                                           ? "running"
+        const char *state = started                                            ? "running"
                             : sess->running != NULL || sess->fifo_head != NULL ? "queued"
-                                                                                : "idle";
+                                                                               : "idle";
         double age = (double)(now - sess->born) / 1000.0;
         double idle = sess->in_lru ? (double)(now - sess->idle_since) / 1000.0 : 0.0;
         w = snprintf(line, sizeof(line),
@@ -118,8 +118,8 @@ int server_list_sessions(server_t *s, size_t limit, proto_buf_t *out)
                      "\"age_seconds\":%.3f,\"idle_seconds\":%.3f,\"state\":\"%s\","
                      "\"outstanding\":%zu}",
                      i > 0 ? "," : "", sess->conn->serial, v[i].peer, sess->cs.owner.id,
-                     m != NULL ? model_name(m) : "", sess->cs.entries, v[i].bytes, age, idle,
-                     state, outstanding);
+                     m != NULL ? model_name(m) : "", sess->cs.entries, v[i].bytes, age, idle, state,
+                     outstanding);
         rc = w > 0 && (size_t)w < sizeof(line) ? proto_buf_append(out, line, (size_t)w)
                                                : SLOTD_EINVAL;
     }

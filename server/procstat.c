@@ -171,8 +171,7 @@ int procstat_render(proto_buf_t *out, bool process)
         TRY(one(out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
                 v));
         snprintf(v, sizeof(v), "%" PRIu64, vsize);
-        TRY(one(out, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.",
-                v));
+        TRY(one(out, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", v));
     }
     if ((fds = open_fds()) >= 0) {
         snprintf(v, sizeof(v), "%ld", fds);

@@ -150,6 +150,7 @@ void server_req_put(server_t *s, req_t *r)
     memset((char *)r + offsetof(req_t, model), 0, offsetof(req_t, reply) - offsetof(req_t, model));
     r->reply = reply;
     atomic_store_explicit(&r->canceled, false, memory_order_relaxed);
+    atomic_store_explicit(&r->started, false, memory_order_relaxed);
     r->order_next = s->free_reqs;
     s->free_reqs = r;
     s->nfree_reqs++;
@@ -1004,8 +1005,8 @@ int server_run(const server_config_t *cfg)
     hooks.arg = s;
     hooks.token = cfg->auth_token;
     hooks.token_len = cfg->auth_token_len;
-    rc = admin_start(&s->loop, cfg->admin_listen, cfg->admin_port,
-                     cfg->admin_idle_timeout * 1000u, &hooks, &s->admin);
+    rc = admin_start(&s->loop, cfg->admin_listen, cfg->admin_port, cfg->admin_idle_timeout * 1000u,
+                     &hooks, &s->admin);
     if (rc != 0) {
         log_error("admin port %s:%d: %s", cfg->admin_listen, cfg->admin_port, uv_strerror(rc));
         s->admin = NULL;

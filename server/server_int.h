@@ -103,12 +103,13 @@ struct req {
     cache_session_t cs;  /* start: the new session; step: in and out */
     audit_tokens_t toks; /* audit on: the session's tokens, as `cs` (start: its prompt) */
     int rc;              /* SLOTD_OK, or the code of the error in `reply` */
-    _Atomic bool started; /* a worker began the job (read by GET /sessions) */
     proto_buf_t reply;   /* owned; one reply line once REQ_DONE */
 
     /* Set by the loop thread when the connection has gone: a worker that
      * has not started the job skips it. */
     _Atomic bool canceled;
+    /* Set by the worker as it begins the job; read by GET /sessions. */
+    _Atomic bool started;
 };
 
 /** A session record: one start on one connection, from its parse until
@@ -140,7 +141,10 @@ struct session {
     /* Start, finish and close only. */
     session_map_node_t node;        /* id: cs.owner.id; linked in conn->map while in_map */
     session_t *prev, *next;         /* conn->sessions: every record of the connection */
-    uint64_t born;                  /* uv_now() when its start was read (GET /sessions) */
+
+    /* GET /sessions and the connection's share (conn.c). */
+    uint64_t born;    /* uv_now() when its start was read */
+    uint64_t charged; /* its part of conn->share_bytes while in_map */
 };
 
 /** Which timed list of the server a connection is on (conn->wait_next). */
@@ -193,9 +197,14 @@ struct conn {
     bool input_done;                  /* EOF, line_too_long or drain: close once all is answered */
     bool peer_eof;                    /* the peer's EOF was read: no input is left unread */
     bool line_too_long;               /* input ended by line_too_long: close lingering */
-    bool authed;         /* presented the --auth-token-file token (conn.c: auth) */
     bool closed;         /* no longer serving; lingering while wait is CONN_WAIT_LINGER */
     bool handle_closing; /* uv_close() called */
+
+    /* Its share of the pool (--max-sessions-per-connection,
+     * --max-connection-share) and its auth (conn.c). */
+    uint32_t share_sessions; /* its sessions in its map */
+    uint64_t share_bytes;    /* the pool bytes they hold, or will once their requests run */
+    bool authed;             /* presented the --auth-token-file token */
 };
 
 /** The daemon.  One, owned by server_run(). */

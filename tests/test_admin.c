@@ -291,8 +291,7 @@ START_TEST(test_http_bearer)
     for (size_t step = 0; step < 2; step++) {
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
             const char *q = cases[i].req;
-            ck_assert_int_eq(hx_feed_step(&x, q, strlen(q), step ? 1 : strlen(q)),
-                             ADMIN_HTTP_MORE);
+            ck_assert_int_eq(hx_feed_step(&x, q, strlen(q), step ? 1 : strlen(q)), ADMIN_HTTP_MORE);
             hx_next(&x, strncmp(q, "HEAD", 4) == 0, &r);
             ck_assert_msg(r.status == cases[i].status, "%s: %d", q, r.status);
             if (r.status == 401)

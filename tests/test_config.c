@@ -110,9 +110,9 @@ START_TEST(test_admin_listen)
     ck_assert_int_eq(parse(&cfg, "--listen", "0.0.0.0", "--protected-mode", "no"), CONFIG_OK);
     ck_assert_str_eq(cfg.listen, "0.0.0.0");
     ck_assert_str_eq(cfg.admin_listen, "127.0.0.1");
-    ck_assert_int_eq(parse(&cfg, "--admin-listen", "::", "--admin-idle-timeout=1",
-                           "--protected-mode=no"),
-                     CONFIG_OK);
+    ck_assert_int_eq(
+        parse(&cfg, "--admin-listen", "::", "--admin-idle-timeout=1", "--protected-mode=no"),
+        CONFIG_OK);
     ck_assert_str_eq(cfg.listen, "127.0.0.1");
     ck_assert_str_eq(cfg.admin_listen, "::");
     ck_assert_uint_eq(cfg.admin_idle_timeout, 1);

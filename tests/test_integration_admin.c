@@ -454,9 +454,8 @@ static bool log_has(const itest_daemon_t *d, const char *text)
  * to 127.0.0.1 are not reachable on 127.0.0.2, those bound to 0.0.0.0 are. */
 START_TEST(test_admin_listen_apart)
 {
-    itest_daemon_t *d =
-        itest_daemon_start("--listen", "0.0.0.0", "--admin-listen", "127.0.0.1",
-                           "--protected-mode", "no", NULL);
+    itest_daemon_t *d = itest_daemon_start("--listen", "0.0.0.0", "--admin-listen", "127.0.0.1",
+                                           "--protected-mode", "no", NULL);
     char want[64];
     snprintf(want, sizeof(want), "listening on 0.0.0.0:%d", d->port);
     ck_assert_msg(log_has(d, want), "no '%s' in the log", want);
@@ -493,8 +492,8 @@ START_TEST(test_admin_listen_bad)
 {
     static const char *const bad[] = {"localhost", "127.0.0.256", "::1%", "[::1", "", NULL};
     for (int i = 0; bad[i] != NULL; i++) {
-        const char *argv[] = {itest_slotd_bin(), "--admin-listen", bad[i], "--port", "0",
-                              "--admin-port", "0", NULL};
+        const char *argv[] = {
+            itest_slotd_bin(), "--admin-listen", bad[i], "--port", "0", "--admin-port", "0", NULL};
         char *out = NULL, *err = NULL;
         int rc = itest_run(argv, NULL, 0, &out, &err, itest_scale_ms(10000));
         char want[128];
@@ -609,8 +608,9 @@ START_TEST(test_sessions_list)
     ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "sessions")), 0);
     cJSON_Delete(j);
 
-    static const char *const bad[] = {"?limit=x", "?limit=", "?lim=1", "?limit=1&limit=2",
-                                      "?limit=10000000", "?limit=1&", "?limit=-1", "?limit=1;x"};
+    static const char *const bad[] = {"?limit=x",         "?limit=",         "?lim=1",
+                                      "?limit=1&limit=2", "?limit=10000000", "?limit=1&",
+                                      "?limit=-1",        "?limit=1;x"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char path[64];
         itest_http_t hh;
@@ -682,8 +682,8 @@ START_TEST(test_sessions_states)
     ck_assert_str_eq(itest_str(listed(j, "wait"), "state"), "queued");
     ck_assert_str_eq(itest_str(listed(j, "rest"), "state"), "idle");
     ck_assert_int_eq(itest_int(listed(j, "rest"), "outstanding"), 0);
-    ck_assert_double_gt(cJSON_GetObjectItemCaseSensitive(listed(j, "rest"), "idle_seconds")->valuedouble,
-                        -0.001);
+    ck_assert_double_gt(
+        cJSON_GetObjectItemCaseSensitive(listed(j, "rest"), "idle_seconds")->valuedouble, -0.001);
     cJSON_Delete(j);
 
     itest_daemon_signal(d, SIGUSR1);

@@ -105,8 +105,7 @@ END_TEST
 
 START_TEST(test_auth_session)
 {
-    itest_daemon_t *d =
-        itest_daemon_start("--auth-token-file", token_file(TOKEN "\n", 0600), NULL);
+    itest_daemon_t *d = itest_daemon_start("--auth-token-file", token_file(TOKEN "\n", 0600), NULL);
     itest_conn_t *c = itest_connect(d);
 
     /* Before auth: auth_required, and the connection stays open. */
@@ -168,8 +167,7 @@ END_TEST
 
 START_TEST(test_auth_admin)
 {
-    itest_daemon_t *d =
-        itest_daemon_start("--auth-token-file", token_file(TOKEN, 0400), NULL);
+    itest_daemon_t *d = itest_daemon_start("--auth-token-file", token_file(TOKEN, 0400), NULL);
     itest_http_t h;
     char v[128];
 

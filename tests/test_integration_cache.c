@@ -806,8 +806,9 @@ START_TEST(test_memory_given_back)
     int64_t deadline = itest_now_ms() + itest_scale_ms(30000);
     while ((now = itest_daemon_rss_kib(d)) > bound && itest_now_ms() < deadline)
         itest_sleep_ms(100);
-    fprintf(stderr, "test_memory_given_back: RSS idle %lld KiB, 50,000 sessions %lld KiB, after "
-                    "%lld KiB (bound %lld KiB)\n",
+    fprintf(stderr,
+            "test_memory_given_back: RSS idle %lld KiB, 50,000 sessions %lld KiB, after "
+            "%lld KiB (bound %lld KiB)\n",
             (long long)idle, (long long)peak, (long long)now, (long long)bound);
     ck_assert_msg(now <= bound, "RSS %lld KiB 30 s after the sessions ended; idle %lld KiB",
                   (long long)now, (long long)idle);
