@@ -843,8 +843,8 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     sess->in_map = true;
     sess->born = uv_now(&s->loop);
     s->admitted++;
-    c->share_sessions++;
     (void)share_charge(c, sess, m, r->rq.ntokens, true, err); /* checked above */
+    c->share_sessions++;
     sess->conn = c;
     sess->prev = NULL;
     sess->next = c->sessions;
