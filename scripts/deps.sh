@@ -6,7 +6,8 @@
 # The README, CI (.ci/run) and the Dockerfile all install through this script.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config libuv1-dev libcjson-dev check libhttp-parser-dev netcat-openbsd curl)
+pkgs=(build-essential cmake pkg-config libuv1-dev libcjson-dev check libhttp-parser-dev
+      netcat-openbsd curl)
 if [ "${1:-}" = "--test" ]; then
   pkgs+=(clang libclang-rt-14-dev valgrind python3 prometheus redis-server haproxy
          procps openssl)

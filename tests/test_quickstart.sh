@@ -34,8 +34,10 @@ trap 'exit 1' INT TERM HUP
 
 [ -x "$slotd" ] || { fail "no daemon at $slotd (build first: scripts/build.sh)"; exit 1; }
 
-# The packages of the run path: the first pkgs=(...) of scripts/deps.sh.
-run_pkgs=" $(sed -n 's/^pkgs=(\(.*\))$/\1/p' "$root/scripts/deps.sh" | head -n 1) "
+# The packages of the run path: the first pkgs=(...) of scripts/deps.sh,
+# over one line or several.
+run_pkgs=" $(awk '/^pkgs=\(/ { on = 1 } on { print } on && /\)/ { exit }' "$root/scripts/deps.sh" |
+  tr '\n' ' ' | sed 's/^pkgs=(//; s/).*$//') "
 for need in "nc:netcat-openbsd" "curl:curl"; do
   tool=${need%%:*} pkg=${need#*:}
   if grep -Eq "(^    |\| )$tool " "$readme"; then
