@@ -154,6 +154,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #ifdef NDEBUG
 #define CACHE__DEBUG 0
@@ -182,6 +183,8 @@ typedef struct cache__page {
     uint32_t carved; /* (lock) objects handed out since the page was assigned */
     uint32_t prev;   /* (lock) partial list; unused on the free-page list */
     uint32_t next;   /* (lock) partial list, or the free-page list */
+    uint32_t freed;  /* (lock) while free: the trim epoch it was freed in; 0 while
+                        the kernel has its memory back (never written, or trimmed) */
     void *free;      /* (lock) freed objects, linked through their first word */
 } cache__page_t;
 
@@ -297,6 +300,7 @@ struct cache_pool {
     unsigned char *arena;
     size_t arena_bytes; /* npages * page_size: arena_factor x the budget's pages */
     size_t page_size;
+    size_t sys_page; /* the system's page size: cache_pool_trim() gives whole ones back */
     uint32_t npages;
     uint32_t max_slots;
     uint64_t capacity;
@@ -332,6 +336,8 @@ struct cache_pool {
     uint32_t free_slot;  /* (lock) free-slot stack, through next_free */
     uint32_t free_page;  /* (lock) free-page stack, through next */
     uint32_t pages_free; /* (lock) pages on that stack */
+    uint32_t pages_held; /* (lock) of those, pages whose memory the kernel still backs */
+    uint32_t trim_epoch; /* (lock) cache_pool_trim() calls so far, plus 1 */
     uint64_t live_slots; /* (lock) */
     /* (lock) objects off the pages' free lists, at their strides: those
      * live slots hold, plus those parked in thread caches (and, for the
@@ -542,6 +548,9 @@ static void *do_obj_take(cache_pool_t *p, uint32_t ci, bool *fresh)
         pg = &p->pages[pi];
         p->free_page = pg->next;
         p->pages_free--;
+        if (pg->freed != 0)
+            p->pages_held--;
+        pg->freed = 0;
         pg->cls = ci;
         pg->nfree = c->per_page;
         pg->carved = 0;
@@ -613,6 +622,8 @@ static void do_obj_free(cache_pool_t *p, void *obj)
         pg->next = p->free_page;
         p->free_page = pi;
         p->pages_free++;
+        pg->freed = p->trim_epoch;
+        p->pages_held++;
     }
 }
 
@@ -1175,6 +1186,8 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
     p->max_slots = cfg->max_slots;
     p->nmodels = cfg->nmodels;
     p->page_size = unit_max * ((CACHE__PAGE_MIN + unit_max - 1) / unit_max);
+    long sys_page = sysconf(_SC_PAGESIZE);
+    p->sys_page = sys_page > 0 ? (size_t)sys_page : 4096;
     if (p->page_size > cfg->capacity_bytes) {
         /* Not one page of the largest object fits the budget. */
         rc = SLOTD_EINVAL;
@@ -1279,6 +1292,7 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
     }
     p->free_page = 0;
     p->pages_free = p->npages;
+    p->trim_epoch = 1;
 
     if (pthread_mutex_init(&p->lock, NULL) != 0)
         goto fail_pages;
@@ -1584,6 +1598,82 @@ void cache_pool_stats(cache_pool_t *p, cache_pool_stats_t *st)
     do_unlock(p);
 }
 
+/* Pages given back per hold of the lock in cache_pool_trim(). */
+#define CACHE__TRIM_BATCH 32
+
+/* Gives the kernel the memory of up to CACHE__TRIM_BATCH free pages freed
+ * before epoch `before`, walking the free-page stack from *at (CACHE__NONE:
+ * its top) and leaving the first `keep` held pages met (*seen so far: the
+ * most recently freed) as they are; the lock is held.  *at is left where
+ * the walk stopped.  Returns the pages given back.
+ *
+ * Between two calls the lock is let go, and the stack changes only at its
+ * top, so a page still free is still on it and its `next` still leads down
+ * the stack; a page taken meanwhile (no longer free) sends the walk back to
+ * the top. */
+static uint32_t do_trim_batch(cache_pool_t *p, uint32_t *at, uint32_t *seen, uint32_t keep,
+                              uint32_t before)
+{
+    uint32_t done = 0, pi = *at;
+
+    if (pi == CACHE__NONE || p->pages[pi].cls != CACHE__NONE)
+        pi = p->free_page;
+    for (; pi != CACHE__NONE && done < CACHE__TRIM_BATCH && p->pages_held > keep;
+         pi = p->pages[pi].next) {
+        cache__page_t *pg = &p->pages[pi];
+        if (pg->freed == 0)
+            continue;
+        if (*seen < keep) {
+            ++*seen;
+            continue;
+        }
+        if (pg->freed >= before)
+            continue;
+        /* The whole system pages inside the pool page: the kernel frees
+         * them now (RSS drops) and hands zeroed ones back on the next
+         * write.  A failure leaves the page as it was, still counted. */
+        uintptr_t sys = (uintptr_t)p->sys_page;
+        uintptr_t b = (uintptr_t)(p->arena + (size_t)pi * p->page_size);
+        uintptr_t e = b + p->page_size;
+        b = (b + sys - 1) & ~(sys - 1);
+        e &= ~(sys - 1);
+        if (e > b && madvise((void *)b, e - b, MADV_DONTNEED) != 0)
+            continue;
+        pg->freed = 0;
+        p->pages_held--;
+        done++;
+    }
+    *at = pi;
+    return done;
+}
+
+uint64_t cache_pool_trim(cache_pool_t *p, uint64_t keep_bytes)
+{
+    uint64_t keep = keep_bytes / p->page_size, pages = 0;
+    uint32_t before, n, at = CACHE__NONE, seen = 0;
+
+    pthread_mutex_lock(&p->lock);
+    before = p->trim_epoch++;
+    pthread_mutex_unlock(&p->lock);
+    do {
+        pthread_mutex_lock(&p->lock);
+        n = do_trim_batch(p, &at, &seen, keep > UINT32_MAX ? UINT32_MAX : (uint32_t)keep, before);
+        pthread_mutex_unlock(&p->lock);
+        pages += n;
+    } while (n == CACHE__TRIM_BATCH && at != CACHE__NONE);
+    return pages * p->page_size;
+}
+
+uint64_t cache_pool_held_free_bytes(cache_pool_t *p)
+{
+    uint64_t n;
+
+    pthread_mutex_lock(&p->lock);
+    n = p->pages_held;
+    pthread_mutex_unlock(&p->lock);
+    return n * p->page_size;
+}
+
 /* ---- For the tests (pool_impl.h) ---- */
 
 size_t cache__pool_page_size(cache_pool_t *p)
@@ -1774,11 +1864,15 @@ int cache__pool_check(cache_pool_t *p)
                  (unsigned long long)atomic_load(&p->entries), (unsigned long long)entries);
 
     n = 0;
+    uint32_t held = 0;
     for (uint32_t i = p->free_page; i != CACHE__NONE && n <= p->npages; i = p->pages[i].next) {
         CACHE__CHECK(p->pages[i].cls == CACHE__NONE, "free page %u has class", i);
+        CACHE__CHECK(p->pages[i].freed <= p->trim_epoch, "free page %u freed in the future", i);
+        held += p->pages[i].freed != 0;
         n++;
     }
     CACHE__CHECK(n == p->pages_free, "free pages %u, counted %u", p->pages_free, n);
+    CACHE__CHECK(held == p->pages_held, "held free pages %u, counted %u", p->pages_held, held);
     for (uint32_t i = 0; i < p->npages; i++) {
         const cache__page_t *pg = &p->pages[i];
         uint32_t listed = 0;

@@ -113,6 +113,20 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out);
 /** Frees the pool and its arena; any slot still live is gone with it. */
 void cache_pool_destroy(cache_pool_t *p);
 
+/** Gives the memory of free pages back to the kernel (madvise
+ * MADV_DONTNEED), so that resident memory follows the pool's use: every
+ * page that has stayed free since the previous call, except the most
+ * recently freed ones, up to `keep_bytes` of them, which stay ready for
+ * reuse.  A page given back costs its next user zeroed pages from the
+ * kernel (page faults on first write), nothing else.  Meant to be called
+ * periodically (the daemon: every second, from the loop thread); takes the
+ * lock for at most 32 pages at a time.  Returns the bytes given back. */
+uint64_t cache_pool_trim(cache_pool_t *p, uint64_t keep_bytes);
+
+/** Bytes of free pages whose memory the kernel still backs (written since
+ * they were last given back). */
+uint64_t cache_pool_held_free_bytes(cache_pool_t *p);
+
 /** Gives `owner` an empty slot for model `m` (one of the config's models):
  * no entries, state allocated.  SLOTD_ECACHE_FULL when the slot count or
  * the budget is exhausted (nothing changes); SLOTD_EINVAL for an unknown

@@ -27,6 +27,8 @@
     XX(LINE_TOO_LONG, "line_too_long", "the line is longer than the limit")                       \
     XX(SHUTTING_DOWN, "shutting_down", "the daemon is draining")                                  \
     XX(TOO_MANY_CONNECTIONS, "too_many_connections", "no room for one more connection")           \
+    XX(AUTH_REQUIRED, "auth_required", "the connection has not authenticated yet")                \
+    XX(AUTH_FAILED, "auth_failed", "the token is wrong")                                          \
     XX(STALE, "internal", "stale cache handle: the slot was released or reused")                  \
     XX(NOMEM, "internal", "out of memory")                                                        \
     XX(INVAL, "internal", "invalid argument")

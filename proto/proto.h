@@ -90,6 +90,7 @@ typedef enum proto_op {
     PROTO_OP_LOGITS,
     PROTO_OP_GENERATE,
     PROTO_OP_STATS,
+    PROTO_OP_AUTH,
     PROTO_OP__COUNT
 } proto_op_t;
 
@@ -103,8 +104,11 @@ const char *proto_op_name(proto_op_t op);
  * them.  Thread-safe. */
 void proto_init(void);
 
-/** A validated request.  Owns `tag` and `tokens` (malloc), freed by
- * proto_request_free(). */
+/** The longest auth token, in bytes. */
+#define PROTO_AUTH_TOKEN_MAX 4096
+
+/** A validated request.  Owns `tag`, `tokens` and `token` (malloc), freed
+ * by proto_request_free(). */
 typedef struct proto_request {
     proto_op_t op;
     char *tag;                       /* the tag as JSON text ("7", "\"x\""), NULL if absent */
@@ -115,6 +119,8 @@ typedef struct proto_request {
     int64_t steps;  /* generate: required, >= 0 */
     bool use_cache; /* generate: default false */
     uint32_t n;     /* step: default 1, >= 1 */
+    char *token;    /* auth: 1..PROTO_AUTH_TOKEN_MAX bytes, NUL-terminated */
+    size_t token_len;
 } proto_request_t;
 
 void proto_request_init(proto_request_t *r);
@@ -169,5 +175,7 @@ int proto_reply_logits(proto_buf_t *b, const char *tag, const double *logits, ui
 int proto_reply_generate(proto_buf_t *b, const char *tag, const uint32_t *tokens, size_t ntokens,
                          const double *logits, uint64_t steps, uint32_t vocab, uint64_t rows);
 int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st);
+/** The reply to a successful auth: {"ok":true}. */
+int proto_reply_auth(proto_buf_t *b, const char *tag);
 
 #endif

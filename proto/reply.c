@@ -538,3 +538,15 @@ nomem:
     b->len = start;
     return SLOTD_ENOMEM;
 }
+
+int proto_reply_auth(proto_buf_t *b, const char *tag)
+{
+    size_t start = b->len;
+
+    TRY(put_open(b, tag));
+    TRY(PUT_LIT(b, "\"ok\":true}\n"));
+    return SLOTD_OK;
+nomem:
+    b->len = start;
+    return SLOTD_ENOMEM;
+}

@@ -101,7 +101,7 @@
 static const char *const op_names[PROTO_OP__COUNT] = {
     [PROTO_OP_NONE] = "none",     [PROTO_OP_START] = "start",   [PROTO_OP_STEP] = "step",
     [PROTO_OP_FINISH] = "finish", [PROTO_OP_LOGITS] = "logits", [PROTO_OP_GENERATE] = "generate",
-    [PROTO_OP_STATS] = "stats",
+    [PROTO_OP_STATS] = "stats",   [PROTO_OP_AUTH] = "auth",
 };
 
 const char *proto_op_name(proto_op_t op)
@@ -114,7 +114,7 @@ const char *proto_op_name(proto_op_t op)
 /* The op named by the `n` bytes at `s`, or PROTO_OP_NONE. */
 static proto_op_t op_lookup(const char *s, size_t n)
 {
-    static const unsigned char lens[PROTO_OP__COUNT] = {4, 5, 4, 6, 6, 8, 5};
+    static const unsigned char lens[PROTO_OP__COUNT] = {4, 5, 4, 6, 6, 8, 5, 4};
 
     for (int k = PROTO_OP_NONE + 1; n > 0 && k < PROTO_OP__COUNT; k++) {
         if (s[0] == op_names[k][0] && n == lens[k] && memcmp(s, op_names[k], n) == 0)
@@ -667,11 +667,12 @@ enum {
     FIELD_N,
     FIELD_STEPS,
     FIELD_USE_CACHE,
+    FIELD_TOKEN,
     FIELD__COUNT
 };
 
 static const char *const field_names[FIELD__COUNT] = {
-    "tag", "op", "id", "model", "prompt", "tokens", "n", "steps", "use_cache",
+    "tag", "op", "id", "model", "prompt", "tokens", "n", "steps", "use_cache", "token",
 };
 
 /* The FIELD_ of the `n` bytes of a member name at `s`, or -1: one
@@ -691,7 +692,7 @@ static int field_index(const char *s, size_t n)
         k = FIELD_TAG;
         break;
     case 5:
-        k = s[0] == 'm' ? FIELD_MODEL : FIELD_STEPS;
+        k = s[0] == 'm' ? FIELD_MODEL : s[0] == 's' ? FIELD_STEPS : FIELD_TOKEN;
         break;
     case 6:
         k = s[0] == 'p' ? FIELD_PROMPT : FIELD_TOKENS;
@@ -787,6 +788,25 @@ static int field_model(const cJSON *it, proto_request_t *r, slotd_error_t *err)
                                "%s: `model` must be a string of 1-32 characters from "
                                "[A-Za-z0-9_.:-]",
                                proto_op_name(r->op));
+    return SLOTD_OK;
+}
+
+/* auth's required `token`: a string of 1..PROTO_AUTH_TOKEN_MAX bytes. */
+static int field_token(const cJSON *it, proto_request_t *r, slotd_error_t *err)
+{
+    size_t n;
+
+    if (it == NULL)
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST, "auth: `token` is required");
+    if (!cJSON_IsString(it) || (n = strlen(it->valuestring)) == 0 || n > PROTO_AUTH_TOKEN_MAX)
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                               "auth: `token` must be a string of 1-%d bytes",
+                               PROTO_AUTH_TOKEN_MAX);
+    r->token = proto__realloc(NULL, n + 1);
+    if (r->token == NULL)
+        return slotd_error_set(err, SLOTD_ENOMEM, "out of memory");
+    memcpy(r->token, it->valuestring, n + 1);
+    r->token_len = n;
     return SLOTD_OK;
 }
 
@@ -987,7 +1007,8 @@ static int request_fill(const cJSON *root, proto_request_t *r, slotd_error_t *er
         char safe[40];
         message_safe(safe, sizeof(safe), it->valuestring);
         return slotd_error_set(err, SLOTD_EUNKNOWN_OP,
-                               "unknown `op` \"%s\" (start, step, finish, logits, generate, stats)",
+                               "unknown `op` \"%s\" (start, step, finish, logits, generate, "
+                               "stats, auth)",
                                safe);
     }
 
@@ -1020,6 +1041,10 @@ static int request_fill(const cJSON *root, proto_request_t *r, slotd_error_t *er
             (rc = field_steps(f[FIELD_STEPS], r, err)) != SLOTD_OK ||
             (rc = field_use_cache(f[FIELD_USE_CACHE], r, err)) != SLOTD_OK ||
             (rc = field_model(f[FIELD_MODEL], r, err)) != SLOTD_OK)
+            return rc;
+        break;
+    case PROTO_OP_AUTH:
+        if ((rc = field_token(f[FIELD_TOKEN], r, err)) != SLOTD_OK)
             return rc;
         break;
     case PROTO_OP_STATS:
@@ -1358,6 +1383,8 @@ static int flat_fill(const flat_value_t *f, const flat_ints_t *t, const char *li
             !flat_name_ok(&f[FIELD_MODEL], line, PROTO_MODEL_MAX, false))
             return PROTO__DECLINED;
         break;
+    case PROTO_OP_AUTH: /* rare, once per connection: the tree path reads it */
+        return PROTO__DECLINED;
     case PROTO_OP_STATS:
     default:
         break;
@@ -1428,6 +1455,7 @@ void proto_request_free(proto_request_t *r)
 {
     free(r->tag);
     free(r->tokens);
+    free(r->token);
     proto_request_init(r);
 }
 

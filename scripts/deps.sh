@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Installs what slotd needs from Debian 12's packages.
-#   scripts/deps.sh          build and run the daemon
+#   scripts/deps.sh          build and run the daemon, and the README's
+#                            quick start (nc, curl)
 #   scripts/deps.sh --test   also everything the test suite and benchmarks use
 # The README, CI (.ci/run) and the Dockerfile all install through this script.
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config libuv1-dev libcjson-dev check libhttp-parser-dev libedit-dev)
+pkgs=(build-essential cmake pkg-config libuv1-dev libcjson-dev check libhttp-parser-dev libedit-dev
+      netcat-openbsd curl)
 if [ "${1:-}" = "--test" ]; then
   pkgs+=(clang libclang-rt-14-dev valgrind python3 prometheus prometheus-alertmanager
-         redis-server haproxy socat netcat-openbsd curl procps)
+         redis-server haproxy socat procps openssl)
 fi
 
 missing=()

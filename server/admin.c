@@ -13,15 +13,18 @@
  * peer's EOF or ADMIN_LINGER_MS, so that a client that already sent more
  * still gets the response rather than a reset.
  *
- * Limits: at most ADMIN_MAX_CONNS connections; one more is accepted, told
- * 503 in one non-blocking write, and closed.  The sweep timer closes a
- * connection that has produced no response for ADMIN_IDLE_MS (an idle
- * keep-alive, a request trickling in, a client that does not read) and a
- * lingering one after ADMIN_LINGER_MS.
+ * Limits: at most ADMIN_MAX_CONNS connections.  When one more arrives,
+ * the connection that has waited longest for anything to happen makes room
+ * (a lingering one first, then one idle between requests, then any), so a
+ * health check on a fresh connection is always answered, whoever holds the
+ * others.  The sweep timer closes a connection that has produced no
+ * response for the idle timeout (an idle keep-alive, a request trickling
+ * in, a client that does not read) and a lingering one after
+ * ADMIN_LINGER_MS.
  *
  * DESIGN.  Everything here runs on the loop thread, including the hooks
  * admin_http calls.  No lock: nothing is shared with other threads.  Every
- * handle (listener, timer, connections, rejected connections) is counted in
+ * handle (listener, timer, connections) is counted in
  * `handles`; admin_close() closes them all and the close callback that
  * brings the count to zero frees the admin_t.  A connection is unlinked
  * when its close starts and freed in its close callback; write and shutdown
@@ -42,7 +45,6 @@
 #define ADMIN_MAX_CONNS 64
 #define ADMIN_BACKLOG 128
 #define ADMIN_READ_SIZE 65536
-#define ADMIN_IDLE_MS 30000
 #define ADMIN_LINGER_MS 2000
 #define ADMIN_SWEEP_MS 1000
 
@@ -70,6 +72,7 @@ typedef struct admin_conn {
     bool peer_eof;
     uint64_t responses; /* admin_http_responses() when last looked */
     uint64_t deadline;  /* uv_now() after which the sweep closes it */
+    uint64_t active;    /* uv_now() of its last accept, read or response */
     struct admin_conn *prev, *next;
 } admin_conn_t;
 
@@ -78,14 +81,13 @@ struct admin {
     uv_tcp_t listener;
     uv_timer_t sweep;
     admin_hooks_t hooks;
+    uint64_t idle_ms;    /* a connection with no response for this long is closed */
     admin_conn_t *conns; /* open connections, not those closing */
     unsigned nconns;
     unsigned handles; /* handles not yet through their close callback */
     bool closing;
     char readbuf[ADMIN_READ_SIZE]; /* lent to every read, one at a time */
 };
-
-static const char reject_body[] = "Too many admin connections\n";
 
 static uint64_t hrtime(void)
 {
@@ -179,7 +181,8 @@ static bool conn_next(admin_conn_t *c, int rc)
     uint64_t n = admin_http_responses(c->http);
     if (n != c->responses) {
         c->responses = n;
-        c->deadline = uv_now(c->admin->loop) + ADMIN_IDLE_MS;
+        c->active = uv_now(c->admin->loop);
+        c->deadline = c->active + c->admin->idle_ms;
     }
     switch (rc) {
     case ADMIN_HTTP_MORE:
@@ -254,6 +257,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     admin_conn_t *c = container_of(s, admin_conn_t, tcp);
     if (nread == 0 || c->state == CONN_CLOSING)
         return;
+    c->active = uv_now(c->admin->loop);
     if (c->state == CONN_LINGER) {
         if (nread < 0)
             conn_close(c);
@@ -276,36 +280,33 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         conn_flush(c);
 }
 
-static void reject_closed(uv_handle_t *h)
+/* How readily `c` gives up its place to a new connection: 2 lingering
+ * (its answers are out), 1 idle between requests, 0 anything else. */
+static int evict_rank(const admin_conn_t *c)
 {
-    admin_t *a = h->data;
-    free(h);
-    handle_gone(a);
+    if (c->state == CONN_LINGER)
+        return 2;
+    if (c->state == CONN_OPEN && !c->writing && c->out.len == 0 && admin_http_idle(c->http))
+        return 1;
+    return 0;
 }
 
-/* Over the limit: accept, say 503 if the socket takes it at once, close. */
-static void reject(admin_t *a)
+/* At the limit: closes the connection of the highest rank that has been
+ * quiet longest, so that the new one is served rather than refused. */
+static void evict(admin_t *a)
 {
-    uv_tcp_t *t = malloc(sizeof(*t));
-    if (t == NULL || uv_tcp_init(a->loop, t) != 0) {
-        free(t);
-        return;
+    admin_conn_t *victim = NULL;
+    int best = -1;
+    /* Newest first: on a tie in uv_now()'s milliseconds the older wins. */
+    for (admin_conn_t *c = a->conns; c != NULL; c = c->next) {
+        int r = evict_rank(c);
+        if (r > best || (r == best && c->active <= victim->active)) {
+            victim = c;
+            best = r;
+        }
     }
-    t->data = a;
-    a->handles++;
-    if (uv_accept((uv_stream_t *)&a->listener, (uv_stream_t *)t) == 0) {
-        char msg[256];
-        int n = snprintf(msg, sizeof(msg),
-                         "HTTP/1.1 503 Service Unavailable\r\n"
-                         "Content-Type: text/plain; charset=utf-8\r\n"
-                         "Content-Length: %zu\r\n"
-                         "Connection: close\r\n"
-                         "\r\n%s",
-                         sizeof(reject_body) - 1, reject_body);
-        uv_buf_t b = uv_buf_init(msg, (unsigned)n);
-        (void)uv_try_write((uv_stream_t *)t, &b, 1);
-    }
-    uv_close((uv_handle_t *)t, reject_closed);
+    if (victim != NULL)
+        conn_close(victim);
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -313,10 +314,8 @@ static void on_connection(uv_stream_t *server, int status)
     admin_t *a = container_of(server, admin_t, listener);
     if (status < 0 || a->closing)
         return;
-    if (a->nconns >= ADMIN_MAX_CONNS) {
-        reject(a);
-        return;
-    }
+    if (a->nconns >= ADMIN_MAX_CONNS)
+        evict(a);
     admin_conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return;
@@ -334,7 +333,8 @@ static void on_connection(uv_stream_t *server, int status)
         a->conns->prev = c;
     a->conns = c;
     a->nconns++;
-    c->deadline = uv_now(a->loop) + ADMIN_IDLE_MS;
+    c->active = uv_now(a->loop);
+    c->deadline = c->active + a->idle_ms;
 
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 ||
         (c->http = admin_http_new(&a->hooks, hrtime)) == NULL || read_start(c) != 0) {
@@ -385,14 +385,14 @@ static int parse_addr(const char *host, int port, struct sockaddr_storage *ss)
     return UV_EINVAL;
 }
 
-int admin_start(uv_loop_t *loop, const char *host, int port, const admin_hooks_t *hooks,
-                admin_t **out)
+int admin_start(uv_loop_t *loop, const char *host, int port, unsigned idle_ms,
+                const admin_hooks_t *hooks, admin_t **out)
 {
     struct sockaddr_storage ss;
     int rc;
 
     *out = NULL;
-    if (port < 0 || port > 65535)
+    if (port < 0 || port > 65535 || idle_ms == 0)
         return UV_EINVAL;
     memset(&ss, 0, sizeof(ss));
     if ((rc = parse_addr(host, port, &ss)) != 0)
@@ -402,6 +402,7 @@ int admin_start(uv_loop_t *loop, const char *host, int port, const admin_hooks_t
     if (a == NULL)
         return UV_ENOMEM;
     a->loop = loop;
+    a->idle_ms = idle_ms;
     if (hooks != NULL)
         a->hooks = *hooks;
     if ((rc = uv_tcp_init(loop, &a->listener)) != 0) {
@@ -415,7 +416,10 @@ int admin_start(uv_loop_t *loop, const char *host, int port, const admin_hooks_t
     if ((rc = uv_timer_init(loop, &a->sweep)) != 0)
         goto fail_listener;
     a->handles++;
-    uv_timer_start(&a->sweep, on_sweep, ADMIN_SWEEP_MS, ADMIN_SWEEP_MS);
+    /* A quarter of a short timeout, so that the close is not late by a
+     * whole sweep. */
+    uint64_t every = idle_ms / 4 < ADMIN_SWEEP_MS ? (idle_ms + 3) / 4 : ADMIN_SWEEP_MS;
+    uv_timer_start(&a->sweep, on_sweep, every, every);
     uv_unref((uv_handle_t *)&a->sweep);
     *out = a;
     return 0;

@@ -11,9 +11,18 @@
  *   GET /stats    200 application/json, the stats object as the `stats` op
  *                 writes it (proto_reply_stats() with no tag), trailing
  *                 newline kept;
- *   GET /metrics  200 text/plain; version=0.0.4, from metrics_render().
+ *   GET /metrics  200 text/plain; version=0.0.4, from metrics_render();
+ *   GET /sessions 200 application/json from the sessions hook, with at
+ *                 most ?limit=N sessions (ADMIN_HTTP_SESSIONS_DEFAULT);
+ *                 400 for any other query (404 without the hook).
  *
- * HEAD is served like GET without the body.  The query string is ignored.
+ * With a token (admin_hooks_t.token), every route but /health asks for
+ * "Authorization: Bearer <token>" (the scheme in any case) and is 401 with
+ * "WWW-Authenticate: Bearer" without it; a wrong token is also counted
+ * (metrics_count_auth_failure()).  /health stays open for balancers.
+ *
+ * HEAD is served like GET without the body.  The query string of the
+ * other routes is ignored.
  * Any other method is 405 with "Allow: GET, HEAD" whatever the path (the
  * admin port has no other method on any resource); an unknown path is 404.
  * Those keep the connection open.  A request the parser rejects is 400, a
@@ -38,6 +47,7 @@
  */
 #include "admin_http.h"
 
+#include <ctype.h>
 #include <http_parser.h>
 #include <limits.h>
 #include <pthread.h>
@@ -45,9 +55,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
+#include "server/auth.h"
 #include "server/metrics.h"
+
+/* "Bearer " and the longest token, with room to see a longer value. */
+#define AUTHZ_MAX (7 + AUTH_TOKEN_MAX + 1)
 
 struct admin_http {
     http_parser parser;
@@ -66,6 +81,15 @@ struct admin_http {
     bool closed;         /* ADMIN_HTTP_CLOSE was returned */
     bool full;           /* ADMIN_HTTP_FULL is pending */
     uint64_t responses;
+    /* The Authorization header of the request being read, gathered across
+     * the parser's header callbacks. */
+    char hname[16];       /* the header name being read, lower case */
+    size_t hname_len;     /* > sizeof(hname): a longer name */
+    bool in_value;        /* the last header callback was a value */
+    bool value_is_authz;  /* the value being read is Authorization's */
+    unsigned authz_count; /* Authorization headers seen */
+    char authz[AUTHZ_MAX + 1];
+    size_t authz_len; /* > AUTHZ_MAX: too long to be right */
 };
 
 #define PARSER_OWNER(p) ((admin_http_t *)(p)->data)
@@ -86,6 +110,8 @@ static const char *status_text(int status)
         return "OK";
     case 400:
         return "Bad Request";
+    case 401:
+        return "Unauthorized";
     case 404:
         return "Not Found";
     case 405:
@@ -188,13 +214,85 @@ static void get_stats(admin_http_t *h, proto_stats_t *st)
         h->hooks.stats(h->hooks.arg, st);
 }
 
-/* Fills h->body and `r` for a GET or HEAD of `path`. */
-static int route(admin_http_t *h, const char *path, size_t len, response_t *r)
+/* True if no token is set, or the request carries exactly one
+ * "Authorization: Bearer <token>" with the right one.  A wrong token is
+ * counted; a missing header is not. */
+static bool authorized(const admin_http_t *h)
+{
+    const char *v = h->authz;
+    size_t n = h->authz_len;
+
+    if (h->hooks.token_len == 0)
+        return true;
+    if (h->authz_count == 0)
+        return false;
+    if (h->authz_count == 1 && n <= AUTHZ_MAX && n > 7 && strncasecmp(v, "bearer ", 7) == 0) {
+        v += 7;
+        n -= 7;
+        while (n > 0 && *v == ' ') {
+            v++;
+            n--;
+        }
+        while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+            n--;
+        if (auth_equal(v, n, h->hooks.token, h->hooks.token_len))
+            return true;
+    }
+    metrics_count_auth_failure();
+    return false;
+}
+
+/* The query of GET /sessions: nothing, or "limit=N" with N a decimal
+ * integer in 0..ADMIN_HTTP_SESSIONS_MAX.  0 with the limit in *limit, or
+ * -1 for anything else (an unknown or repeated parameter, a bad number). */
+static int sessions_query(const char *q, size_t len, size_t *limit)
+{
+    bool seen = false;
+    *limit = ADMIN_HTTP_SESSIONS_DEFAULT;
+    while (len > 0) {
+        size_t n = 0;
+        while (n < len && q[n] != '&')
+            n++;
+        uint64_t v = 0;
+        if (n <= 6 || memcmp(q, "limit=", 6) != 0 || seen || n - 6 > 7)
+            return -1;
+        for (size_t i = 6; i < n; i++) {
+            if (q[i] < '0' || q[i] > '9')
+                return -1;
+            v = v * 10 + (uint64_t)(q[i] - '0');
+        }
+        if (v > ADMIN_HTTP_SESSIONS_MAX)
+            return -1;
+        *limit = (size_t)v;
+        seen = true;
+        q += n;
+        len -= n;
+        if (len > 0) { /* the '&': another parameter must follow */
+            q++;
+            len--;
+            if (len == 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* Fills h->body and `r` for a GET or HEAD of `path` with `query` (qlen
+ * bytes, 0 for none). */
+static int route(admin_http_t *h, const char *path, size_t len, const char *query, size_t qlen,
+                 response_t *r)
 {
 #define IS(lit) (len == sizeof(lit) - 1 && memcmp(path, lit, len) == 0)
     proto_stats_t st;
     int rc;
 
+    if ((IS("/stats") || IS("/metrics") || (IS("/sessions") && h->hooks.sessions != NULL)) &&
+        !authorized(h)) {
+        r->status = 401;
+        r->content_type = "text/plain; charset=utf-8";
+        r->extra = "WWW-Authenticate: Bearer\r\n";
+        return proto_buf_append(&h->body, "Unauthorized\n", 13);
+    }
     if (IS("/health")) {
         const char *why = NULL;
         bool ok = h->hooks.healthy == NULL || h->hooks.healthy(h->hooks.arg, &why);
@@ -214,6 +312,19 @@ static int route(admin_http_t *h, const char *path, size_t len, response_t *r)
         r->status = 200;
         r->content_type = "application/json";
         return proto_reply_stats(&h->body, NULL, &st);
+    }
+    if (IS("/sessions") && h->hooks.sessions != NULL) {
+        size_t limit;
+        if (sessions_query(query, qlen, &limit) != 0) {
+            r->status = 400;
+            r->content_type = "text/plain; charset=utf-8";
+            static const char msg[] =
+                "Bad Request: the only parameter is limit=N, N in 0..1000000\n";
+            return proto_buf_append(&h->body, msg, sizeof(msg) - 1);
+        }
+        r->status = 200;
+        r->content_type = "application/json";
+        return h->hooks.sessions(h->hooks.arg, limit, &h->body);
     }
     if (IS("/metrics")) {
         get_stats(h, &st);
@@ -255,7 +366,10 @@ static int respond(admin_http_t *h)
             h->closed = true;
             return append_failure(h, 400);
         }
-        rc = route(h, h->url + u.field_data[UF_PATH].off, u.field_data[UF_PATH].len, &r);
+        bool q = (u.field_set & (1u << UF_QUERY)) != 0;
+        rc = route(h, h->url + u.field_data[UF_PATH].off, u.field_data[UF_PATH].len,
+                   q ? h->url + u.field_data[UF_QUERY].off : "", q ? u.field_data[UF_QUERY].len : 0,
+                   &r);
     }
     if (rc != SLOTD_OK)
         return SLOTD_ENOMEM;
@@ -279,6 +393,45 @@ static int on_message_begin(http_parser *p)
     admin_http_t *h = PARSER_OWNER(p);
     h->url_len = 0;
     h->body_bytes = 0;
+    h->in_value = true; /* the first name starts afresh */
+    h->value_is_authz = false;
+    h->authz_count = 0;
+    h->authz_len = 0;
+    return 0;
+}
+
+static int on_header_field(http_parser *p, const char *at, size_t len)
+{
+    admin_http_t *h = PARSER_OWNER(p);
+    if (h->in_value) {
+        h->in_value = false;
+        h->hname_len = 0;
+    }
+    for (size_t i = 0; i < len; i++, h->hname_len++)
+        if (h->hname_len < sizeof(h->hname))
+            h->hname[h->hname_len] = (char)tolower((unsigned char)at[i]);
+    return 0;
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t len)
+{
+    admin_http_t *h = PARSER_OWNER(p);
+    if (!h->in_value) {
+        h->in_value = true;
+        h->value_is_authz = h->hname_len == 13 && memcmp(h->hname, "authorization", 13) == 0;
+        if (h->value_is_authz) {
+            h->authz_count++;
+            h->authz_len = 0;
+        }
+    }
+    if (!h->value_is_authz)
+        return 0;
+    if (len > AUTHZ_MAX - (h->authz_len < AUTHZ_MAX ? h->authz_len : AUTHZ_MAX)) {
+        h->authz_len = AUTHZ_MAX + 1;
+        return 0;
+    }
+    memcpy(h->authz + h->authz_len, at, len);
+    h->authz_len += len;
     return 0;
 }
 
@@ -339,6 +492,8 @@ static int on_message_complete(http_parser *p)
 static const http_parser_settings settings = {
     .on_message_begin = on_message_begin,
     .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_value = on_header_value,
     .on_headers_complete = on_headers_complete,
     .on_chunk_header = on_chunk_header,
     .on_message_complete = on_message_complete,
@@ -470,6 +625,11 @@ int admin_http_resume(admin_http_t *h, proto_buf_t *out)
     else
         h->held.len = 0;
     return rc;
+}
+
+bool admin_http_idle(const admin_http_t *h)
+{
+    return h->req_bytes == 0 && !h->full && h->held.len == 0;
 }
 
 uint64_t admin_http_responses(const admin_http_t *h)

@@ -16,6 +16,7 @@
 #ifndef SLOTD_SERVER_ADMIN_HTTP_H
 #define SLOTD_SERVER_ADMIN_HTTP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,6 +32,10 @@
 /** Request bodies are read and ignored; a longer one is answered 413 and
  * closes. */
 #define ADMIN_HTTP_MAX_BODY 65536
+/** GET /sessions lists this many sessions unless ?limit=N says otherwise,
+ * and never more than ADMIN_HTTP_SESSIONS_MAX. */
+#define ADMIN_HTTP_SESSIONS_DEFAULT 100
+#define ADMIN_HTTP_SESSIONS_MAX 1000000
 /** Once the output holds this many bytes, the next pipelined request waits
  * for admin_http_resume(). */
 #define ADMIN_HTTP_OUT_HIGH 65536
@@ -75,6 +80,10 @@ int admin_http_feed(admin_http_t *h, const char *data, size_t len, proto_buf_t *
  * When nothing is held back it appends nothing and returns ADMIN_HTTP_MORE
  * (or ADMIN_HTTP_CLOSE after a close). */
 int admin_http_resume(admin_http_t *h, proto_buf_t *out);
+
+/** True between requests: no byte of a next request has been read and
+ * none is held back. */
+bool admin_http_idle(const admin_http_t *h);
 
 /** Number of responses appended so far (for tests). */
 uint64_t admin_http_responses(const admin_http_t *h);

@@ -50,6 +50,8 @@ typedef enum opt_kind {
     OPT_MODEL,
     OPT_LEVEL,
     OPT_RATE,
+    OPT_PATH,
+    OPT_YESNO,
     OPT_FLAG,
 } opt_kind_t;
 
@@ -65,13 +67,21 @@ typedef struct option {
 #define FIELD(f) offsetof(server_config_t, f), sizeof(((server_config_t *)0)->f)
 
 static const option_t options[] = {
-    {"listen", OPT_HOST, 0, 0, FIELD(listen), "address of both ports (127.0.0.1)"},
+    {"listen", OPT_HOST, 0, 0, FIELD(listen), "address of the session port (127.0.0.1)"},
     {"port", OPT_UINT, 0, 65535, FIELD(port), "session port, 0 for any (7070)"},
+    {"admin-listen", OPT_HOST, 0, 0, FIELD(admin_listen),
+     "address of the admin port, whatever --listen says (127.0.0.1)"},
     {"admin-port", OPT_UINT, 0, 65535, FIELD(admin_port), "admin HTTP port, 0 for any (7071)"},
+    {"admin-idle-timeout", OPT_UINT, 1, 86400, FIELD(admin_idle_timeout),
+     "seconds before an admin connection with nothing answered is closed (5)"},
     {"threads", OPT_UINT, 1, 1024, FIELD(threads), "worker threads (cores available)"},
     {"cache-mb", OPT_UINT, 1, UINT64_C(1) << 24, FIELD(cache_mb), "cache pool size in MiB (256)"},
     {"max-sessions", OPT_UINT, 1, 100000000, FIELD(max_sessions), "live sessions (100000)"},
     {"max-connections", OPT_UINT, 1, 1000000, FIELD(max_connections), "open connections (10000)"},
+    {"max-sessions-per-connection", OPT_UINT, 1, 100000000, FIELD(max_sessions_per_conn),
+     "live sessions one connection may hold (10000)"},
+    {"max-connection-share", OPT_RATE, 0, 0, FIELD(max_conn_share),
+     "fraction above 0 and up to 1 of the pool's bytes and slots one connection may hold (0.5)"},
     {"max-line", OPT_UINT, 16, UINT64_C(1) << 30, FIELD(max_line),
      "longest request line in bytes (65536)"},
     {"idle-timeout", OPT_UINT, 0, 100000000, FIELD(idle_timeout),
@@ -89,6 +99,10 @@ static const option_t options[] = {
     {"log-level", OPT_LEVEL, 0, 0, FIELD(log_level), "debug, info, warn or error (info)"},
     {"audit-rate", OPT_RATE, 0, 0, FIELD(audit_rate),
      "fraction 0..1 of step requests checked against an uncached recompute (0)"},
+    {"auth-token-file", OPT_PATH, 0, 0, FIELD(auth_token_file),
+     "file holding the token clients must present, readable by its owner only (none)"},
+    {"protected-mode", OPT_YESNO, 0, 0, FIELD(protected_mode),
+     "yes: refuse a non-loopback --listen or --admin-listen without a token (yes)"},
 #if SLOTD_FAULT_INJECTION
     {"fault-corrupt-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_corrupt_after),
      "test build: damage the slot of the N-th step job (0, off)"},
@@ -212,14 +226,18 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
         cores = (long)lim->cpus;
     memset(cfg, 0, sizeof(*cfg));
     strcpy(cfg->listen, "127.0.0.1");
+    strcpy(cfg->admin_listen, "127.0.0.1");
     cfg->port = 7070;
     cfg->admin_port = 7071;
+    cfg->admin_idle_timeout = 5;
     cfg->threads = cores < 1 ? 1 : cores > 1024 ? 1024 : (unsigned)cores;
     cfg->cache_mb = 256;
     if (lim->memory_mb != 0 && lim->memory_mb / 2 < cfg->cache_mb)
         cfg->cache_mb = lim->memory_mb / 2 > 0 ? lim->memory_mb / 2 : 1;
     cfg->max_sessions = 100000;
     cfg->max_connections = 10000;
+    cfg->max_sessions_per_conn = 10000;
+    cfg->max_conn_share = 0.5;
     cfg->max_line = PROTO_DEFAULT_MAX_LINE;
     cfg->idle_timeout = 300;
     cfg->shutdown_timeout = 10;
@@ -230,6 +248,7 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     strcpy(cfg->models[1], "hash");
     strcpy(cfg->default_model, "tiny");
     cfg->log_level = LOG_LEVEL_INFO;
+    cfg->protected_mode = true;
 }
 
 void config_defaults(server_config_t *cfg)
@@ -275,6 +294,18 @@ static bool host_valid(const char *s)
 {
     unsigned char buf[sizeof(struct in6_addr)];
     return inet_pton(AF_INET, s, buf) == 1 || inet_pton(AF_INET6, s, buf) == 1;
+}
+
+/* True for 127.0.0.0/8, ::1 and ::ffff:127.0.0.0/104 (`s` is host_valid()). */
+static bool host_loopback(const char *s)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, s, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, s, &a6) != 1)
+        return false;
+    return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
 }
 
 /* Parses a decimal unsigned integer with nothing around it. */
@@ -374,7 +405,7 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
     case OPT_HOST:
         if (strlen(value) > CONFIG_HOST_MAX || !host_valid(value))
             return fail(err, errlen, "%s: '%s' is not a numeric IPv4 or IPv6 address", src, value);
-        strcpy(cfg->listen, value);
+        strcpy((char *)cfg + o->offset, value);
         return CONFIG_OK;
     case OPT_UINT:
         if (parse_uint(value, &v) != 0 || v < o->min || v > o->max)
@@ -394,9 +425,22 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
         if (log_level_parse(value, &cfg->log_level) != 0)
             return fail(err, errlen, "%s: '%s' is not one of debug, info, warn, error", src, value);
         return CONFIG_OK;
-    case OPT_RATE:
-        if (parse_rate(value, &cfg->audit_rate) != 0)
+    case OPT_RATE: {
+        double r;
+        if (parse_rate(value, &r) != 0)
             return fail(err, errlen, "%s: '%s' is not a number in 0..1", src, value);
+        memcpy((char *)cfg + o->offset, &r, sizeof(r));
+        return CONFIG_OK;
+    }
+    case OPT_PATH:
+        if (value[0] == '\0' || strlen(value) > CONFIG_PATH_MAX)
+            return fail(err, errlen, "%s: '%.64s' is not a file path", src, value);
+        strcpy((char *)cfg + o->offset, value);
+        return CONFIG_OK;
+    case OPT_YESNO:
+        if (strcmp(value, "yes") != 0 && strcmp(value, "no") != 0)
+            return fail(err, errlen, "%s: '%s' is not yes or no", src, value);
+        *(bool *)((char *)cfg + o->offset) = strcmp(value, "yes") == 0;
         return CONFIG_OK;
     case OPT_FLAG:
         break;
@@ -507,6 +551,23 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
         return fail(err, errlen, "--default-model: '%s' is not among --models", cfg->default_model);
     if (cfg->port != 0 && cfg->port == cfg->admin_port)
         return fail(err, errlen, "--port and --admin-port are both %d", cfg->port);
+    if (!(cfg->max_conn_share > 0.0))
+        return fail(err, errlen, "--max-connection-share: 0 leaves no connection any share");
+    cfg->auth_token[0] = '\0';
+    cfg->auth_token_len = 0;
+    if (cfg->auth_token_file[0] != '\0' &&
+        auth_load(cfg->auth_token_file, cfg->auth_token, &cfg->auth_token_len, err, errlen) != 0)
+        return CONFIG_ERROR;
+    if (cfg->protected_mode && cfg->auth_token_len == 0) {
+        const char *open = !host_loopback(cfg->listen)         ? cfg->listen
+                           : !host_loopback(cfg->admin_listen) ? cfg->admin_listen
+                                                               : NULL;
+        if (open != NULL)
+            return fail(err, errlen,
+                        "protected mode: refusing to listen on %s without a token; give "
+                        "--auth-token-file PATH, or --protected-mode no to serve it open",
+                        open);
+    }
     uint64_t phys = config_physical_mb();
     if (phys != 0 && cfg->cache_mb > phys)
         return fail(err, errlen,

@@ -6,38 +6,50 @@
 #ifndef SLOTD_SERVER_CONFIG_H
 #define SLOTD_SERVER_CONFIG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
+#include "auth.h"
 #include "log.h"
 #include "proto/proto.h"
 
 #define CONFIG_MAX_MODELS 8
 #define CONFIG_HOST_MAX 63
+#define CONFIG_PATH_MAX 4095
 
 /** Every setting.  A plain value with no owned memory. */
 typedef struct server_config {
-    char listen[CONFIG_HOST_MAX + 1]; /* numeric IPv4 or IPv6 address of both ports */
-    int port;                         /* session port; 0 = ephemeral */
-    int admin_port;                   /* admin HTTP port; 0 = ephemeral */
-    unsigned threads;                 /* worker threads */
-    uint64_t cache_mb;                /* pool budget in MiB */
-    uint32_t max_sessions;            /* live sessions, all connections together */
-    uint32_t max_connections;         /* open session connections */
-    size_t max_line;                  /* longest request line, without "\n" */
-    uint32_t idle_timeout;            /* seconds a session may sit idle; 0 = forever */
-    uint32_t conn_timeout;            /* seconds a connection with no live session and no
-                                         request in flight may sit silent; 0 = forever */
-    uint32_t shutdown_timeout;        /* seconds a drain may take before exit 1 */
-    uint32_t wedge_timeout;           /* seconds one job may run before /health fails */
-    uint32_t reply_hold_us;           /* microseconds a connection's replies may wait for
-                                         its other jobs out; 0 = never */
-    size_t nmodels;                   /* presets to load, in the order given */
+    char listen[CONFIG_HOST_MAX + 1];       /* numeric IPv4 or IPv6 address of the session port */
+    char admin_listen[CONFIG_HOST_MAX + 1]; /* the same for the admin port */
+    int port;                               /* session port; 0 = ephemeral */
+    int admin_port;                         /* admin HTTP port; 0 = ephemeral */
+    uint32_t admin_idle_timeout;            /* seconds an admin connection may go unanswered */
+    unsigned threads;                       /* worker threads */
+    uint64_t cache_mb;                      /* pool budget in MiB */
+    uint32_t max_sessions;                  /* live sessions, all connections together */
+    uint32_t max_connections;               /* open session connections */
+    uint32_t max_sessions_per_conn;         /* live sessions one connection may hold */
+    double max_conn_share;                  /* fraction (0, 1] of the pool's bytes and slots one
+                                               connection may hold */
+    size_t max_line;                        /* longest request line, without "\n" */
+    uint32_t idle_timeout;                  /* seconds a session may sit idle; 0 = forever */
+    uint32_t conn_timeout;                  /* seconds a connection with no live session and no
+                                               request in flight may sit silent; 0 = forever */
+    uint32_t shutdown_timeout;              /* seconds a drain may take before exit 1 */
+    uint32_t wedge_timeout;                 /* seconds one job may run before /health fails */
+    uint32_t reply_hold_us;                 /* microseconds a connection's replies may wait for
+                                               its other jobs out; 0 = never */
+    size_t nmodels;                         /* presets to load, in the order given */
     char models[CONFIG_MAX_MODELS][PROTO_MODEL_MAX + 1];
     char default_model[PROTO_MODEL_MAX + 1]; /* one of `models` */
     log_level_t log_level;
     double audit_rate; /* fraction of step requests recomputed uncached, 0..1 */
+    char auth_token_file[CONFIG_PATH_MAX + 1]; /* "" for none */
+    char auth_token[AUTH_TOKEN_MAX + 1];       /* read from it by config_parse(); "" for none */
+    size_t auth_token_len;                     /* 0: no token, both ports open */
+    bool protected_mode;                       /* refuse a non-loopback address without a token */
 #if SLOTD_FAULT_INJECTION
     /* Test builds only: the hooks of job.c (0 = off). */
     uint64_t fault_corrupt_after; /* damage the slot of the N-th step job, after it ran */

@@ -68,6 +68,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "log.h"
 #include "server_int.h"
 
@@ -481,7 +482,66 @@ static void session_unmap(session_t *sess)
         session_map_remove(&sess->conn->map, &sess->node);
         sess->in_map = false;
         s->admitted--;
+        sess->conn->share_sessions--;
+        sess->conn->share_bytes -= sess->charged;
+        sess->charged = 0;
     }
+}
+
+/* One connection's share of the pool (--max-connection-share,
+ * --max-sessions-per-connection).  Bytes are counted as entries x entry
+ * size plus the model's state, charged when a start or step is read and
+ * given back when it fails or its session leaves the map: so a client
+ * that pipelines cannot pass its share before its requests have run. */
+static int share_charge(conn_t *c, session_t *sess, const model_t *m, uint64_t entries, bool start,
+                        bool new_session, slotd_error_t *err)
+{
+    const server_config_t *cfg = c->server->cfg;
+    uint64_t need =
+        m == NULL ? 0 : entries * model_entry_size(m) + (start ? model_state_size(m) : 0);
+    uint64_t cap = (uint64_t)((double)(cfg->cache_mb << 20) * cfg->max_conn_share);
+    const char *op = start ? "start" : "step";
+
+    if (new_session) {
+        uint64_t most = (uint64_t)((double)cfg->max_sessions * cfg->max_conn_share);
+        if (most > cfg->max_sessions_per_conn)
+            most = cfg->max_sessions_per_conn;
+        if (c->share_sessions >= (most > 0 ? most : 1))
+            return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                                   "start: this connection's share is used up: it holds %u "
+                                   "sessions (--max-sessions-per-connection, "
+                                   "--max-connection-share)",
+                                   c->share_sessions);
+    }
+    /* A share of the whole pool is no limit of its own: the pool refuses,
+     * and says so, when the bytes run out. */
+    if (cfg->max_conn_share < 1.0 && c->share_bytes + need > cap)
+        return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                               "%s: this connection's share of the pool is used up: %" PRIu64
+                               " of its %" PRIu64 " bytes (--max-connection-share)",
+                               op, c->share_bytes, cap);
+    if (sess != NULL) {
+        sess->charged += need;
+        c->share_bytes += need;
+    }
+    return SLOTD_OK;
+}
+
+/* Gives back what `r` (a start or step of `sess`, which failed or never
+ * ran) had charged to its connection's share. */
+static void share_give_back(session_t *sess, const req_t *r)
+{
+    const model_t *m = sess->cs.model;
+    uint64_t back;
+
+    if (!sess->in_map || m == NULL)
+        return; /* session_unmap() gave everything back */
+    back = r->rq.op == PROTO_OP_START
+               ? (uint64_t)r->rq.ntokens * model_entry_size(m) + model_state_size(m)
+               : (uint64_t)r->rq.n * model_entry_size(m);
+    back = back < sess->charged ? back : sess->charged;
+    sess->charged -= back;
+    sess->conn->share_bytes -= back;
 }
 
 /* Ends the connection's service: drops every request not yet started,
@@ -831,10 +891,12 @@ static void session_kick(session_t *sess)
         } else if (r->rq.op == PROTO_OP_FINISH) {
             ok = session_finish(sess, r);
         } else if (r->rq.op == PROTO_OP_STEP && !sess->has_slot) {
+            share_give_back(sess, r);
             slotd_error_set(&err, SLOTD_EUNKNOWN_ID,
                             "step: no live session '%s' on this connection", r->rq.id);
             ok = req_fail(r, &err);
         } else if (r->rq.op == PROTO_OP_START && sess->has_slot) { /* the one before it succeeded */
+            share_give_back(sess, r);
             slotd_error_set(&err, SLOTD_EDUPLICATE_ID,
                             "start: session '%s' is already live on this connection", r->rq.id);
             ok = req_fail(r, &err);
@@ -925,6 +987,13 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
                                "start: the daemon holds %u sessions, its limit (--max-sessions)",
                                s->cfg->max_sessions);
     }
+    if (share_charge(c, NULL, m, r->rq.ntokens, true, sess == NULL, err) != SLOTD_OK) {
+        if (earlier_pending(c, r)) { /* an earlier line may give some of it back */
+            req_defer(c, r, false);
+            return SLOTD_OK;
+        }
+        return err->code;
+    }
     req_need(r, m, &bytes, &slots);
     if (conn_must_wait(c, r, bytes, slots)) {
         req_defer(c, r, false);
@@ -935,6 +1004,7 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     if (sess != NULL) {
         /* The id's start has not succeeded yet: this one is decided after
          * it, duplicate_id if it succeeds, run if it fails. */
+        (void)share_charge(c, sess, m, r->rq.ntokens, true, false, err); /* checked above */
         req_count_need(c, r, bytes, slots);
         session_enqueue(sess, r);
         return SLOTD_OK;
@@ -953,7 +1023,10 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
         return SLOTD_ENOMEM;
     }
     sess->in_map = true;
+    sess->born = uv_now(&s->loop);
     s->admitted++;
+    (void)share_charge(c, sess, m, r->rq.ntokens, true, true, err); /* checked above */
+    c->share_sessions++;
     sess->conn = c;
     sess->cs.model = m; /* for the room its steps may take, before it has a slot */
     sess->prev = NULL;
@@ -965,6 +1038,16 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     req_count_need(c, r, bytes, slots);
     session_enqueue(sess, r);
     return SLOTD_OK;
+}
+
+/* The session's model: its slot's, or its start's while that has not run. */
+static const model_t *session_model(const session_t *sess)
+{
+    if (sess->cs.model != NULL)
+        return sess->cs.model;
+    if (sess->running != NULL)
+        return sess->running->model;
+    return sess->fifo_head != NULL ? sess->fifo_head->model : NULL;
 }
 
 static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
@@ -984,12 +1067,22 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
         }
         session_unmap(sess); /* later lines no longer see the id */
     } else {
+        const model_t *m = session_model(sess);
         uint64_t bytes, slots;
-        req_need(r, sess->cs.model, &bytes, &slots);
+
+        if (share_charge(c, NULL, m, r->rq.n, false, false, err) != SLOTD_OK) {
+            if (earlier_pending(c, r)) { /* an earlier line may give some of it back */
+                req_defer(c, r, false);
+                return SLOTD_OK;
+            }
+            return err->code;
+        }
+        req_need(r, m, &bytes, &slots);
         if (conn_must_wait(c, r, bytes, slots)) {
             req_defer(c, r, false);
             return SLOTD_OK;
         }
+        (void)share_charge(c, sess, m, r->rq.n, false, false, err); /* checked above */
         req_count_need(c, r, bytes, slots);
     }
     session_enqueue(sess, r);
@@ -1081,15 +1174,53 @@ static void release_barrier(conn_t *c, req_t *r)
     }
 }
 
+/* An auth request: with no token set, or the right one, the connection is
+ * open from now on; a wrong one is auth_failed, counted and logged (not
+ * the token), and the connection closes after the reply.  False if the
+ * connection had to close (no memory). */
+static bool req_auth(conn_t *c, req_t *r)
+{
+    const server_config_t *cfg = c->server->cfg;
+    struct sockaddr_storage peer;
+    int plen = sizeof(peer);
+    char host[64] = "?";
+    slotd_error_t err;
+
+    if (cfg->auth_token_len == 0 ||
+        auth_equal(r->rq.token, r->rq.token_len, cfg->auth_token, cfg->auth_token_len)) {
+        c->authed = true;
+        r->rc = SLOTD_OK;
+        r->reply.len = 0;
+        if (proto_reply_auth(&r->reply, r->rq.tag) != SLOTD_OK) {
+            conn_close(c);
+            return false;
+        }
+        req_done(r);
+        return true;
+    }
+    metrics_count_auth_failure();
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &plen) == 0)
+        uv_ip_name((struct sockaddr *)&peer, host, sizeof(host));
+    log_warn("connection %" PRIu64 " from %s: auth with a wrong token; closing it", c->serial,
+             host);
+    slotd_error_set(&err, SLOTD_EAUTH_FAILED, "auth: wrong token; the connection is closed");
+    if (!req_fail(r, &err))
+        return false;
+    conn_end_input(c);
+    return true;
+}
+
 /* proto_framer_feed() callback: one complete line. */
 static int on_line(void *arg, const char *line, size_t len)
 {
     conn_t *c = arg;
     slotd_error_t err;
-    req_t *r = server_req_get(c->server);
+    req_t *r;
     int rc;
 
-    if (r == NULL)
+    if (c->input_done) /* after auth_failed: the rest of this read is dropped */
+        return 0;
+    if ((r = server_req_get(c->server)) == NULL)
         return SLOTD_ENOMEM;
     slotd_error_clear(&err);
     r->conn = c;
@@ -1101,7 +1232,15 @@ static int on_line(void *arg, const char *line, size_t len)
         metrics_count_request(r->rq.op);
     else
         r->uncounted = true;
-    if (rc != SLOTD_OK) {
+    if (r->rq.op == PROTO_OP_AUTH && rc == SLOTD_OK) {
+        if (!req_auth(c, r))
+            return SLOTD_ENOMEM;
+    } else if (r->rq.op != PROTO_OP_AUTH && !c->authed && c->server->cfg->auth_token_len > 0) {
+        slotd_error_set(&err, SLOTD_EAUTH_REQUIRED,
+                        "authenticate first: {\"op\":\"auth\",\"token\":\"...\"}");
+        if (!req_fail(r, &err))
+            return SLOTD_ENOMEM;
+    } else if (rc != SLOTD_OK) {
         if (!req_fail(r, &err))
             return SLOTD_ENOMEM;
     } else if (c->barrier != NULL) {
@@ -1240,9 +1379,12 @@ void conn_job_done(req_t *r)
             /* No trace: the steps and finish queued behind it get
              * unknown_id, a start queued behind it runs, and with nothing
              * queued the id is free again (session_settle()). */
+            share_give_back(sess, r);
         } else {
             sess->cs = r->cs; /* a failed step left it as it was */
             sess->toks = r->toks;
+            if (r->rc != SLOTD_OK)
+                share_give_back(sess, r);
         }
     }
     if (!c->closed && (r->rc == SLOTD_ENOMEM || r->rc == SLOTD_ESTALE || r->rc == SLOTD_EINVAL)) {

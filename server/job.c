@@ -230,6 +230,7 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
         r->rc = SLOTD_ESHUTTING_DOWN; /* the connection is gone: nobody reads it */
         return;
     }
+    atomic_store_explicit(&r->started, true, memory_order_relaxed);
     JOB_FAULT_POINT(s, r);
 
     switch (r->rq.op) {

@@ -36,6 +36,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "procstat.h"
+
 /* Upper bounds of the histogram buckets, in nanoseconds, with their `le`
  * labels spelled exactly; an implicit +Inf bucket follows.  In a Release
  * build a `hash` step takes 50 to 250 ns, a `tiny` one 250 ns to 1 us, a
@@ -127,11 +129,15 @@ static struct {
     _Atomic uint64_t refused;
     _Atomic uint64_t accept_errors;
     _Atomic uint64_t conn_timeouts;
+    _Atomic uint64_t auth_failures;
     _Atomic uint64_t socket_reads;
     _Atomic uint64_t socket_writes;
     _Atomic uint64_t steps_out; /* handed to the workers, not back yet */
     step_shard_t steps[METRICS_SHARDS];
 } m;
+
+/* metrics_process_figures(); set before any thread renders. */
+static bool process_figures = true;
 
 #define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 #define STORE(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
@@ -151,6 +157,7 @@ void metrics_init(uint64_t now_ns)
     STORE(m.refused, 0);
     STORE(m.accept_errors, 0);
     STORE(m.conn_timeouts, 0);
+    STORE(m.auth_failures, 0);
     STORE(m.socket_reads, 0);
     STORE(m.socket_writes, 0);
     STORE(m.steps_out, 0);
@@ -219,6 +226,16 @@ void metrics_count_accept_error(void)
 void metrics_count_conn_timeout(void)
 {
     BUMP(m.conn_timeouts, 1);
+}
+
+void metrics_count_auth_failure(void)
+{
+    BUMP(m.auth_failures, 1);
+}
+
+uint64_t metrics_auth_failures_total(void)
+{
+    return LOAD(m.auth_failures);
 }
 
 void metrics_count_socket_read(void)
@@ -458,6 +475,10 @@ int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
                "Session connections closed by the daemon, by reason."));
     TRY(put(out, "slotd_connections_closed_total{reason=\"timeout\"} %" PRIu64 "\n",
             LOAD(m.conn_timeouts)));
+    TRY(simple(out, "slotd_auth_failures_total", "counter",
+               "Wrong tokens presented: auth ops on the session port, Bearer tokens on the "
+               "admin port.",
+               LOAD(m.auth_failures)));
     TRY(simple(out, "slotd_socket_reads_total", "counter",
                "Reads that took request bytes from session connections.", LOAD(m.socket_reads)));
     TRY(simple(out, "slotd_socket_writes_total", "counter",
@@ -498,5 +519,10 @@ int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
     TRY(family(out, "slotd_uptime_seconds", "gauge", "Seconds since the daemon started."));
     TRY(put(out, "slotd_uptime_seconds %.9f\n", seconds(now_ns > start ? now_ns - start : 0)));
     TRY(simple(out, "slotd_threads", "gauge", "Worker threads.", st->threads));
-    return SLOTD_OK;
+    return procstat_render(out, process_figures);
+}
+
+void metrics_process_figures(bool on)
+{
+    process_figures = on;
 }

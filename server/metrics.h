@@ -15,6 +15,7 @@
 #ifndef SLOTD_SERVER_METRICS_H
 #define SLOTD_SERVER_METRICS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "proto/proto.h"
@@ -45,6 +46,9 @@ void metrics_count_refused(void);
 void metrics_count_accept_error(void);
 /** Counts one connection closed for --conn-timeout. */
 void metrics_count_conn_timeout(void);
+/** Counts one wrong token presented, on either port. */
+void metrics_count_auth_failure(void);
+uint64_t metrics_auth_failures_total(void);
 /** Counts one read that took bytes from a session connection. */
 void metrics_count_socket_read(void);
 /** Counts one write of replies begun on a session connection. */
@@ -75,6 +79,11 @@ uint64_t metrics_socket_reads_total(void);
 uint64_t metrics_socket_writes_total(void);
 /** Monotonic ns of the last completed step; 0 if none yet. */
 uint64_t metrics_last_step_ns(void);
+
+/** Whether metrics_render() appends the process_* families (procstat.h),
+ * which change from one rendering to the next; on unless a test that
+ * compares renderings turns it off.  Call before any thread renders. */
+void metrics_process_figures(bool on);
 
 /** Appends the Prometheus text exposition (format 0.0.4) of `st` and of
  * every counter and the histogram.  `now_ns` is the monotonic time now. */

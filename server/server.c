@@ -60,6 +60,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <malloc.h>
+
 #include "log.h"
 #include "server_int.h"
 
@@ -86,6 +88,12 @@
 #define ACCEPT_WARN_MS 10000
 #define ACCEPT_PAUSE_MS 100
 
+/* Every TRIM_MS the pool gives the kernel back the pages that have stayed
+ * free since the last time, but for the TRIM_KEEP_BYTES most recently
+ * freed (at most a sixteenth of the pool), kept for the next sessions. */
+#define TRIM_MS 1000
+#define TRIM_KEEP_BYTES ((uint64_t)4 << 20)
+
 /* ---- Free lists ---- */
 
 req_t *server_req_get(server_t *s)
@@ -96,6 +104,8 @@ req_t *server_req_get(server_t *s)
         s->free_reqs = r->order_next;
         s->nfree_reqs--;
         s->free_reply_bytes -= r->reply.cap;
+        if (s->nfree_reqs < s->low_free_reqs)
+            s->low_free_reqs = s->nfree_reqs;
     } else {
         /* Line-aligned, so that the job (and its hints) is the one line a
          * worker reads under the queue's lock (worker.c, Prefetching). */
@@ -142,6 +152,7 @@ void server_req_put(server_t *s, req_t *r)
     memset((char *)r + offsetof(req_t, model), 0, offsetof(req_t, reply) - offsetof(req_t, model));
     r->reply = reply;
     atomic_store_explicit(&r->canceled, false, memory_order_relaxed);
+    atomic_store_explicit(&r->started, false, memory_order_relaxed);
     r->order_next = s->free_reqs;
     s->free_reqs = r;
     s->nfree_reqs++;
@@ -155,6 +166,8 @@ session_t *server_session_get(server_t *s)
         return calloc(1, sizeof(*sess));
     s->free_sessions = sess->next;
     s->nfree_sessions--;
+    if (s->nfree_sessions < s->low_free_sessions)
+        s->low_free_sessions = s->nfree_sessions;
     memset(sess, 0, sizeof(*sess));
     return sess;
 }
@@ -171,20 +184,31 @@ void server_session_put(server_t *s, session_t *sess)
     s->nfree_sessions++;
 }
 
-static void free_lists_clear(server_t *s)
+/* Frees `nreqs` records of the request free list and `nsessions` of the
+ * session one (at most what they hold). */
+static void free_lists_shed(server_t *s, size_t nreqs, size_t nsessions)
 {
-    while (s->free_reqs != NULL) {
+    for (; nreqs > 0 && s->free_reqs != NULL; nreqs--) {
         req_t *r = s->free_reqs;
         s->free_reqs = r->order_next;
+        s->nfree_reqs--;
+        s->free_reply_bytes -= r->reply.cap;
         proto_buf_free(&r->reply);
         free(r);
     }
-    while (s->free_sessions != NULL) {
+    for (; nsessions > 0 && s->free_sessions != NULL; nsessions--) {
         session_t *sess = s->free_sessions;
         s->free_sessions = sess->next;
+        s->nfree_sessions--;
         free(sess);
     }
-    s->nfree_reqs = s->nfree_sessions = 0;
+    s->low_free_reqs = s->nfree_reqs;
+    s->low_free_sessions = s->nfree_sessions;
+}
+
+static void free_lists_clear(server_t *s)
+{
+    free_lists_shed(s, SIZE_MAX, SIZE_MAX);
 }
 
 /* ---- The end of a loop turn ---- */
@@ -457,6 +481,26 @@ static void admin_stats_cb(void *arg, proto_stats_t *out)
     server_stats(arg, out);
 }
 
+static void trim_timer_cb(uv_timer_t *h)
+{
+    server_t *s = container_of(h, server_t, trim_timer);
+    uint64_t keep = ((uint64_t)s->cfg->cache_mb << 20) / 16;
+
+    bool shed = s->low_free_reqs > 0 || s->low_free_sessions > 0;
+
+    (void)cache_pool_trim(s->pool, keep < TRIM_KEEP_BYTES ? keep : TRIM_KEEP_BYTES);
+    /* Records no request needed for a whole period go back to malloc, and
+     * malloc gives what it then holds free back to the kernel. */
+    free_lists_shed(s, s->low_free_reqs, s->low_free_sessions);
+    if (shed)
+        malloc_trim(0);
+}
+
+static int admin_sessions_cb(void *arg, size_t limit, proto_buf_t *out)
+{
+    return server_list_sessions(arg, limit, out);
+}
+
 static bool admin_healthy_cb(void *arg, const char **why)
 {
     server_t *s = arg;
@@ -651,6 +695,7 @@ static void server_finish(server_t *s)
     close_quietly((uv_handle_t *)&s->shutdown_timer);
     close_quietly((uv_handle_t *)&s->flush_check);
     close_quietly((uv_handle_t *)&s->hold_timer);
+    close_quietly((uv_handle_t *)&s->trim_timer);
 }
 
 void server_conn_freed(server_t *s)
@@ -943,6 +988,8 @@ int server_run(const server_config_t *cfg)
     uv_check_init(&s->loop, &s->flush_check);
     uv_timer_init(&s->loop, &s->hold_timer);
     uv_unref((uv_handle_t *)&s->hold_timer);
+    uv_timer_init(&s->loop, &s->trim_timer);
+    uv_unref((uv_handle_t *)&s->trim_timer);
 
     if (load_models(s) != SLOTD_OK)
         goto fail;
@@ -963,19 +1010,30 @@ int server_run(const server_config_t *cfg)
         goto fail;
     }
     log_info("cache pool: %" PRIu64 " MiB, %u slots", cfg->cache_mb, pc.max_slots);
+    uv_timer_start(&s->trim_timer, trim_timer_cb, TRIM_MS, TRIM_MS);
 
     if (start_workers(s) != 0 || start_listener(s) != 0 || start_signals(s) != 0)
         goto fail;
+    memset(&hooks, 0, sizeof(hooks));
     hooks.stats = admin_stats_cb;
     hooks.healthy = admin_healthy_cb;
+    hooks.sessions = admin_sessions_cb;
     hooks.arg = s;
-    rc = admin_start(&s->loop, cfg->listen, cfg->admin_port, &hooks, &s->admin);
+    hooks.token = cfg->auth_token;
+    hooks.token_len = cfg->auth_token_len;
+    rc = admin_start(&s->loop, cfg->admin_listen, cfg->admin_port, cfg->admin_idle_timeout * 1000u,
+                     &hooks, &s->admin);
     if (rc != 0) {
-        log_error("admin port %s:%d: %s", cfg->listen, cfg->admin_port, uv_strerror(rc));
+        log_error("admin port %s:%d: %s", cfg->admin_listen, cfg->admin_port, uv_strerror(rc));
         s->admin = NULL;
         goto fail;
     }
-    log_info("admin port on %s:%d", cfg->listen, admin_port(s->admin));
+    log_info("admin port on %s:%d", cfg->admin_listen, admin_port(s->admin));
+    if (cfg->auth_token_len > 0)
+        log_info("auth: clients present the token of %s (admin port: all but /health)",
+                 cfg->auth_token_file);
+    else if (!cfg->protected_mode)
+        log_warn("auth: no token and --protected-mode no: both ports serve whoever reaches them");
     uv_check_start(&s->flush_check, flush_check_cb);
     uv_unref((uv_handle_t *)&s->flush_check);
 

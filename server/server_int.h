@@ -113,6 +113,8 @@ struct req {
     /* Set by the loop thread when the connection has gone: a worker that
      * has not started the job skips it. */
     _Atomic bool canceled;
+    /* Set by the worker as it begins the job; read by GET /sessions. */
+    _Atomic bool started;
 };
 
 /** A session record: one start on one connection, from its parse until
@@ -144,6 +146,10 @@ struct session {
     /* Start, finish and close only. */
     session_map_node_t node;        /* id: cs.owner.id; linked in conn->map while in_map */
     session_t *prev, *next;         /* conn->sessions: every record of the connection */
+
+    /* GET /sessions and the connection's share (conn.c). */
+    uint64_t born;    /* uv_now() when its start was read */
+    uint64_t charged; /* its part of conn->share_bytes while in_map */
 };
 
 /** Which timed list of the server a connection is on (conn->wait_next). */
@@ -201,6 +207,12 @@ struct conn {
     bool line_too_long;               /* input ended by line_too_long: close lingering */
     bool closed;         /* no longer serving; lingering while wait is CONN_WAIT_LINGER */
     bool handle_closing; /* uv_close() called */
+
+    /* Its share of the pool (--max-sessions-per-connection,
+     * --max-connection-share) and its auth (conn.c). */
+    uint32_t share_sessions; /* its sessions in its map */
+    uint64_t share_bytes;    /* the pool bytes they hold, or will once their requests run */
+    bool authed;             /* presented the --auth-token-file token */
 };
 
 /** The daemon.  One, owned by server_run(). */
@@ -230,6 +242,7 @@ struct server {
     uint64_t drain_deadline; /* uv_now() at which a drain overruns --shutdown-timeout */
     uv_check_t flush_check;  /* end of each loop turn: write, then submit the batch */
     uv_timer_t hold_timer;   /* a turn for output held back (conn_hold_output()) */
+    uv_timer_t trim_timer;   /* gives free pool pages back to the kernel (cache_pool_trim()) */
     admin_t *admin;
     worker_pool_t *workers; /* NULL once closed */
     cache_pool_t *pool;     /* immutable pointer: workers read it */
@@ -254,6 +267,9 @@ struct server {
     size_t free_reply_bytes; /* capacity of the reply buffers the free list keeps */
     session_t *free_sessions;
     size_t nfree_sessions;
+    /* The fewest records each free list held since the last trim: those
+     * sat unused all along, and the trim timer frees them. */
+    size_t low_free_reqs, low_free_sessions;
     bool draining;
     bool finished; /* every handle closed or closing */
 
@@ -291,6 +307,12 @@ void server_wait_remove(server_t *s, conn_t *c);
 /** The deadline of a lingering close that begins now: CONN_LINGER_MS from
  * now, or sooner in a drain, so as to end before --shutdown-timeout. */
 uint64_t server_linger_until(server_t *s);
+
+/* ---- inspect.c ---- */
+
+/** Appends the JSON body of GET /sessions: the total of live sessions and
+ * the `limit` largest (see inspect.c).  SLOTD_OK or SLOTD_ENOMEM. */
+int server_list_sessions(server_t *s, size_t limit, proto_buf_t *out);
 
 /* ---- conn.c ---- */
 

@@ -9,8 +9,10 @@
 #                    packages and the daemon started as its CMD says
 #   test_config_env  flags and SLOTD_* variables, and their table in
 #                    docs/operations.md
+#   test_quickstart  the README's nc session word for word, and that
+#                    scripts/deps.sh installs what the quick start runs
 # A missing tool (haproxy, prometheus, prometheus-alertmanager, socat,
-# curl, python3) or binary fails a test; it is never skipped
+# curl, openssl, python3) or binary fails a test; it is never skipped
 # (scripts/deps.sh --test installs the tools).  `ctest -L scaleout` runs them.
 
 find_program(BASH_EXECUTABLE bash REQUIRED)
@@ -27,7 +29,7 @@ set_tests_properties(scaleout PROPERTIES
   ENVIRONMENT "${_ops_env}" REQUIRED_FILES "${_ops_bins}"
   TIMEOUT 240 RUN_SERIAL TRUE LABELS "scaleout;integration")
 
-foreach(_ops test_dockerfile test_config_env)
+foreach(_ops test_dockerfile test_config_env test_quickstart)
   add_test(NAME ${_ops}
     COMMAND ${BASH_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/${_ops}.sh ${PROJECT_BINARY_DIR})
   set_tests_properties(${_ops} PROPERTIES
@@ -39,16 +41,26 @@ endforeach()
 # example addresses), promtool accepts the Prometheus configuration and its
 # rules, the alert rules pass their unit tests (deploy/slotd_alerts_test.yml),
 # amtool accepts the Alertmanager configuration, and it routes each
-# severity the rules use to its receiver.
+# severity the rules use to its receiver.  The token and the certificate
+# the files name are made in a scratch copy.
 add_test(NAME deploy_configs
   COMMAND sh -c [[
-    for t in haproxy promtool amtool; do
+    for t in haproxy promtool amtool openssl; do
       command -v $t >/dev/null || { echo "FAIL: $t not installed (scripts/deps.sh --test)"; exit 1; }
     done
+    tmp=$(mktemp -d) || exit 1
+    trap 'rm -rf "$tmp"' EXIT
+    cp "$1"/*.yml "$tmp"/ && umask 077 && echo deploy-check-token-0123456789 >"$tmp/slotd_token" &&
+      openssl req -x509 -newkey rsa:2048 -nodes -subj /CN=slotd -days 1 \
+        -keyout "$tmp/key.pem" -out "$tmp/cert.pem" 2>/dev/null &&
+      cat "$tmp/cert.pem" "$tmp/key.pem" >"$tmp/slotd.pem" || exit 1
+    SLOTD_LB_TLS_BIND=127.0.0.1:7443 SLOTD_LB_TLS_CERT="$tmp/slotd.pem" \
     SLOTD_LB_BIND=127.0.0.1:7000 SLOTD_LB_STATS=127.0.0.1:7001 \
-    SLOTD_S1=127.0.0.1:7170 SLOTD_S1_ADMIN_PORT=7171 SLOTD_S2=127.0.0.1:7270 SLOTD_S2_ADMIN_PORT=7271 \
-    SLOTD_S3=127.0.0.1:7370 SLOTD_S3_ADMIN_PORT=7371 haproxy -c -f "$1/haproxy.cfg" || exit 1
-    promtool check config "$1/prometheus.yml" || exit 1
+    SLOTD_S1=10.0.0.5:7070 SLOTD_S1_ADMIN_ADDR=127.0.0.1 SLOTD_S1_ADMIN_PORT=7171 \
+    SLOTD_S2=10.0.0.6:7070 SLOTD_S2_ADMIN_ADDR=127.0.0.1 SLOTD_S2_ADMIN_PORT=7271 \
+    SLOTD_S3=10.0.0.7:7070 SLOTD_S3_ADMIN_ADDR=127.0.0.1 SLOTD_S3_ADMIN_PORT=7371 \
+    haproxy -c -f "$1/haproxy.cfg" || exit 1
+    promtool check config "$tmp/prometheus.yml" || exit 1
     promtool test rules "$1/slotd_alerts_test.yml" || exit 1
     amtool check-config "$1/alertmanager.yml" || exit 1
     sevs=$(sed -n 's/.*labels: *{severity: *\([a-z]*\)}.*/\1/p' "$1/slotd_alerts.yml" | sort -u)

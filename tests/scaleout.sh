@@ -17,7 +17,8 @@
 # What it checks, in order:
 #   1. the three instances come up; HAProxy starts on the file's defaults
 #      under `ulimit -n 20000` and marks all three UP; Prometheus scrapes
-#      all three;
+#      all three; a session runs through HAProxy's TLS frontend (a
+#      self-signed certificate made here with openssl) to an instance;
 #   2. slotd-bench --verify through HAProxy finds no mismatch, every instance
 #      gets a fair share of the connections and requests, and every
 #      instance's cache is empty afterwards;
@@ -103,8 +104,10 @@ lb() {
 }
 lb_is() { [ "$(lb "$1" status)" = "$2" ]; }
 
+# The session ports on 127.0.0.2, the admin ports where they are by
+# default (127.0.0.1): HAProxy's checks reach each instance's admin address.
 start_instance() { # I: on its fixed ports, logging to sI.log
-  "$slotd" --listen 127.0.0.1 --port "${port[$1]}" --admin-port "${admin[$1]}" \
+  "$slotd" --listen 127.0.0.2 --port "${port[$1]}" --admin-port "${admin[$1]}" \
     --threads 2 --shutdown-timeout 60 >>"$work/s$1.log" 2>&1 &
   pid[$1]=$!
   pids+=("$!")
@@ -204,8 +207,16 @@ lb_sock=$work/haproxy.sock
 
 export SLOTD_LB_BIND=127.0.0.1:$lb_port SLOTD_LB_STATS=$lb_stats SLOTD_LB_SOCKET=$lb_sock
 unset SLOTD_LB_MAXCONN # the file's default is under test
+tls_port=$(free_port "${taken[@]}") || die "no free loopback port"
+taken+=("$tls_port")
+command -v openssl >/dev/null || die "openssl not installed (scripts/deps.sh --test)"
+(umask 077 && openssl req -x509 -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -days 1 \
+  -keyout "$work/key.pem" -out "$work/cert.pem" 2>"$work/openssl.err" &&
+  cat "$work/cert.pem" "$work/key.pem" >"$work/slotd.pem") || die "openssl could not make a certificate"
+export SLOTD_LB_TLS_BIND=127.0.0.1:$tls_port SLOTD_LB_TLS_CERT=$work/slotd.pem
 for i in 1 2 3; do
-  export "SLOTD_S$i=127.0.0.1:${port[$i]}" "SLOTD_S${i}_ADMIN_PORT=${admin[$i]}"
+  export "SLOTD_S$i=127.0.0.2:${port[$i]}" "SLOTD_S${i}_ADMIN_ADDR=127.0.0.1" \
+    "SLOTD_S${i}_ADMIN_PORT=${admin[$i]}"
 done
 echo "scaleout: instances on ${port[1]}, ${port[2]}, ${port[3]} (admin ${admin[1]}, ${admin[2]}, ${admin[3]});" \
   "HAProxy on $lb_port, its stats on $lb_stats_port; Prometheus on $prom_port, Alertmanager on" \
@@ -222,6 +233,9 @@ edit() {
   [ "$(cksum <"$1")" != "$before" ] || die "$(basename "$1"): no line matched '$2'"
 }
 cp "$root/deploy/prometheus.yml" "$root/deploy/slotd_alerts.yml" "$root/deploy/alertmanager.yml" "$work/"
+# The Bearer token the file presents (the instances here have none, and
+# take it as they take no token).
+(umask 077 && echo scaleout-token-0123456789abcdef >"$work/slotd_token")
 edit "$work/prometheus.yml" 's/^\(  *scrape_interval:\) .*/\1 1s/'
 edit "$work/prometheus.yml" 's/^\(  *evaluation_interval:\) .*/\1 1s/'
 edit "$work/prometheus.yml" "s/- targets: \[\"127.0.0.1:7171\".*/- targets: [\"127.0.0.1:${admin[1]}\", \"127.0.0.1:${admin[2]}\", \"127.0.0.1:${admin[3]}\"]/"
@@ -305,6 +319,26 @@ if wait_for 20 ready "$am_port" && wait_for 20 ready "$prom_port" && wait_for 10
 else
   die "Prometheus sees '$(prom_up)' of 3 instances up, or it or Alertmanager is not ready (see prometheus.log, alertmanager.log)"
 fi
+
+# A session over TLS: openssl s_client checks the certificate against the
+# one made above and carries the lines; the replies come back decrypted.
+tls_session() {
+  local line out=()
+  coproc TLS { exec openssl s_client -quiet -verify_return_error -CAfile "$work/cert.pem" \
+    -connect "127.0.0.1:$tls_port" 2>>"$work/tls.err"; }
+  printf '%s\n' '{"op":"start","id":"t","prompt":[0,1,2]}' '{"op":"step","id":"t","n":2}' \
+    '{"op":"finish","id":"t"}' >&"${TLS[1]}"
+  for _ in 1 2 3; do
+    IFS= read -r -t 10 line <&"${TLS[0]}" || break
+    out+=("$line")
+  done
+  kill "$TLS_PID" 2>/dev/null
+  wait "$TLS_PID" 2>/dev/null
+  echo "${out[*]}"
+}
+reply=$(tls_session)
+check "a session through HAProxy's TLS frontend: ${reply:-no reply (see tls.err)}" \
+  bash -c '[[ $1 == "{\"id\":\"t\",\"model\":\"tiny\",\"entries\":3} {\"id\":\"t\",\"tokens\":[4,0],"*"\"entries\":5} {\"id\":\"t\",\"released\":5}" ]]' _ "$reply"
 
 # ---- 2. Load through HAProxy ----
 
@@ -390,7 +424,7 @@ check_drained "after the restart" 1 2 3
 # drain lasts until the client goes (or --shutdown-timeout, 60 s here).
 # Each request is a step on an unknown id with a 16 KB tag, which the error
 # reply echoes: 16 KB of output for no work, a few hundred fill the buffers.
-bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1; exec yes "$2" >&3' _ "${port[3]}" \
+bash -c 'exec 3<>"/dev/tcp/127.0.0.2/$1" || exit 1; exec yes "$2" >&3' _ "${port[3]}" \
   "{\"op\":\"step\",\"id\":\"none\",\"tag\":\"$(printf '%016000d' 0)\"}" 2>"$work/holder.err" &
 holder=$!
 pids+=("$holder")

@@ -739,6 +739,70 @@ START_TEST(test_release_returns_everything)
 }
 END_TEST
 
+START_TEST(test_trim_gives_pages_back)
+{
+    model_t *tiny = model("tiny"), *small = model("small");
+    const model_t *models[] = {tiny, small};
+    cache_pool_t *p = pool((size_t)8 << 20, 64, models, 2);
+    size_t page = cache__pool_page_size(p);
+    cache_handle_t h[8];
+    cache_owner_t o[8];
+
+    /* Never-written pages are not held: nothing to give back. */
+    ck_assert_uint_eq(cache_pool_held_free_bytes(p), 0);
+    ck_assert_uint_eq(cache_pool_trim(p, 0), 0);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 8; i++) {
+            char id[16];
+            snprintf(id, sizeof id, "t%d", i);
+            o[i] = owner((uint64_t)i, id);
+            ck_assert_int_eq(cache_pool_acquire(p, small, &o[i], &h[i]), SLOTD_OK);
+            ck_assert_int_eq(grow(p, h[i], &o[i], 96), SLOTD_OK);
+        }
+        uint32_t used = cache__pool_pages(p) - cache__pool_pages_free(p);
+        ck_assert_uint_gt(used, 4);
+        /* A trim while they are live gives back only what is free. */
+        uint64_t held0 = cache_pool_held_free_bytes(p);
+        (void)cache_pool_trim(p, 0);
+        ck_assert_uint_le(cache_pool_held_free_bytes(p), held0);
+        sound(p);
+        for (int i = 0; i < 8; i++) {
+            uint32_t had;
+            ck_assert_int_eq(cache_pool_release(p, h[i], &o[i], &had), SLOTD_OK);
+        }
+        /* (Blocks parked in this thread's cache keep their pages until
+         * taken back, as cache__pool_pages_free() does.) */
+        ck_assert_uint_eq(cache__pool_pages_free(p), cache__pool_pages(p));
+        ck_assert_uint_eq(cache_pool_held_free_bytes(p), (uint64_t)used * page);
+        /* Freed since the last trim: kept until the next one. */
+        ck_assert_uint_eq(cache_pool_trim(p, 0), 0);
+        ck_assert_uint_eq(cache_pool_held_free_bytes(p), (uint64_t)used * page);
+        sound(p);
+        /* The next keeps the `keep_bytes` most recent (round 1: 2 pages),
+         * and gives the rest back. */
+        uint64_t keep = round == 1 ? 2 * page : 0;
+        ck_assert_uint_eq(cache_pool_trim(p, keep), (uint64_t)used * page - keep);
+        ck_assert_uint_eq(cache_pool_held_free_bytes(p), keep);
+        sound(p);
+        ck_assert_uint_eq(cache_pool_trim(p, 0), keep);
+        ck_assert_uint_eq(cache_pool_held_free_bytes(p), 0);
+        sound(p);
+    }
+    /* Pages given back serve again, their models' results unchanged. */
+    cache_owner_t ot = owner(99, "run");
+    cache_handle_t ht;
+    ck_assert_int_eq(cache_pool_acquire(p, tiny, &ot, &ht), SLOTD_OK);
+    ck_assert_int_eq(grow(p, ht, &ot, 5), SLOTD_OK);
+    sound(p);
+    uint32_t had;
+    ck_assert_int_eq(cache_pool_release(p, ht, &ot, &had), SLOTD_OK);
+    ck_assert_uint_eq(had, 5);
+    cache_pool_destroy(p);
+    model_destroy(tiny);
+    model_destroy(small);
+}
+END_TEST
+
 /* ---- Refusals ---- */
 
 START_TEST(test_slot_count_exhausted)
@@ -1722,6 +1786,7 @@ static Suite *cache_suite(bool forking)
     tcase_add_test(tc, test_slot_bytes_bound);
     tcase_add_test(tc, test_pages_fit_blocks);
     tcase_add_test(tc, test_release_returns_everything);
+    tcase_add_test(tc, test_trim_gives_pages_back);
     tcase_add_test(tc, test_slot_count_exhausted);
     tcase_add_test(tc, test_budget_exhausted);
     tcase_add_test(tc, test_stale_handles);

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "server/config.h"
 
@@ -42,8 +44,10 @@ START_TEST(test_defaults)
 
     ck_assert_int_eq(parse_env(&cfg, no_env, (char *)NULL), CONFIG_OK);
     ck_assert_str_eq(cfg.listen, "127.0.0.1");
+    ck_assert_str_eq(cfg.admin_listen, "127.0.0.1");
     ck_assert_int_eq(cfg.port, 7070);
     ck_assert_int_eq(cfg.admin_port, 7071);
+    ck_assert_uint_eq(cfg.admin_idle_timeout, 5);
     ck_assert_uint_ge(cfg.threads, 1);
     ck_assert_uint_eq(cfg.cache_mb, 256);
     ck_assert_uint_eq(cfg.max_sessions, 100000);
@@ -96,11 +100,77 @@ START_TEST(test_every_flag)
 }
 END_TEST
 
+START_TEST(test_admin_listen)
+{
+    server_config_t cfg;
+    char *const env[] = {"SLOTD_ADMIN_LISTEN=10.1.2.3", "SLOTD_ADMIN_IDLE_TIMEOUT=9",
+                         "SLOTD_PROTECTED_MODE=no", NULL};
+
+    /* --listen moves the session port only. */
+    ck_assert_int_eq(parse(&cfg, "--listen", "0.0.0.0", "--protected-mode", "no"), CONFIG_OK);
+    ck_assert_str_eq(cfg.listen, "0.0.0.0");
+    ck_assert_str_eq(cfg.admin_listen, "127.0.0.1");
+    ck_assert_int_eq(
+        parse(&cfg, "--admin-listen", "::", "--admin-idle-timeout=1", "--protected-mode=no"),
+        CONFIG_OK);
+    ck_assert_str_eq(cfg.listen, "127.0.0.1");
+    ck_assert_str_eq(cfg.admin_listen, "::");
+    ck_assert_uint_eq(cfg.admin_idle_timeout, 1);
+    ck_assert_int_eq(parse_env(&cfg, env, (char *)NULL), CONFIG_OK);
+    ck_assert_str_eq(cfg.admin_listen, "10.1.2.3");
+    ck_assert_uint_eq(cfg.admin_idle_timeout, 9);
+
+    ck_assert_int_eq(parse(&cfg, "--admin-listen", "localhost"), CONFIG_ERROR);
+    ck_assert_str_eq(err, "--admin-listen: 'localhost' is not a numeric IPv4 or IPv6 address");
+    ck_assert_int_eq(parse(&cfg, "--admin-idle-timeout", "0"), CONFIG_ERROR);
+    ck_assert_str_eq(err, "--admin-idle-timeout: '0' is not an integer in 1..86400");
+}
+END_TEST
+
+START_TEST(test_protected_mode)
+{
+    server_config_t cfg;
+    char path[] = "/tmp/slotd-config-token.XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "0123456789abcdef\n", 17), 17);
+    close(fd);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+
+    ck_assert(parse(&cfg, "--listen", "127.0.0.2") == CONFIG_OK && cfg.protected_mode);
+    ck_assert_uint_eq(cfg.auth_token_len, 0);
+    ck_assert_int_eq(parse(&cfg, "--listen", "::1", "--admin-listen", "::ffff:127.0.0.1"),
+                     CONFIG_OK);
+    static const char *const open_hosts[] = {"0.0.0.0", "::", "10.0.0.5", "::ffff:10.0.0.1",
+                                             "128.0.0.1"};
+    for (size_t i = 0; i < sizeof(open_hosts) / sizeof(open_hosts[0]); i++) {
+        ck_assert_int_eq(parse(&cfg, "--listen", open_hosts[i]), CONFIG_ERROR);
+        ck_assert_msg(strstr(err, "--auth-token-file PATH") && strstr(err, "--protected-mode no"),
+                      "%s", err);
+        ck_assert_int_eq(parse(&cfg, "--admin-listen", open_hosts[i]), CONFIG_ERROR);
+        ck_assert_int_eq(parse(&cfg, "--listen", open_hosts[i], "--protected-mode=no"), CONFIG_OK);
+        ck_assert(!cfg.protected_mode);
+        ck_assert_int_eq(parse(&cfg, "--listen", open_hosts[i], "--auth-token-file", path),
+                         CONFIG_OK);
+        ck_assert_str_eq(cfg.auth_token, "0123456789abcdef");
+        ck_assert_uint_eq(cfg.auth_token_len, 16);
+    }
+    ck_assert_int_eq(parse(&cfg, "--protected-mode", "off"), CONFIG_ERROR);
+    ck_assert_str_eq(err, "--protected-mode: 'off' is not yes or no");
+
+    ck_assert_int_eq(chmod(path, 0604), 0);
+    ck_assert_int_eq(parse(&cfg, "--auth-token-file", path), CONFIG_ERROR);
+    ck_assert_msg(strstr(err, "chmod 600") != NULL, "%s", err);
+    unlink(path);
+}
+END_TEST
+
 START_TEST(test_environment)
 {
     server_config_t cfg;
     char *const env[] = {"PATH=/bin",
                          "SLOTD_LISTEN=0.0.0.0",
+                         "SLOTD_PROTECTED_MODE=no",
                          "SLOTD_PORT=1234",
                          "SLOTD_ADMIN_PORT=1235",
                          "SLOTD_THREADS=7",
@@ -478,6 +548,8 @@ static Suite *suite(void)
     TCase *tc = tcase_create("parse");
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_every_flag);
+    tcase_add_test(tc, test_admin_listen);
+    tcase_add_test(tc, test_protected_mode);
     tcase_add_test(tc, test_environment);
     tcase_add_test(tc, test_bad_environment);
     tcase_add_test(tc, test_cgroup_v2);

@@ -69,7 +69,8 @@ daemon() {
 
 p=$(free_port) && a=$(free_port "$p") || { fail "no free port"; exit 1; }
 daemon env SLOTD_LISTEN=127.0.0.1 SLOTD_PORT="$p" SLOTD_ADMIN_PORT="$a" SLOTD_THREADS=3 \
-  SLOTD_CACHE_MB=64 SLOTD_MAX_SESSIONS=5 SLOTD_MAX_CONNECTIONS=4 SLOTD_MAX_LINE=200 \
+  SLOTD_CACHE_MB=64 SLOTD_MAX_SESSIONS=5 SLOTD_MAX_CONNECTION_SHARE=1 SLOTD_MAX_CONNECTIONS=4 \
+  SLOTD_MAX_LINE=200 \
   SLOTD_IDLE_TIMEOUT=1 SLOTD_SHUTDOWN_TIMEOUT=1 SLOTD_WEDGE_TIMEOUT=1 \
   SLOTD_MODELS=tiny,hash,small SLOTD_DEFAULT_MODEL=hash SLOTD_LOG_LEVEL=debug
 envd=$dpid
@@ -97,7 +98,7 @@ mapfile -t r < <(talk "$p" '{"op":"start","id":"a1","prompt":[1]}' '{"op":"start
 ok=0
 for k in 0 1 2 3 4; do [[ ${r[$k]:-} == *'"entries":1}' ]] || ok=1; done
 [[ ${r[5]:-} == *'"code":"cache_full"'* ]] || ok=1
-check "SLOTD_MAX_SESSIONS=5: five starts pass, the sixth is ${r[5]:-nothing}" test $ok -eq 0
+check "SLOTD_MAX_SESSIONS=5 with SLOTD_MAX_CONNECTION_SHARE=1: five starts on one connection pass, the sixth is ${r[5]:-nothing}" test $ok -eq 0
 
 # The connections above must be gone first: a socket counts against the
 # limit until the daemon has seen its end and closed it.

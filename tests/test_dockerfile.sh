@@ -268,10 +268,25 @@ if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
   runas=(setpriv --reuid=65534 --regid=65534 --clear-groups)
   who="uid 65534"
 fi
+# Protected mode: the CMD opens the session port to the container's
+# interfaces, so without a token it must refuse to start, naming both fixes.
 env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/ "${envs[@]}" \
+  SLOTD_PORT="$port" SLOTD_ADMIN_PORT="$admin" "${runas[@]}" "${argv[@]}" >"$work/open.log" 2>&1
+rc=$?
+check "without a token the CMD refuses to start (exit $rc): $(head -c 200 "$work/open.log")" \
+  bash -c '[ "$1" = 2 ] && grep -q -- "--auth-token-file" "$2" && grep -q -- "--protected-mode no" "$2"' \
+  _ "$rc" "$work/open.log"
+
+# As an operator runs the image: the token in a file only its owner (the
+# daemon's user) reads, named by SLOTD_AUTH_TOKEN_FILE.
+token=dockerfile-test-token-0123456789
+printf '%s\n' "$token" >"$work/token"
+chmod 600 "$work/token"
+[ ${#runas[@]} -gt 0 ] && { chmod 711 "$work"; chown 65534:65534 "$work/token"; }
+env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/ "${envs[@]}" SLOTD_AUTH_TOKEN_FILE="$work/token" \
   SLOTD_PORT="$port" SLOTD_ADMIN_PORT="$admin" "${runas[@]}" "${argv[@]}" >"$work/daemon.log" 2>&1 &
 daemon=$!
-echo "dockerfile: started '${argv[*]}' as $who, SLOTD_PORT=$port SLOTD_ADMIN_PORT=$admin"
+echo "dockerfile: started '${argv[*]}' as $who, SLOTD_PORT=$port SLOTD_ADMIN_PORT=$admin SLOTD_AUTH_TOKEN_FILE"
 
 code=""
 for _ in $(seq 100); do
@@ -281,6 +296,11 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 check "the daemon started by CMD answers /health 200 on SLOTD_ADMIN_PORT (got '$code')" test "$code" = 200
+# Every 127/8 address is loopback: one bound to 0.0.0.0 answers on 127.0.0.2,
+# one bound to 127.0.0.1 does not.  The CMD opens the session port to the
+# container's interfaces and leaves the admin port on its loopback.
+code2=$(curl -s -m 1 -o /dev/null -w '%{http_code}' "http://127.0.0.2:$admin/health")
+check "the CMD keeps the admin port on loopback (127.0.0.2:$admin answers '$code2')" test "$code2" = 000
 
 if [ -n "$hc_cmd" ]; then
   if [[ $hc_cmd == \[* ]]; then
@@ -298,8 +318,10 @@ fi
 
 replies=()
 if exec 3<>"/dev/tcp/127.0.0.1/$port"; then
-  printf '%s\n' '{"op":"start","id":"a","prompt":[0,1,2]}' '{"op":"step","id":"a","n":5}' \
-    '{"op":"finish","id":"a"}' >&3
+  printf '%s\n' "{\"op\":\"auth\",\"token\":\"$token\"}" '{"op":"start","id":"a","prompt":[0,1,2]}' \
+    '{"op":"step","id":"a","n":5}' '{"op":"finish","id":"a"}' >&3
+  IFS= read -r -t 5 line <&3
+  check "auth with the token: ${line:-no reply}" test "$line" = '{"ok":true}'
   for _ in 1 2 3; do
     IFS= read -r -t 5 line <&3 || break
     replies+=("$line")

@@ -10,11 +10,24 @@
  * method 405, a malformed request 400; after each of those, and after
  * connections that send half a request or nothing, the daemon still serves
  * both ports.
+ *
+ * The admin port's own address and its connections: --admin-listen binds
+ * it apart from --listen (loopback by default), a bad address stops
+ * start-up with status 2; with the connection limit's worth of idle admin
+ * connections held open a new connection's /health still answers 200, and
+ * idle ones are closed after --admin-idle-timeout.
  */
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "itest.h"
 
@@ -162,15 +175,17 @@ START_TEST(test_metrics)
     ck_assert_msg(strncmp(ct, "text/plain; version=0.0.4", 25) == 0,
                   "GET /metrics Content-Type is \"%s\"", ct);
 
-    /* Every sample and every TYPE/HELP names slotd_*; counters end _total. */
+    /* Every sample and every TYPE/HELP names slotd_* or, for the standard
+     * process collector's families, process_*; counters end _total. */
     int samples = 0;
     char *body = strdup(m.body);
     char *save = NULL;
     for (char *line = strtok_r(body, "\n", &save); line != NULL;
          line = strtok_r(NULL, "\n", &save)) {
         if (strncmp(line, "# TYPE ", 7) == 0 || strncmp(line, "# HELP ", 7) == 0) {
-            ck_assert_msg(strncmp(line + 7, "slotd_", 6) == 0, "metric without the prefix: %s",
-                          line);
+            ck_assert_msg(strncmp(line + 7, "slotd_", 6) == 0 ||
+                              strncmp(line + 7, "process_", 8) == 0,
+                          "metric without the prefix: %s", line);
             if (strncmp(line, "# TYPE ", 7) == 0) {
                 char name[200], type[32];
                 ck_assert_int_eq(sscanf(line + 7, "%199s %31s", name, type), 2);
@@ -181,7 +196,8 @@ START_TEST(test_metrics)
                 }
             }
         } else if (line[0] != '#' && line[0] != '\0') {
-            ck_assert_msg(strncmp(line, "slotd_", 6) == 0, "sample without the prefix: %s", line);
+            ck_assert_msg(strncmp(line, "slotd_", 6) == 0 || strncmp(line, "process_", 8) == 0,
+                          "sample without the prefix: %s", line);
             samples++;
         }
     }
@@ -312,6 +328,385 @@ START_TEST(test_admin_errors)
 }
 END_TEST
 
+/* The admin port's connection limit (ADMIN_MAX_CONNS in server/admin.c). */
+#define ADMIN_LIMIT 64
+
+/* GET /health on a connection kept open; its status, or 0 if the
+ * connection closed or nothing came. */
+static int held_health(itest_conn_t *c)
+{
+    if (!itest_send_str(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
+        return 0;
+    char *line = itest_read_line(c, ITEST_REPLY_MS, NULL);
+    int status = 0;
+    if (line == NULL || sscanf(line, "HTTP/1.1 %d", &status) != 1) {
+        free(line);
+        return 0;
+    }
+    free(line);
+    /* The headers, the blank line, then the body: one JSON line. */
+    while ((line = itest_read_line(c, ITEST_REPLY_MS, NULL)) != NULL && strcmp(line, "\r") != 0)
+        free(line);
+    ck_assert_msg(line != NULL, "GET /health: the headers do not end");
+    free(line);
+    line = itest_read_line(c, ITEST_REPLY_MS, NULL);
+    ck_assert_msg(line != NULL, "GET /health: no body");
+    free(line);
+    return status;
+}
+
+START_TEST(test_admin_limit_keeps_health)
+{
+    /* A long idle timeout: here only the limit closes connections. */
+    itest_daemon_t *d = itest_daemon_start("--admin-idle-timeout", "600", NULL);
+    itest_conn_t *held[ADMIN_LIMIT];
+    for (int i = 0; i < ADMIN_LIMIT; i++) {
+        held[i] = itest_try_connect(d->admin_port);
+        ck_assert_msg(held[i] != NULL, "admin connection %d: %s", i, strerror(errno));
+        ck_assert_int_eq(held_health(held[i]), 200);
+    }
+    /* The limit is reached by idle keep-alive connections: each new one is
+     * served, and the oldest idle one makes room. */
+    enum { FRESH = 8 };
+    itest_conn_t *fresh[FRESH];
+    for (int i = 0; i < FRESH; i++) {
+        fresh[i] = itest_try_connect(d->admin_port);
+        ck_assert_ptr_nonnull(fresh[i]);
+        int st = held_health(fresh[i]);
+        ck_assert_msg(st == 200, "fresh connection %d at the limit: GET /health is %d", i, st);
+    }
+    for (int i = 0; i < FRESH; i++)
+        ck_assert_msg(itest_expect_closed(held[i], ITEST_REPLY_MS),
+                      "held connection %d, among the %d oldest, was not closed to make room", i,
+                      FRESH);
+    for (int i = FRESH; i < ADMIN_LIMIT; i++)
+        ck_assert_msg(held_health(held[i]) == 200, "held connection %d was closed", i);
+    for (int i = 0; i < FRESH; i++)
+        ck_assert_int_eq(held_health(fresh[i]), 200);
+    /* A client that closes after each request is served as well. */
+    for (int i = 0; i < 3; i++) {
+        itest_http_t h;
+        itest_http_get(d, i == 1 ? "/stats" : "/health", &h);
+        ck_assert_int_eq(h.status, 200);
+        itest_http_free(&h);
+    }
+    for (int i = 0; i < ADMIN_LIMIT; i++)
+        itest_close(held[i]);
+    for (int i = 0; i < FRESH; i++)
+        itest_close(fresh[i]);
+}
+END_TEST
+
+START_TEST(test_admin_idle_timeout)
+{
+    itest_daemon_t *d = itest_daemon_start("--admin-idle-timeout", "1", NULL);
+    enum { N = 6 };
+    itest_conn_t *c[N];
+    for (int i = 0; i < N; i++) {
+        c[i] = itest_try_connect(d->admin_port);
+        ck_assert_ptr_nonnull(c[i]);
+    }
+    /* Served once and then idle; never a byte; half a request. */
+    ck_assert_int_eq(held_health(c[0]), 200);
+    ck_assert_int_eq(held_health(c[1]), 200);
+    itest_send_str(c[2], "GET /hea");
+    for (int i = 0; i < N; i++)
+        ck_assert_msg(itest_expect_closed(c[i], itest_scale_ms(10000)),
+                      "idle admin connection %d still open 10 s after a 1 s idle timeout", i);
+    for (int i = 0; i < N; i++)
+        itest_close(c[i]);
+    /* The port itself serves on. */
+    itest_http_t h;
+    itest_http_get(d, "/health", &h);
+    ck_assert_int_eq(h.status, 200);
+    itest_http_free(&h);
+}
+END_TEST
+
+/* True if `host`:`port` accepts a TCP connection. */
+static bool accepts_on(const char *host, int port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    ck_assert_int_eq(inet_pton(AF_INET, host, &sa.sin_addr), 1);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    bool ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    int e = errno;
+    close(fd);
+    ck_assert_msg(ok || e == ECONNREFUSED, "connect to %s:%d: %s", host, port, strerror(e));
+    return ok;
+}
+
+/* True if the daemon's log has a line containing `text`. */
+static bool log_has(const itest_daemon_t *d, const char *text)
+{
+    FILE *f = fopen(d->log, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[1024];
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f) != NULL)
+        found = strstr(line, text) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* Every 127/8 address is this host's loopback; the daemon's sockets bound
+ * to 127.0.0.1 are not reachable on 127.0.0.2, those bound to 0.0.0.0 are. */
+START_TEST(test_admin_listen_apart)
+{
+    itest_daemon_t *d = itest_daemon_start("--listen", "0.0.0.0", "--admin-listen", "127.0.0.1",
+                                           "--protected-mode", "no", NULL);
+    char want[64];
+    snprintf(want, sizeof(want), "listening on 0.0.0.0:%d", d->port);
+    ck_assert_msg(log_has(d, want), "no '%s' in the log", want);
+    snprintf(want, sizeof(want), "admin port on 127.0.0.1:%d", d->admin_port);
+    ck_assert_msg(log_has(d, want), "no '%s' in the log", want);
+    ck_assert_msg(accepts_on("127.0.0.2", d->port), "the session port is not on every address");
+    ck_assert_msg(!accepts_on("127.0.0.2", d->admin_port), "the admin port is on 127.0.0.2");
+    ck_assert(accepts_on("127.0.0.1", d->admin_port));
+    itest_daemon_stop(d);
+
+    /* SLOTD_ADMIN_LISTEN does the same. */
+    setenv("SLOTD_ADMIN_LISTEN", "127.0.0.1", 1);
+    d = itest_daemon_start("--listen", "0.0.0.0", "--protected-mode", "no", NULL);
+    unsetenv("SLOTD_ADMIN_LISTEN");
+    ck_assert(accepts_on("127.0.0.2", d->port));
+    ck_assert(!accepts_on("127.0.0.2", d->admin_port));
+}
+END_TEST
+
+START_TEST(test_admin_listen_default_loopback)
+{
+    unsetenv("SLOTD_ADMIN_LISTEN");
+    itest_daemon_t *d = itest_daemon_start("--listen", "0.0.0.0", "--protected-mode", "no", NULL);
+    ck_assert(accepts_on("127.0.0.2", d->port));
+    ck_assert_msg(!accepts_on("127.0.0.2", d->admin_port),
+                  "--listen 0.0.0.0 moved the admin port off loopback");
+    char want[64];
+    snprintf(want, sizeof(want), "admin port on 127.0.0.1:%d", d->admin_port);
+    ck_assert_msg(log_has(d, want), "no '%s' in the log", want);
+}
+END_TEST
+
+START_TEST(test_admin_listen_bad)
+{
+    static const char *const bad[] = {"localhost", "127.0.0.256", "::1%", "[::1", "", NULL};
+    for (int i = 0; bad[i] != NULL; i++) {
+        const char *argv[] = {
+            itest_slotd_bin(), "--admin-listen", bad[i], "--port", "0", "--admin-port", "0", NULL};
+        char *out = NULL, *err = NULL;
+        int rc = itest_run(argv, NULL, 0, &out, &err, itest_scale_ms(10000));
+        char want[128];
+        snprintf(want, sizeof(want),
+                 "slotd: --admin-listen: '%s' is not a numeric IPv4 or IPv6 address\n", bad[i]);
+        ck_assert_msg(rc == 2, "--admin-listen '%s': exit %d", bad[i], rc);
+        ck_assert_msg(strcmp(err, want) == 0, "--admin-listen '%s': stderr '%s'", bad[i], err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
+/* GET /sessions`query` parsed; fails unless it is 200 and a JSON object. */
+static cJSON *get_sessions(const itest_daemon_t *d, const char *query)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "/sessions%s", query);
+    itest_http_t h;
+    itest_http_get(d, path, &h);
+    ck_assert_msg(h.status == 200, "GET %s: %d", path, h.status);
+    cJSON *j = cJSON_Parse(h.body);
+    ck_assert_msg(cJSON_IsObject(j), "GET %s: not a JSON object: %s", path, h.body);
+    itest_http_free(&h);
+    return j;
+}
+
+/* The listed session `id`, or NULL. */
+static const cJSON *listed(const cJSON *j, const char *id)
+{
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "sessions"))
+    {
+        if (strcmp(itest_str(e, "id"), id) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static int local_port(itest_conn_t *c)
+{
+    struct sockaddr_in sa;
+    socklen_t len = sizeof(sa);
+    ck_assert_int_eq(getsockname(itest_conn_fd(c), (struct sockaddr *)&sa, &len), 0);
+    return ntohs(sa.sin_port);
+}
+
+START_TEST(test_sessions_list)
+{
+    itest_daemon_t *d = itest_daemon_start(NULL);
+    itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
+    cJSON *r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"big\",\"prompt\":[1,2,3,4,5,0]}");
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"h\",\"model\":\"hash\",\"prompt\":[1,2,3]}");
+    cJSON_Delete(r);
+    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"small\",\"prompt\":[1]}");
+    cJSON_Delete(r);
+
+    cJSON *j = get_sessions(d, "");
+    ck_assert_int_eq(itest_int(j, "total"), 3);
+    ck_assert_int_eq(itest_int(j, "limit"), 100);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "sessions");
+    ck_assert_int_eq(cJSON_GetArraySize(list), 3);
+    /* Largest first: tiny entries are 256 bytes, hash ones 8. */
+    int64_t last = INT64_MAX;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, list)
+    {
+        ck_assert_int_le(itest_int(e, "pool_bytes"), last);
+        last = itest_int(e, "pool_bytes");
+        ck_assert_str_eq(itest_str(e, "state"), "idle");
+        ck_assert_int_eq(itest_int(e, "outstanding"), 0);
+        const cJSON *age = cJSON_GetObjectItemCaseSensitive(e, "age_seconds");
+        const cJSON *idle = cJSON_GetObjectItemCaseSensitive(e, "idle_seconds");
+        ck_assert(cJSON_IsNumber(age) && age->valuedouble >= 0 && age->valuedouble < 600);
+        ck_assert(cJSON_IsNumber(idle) && idle->valuedouble >= 0 &&
+                  idle->valuedouble <= age->valuedouble + 0.001);
+    }
+    ck_assert_str_eq(itest_str(cJSON_GetArrayItem(list, 0), "id"), "big");
+    const cJSON *big = listed(j, "big"), *h = listed(j, "h"), *small = listed(j, "small");
+    ck_assert(big && h && small);
+    ck_assert_str_eq(itest_str(big, "model"), "tiny");
+    ck_assert_str_eq(itest_str(h, "model"), "hash");
+    ck_assert_int_eq(itest_int(big, "entries"), 6);
+    ck_assert_int_eq(itest_int(h, "entries"), 3);
+    ck_assert_int_eq(itest_int(small, "entries"), 1);
+    ck_assert_int_gt(itest_int(big, "pool_bytes"), itest_int(small, "pool_bytes"));
+    ck_assert_int_ge(itest_int(big, "pool_bytes"), 6 * 256);
+    /* The connection: one number for both sessions of `a`, another for b,
+     * and each peer address is the client's end of its connection. */
+    const cJSON *ca = cJSON_GetObjectItemCaseSensitive(big, "connection");
+    const cJSON *ch = cJSON_GetObjectItemCaseSensitive(h, "connection");
+    const cJSON *cb = cJSON_GetObjectItemCaseSensitive(small, "connection");
+    ck_assert_int_eq(itest_int(ca, "number"), itest_int(ch, "number"));
+    ck_assert_int_ne(itest_int(ca, "number"), itest_int(cb, "number"));
+    char want[64];
+    snprintf(want, sizeof(want), "127.0.0.1:%d", local_port(a));
+    ck_assert_str_eq(itest_str(ca, "peer"), want);
+    snprintf(want, sizeof(want), "127.0.0.1:%d", local_port(b));
+    ck_assert_str_eq(itest_str(cb, "peer"), want);
+    cJSON_Delete(j);
+
+    /* ?limit=N: the N largest, the total still counting all. */
+    j = get_sessions(d, "?limit=1");
+    ck_assert_int_eq(itest_int(j, "total"), 3);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "sessions")), 1);
+    ck_assert_ptr_nonnull(listed(j, "big"));
+    cJSON_Delete(j);
+    j = get_sessions(d, "?limit=0");
+    ck_assert_int_eq(itest_int(j, "total"), 3);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "sessions")), 0);
+    cJSON_Delete(j);
+
+    static const char *const bad[] = {"?limit=x",         "?limit=",         "?lim=1",
+                                      "?limit=1&limit=2", "?limit=10000000", "?limit=1&",
+                                      "?limit=-1",        "?limit=1;x"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char path[64];
+        itest_http_t hh;
+        snprintf(path, sizeof(path), "/sessions%s", bad[i]);
+        itest_http_get(d, path, &hh);
+        ck_assert_msg(hh.status == 400, "GET %s: %d", path, hh.status);
+        itest_http_free(&hh);
+    }
+
+    /* Finished and disconnected sessions leave the list. */
+    r = itest_rpc(a, "{\"op\":\"finish\",\"id\":\"h\"}");
+    cJSON_Delete(r);
+    itest_close(b);
+    for (int tries = 0;; tries++) {
+        j = get_sessions(d, "");
+        int64_t total = itest_int(j, "total");
+        cJSON_Delete(j);
+        if (total == 1)
+            break;
+        ck_assert_int_lt(tries, 500);
+        usleep(10000);
+    }
+    itest_close(a);
+}
+END_TEST
+
+/* True if this daemon was built with the fault hooks (--fault-wedge-after). */
+static bool have_fault_hooks(void)
+{
+    const char *argv[] = {itest_slotd_bin(), "--help", NULL};
+    char *out = NULL;
+    ck_assert_int_eq(itest_run(argv, NULL, 0, &out, NULL, itest_scale_ms(10000)), 0);
+    bool have = strstr(out, "--fault-wedge-after") != NULL;
+    free(out);
+    return have;
+}
+
+START_TEST(test_sessions_states)
+{
+    if (!have_fault_hooks()) {
+        fprintf(stderr, "test_sessions_states: a build without fault hooks, skipped\n");
+        return;
+    }
+    /* One worker; the fourth job holds it until SIGUSR1. */
+    itest_daemon_t *d = itest_daemon_start("--threads", "1", "--fault-wedge-after", "4", NULL);
+    itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
+    cJSON *r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"run\",\"prompt\":[1,2]}");
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"rest\",\"prompt\":[1]}");
+    cJSON_Delete(r);
+    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"wait\",\"prompt\":[1,2,3]}");
+    cJSON_Delete(r);
+    /* Job 4 (run's first step) wedges the worker; run's second step waits
+     * behind it, and wait's step waits for the worker. */
+    itest_send_str(a, "{\"op\":\"step\",\"id\":\"run\"}\n{\"op\":\"step\",\"id\":\"run\"}\n");
+    itest_send_str(b, "{\"op\":\"step\",\"id\":\"wait\"}\n");
+    cJSON *j = NULL;
+    for (int tries = 0;; tries++) {
+        j = get_sessions(d, "");
+        const cJSON *run = listed(j, "run"), *w = listed(j, "wait");
+        if (run != NULL && w != NULL && strcmp(itest_str(run, "state"), "running") == 0 &&
+            itest_int(w, "outstanding") == 1)
+            break;
+        cJSON_Delete(j);
+        ck_assert_int_lt(tries, itest_scale_ms(5000) / 10);
+        usleep(10000);
+    }
+    ck_assert_int_eq(itest_int(listed(j, "run"), "outstanding"), 2);
+    ck_assert_str_eq(itest_str(listed(j, "wait"), "state"), "queued");
+    ck_assert_str_eq(itest_str(listed(j, "rest"), "state"), "idle");
+    ck_assert_int_eq(itest_int(listed(j, "rest"), "outstanding"), 0);
+    ck_assert_double_gt(
+        cJSON_GetObjectItemCaseSensitive(listed(j, "rest"), "idle_seconds")->valuedouble, -0.001);
+    cJSON_Delete(j);
+
+    itest_daemon_signal(d, SIGUSR1);
+    for (int i = 0; i < 2; i++) {
+        r = itest_read_reply(a);
+        cJSON_Delete(r);
+    }
+    r = itest_read_reply(b);
+    cJSON_Delete(r);
+    j = get_sessions(d, "");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "sessions"))
+    {
+        ck_assert_str_eq(itest_str(e, "state"), "idle");
+        ck_assert_int_eq(itest_int(e, "outstanding"), 0);
+    }
+    ck_assert_int_eq(itest_int(listed(j, "run"), "entries"), 4);
+    cJSON_Delete(j);
+    itest_close(a);
+    itest_close(b);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_admin");
@@ -319,5 +714,12 @@ int main(void)
     ITEST_ADD(s, test_stats_endpoint);
     ITEST_ADD(s, test_metrics);
     ITEST_ADD(s, test_admin_errors);
+    ITEST_ADD(s, test_admin_limit_keeps_health);
+    ITEST_ADD(s, test_admin_idle_timeout);
+    ITEST_ADD(s, test_admin_listen_apart);
+    ITEST_ADD(s, test_admin_listen_default_loopback);
+    ITEST_ADD(s, test_admin_listen_bad);
+    ITEST_ADD(s, test_sessions_list);
+    ITEST_ADD(s, test_sessions_states);
     return itest_main(s);
 }

@@ -458,7 +458,9 @@ END_TEST
 
 START_TEST(test_cache_full_slots)
 {
-    itest_daemon_t *d = itest_daemon_start("--max-sessions", "2", NULL);
+    /* The daemon's limit, not a connection's share of it. */
+    itest_daemon_t *d =
+        itest_daemon_start("--max-sessions", "2", "--max-connection-share", "1", NULL);
     itest_conn_t *c = itest_connect(d);
     itest_conn_t *c2 = itest_connect(d);
     int64_t p[] = {1, 2};

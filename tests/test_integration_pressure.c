@@ -308,8 +308,9 @@ START_TEST(test_pressure_small_fill_and_recover)
      * exactly P positions, where the blocks of 16 begin: every next block
      * they need is a 16-position block, one to a page, so a step of theirs
      * gets cache_full exactly when no page is free. */
-    itest_daemon_t *d = itest_daemon_start("--cache-mb", "8", "--models", "small",
-                                           "--default-model", "small", "--threads", "2", NULL);
+    itest_daemon_t *d =
+        itest_daemon_start("--max-connection-share", "1", "--cache-mb", "8", "--models", "small",
+                           "--default-model", "small", "--threads", "2", NULL);
     const model_t *m = itest_model("small");
     const uint32_t B = model_block_positions(m), V = model_vocab(m);
     uint32_t k16 = 0;
@@ -432,8 +433,9 @@ START_TEST(test_pressure_hash_all_or_nothing)
 {
     /* hash: blocks of 30 to 254 positions, max_ctx 4096: a step of n=4095
      * needs every block of the chain but the first at once. */
-    itest_daemon_t *d = itest_daemon_start("--cache-mb", "1", "--models", "hash", "--default-model",
-                                           "hash", "--threads", "2", NULL);
+    itest_daemon_t *d =
+        itest_daemon_start("--max-connection-share", "1", "--cache-mb", "1", "--models", "hash",
+                           "--default-model", "hash", "--threads", "2", NULL);
     const model_t *m = itest_model("hash");
     const uint32_t V = model_vocab(m), C = model_max_ctx(m);
     books_t *b = calloc(1, sizeof(*b));
@@ -499,8 +501,9 @@ END_TEST
 START_TEST(test_pressure_race)
 {
     enum { NCONN = 8, NSESS = 5, ROUNDS = 15, N = 256 };
-    itest_daemon_t *d = itest_daemon_start("--cache-mb", "1", "--models", "hash", "--default-model",
-                                           "hash", "--threads", "2", NULL);
+    itest_daemon_t *d =
+        itest_daemon_start("--max-connection-share", "1", "--cache-mb", "1", "--models", "hash",
+                           "--default-model", "hash", "--threads", "2", NULL);
     const uint32_t V = model_vocab(itest_model("hash"));
     itest_conn_t *watch = itest_connect(d);
     itest_conn_t *c[NCONN];
@@ -611,7 +614,8 @@ START_TEST(test_pressure_max_sessions)
 {
     /* The other budget: --max-sessions.  The start past it is cache_full;
      * a finish or a closed connection makes room at once. */
-    itest_daemon_t *d = itest_daemon_start("--max-sessions", "3", NULL);
+    itest_daemon_t *d =
+        itest_daemon_start("--max-connection-share", "1", "--max-sessions", "3", NULL);
     itest_conn_t *c1 = itest_connect(d), *c2 = itest_connect(d);
     const char *ok[] = {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1]}",
                         "{\"op\":\"start\",\"id\":\"b\",\"prompt\":[2]}"};
@@ -655,6 +659,122 @@ START_TEST(test_pressure_max_sessions)
 }
 END_TEST
 
+/* One connection's share (--max-connection-share 0.5, the default): a
+ * connection that starts `small` sessions until it is refused holds about
+ * half the pool and is told its share is used up, while a second
+ * connection still starts and steps sessions; when the first goes, the
+ * figures come back to the second's, then to zero. */
+START_TEST(test_pressure_connection_share)
+{
+    itest_daemon_t *d = itest_daemon_start("--cache-mb", "8", "--models", "small",
+                                           "--default-model", "small", NULL);
+    const model_t *m = itest_model("small");
+    const uint64_t half = (uint64_t)8 << 19;
+    itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
+    int n = 0;
+    for (;; n++) {
+        cJSON *r =
+            itest_rpc(a, "{\"op\":\"start\",\"id\":\"a%d\",\"prompt\":[1,2,3,4,5,6,7,8]}", n);
+        bool full = cJSON_GetObjectItemCaseSensitive(r, "error") != NULL;
+        if (full)
+            itest_expect_error(r, NULL, "cache_full", "connection's", "share", NULL);
+        cJSON_Delete(r);
+        if (full)
+            break;
+        ck_assert_int_lt(n, 100000);
+    }
+    /* It holds its share, counted as entries x entry size plus state. */
+    uint64_t each = 8 * model_entry_size(m) + model_state_size(m);
+    ck_assert_uint_le((uint64_t)n * each, half);
+    ck_assert_uint_gt((uint64_t)(n + 1) * each, half);
+    cJSON *st = itest_stats(b);
+    int64_t used = itest_int(st, "pool_bytes_used");
+    ck_assert_int_lt(used, itest_int(st, "pool_bytes_total"));
+    cJSON_Delete(st);
+    /* A step of its own is refused for the same reason, and changes nothing. */
+    cJSON *r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"a0\",\"n\":%u}", model_max_ctx(m) - 8);
+    itest_expect_error(r, NULL, "cache_full", "connection's", "share", NULL);
+    cJSON_Delete(r);
+
+    /* The other connection works: starts, steps, finishes. */
+    for (int i = 0; i < 8; i++) {
+        r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"b%d\",\"prompt\":[1,2,3,4,5,6,7,8]}", i);
+        ck_assert_msg(itest_int(r, "entries") == 8, "b%d: %s", i, itest_last_line(b));
+        cJSON_Delete(r);
+        r = itest_rpc(b, "{\"op\":\"step\",\"id\":\"b%d\",\"n\":4}", i);
+        ck_assert_msg(itest_int(r, "entries") == 12, "b%d: %s", i, itest_last_line(b));
+        cJSON_Delete(r);
+    }
+    st = itest_stats(b);
+    ck_assert_int_eq(itest_int(st, "live_sessions"), n + 8);
+    cJSON_Delete(st);
+
+    /* The first connection goes: its share comes back. */
+    itest_close(a);
+    for (int tries = 0;; tries++) {
+        st = itest_stats(b);
+        int64_t live = itest_int(st, "live_sessions");
+        cJSON_Delete(st);
+        if (live == 8)
+            break;
+        ck_assert_int_lt(tries, itest_scale_ms(5000) / 10);
+        itest_sleep_ms(10);
+    }
+    for (int i = 0; i < 8; i++) {
+        r = itest_rpc(b, "{\"op\":\"finish\",\"id\":\"b%d\"}", i);
+        ck_assert_int_eq(itest_int(r, "released"), 12);
+        cJSON_Delete(r);
+    }
+    st = itest_stats(b);
+    ck_assert_int_eq(itest_int(st, "live_sessions"), 0);
+    ck_assert_int_eq(itest_int(st, "cache_entries"), 0);
+    ck_assert_int_eq(itest_int(st, "pool_bytes_used"), 0);
+    cJSON_Delete(st);
+    itest_close(b);
+}
+END_TEST
+
+/* --max-sessions-per-connection, and the share of --max-sessions. */
+START_TEST(test_pressure_sessions_per_connection)
+{
+    itest_daemon_t *d = itest_daemon_start("--max-sessions-per-connection", "3", NULL);
+    itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
+    for (int i = 0; i < 4; i++) {
+        cJSON *r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s%d\",\"prompt\":[1]}", i);
+        if (i < 3)
+            ck_assert_int_eq(itest_int(r, "entries"), 1);
+        else
+            itest_expect_error(r, NULL, "cache_full", "connection's", "share", "3", NULL);
+        cJSON_Delete(r);
+    }
+    cJSON *r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"s0\",\"prompt\":[1]}");
+    ck_assert_int_eq(itest_int(r, "entries"), 1);
+    cJSON_Delete(r);
+    /* A finish makes room on the connection at once. */
+    r = itest_rpc(a, "{\"op\":\"finish\",\"id\":\"s0\"}");
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s9\",\"prompt\":[1]}");
+    ck_assert_int_eq(itest_int(r, "entries"), 1);
+    cJSON_Delete(r);
+    itest_close(a);
+    itest_close(b);
+    itest_daemon_stop(d);
+
+    /* --max-sessions 10 at the default share: 5 a connection. */
+    d = itest_daemon_start("--max-sessions", "10", NULL);
+    a = itest_connect(d);
+    for (int i = 0; i < 6; i++) {
+        r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s%d\",\"prompt\":[1]}", i);
+        if (i < 5)
+            ck_assert_int_eq(itest_int(r, "entries"), 1);
+        else
+            itest_expect_error(r, NULL, "cache_full", "connection's", "share", NULL);
+        cJSON_Delete(r);
+    }
+    itest_close(a);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_pressure");
@@ -662,5 +782,7 @@ int main(void)
     ITEST_ADD(s, test_pressure_hash_all_or_nothing);
     ITEST_ADD(s, test_pressure_race);
     ITEST_ADD(s, test_pressure_max_sessions);
+    ITEST_ADD(s, test_pressure_connection_share);
+    ITEST_ADD(s, test_pressure_sessions_per_connection);
     return itest_main(s);
 }

@@ -7,16 +7,22 @@
  * feeds both to `promtool check metrics`.
  */
 #include <check.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "proto/proto.h"
+#include "server/config.h"
 #include "server/metrics.h"
+#include "server/procstat.h"
 
 #define SEC 1000000000ull
 
@@ -153,6 +159,7 @@ START_TEST(test_every_family)
         {"slotd_connections_refused_total", "counter"},
         {"slotd_accept_errors_total", "counter"},
         {"slotd_connections_closed_total", "counter"},
+        {"slotd_auth_failures_total", "counter"},
         {"slotd_socket_reads_total", "counter"},
         {"slotd_socket_writes_total", "counter"},
         {"slotd_step_seconds", "histogram"},
@@ -162,6 +169,13 @@ START_TEST(test_every_family)
         {"slotd_cache_audits_total", "counter"},
         {"slotd_uptime_seconds", "gauge"},
         {"slotd_threads", "gauge"},
+        {"process_cpu_seconds_total", "counter"},
+        {"process_resident_memory_bytes", "gauge"},
+        {"process_virtual_memory_bytes", "gauge"},
+        {"process_open_fds", "gauge"},
+        {"process_max_fds", "gauge"},
+        {"process_start_time_seconds", "gauge"},
+        {"slotd_build_info", "gauge"},
     };
     for (size_t i = 0; i < sizeof(fam) / sizeof(fam[0]); i++)
         assert_family(t, fam[i].name, fam[i].type);
@@ -176,10 +190,51 @@ START_TEST(test_every_family)
         if (strncmp(p, "# TYPE ", 7) == 0)
             ntype++;
         else if (*p != '#')
-            ck_assert_msg(strncmp(p, "slotd_", 6) == 0, "sample without the prefix");
+            ck_assert_msg(strncmp(p, "slotd_", 6) == 0 || strncmp(p, "process_", 8) == 0,
+                          "sample without the prefix");
         p = eol + 1;
     }
     ck_assert_uint_eq(ntype, sizeof(fam) / sizeof(fam[0]));
+    free(t);
+}
+END_TEST
+
+START_TEST(test_process_figures)
+{
+    proto_stats_t st = {.threads = 1};
+    /* Ten descriptors more than before, 8 MiB more resident memory. */
+    char *before = render(&st, 1 * SEC);
+    double fds0 = sample(before, "process_open_fds");
+    double rss0 = sample(before, "process_resident_memory_bytes");
+    int fds[10];
+    for (int i = 0; i < 10; i++)
+        ck_assert_int_ge(fds[i] = open("/dev/null", O_RDONLY), 0);
+    size_t big = 8u << 20;
+    char *mem = malloc(big);
+    ck_assert_ptr_nonnull(mem);
+    memset(mem, 1, big);
+    char *t = render(&st, 2 * SEC);
+    ck_assert_double_eq(sample(t, "process_open_fds"), fds0 + 10);
+    ck_assert_double_ge(sample(t, "process_resident_memory_bytes"), rss0 + big / 2);
+    ck_assert_double_ge(sample(t, "process_virtual_memory_bytes"),
+                        sample(t, "process_resident_memory_bytes"));
+    struct rlimit rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    ck_assert_double_eq(sample(t, "process_max_fds"), (double)rl.rlim_cur);
+    ck_assert_double_ge(sample(t, "process_cpu_seconds_total"), 0);
+    /* Started before now and after 2020, in seconds since the epoch. */
+    double started = sample(t, "process_start_time_seconds");
+    ck_assert_double_le(started, (double)time(NULL) + 1);
+    ck_assert_double_gt(started, 1577836800.0);
+    char want[256];
+    snprintf(want, sizeof(want), "slotd_build_info{version=\"%s\",commit=\"%s\"} 1",
+             config_version(), procstat_commit());
+    ck_assert_msg(has_line(t, want), "no '%s'", want);
+    ck_assert_str_ne(procstat_commit(), "");
+    for (int i = 0; i < 10; i++)
+        close(fds[i]);
+    free(mem);
+    free(before);
     free(t);
 }
 END_TEST
@@ -408,6 +463,7 @@ static Suite *metrics_suite(void)
     TCase *tc = tcase_create("render");
     tcase_add_test(tc, test_every_family);
     tcase_add_test(tc, test_stats_figures);
+    tcase_add_test(tc, test_process_figures);
     tcase_add_test(tc, test_requests_by_op);
     tcase_add_test(tc, test_errors_by_code);
     tcase_add_test(tc, test_released_by_reason);

@@ -8,7 +8,9 @@
  * lock, commit), checks a slot, or checks and releases it.  Every position
  * and every state carries a tag unique to its tenancy, so a block handed to
  * two slots at once, or a slot that sees another's memory, shows as a
- * wrong tag.  A reader thread snapshots the figures all along, resting
+ * wrong tag.  A reader thread snapshots the figures and trims the free
+ * pages (cache_pool_trim(): a page given back while in use would lose its
+ * tags) all along, resting
  * between every other snapshot: a snapshot takes back every block parked
  * in the workers' caches, so that both the workers' lock-free takes from
  * their caches and those takes racing a snapshot get their share of the
@@ -264,6 +266,9 @@ static void *reader_main(void *arg)
         if (st.bytes_used + st.bytes_free != st.bytes_capacity || st.live_slots > MAX_SLOTS)
             FAIL("reader: inconsistent snapshot\n");
         (void)cache_pool_entries(pool);
+        /* Pages given back to the kernel while the workers take and fill
+         * them: a page trimmed in use would fail their verify(). */
+        (void)cache_pool_trim(pool, 0);
         if (++k % 2 == 0)
             nanosleep(&rest, NULL);
     }
