@@ -59,8 +59,16 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
         goto fail_release;
     }
     assert(kv.len == 0);
-    for (size_t i = 0; i < n; i++) {
-        model_run(m, &kv, (uint32_t)prompt[i], scratch);
+    /* Layer by layer over MODEL_BATCH_MAX positions at a time (validated:
+     * every token is in [0, V)). */
+    for (size_t i = 0; i < n;) {
+        uint32_t chunk[MODEL_BATCH_MAX];
+        size_t k = 0;
+        for (; k < MODEL_BATCH_MAX && i + k < n; k++) {
+            chunk[k] = (uint32_t)prompt[i + k];
+        }
+        model_prefill(m, &kv, chunk, k, scratch);
+        i += k;
     }
     rc = cache_pool_commit(p, h, owner, &kv);
     if (rc != SLOTD_OK) {
@@ -160,9 +168,7 @@ int cache_session_rebuild(cache_pool_t *p, cache_session_t *s, const uint32_t *t
     }
     assert(kv.len == n);
     model_kv_rewind(&kv);
-    for (uint32_t i = 0; i < n; i++) {
-        model_run(m, &kv, tokens[i], scratch);
-    }
+    model_prefill(m, &kv, tokens, n, scratch);
     /* Same length: the commit only confirms the handle. */
     return cache_pool_commit(p, s->handle, &s->owner, &kv);
 }
