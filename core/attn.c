@@ -164,21 +164,6 @@ static void matvec(const double *restrict x, const double *restrict w, double *r
     }
 }
 
-/* The rows of a chain in order: the block holding the next row, and that
- * row's slot in it. */
-typedef struct row_cursor {
-    const model_block_t *b;
-    size_t slot;
-} row_cursor_t;
-
-static inline void cursor_next(row_cursor_t *c)
-{
-    if (++c->slot == c->b->capacity) {
-        c->b = c->b->next;
-        c->slot = 0;
-    }
-}
-
 /* Layer l's K area (Kt, d rows of the block's capacity) of block b. */
 static inline const double *block_kt(const model_block_t *b, size_t l, size_t d)
 {
@@ -211,117 +196,22 @@ static void attend_factors(double *restrict s, size_t n)
 }
 
 /* One attention row of layer `l` over positions 0 .. n-1 of the chain from
- * `block`: writes a[0 .. d-1].  `s` has room for n doubles. */
+ * `block`: writes a[0 .. d-1].  `s` has room for n doubles.  The dot
+ * products and the sum of values are the kernels' (kern.h: each s[r] and
+ * each a[j] one sum, in its order, whatever the variant); s[r] is then
+ * multiplied by 1 / sqrt(d), as MODELS.md writes it. */
 static void attend(const model_t *m, const model_block_t *block, uint32_t n, uint32_t l,
                    const double *restrict q, double *restrict s, double *restrict a)
 {
-    const size_t d = m->shape.d;
+    const model__kern_t *k = model__kern();
     const double inv_sqrt_d = m->inv_sqrt_d;
-    row_cursor_t cur = {block, 0};
-    const model_block_t *b;
-    size_t r = 0, r0;
 
-    /* s[r] = (sum over j of q[j] * K[r][j]) * (1 / sqrt(d)): LANES rows side
-     * by side, K being stored transposed. */
-    for (; r + LANES <= n; r += LANES) {
-        double acc[LANES] = {0.0};
-        const size_t cap = cur.b->capacity;
-
-        if (cap - cur.slot >= LANES) {
-            /* The LANES rows lie in one block: contiguous loads. */
-            const double *restrict kt = block_kt(cur.b, l, d) + cur.slot;
-            for (size_t j = 0; j < d; j++) {
-                lanes_axpy(acc, q[j], kt + j * cap);
-            }
-            cur.slot += LANES;
-            if (cur.slot == cap) {
-                cur.b = cur.b->next;
-                cur.slot = 0;
-            }
-        } else {
-            /* Across blocks: each lane walks its own row's column. */
-            const double *kp[LANES];
-            size_t st[LANES];
-            for (int k = 0; k < LANES; k++) {
-                kp[k] = block_kt(cur.b, l, d) + cur.slot;
-                st[k] = cur.b->capacity;
-                cursor_next(&cur);
-            }
-            for (size_t j = 0; j < d; j++) {
-                const double qj = q[j];
-                for (int k = 0; k < LANES; k++) {
-                    acc[k] += qj * *kp[k];
-                    kp[k] += st[k];
-                }
-            }
-        }
-        for (int k = 0; k < LANES; k++) {
-            s[r + k] = acc[k] * inv_sqrt_d;
-        }
+    k->scores(q, block, n, l, m->shape.d, s);
+    for (size_t r = 0; r < n; r++) {
+        s[r] = s[r] * inv_sqrt_d;
     }
-    for (; r < n; r++) {
-        const double *restrict kt = block_kt(cur.b, l, d) + cur.slot;
-        const size_t cap = cur.b->capacity;
-        double acc = 0.0;
-        for (size_t j = 0; j < d; j++) {
-            acc += q[j] * kt[j * cap];
-        }
-        s[r] = acc * inv_sqrt_d;
-        cursor_next(&cur);
-    }
-
     attend_factors(s, n);
-
-    /* a[j] = sum over r ascending of (e[r] / z) * V[r][j]: the rows are
-     * added, in order, to the running sums, LANES values of j at a time,
-     * a run of blocks at a time: one block of LANES rows or more, or the
-     * longest stretch of smaller blocks (the sums stay in the lanes across
-     * those blocks rather than going back to a[] after each). */
-    for (size_t j = 0; j < d; j++) {
-        a[j] = 0.0;
-    }
-    for (b = block, r0 = 0; r0 < n;) {
-        const model_block_t *end = b;
-        size_t rows = 0, j = 0;
-
-        do {
-            rows += n - r0 - rows < end->capacity ? n - r0 - rows : end->capacity;
-            end = end->next;
-        } while (b->capacity < LANES && r0 + rows < n && end->capacity < LANES);
-        for (; j + LANES <= d; j += LANES) {
-            double acc[LANES];
-            size_t rr = r0;
-            for (int k = 0; k < LANES; k++) {
-                acc[k] = a[j + k];
-            }
-            for (const model_block_t *bb = b; bb != end; bb = bb->next) {
-                const double *restrict vb = block_kt(bb, l, d) + bb->capacity * d + j;
-                size_t cnt = n - rr < bb->capacity ? n - rr : bb->capacity;
-                for (size_t i = 0; i < cnt; i++) {
-                    lanes_axpy(acc, s[rr + i], vb + i * d);
-                }
-                rr += cnt;
-            }
-            for (int k = 0; k < LANES; k++) {
-                a[j + k] = acc[k];
-            }
-        }
-        for (; j < d; j++) {
-            double acc = a[j];
-            size_t rr = r0;
-            for (const model_block_t *bb = b; bb != end; bb = bb->next) {
-                const double *restrict vb = block_kt(bb, l, d) + bb->capacity * d + j;
-                size_t cnt = n - rr < bb->capacity ? n - rr : bb->capacity;
-                for (size_t i = 0; i < cnt; i++) {
-                    acc += s[rr + i] * vb[i * d];
-                }
-                rr += cnt;
-            }
-            a[j] = acc;
-        }
-        r0 += rows;
-        b = end;
-    }
+    k->mix(s, block, n, l, m->shape.d, a);
 }
 
 /* Keeps `best` the index of the largest logit seen, the lowest on a tie:
@@ -700,7 +590,7 @@ static void attn_run_batch(const model_t *m, model_kv_t *const *kv, const uint32
                            size_t nb, void *scratch)
 {
     const size_t d = m->shape.d;
-    batch_item_t it[MODEL_BATCH_MAX];
+    batch_item_t it[MODEL_BATCH_MAX] = {{0}}; /* all written before use; gcc cannot tell */
     double *X = scratch;
 
     for (size_t b = 0; b < nb; b++) {
@@ -721,7 +611,7 @@ static void attn_prefill(const model_t *m, model_kv_t *kv, const uint32_t *token
                          void *scratch)
 {
     const size_t d = m->shape.d;
-    batch_item_t it[MODEL_BATCH_MAX];
+    batch_item_t it[MODEL_BATCH_MAX] = {{0}}; /* all written before use; gcc cannot tell */
     double *X = scratch;
 
     for (size_t done = 0; done < n;) {

@@ -21,6 +21,7 @@
  * Columns left over after the last whole tile are summed one at a time.
  */
 #include "core/kern.h"
+#include "core/model.h"
 
 #include <string.h>
 
@@ -172,18 +173,209 @@ static void KERN_FN(mm)(const double *x, size_t ldx, size_t nb, const double *w,
             tile_rest(x + b * ldx, ldx, nb - b, w + c, ldw, rows, out + b * ldo + (c - c0), ldo);
         }
     }
-    for (; c < c1; c++) {
+    /* The columns after the last whole tile: their sums side by side, i
+     * outermost, so that they do not wait on one another. */
+    if (c < c1) {
         for (size_t b = 0; b < nb; b++) {
-            double acc = 0.0;
-            for (size_t i = 0; i < rows; i++) {
-                acc += x[b * ldx + i] * w[i * ldw + c];
+            double acc[KERN_NC];
+            for (size_t k = 0; k < c1 - c; k++) {
+                acc[k] = 0.0;
             }
-            out[b * ldo + (c - c0)] = acc;
+            for (size_t i = 0; i < rows; i++) {
+                const double xi = x[b * ldx + i];
+                for (size_t k = 0; k < c1 - c; k++) {
+                    acc[k] += xi * w[i * ldw + c + k];
+                }
+            }
+            for (size_t k = 0; k < c1 - c; k++) {
+                out[b * ldo + (c + k - c0)] = acc[k];
+            }
         }
+    }
+}
+
+/* Layer l's area of block b: Kt (d rows of the capacity), then V. */
+static inline const double *area(const model_block_t *b, size_t l, size_t d)
+{
+    return (const double *)(const void *)b->data + l * 2 * b->capacity * d;
+}
+
+/* Tiles of KERN_NC rows whose dot products score_tiles() computes side
+ * by side: enough running sums that no add waits on the one before. */
+#define KERN_SCORE_TILES 4
+
+/* s[t * KERN_NC + c] = sum over j < d ascending of q[j] * kp[t][j * ld[t]
+ * + c], for t < nt (<= KERN_SCORE_TILES) and c < KERN_NC: the dot products
+ * of nt tiles of rows, each tile KERN_NC consecutive rows of one block's
+ * Kt.  The missing tiles read a zero tile with stride 0 and are not
+ * stored. */
+static void score_tiles(const double *restrict q, const double *const *kp_in, const size_t *ld_in,
+                        size_t nt, size_t d, double *restrict s)
+{
+    static const double zero[KERN_NC];
+    const double *kp[KERN_SCORE_TILES];
+    size_t ld[KERN_SCORE_TILES];
+    vd acc[KERN_SCORE_TILES][KERN_NV];
+
+    for (size_t t = 0; t < KERN_SCORE_TILES; t++) {
+        kp[t] = t < nt ? kp_in[t] : zero;
+        ld[t] = t < nt ? ld_in[t] : 0;
+        for (size_t v = 0; v < KERN_NV; v++) {
+            acc[t][v] = vsplat(0.0);
+        }
+    }
+    for (size_t j = 0; j < d; j++) {
+        const vd qj = vsplat(q[j]);
+        for (size_t t = 0; t < KERN_SCORE_TILES; t++) {
+            for (size_t v = 0; v < KERN_NV; v++) {
+                acc[t][v] += qj * vload(kp[t] + j * ld[t] + v * KERN_VW);
+            }
+        }
+    }
+    for (size_t t = 0; t < nt; t++) {
+        for (size_t v = 0; v < KERN_NV; v++) {
+            vstore(s + t * KERN_NC + v * KERN_VW, acc[t][v]);
+        }
+    }
+}
+
+/* Rows of the small blocks' path, one per lane. */
+#define KERN_SMALL_LANES 8
+
+static void KERN_FN(scores)(const double *q, const model_block_t *b, size_t n, size_t l, size_t d,
+                            double *s)
+{
+    static const double zero = 0.0; /* the padding lanes' key, read with stride 0 */
+    size_t r = 0;
+
+    while (r < n) {
+        const size_t cnt0 = n - r < b->capacity ? n - r : b->capacity;
+        if (b->capacity >= KERN_NC && cnt0 >= KERN_NC) {
+            /* Up to KERN_SCORE_TILES whole tiles of KERN_NC rows, from this
+             * block and the next ones, side by side. */
+            const double *kp[KERN_SCORE_TILES];
+            size_t ld[KERN_SCORE_TILES], t = 0, col = 0;
+
+            while (t < KERN_SCORE_TILES && r + t * KERN_NC + KERN_NC <= n &&
+                   b->capacity >= KERN_NC && col + KERN_NC <= b->capacity) {
+                kp[t] = area(b, l, d) + col;
+                ld[t] = b->capacity;
+                t++;
+                col += KERN_NC;
+                if (col + KERN_NC > b->capacity) {
+                    /* The block's last whole tile; a capacity that is not a
+                     * multiple of the tile leaves its tail to mm() below. */
+                    if (col < b->capacity) {
+                        break;
+                    }
+                    b = b->next;
+                    col = 0;
+                }
+            }
+            score_tiles(q, kp, ld, t, d, s + r);
+            r += t * KERN_NC;
+            if (col != 0) {
+                /* Stopped inside a block: the rest of it by mm(). */
+                const size_t rest = (n - r < b->capacity - col ? n - r : b->capacity - col);
+                KERN_FN(mm)(q, d, 1, area(b, l, d) + col, b->capacity, d, 0, rest, s + r, rest);
+                r += rest;
+                b = b->next;
+            }
+            continue;
+        }
+        if (b->capacity >= KERN_NC || b->capacity > KERN_SMALL_LANES) {
+            /* A block's last rows, short of a tile: its rows are the
+             * columns of Kt. */
+            KERN_FN(mm)(q, d, 1, area(b, l, d), b->capacity, d, 0, cnt0, s + r, cnt0);
+            r += cnt0;
+            b = b->next;
+            continue;
+        }
+        /* Small blocks (the first of a chain): the rows of as many whole
+         * small blocks as fit in KERN_SMALL_LANES lanes, each lane walking
+         * its own row's column of Kt. */
+        const double *kp[KERN_SMALL_LANES];
+        size_t st[KERN_SMALL_LANES], k = 0;
+        double acc[KERN_SMALL_LANES];
+
+        while (r + k < n && b->capacity < KERN_NC && k + b->capacity <= KERN_SMALL_LANES) {
+            const size_t cnt = n - r - k < b->capacity ? n - r - k : b->capacity;
+            for (size_t slot = 0; slot < cnt; slot++) {
+                kp[k] = area(b, l, d) + slot;
+                st[k] = b->capacity;
+                k++;
+            }
+            b = b->next;
+        }
+        for (size_t i = k; i < KERN_SMALL_LANES; i++) {
+            kp[i] = &zero;
+            st[i] = 0;
+        }
+        for (size_t i = 0; i < KERN_SMALL_LANES; i++) {
+            acc[i] = 0.0;
+        }
+        for (size_t j = 0; j < d; j++) {
+            const double qj = q[j];
+            for (size_t i = 0; i < KERN_SMALL_LANES; i++) {
+                acc[i] += qj * *kp[i];
+                kp[i] += st[i];
+            }
+        }
+        for (size_t i = 0; i < k; i++) {
+            s[r + i] = acc[i];
+        }
+        r += k;
+    }
+}
+
+/* Vectors of columns the sum of values carries at once. */
+#define KERN_MIX_NV 4
+#define KERN_MIX_NC (KERN_MIX_NV * KERN_VW)
+
+static void KERN_FN(mix)(const double *f, const model_block_t *head, size_t n, size_t l, size_t d,
+                         double *a)
+{
+    size_t j = 0;
+
+    for (; j + KERN_MIX_NC <= d; j += KERN_MIX_NC) {
+        vd acc[KERN_MIX_NV];
+        size_t r = 0;
+        for (size_t v = 0; v < KERN_MIX_NV; v++) {
+            acc[v] = vsplat(0.0);
+        }
+        for (const model_block_t *b = head; r < n; b = b->next) {
+            const size_t cnt = n - r < b->capacity ? n - r : b->capacity;
+            const double *vb = area(b, l, d) + b->capacity * d + j;
+            for (size_t i = 0; i < cnt; i++) {
+                const vd fr = vsplat(f[r + i]);
+                for (size_t v = 0; v < KERN_MIX_NV; v++) {
+                    acc[v] += fr * vload(vb + i * d + v * KERN_VW);
+                }
+            }
+            r += cnt;
+        }
+        for (size_t v = 0; v < KERN_MIX_NV; v++) {
+            vstore(a + j + v * KERN_VW, acc[v]);
+        }
+    }
+    for (; j < d; j++) {
+        double acc = 0.0;
+        size_t r = 0;
+        for (const model_block_t *b = head; r < n; b = b->next) {
+            const size_t cnt = n - r < b->capacity ? n - r : b->capacity;
+            const double *vb = area(b, l, d) + b->capacity * d + j;
+            for (size_t i = 0; i < cnt; i++) {
+                acc += f[r + i] * vb[i * d];
+            }
+            r += cnt;
+        }
+        a[j] = acc;
     }
 }
 
 const model__kern_t KERN_CAT(model__kern_, KERN_NAME) = {
     .name = KERN_STR(KERN_NAME),
     .mm = KERN_FN(mm),
+    .scores = KERN_FN(scores),
+    .mix = KERN_FN(mix),
 };

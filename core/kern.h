@@ -14,14 +14,30 @@
 
 #include <stddef.h>
 
+#include "core/model.h"
+
 /* out[b * ldo + (c - c0)] = sum over i < rows ascending of
  * x[b * ldx + i] * w[i * ldw + c], for b < nb and c0 <= c < c1. */
 typedef void (*model__mm_fn)(const double *x, size_t ldx, size_t nb, const double *w, size_t ldw,
                              size_t rows, size_t c0, size_t c1, double *out, size_t ldo);
 
+/* An attention row's dot products: s[r] = sum over j < d ascending of
+ * q[j] * K[r][j], for r < n, K being layer l's keys of the chain from `b`
+ * (attn.c's block layout: Kt, d rows of the block's capacity, then V). */
+typedef void (*model__scores_fn)(const double *q, const model_block_t *b, size_t n, size_t l,
+                                 size_t d, double *s);
+
+/* An attention row's sum of values: a[j] = sum over r < n ascending of
+ * f[r] * V[r][j], for j < d, V being layer l's values of the chain from
+ * `b`. */
+typedef void (*model__mix_fn)(const double *f, const model_block_t *b, size_t n, size_t l,
+                              size_t d, double *a);
+
 typedef struct model__kern {
     const char *name; /* "scalar", "avx2", "avx512" */
     model__mm_fn mm;
+    model__scores_fn scores;
+    model__mix_fn mix;
 } model__kern_t;
 
 /* The variants this build has (avx2 and avx512 only on x86-64). */

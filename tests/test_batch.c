@@ -2,9 +2,10 @@
  * test_batch.c: the Check suite of core/'s batch calls (model_run_batch(),
  * model_pick_batch(), model_prefill()) against the single calls.
  *
- * Every case runs on every SIMD variant the machine supports
- * (model_simd_supported(), forced with model_simd_force()) and compares
- * with memcmp: picks, rounded logits, states and every byte of every
+ * Every variant the machine supports (model_simd_supported(), forced with
+ * model_simd_force()) computes the scalar variant's bytes in a fixed
+ * scenario of batches, single steps and a prefill.  Every case below runs
+ * on every variant and compares with memcmp: picks, rounded logits, states and every byte of every
  * entry of a batch against the same sequences stepped one at a time; a
  * prefill against the same prompt run position by position; and the
  * counters (L rows or one g call per position, whatever the batch).
@@ -301,6 +302,92 @@ static void prefill_case(const model_t *m, uint32_t before, uint32_t n)
         ck_assert_int_eq(model_simd_force(was_), SLOTD_OK);                                        \
     } while (0)
 
+/* What a fixed scenario computes, appended to `out` (which has room): a
+ * batch of 13 sequences of random histories stepped twice (their rounded
+ * and raw logits and states), a single step of each, and a prefill of 40
+ * tokens followed by its raw logits.  The same seed gives the same
+ * scenario, so two variants must fill `out` with the same bytes. */
+static size_t scenario(const model_t *m, unsigned char *out)
+{
+    enum { NB = 13 };
+    const uint32_t V = model_vocab(m);
+    model_kv_t kv[NB], *pkv[NB], pre;
+    double *lg = malloc((size_t)NB * V * sizeof(double)), *rows[NB];
+    uint32_t tok[NB], ptok[40];
+    void *scratch = malloc(model_scratch_size(m));
+    size_t len = 0;
+
+    ck_assert(lg != NULL && scratch != NULL);
+    rng_state = 99;
+    for (size_t b = 0; b < NB; b++) {
+        uint32_t n = 1 + rng_below(b == 6 ? model_max_ctx(m) - 4 : 70);
+        fake_history(m, &kv[b], n, n + 3);
+        pkv[b] = &kv[b];
+        rows[b] = lg + b * V;
+    }
+    for (int r = 0; r < 2; r++) {
+        model_pick_batch(m, (const model_kv_t *const *)pkv, NB, tok, rows, scratch);
+        model_run_batch(m, pkv, tok, NB, scratch);
+        memcpy(out + len, lg, (size_t)NB * V * sizeof(double));
+        len += (size_t)NB * V * sizeof(double);
+        memcpy(out + len, tok, sizeof(tok));
+        len += sizeof(tok);
+    }
+    for (size_t b = 0; b < NB; b++) {
+        tok[b] = model_pick_raw(m, &kv[b], lg);
+        model_run(m, &kv[b], tok[b], scratch);
+        memcpy(out + len, lg, V * sizeof(double));
+        len += V * sizeof(double);
+        memcpy(out + len, kv[b].state, model_state_size(m));
+        len += model_state_size(m);
+        model_kv_heap_free(&kv[b]);
+    }
+    for (size_t i = 0; i < 40; i++) {
+        ptok[i] = rng_below(V);
+    }
+    ck_assert_int_eq(model_kv_heap_alloc(m, 40, &pre), SLOTD_OK);
+    model_prefill(m, &pre, ptok, 40, scratch);
+    tok[0] = model_pick_raw(m, &pre, lg);
+    memcpy(out + len, lg, V * sizeof(double));
+    len += V * sizeof(double);
+    model_kv_heap_free(&pre);
+    free(lg);
+    free(scratch);
+    return len;
+}
+
+START_TEST(test_variants_agree)
+{
+    /* Every variant computes the scalar variant's bytes. */
+    static const char *names[] = {"small", "base"};
+    const char *was = model_simd();
+
+    for (size_t k = 0; k < 2; k++) {
+        model_t *m = create(names[k]);
+        size_t room = 64 * (size_t)model_vocab(m) * sizeof(double) + 64 * model_state_size(m);
+        unsigned char *ref = malloc(room), *got = malloc(room);
+        size_t n_ref, n_got;
+
+        ck_assert(ref != NULL && got != NULL);
+        ck_assert_int_eq(model_simd_force("scalar"), SLOTD_OK);
+        n_ref = scenario(m, ref);
+        ck_assert_uint_le(n_ref, room);
+        for (size_t i = 1; model_simd_supported(i) != NULL; i++) {
+            ck_assert_int_eq(model_simd_force(model_simd_supported(i)), SLOTD_OK);
+            memset(got, 0, room);
+            n_got = scenario(m, got);
+            ck_assert_uint_eq(n_got, n_ref);
+            ck_assert_msg(memcmp(ref, got, n_ref) == 0, "%s: variant %s differs from scalar",
+                          names[k], model_simd_supported(i));
+        }
+        free(ref);
+        free(got);
+        model_destroy(m);
+    }
+    ck_assert_int_eq(model_simd_force(was), SLOTD_OK);
+}
+END_TEST
+
 START_TEST(test_variants)
 {
     /* scalar is always there, the one in use is among those supported, and
@@ -438,6 +525,7 @@ static Suite *batch_suite(void)
 
     tcase_set_timeout(tc, heavy ? 900 : 300);
     tcase_add_test(tc, test_variants);
+    tcase_add_test(tc, test_variants_agree);
     tcase_add_test(tc, test_batch_counters);
     tcase_add_test(tc, test_batch_tiny_hash);
     tcase_add_test(tc, test_batch_small);
