@@ -38,6 +38,7 @@ typedef struct server_config {
     char default_model[PROTO_MODEL_MAX + 1]; /* one of `models` */
     log_level_t log_level;
     double audit_rate; /* fraction of step requests recomputed uncached, 0..1 */
+    uint32_t max_batch; /* single steps of one model a worker runs as one batch, 1..64 */
 #if SLOTD_FAULT_INJECTION
     /* Test builds only: the hooks of job.c (0 = off). */
     uint64_t fault_corrupt_after; /* damage the slot of the N-th step job, after it ran */
