@@ -289,6 +289,8 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
     }
     if (k > 0)
         cache_session_step_batch(s->pool, cs, k, worker_scratch(w), picks, lg, rc, err);
+    if (k > 1)
+        metrics_count_batch(k);
     for (size_t i = 0; i < k; i++) {
         req_t *r = rs[i];
 
