@@ -2,7 +2,9 @@
  * job.c: what a worker thread does with a request record: the model call
  * of a start (prefill), a step, a logits or a generate, and the formatting
  * of its reply line into the record; with --audit-rate, the recording of a
- * session's tokens and the audit of sampled steps (see audit.h).
+ * session's tokens and the audit of sampled steps (see audit.h); and the
+ * batches of single steps of one model (job_group(), job_run_batch(),
+ * --max-batch), whose records each get their own reply.
  *
  * DESIGN.  Runs on the worker threads only, one record per call.  It reads
  * the record's request and input fields and writes only its result fields

@@ -95,6 +95,17 @@
  * daemon's user CPU per step 4-6 % lower, its total about 2 %
  * (bench/RESULTS.md).
  *
+ * Batches.  With a group callback and max_batch above 1, a worker that
+ * claims a job the callback lets lead a batch gathers more it admits with
+ * it (gather()): the jobs of its local batch that follow at once, claimed
+ * as any, then queued jobs, unlinked under queue_lock: its fair share of
+ * the queue, or all of it when every other worker is in a job (none is
+ * free to take the rest), passing over at most WORKER_GATHER_SCAN others.
+ * A gathered job is started: take_back() never sees it.  The batch runs
+ * as one `run_batch`, counts as one job for the wedge clock and as n jobs
+ * of its mean time for the wake-up rule, and its jobs go on the completion
+ * stack in one exchange, in batch order.
+ *
  * Each worker publishes the monotonic start time of its current job in an
  * atomic (0 when idle) for worker_pool_wedged() and worker_job_start().
  * It stays a per-job uv_hrtime(): job.c times each step from it into a
