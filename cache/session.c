@@ -76,8 +76,16 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
         goto fail_release;
     }
     assert(kv.len == 0);
-    for (size_t i = 0; i < n; i++) {
-        model_run(m, &kv, (uint32_t)prompt[i], scratch);
+    /* Layer by layer over MODEL_BATCH_MAX positions at a time (validated:
+     * every token is in [0, V)). */
+    for (size_t i = 0; i < n;) {
+        uint32_t chunk[MODEL_BATCH_MAX];
+        size_t k = 0;
+        for (; k < MODEL_BATCH_MAX && i + k < n; k++) {
+            chunk[k] = (uint32_t)prompt[i + k];
+        }
+        model_prefill(m, &kv, chunk, k, scratch);
+        i += k;
     }
     rc = cache_pool_commit(p, h, owner, &kv);
     if (rc != SLOTD_OK) {
@@ -139,6 +147,59 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
     return SLOTD_OK;
 }
 
+void cache_session_step_batch(cache_pool_t *p, cache_session_t *const *s, size_t nb,
+                              void *scratch, uint32_t *tokens, double *const *logits, int *rc,
+                              slotd_error_t *err)
+{
+    model_kv_t kv[MODEL_BATCH_MAX], *run[MODEL_BATCH_MAX];
+    double *lg[MODEL_BATCH_MAX];
+    uint32_t picks[MODEL_BATCH_MAX];
+    size_t idx[MODEL_BATCH_MAX], k = 0;
+    const model_t *m;
+
+    assert(nb >= 1 && nb <= MODEL_BATCH_MAX);
+    m = s[0]->model;
+    for (size_t b = 0; b < nb; b++) {
+        const bool want = logits != NULL && logits[b] != NULL;
+        assert(s[b]->model == m);
+        rc[b] = SLOTD_OK;
+        if ((uint64_t)s[b]->entries + 1 > model_max_ctx(m)) {
+            rc[b] = slotd_error_set(&err[b], SLOTD_ECONTEXT_FULL,
+                                    "step: '%s' holds %" PRIu32 " of %" PRIu32
+                                    " positions, 1 more does not fit",
+                                    s[b]->owner.id, s[b]->entries, model_max_ctx(m));
+            continue;
+        }
+        rc[b] = cache_pool_reserve(p, s[b]->handle, &s[b]->owner, 1, &kv[k]);
+        if (rc[b] != SLOTD_OK) {
+            rc[b] = session__pool_error(&err[b], rc[b], "step", s[b]->owner.id);
+            continue;
+        }
+        assert(kv[k].len == s[b]->entries);
+        run[k] = &kv[k];
+        lg[k] = want && model_family(m) == MODEL_FAMILY_ATTN ? logits[b] : NULL;
+        idx[k++] = b;
+    }
+    if (k == 0) {
+        return;
+    }
+    model_pick_batch(m, (const model_kv_t *const *)run, k, picks, lg, scratch);
+    model_run_batch(m, run, picks, k, scratch);
+    for (size_t i = 0; i < k; i++) {
+        const size_t b = idx[i];
+        tokens[b] = picks[i];
+        rc[b] = cache_pool_commit(p, s[b]->handle, &s[b]->owner, &kv[i]);
+        if (rc[b] != SLOTD_OK) {
+            /* As in cache_session_step(): only a broken one-thread-per-
+             * session rule gets here. */
+            rc[b] = session__pool_error(&err[b], rc[b], "step", s[b]->owner.id);
+            continue;
+        }
+        s[b]->entries = kv[i].len;
+        cache_pool_hint(p, s[b]->handle, &s[b]->hint);
+    }
+}
+
 int cache_session_finish(cache_pool_t *p, cache_session_t *s, uint32_t *released)
 {
     uint32_t held = 0;
@@ -177,9 +238,7 @@ int cache_session_rebuild(cache_pool_t *p, cache_session_t *s, const uint32_t *t
     }
     assert(kv.len == n);
     model_kv_rewind(&kv);
-    for (uint32_t i = 0; i < n; i++) {
-        model_run(m, &kv, tokens[i], scratch);
-    }
+    model_prefill(m, &kv, tokens, n, scratch);
     /* Same length: the commit only confirms the handle. */
     return cache_pool_commit(p, s->handle, &s->owner, &kv);
 }

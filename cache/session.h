@@ -49,6 +49,20 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
 int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
                        uint32_t *tokens, double *logits, slotd_error_t *err);
 
+/** One greedy step (n = 1) of each of nb (1 .. MODEL_BATCH_MAX) sessions
+ * of one model, as one batch: each is checked and reserved as
+ * cache_session_step() would (rc[b] and err[b] get its error, and it
+ * takes no part), then the sessions that passed are picked and run
+ * together (model_pick_batch(), model_run_batch()) and committed.
+ * tokens[b] gets session b's pick; logits[b] (may be NULL, and so may the
+ * array) its V rounded logits.  Every session's result, entries and
+ * counters are those of cache_session_step() with n = 1.  The sessions
+ * must be live sessions of one model, all different; `scratch` of
+ * model_scratch_size(). */
+void cache_session_step_batch(cache_pool_t *p, cache_session_t *const *s, size_t nb,
+                              void *scratch, uint32_t *tokens, double *const *logits, int *rc,
+                              slotd_error_t *err);
+
 /** Releases the slot; *released gets the entries it held.  The session
  * value is dead afterwards (a second finish gets SLOTD_ESTALE from the pool). */
 int cache_session_finish(cache_pool_t *p, cache_session_t *s, uint32_t *released);

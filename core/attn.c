@@ -31,8 +31,10 @@
  * sequence keeps d doubles between calls rather than V, and a prefill does
  * not compute logits it never uses.
  *
- * Scratch.  5 * d + max_ctx doubles: x, q, k, a, o, then one attention
- * row's scores s[r], which become e[r] and then the factors e[r] / z.  The
+ * Scratch.  A single run uses 5 * d + max_ctx doubles: x, q, k, a, o,
+ * then one attention row's scores s[r], which become e[r] and then the
+ * factors e[r] / z.  model_scratch_size() is the larger batch scratch
+ * (see Batches below), so that one buffer serves every call.  The
  * width-8 code keeps x, q, k, a, o in locals and uses only s.
  *
  * Width 8.  `tiny` (d = 8) runs through kernels of its own, d8_run() and
@@ -44,6 +46,7 @@
  * loops and groups than on the arithmetic.
  */
 #include "model_impl.h"
+#include "kern.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -55,13 +58,19 @@ static size_t layer_doubles(const model_t *m)
     return (size_t)4 * m->shape.d * m->shape.d;
 }
 
+static size_t batch_scratch_doubles(const model_t *m, size_t nb);
+
+/* The scratch of a single run (below), or of a batch of MODEL_BATCH_MAX
+ * where the family batches (not width 8), whichever is larger: any call
+ * fits in model_scratch_size(). */
 static void attn_sizes(model_t *m)
 {
-    size_t d = m->shape.d;
+    size_t d = m->shape.d, single = 5 * d + m->shape.max_ctx;
+    size_t batch = d == 8 ? 0 : batch_scratch_doubles(m, MODEL_BATCH_MAX);
 
     m->entry_size = 2 * (size_t)m->shape.layers * d * sizeof(double);
     m->state_size = d * sizeof(double);
-    m->scratch_size = (5 * d + m->shape.max_ctx) * sizeof(double);
+    m->scratch_size = (single > batch ? single : batch) * sizeof(double);
 }
 
 /* The i-th draw of the weight stream, turned into a weight of `scale`. */
@@ -155,21 +164,6 @@ static void matvec(const double *restrict x, const double *restrict w, double *r
     }
 }
 
-/* The rows of a chain in order: the block holding the next row, and that
- * row's slot in it. */
-typedef struct row_cursor {
-    const model_block_t *b;
-    size_t slot;
-} row_cursor_t;
-
-static inline void cursor_next(row_cursor_t *c)
-{
-    if (++c->slot == c->b->capacity) {
-        c->b = c->b->next;
-        c->slot = 0;
-    }
-}
-
 /* Layer l's K area (Kt, d rows of the block's capacity) of block b. */
 static inline const double *block_kt(const model_block_t *b, size_t l, size_t d)
 {
@@ -202,117 +196,22 @@ static void attend_factors(double *restrict s, size_t n)
 }
 
 /* One attention row of layer `l` over positions 0 .. n-1 of the chain from
- * `block`: writes a[0 .. d-1].  `s` has room for n doubles. */
+ * `block`: writes a[0 .. d-1].  `s` has room for n doubles.  The dot
+ * products and the sum of values are the kernels' (kern.h: each s[r] and
+ * each a[j] one sum, in its order, whatever the variant); s[r] is then
+ * multiplied by 1 / sqrt(d), as MODELS.md writes it. */
 static void attend(const model_t *m, const model_block_t *block, uint32_t n, uint32_t l,
                    const double *restrict q, double *restrict s, double *restrict a)
 {
-    const size_t d = m->shape.d;
+    const model__kern_t *k = model__kern();
     const double inv_sqrt_d = m->inv_sqrt_d;
-    row_cursor_t cur = {block, 0};
-    const model_block_t *b;
-    size_t r = 0, r0;
 
-    /* s[r] = (sum over j of q[j] * K[r][j]) * (1 / sqrt(d)): LANES rows side
-     * by side, K being stored transposed. */
-    for (; r + LANES <= n; r += LANES) {
-        double acc[LANES] = {0.0};
-        const size_t cap = cur.b->capacity;
-
-        if (cap - cur.slot >= LANES) {
-            /* The LANES rows lie in one block: contiguous loads. */
-            const double *restrict kt = block_kt(cur.b, l, d) + cur.slot;
-            for (size_t j = 0; j < d; j++) {
-                lanes_axpy(acc, q[j], kt + j * cap);
-            }
-            cur.slot += LANES;
-            if (cur.slot == cap) {
-                cur.b = cur.b->next;
-                cur.slot = 0;
-            }
-        } else {
-            /* Across blocks: each lane walks its own row's column. */
-            const double *kp[LANES];
-            size_t st[LANES];
-            for (int k = 0; k < LANES; k++) {
-                kp[k] = block_kt(cur.b, l, d) + cur.slot;
-                st[k] = cur.b->capacity;
-                cursor_next(&cur);
-            }
-            for (size_t j = 0; j < d; j++) {
-                const double qj = q[j];
-                for (int k = 0; k < LANES; k++) {
-                    acc[k] += qj * *kp[k];
-                    kp[k] += st[k];
-                }
-            }
-        }
-        for (int k = 0; k < LANES; k++) {
-            s[r + k] = acc[k] * inv_sqrt_d;
-        }
+    k->scores(q, block, n, l, m->shape.d, s);
+    for (size_t r = 0; r < n; r++) {
+        s[r] = s[r] * inv_sqrt_d;
     }
-    for (; r < n; r++) {
-        const double *restrict kt = block_kt(cur.b, l, d) + cur.slot;
-        const size_t cap = cur.b->capacity;
-        double acc = 0.0;
-        for (size_t j = 0; j < d; j++) {
-            acc += q[j] * kt[j * cap];
-        }
-        s[r] = acc * inv_sqrt_d;
-        cursor_next(&cur);
-    }
-
     attend_factors(s, n);
-
-    /* a[j] = sum over r ascending of (e[r] / z) * V[r][j]: the rows are
-     * added, in order, to the running sums, LANES values of j at a time,
-     * a run of blocks at a time: one block of LANES rows or more, or the
-     * longest stretch of smaller blocks (the sums stay in the lanes across
-     * those blocks rather than going back to a[] after each). */
-    for (size_t j = 0; j < d; j++) {
-        a[j] = 0.0;
-    }
-    for (b = block, r0 = 0; r0 < n;) {
-        const model_block_t *end = b;
-        size_t rows = 0, j = 0;
-
-        do {
-            rows += n - r0 - rows < end->capacity ? n - r0 - rows : end->capacity;
-            end = end->next;
-        } while (b->capacity < LANES && r0 + rows < n && end->capacity < LANES);
-        for (; j + LANES <= d; j += LANES) {
-            double acc[LANES];
-            size_t rr = r0;
-            for (int k = 0; k < LANES; k++) {
-                acc[k] = a[j + k];
-            }
-            for (const model_block_t *bb = b; bb != end; bb = bb->next) {
-                const double *restrict vb = block_kt(bb, l, d) + bb->capacity * d + j;
-                size_t cnt = n - rr < bb->capacity ? n - rr : bb->capacity;
-                for (size_t i = 0; i < cnt; i++) {
-                    lanes_axpy(acc, s[rr + i], vb + i * d);
-                }
-                rr += cnt;
-            }
-            for (int k = 0; k < LANES; k++) {
-                a[j + k] = acc[k];
-            }
-        }
-        for (; j < d; j++) {
-            double acc = a[j];
-            size_t rr = r0;
-            for (const model_block_t *bb = b; bb != end; bb = bb->next) {
-                const double *restrict vb = block_kt(bb, l, d) + bb->capacity * d + j;
-                size_t cnt = n - rr < bb->capacity ? n - rr : bb->capacity;
-                for (size_t i = 0; i < cnt; i++) {
-                    acc += s[rr + i] * vb[i * d];
-                }
-                rr += cnt;
-            }
-            a[j] = acc;
-        }
-        r0 += rows;
-        b = end;
-    }
+    k->mix(s, block, n, l, m->shape.d, a);
 }
 
 /* Keeps `best` the index of the largest logit seen, the lowest on a tie:
@@ -613,12 +512,183 @@ static uint32_t attn_pick(const model_t *m, const model_kv_t *kv, double *logits
     return best;
 }
 
+/*
+ * Batches.  A batch is up to MODEL_BATCH_MAX positions, each of its own
+ * sequence (model_run_batch()) or consecutive positions of one sequence
+ * (model_prefill()).  Layer by layer, the products of every position are
+ * one call of the kernel (kern.h), which loads each weight once for the
+ * whole batch; then each position attends on its own chain, in batch
+ * order, with attend() as a single run calls it.  Every position's every
+ * sum is the one attn_run() computes, term for term, so the bits are the
+ * same; only the order in which different sums are computed changes.  In
+ * a prefill, position p + 1's key and value are written before position
+ * p attends, but attend() reads rows 0 .. p only.
+ *
+ * Batch scratch (batch_scratch_doubles()): X, Q, K, Vv, A, O, each nb rows
+ * of d (one row per position), then the scores s (max_ctx), then a strip of
+ * PICK_STRIP logits per sequence for model_pick_batch().
+ */
+#define PICK_STRIP 64
+
+/* One position of a batch: the chain it attends over, the block and slot
+ * its entry goes to, and the position. */
+typedef struct batch_item {
+    const model_block_t *head;
+    model_block_t *blk;
+    uint32_t slot;
+    uint32_t p;
+} batch_item_t;
+
+static size_t batch_scratch_doubles(const model_t *m, size_t nb)
+{
+    return 6 * nb * m->shape.d + m->shape.max_ctx + nb * PICK_STRIP;
+}
+
+/* Runs tokens[b] at it[b] for b < nb: writes each entry and leaves each
+ * position's x in X's row b (scratch).  Counts nothing. */
+static void batch_positions(const model_t *m, const batch_item_t *it, const uint32_t *tokens,
+                            size_t nb, double *scratch)
+{
+    const size_t d = m->shape.d;
+    const model__mm_fn mm = model__kern()->mm;
+    double *X = scratch, *Q = X + nb * d, *K = Q + nb * d, *Vv = K + nb * d, *A = Vv + nb * d;
+    double *O = A + nb * d, *s = O + nb * d;
+
+    assert(nb <= MODEL_BATCH_MAX);
+    for (size_t b = 0; b < nb; b++) {
+        const double *emb = m->emb + (size_t)tokens[b] * d, *pos = m->pos + (size_t)it[b].p * d;
+        for (size_t i = 0; i < d; i++) {
+            X[b * d + i] = emb[i] + pos[i];
+        }
+    }
+    for (uint32_t l = 0; l < m->shape.layers; l++) {
+        const double *wq = m->layer + l * layer_doubles(m);
+        const double *wk = wq + d * d, *wv = wk + d * d, *wo = wv + d * d;
+
+        mm(X, d, nb, wq, d, d, 0, d, Q, d);
+        mm(X, d, nb, wk, d, d, 0, d, K, d);
+        mm(X, d, nb, wv, d, d, 0, d, Vv, d);
+        for (size_t b = 0; b < nb; b++) {
+            const size_t per = it[b].blk->capacity, slot = it[b].slot;
+            double *kt = (double *)(void *)it[b].blk->data + l * 2 * per * d;
+            for (size_t j = 0; j < d; j++) {
+                kt[j * per + slot] = K[b * d + j];
+            }
+            memcpy(kt + per * d + slot * d, Vv + b * d, d * sizeof(double));
+        }
+        for (size_t b = 0; b < nb; b++) {
+            attend(m, it[b].head, it[b].p + 1, l, Q + b * d, s, A + b * d);
+        }
+        mm(A, d, nb, wo, d, d, 0, d, O, d);
+        for (size_t i = 0; i < nb * d; i++) {
+            X[i] = X[i] + O[i];
+        }
+    }
+}
+
+static void attn_run_batch(const model_t *m, model_kv_t *const *kv, const uint32_t *tokens,
+                           size_t nb, void *scratch)
+{
+    const size_t d = m->shape.d;
+    batch_item_t it[MODEL_BATCH_MAX] = {{0}}; /* all written before use; gcc cannot tell */
+    double *X = scratch;
+
+    for (size_t b = 0; b < nb; b++) {
+        it[b].head = kv[b]->head;
+        it[b].blk = kv[b]->tail;
+        it[b].p = kv[b]->len;
+        it[b].slot = model__block_slot(kv[b]->tail, kv[b]->len);
+    }
+    batch_positions(m, it, tokens, nb, scratch);
+    for (size_t b = 0; b < nb; b++) {
+        memcpy(kv[b]->state, X + b * d, d * sizeof(double));
+        model__kv_advance(kv[b]);
+    }
+    model__count_rows(m, (uint64_t)m->shape.layers * nb);
+}
+
+static void attn_prefill(const model_t *m, model_kv_t *kv, const uint32_t *tokens, size_t n,
+                         void *scratch)
+{
+    const size_t d = m->shape.d;
+    batch_item_t it[MODEL_BATCH_MAX] = {{0}}; /* all written before use; gcc cannot tell */
+    double *X = scratch;
+
+    for (size_t done = 0; done < n;) {
+        size_t nb = n - done < MODEL_BATCH_MAX ? n - done : MODEL_BATCH_MAX;
+        model_block_t *blk = kv->tail;
+        uint32_t p = kv->len, slot = model__block_slot(blk, p);
+
+        for (size_t b = 0; b < nb; b++, p++, slot++) {
+            if (slot == blk->capacity) {
+                blk = blk->next;
+                slot = 0;
+            }
+            it[b].head = kv->head;
+            it[b].blk = blk;
+            it[b].p = p;
+            it[b].slot = slot;
+        }
+        batch_positions(m, it, tokens + done, nb, scratch);
+        memcpy(kv->state, X + (nb - 1) * d, d * sizeof(double));
+        for (size_t b = 0; b < nb; b++) {
+            model__kv_advance(kv);
+        }
+        model__count_rows(m, (uint64_t)m->shape.layers * nb);
+        done += nb;
+    }
+}
+
+/* attn_pick() for each sequence, U's columns PICK_STRIP at a time for the
+ * whole batch: each sequence's logits reach pick_offer() in ascending
+ * order, as in attn_pick(). */
+static void attn_pick_batch(const model_t *m, const model_kv_t *const *kv, size_t nb,
+                            uint32_t *tokens, double *const *logits, void *scratch)
+{
+    const size_t d = m->shape.d, cols = m->shape.vocab;
+    const model__mm_fn mm = model__kern()->mm;
+    double *X = scratch, *strip = X + 6 * nb * d + m->shape.max_ctx;
+    double best_v[MODEL_BATCH_MAX];
+
+    assert(nb <= MODEL_BATCH_MAX);
+    for (size_t b = 0; b < nb; b++) {
+        memcpy(X + b * d, kv[b]->state, d * sizeof(double));
+        best_v[b] = 0.0;
+        tokens[b] = 0;
+    }
+    for (size_t c0 = 0; c0 < cols; c0 += PICK_STRIP) {
+        const size_t c1 = cols - c0 < PICK_STRIP ? cols : c0 + PICK_STRIP;
+        mm(X, d, nb, m->unemb, cols, d, c0, c1, strip, PICK_STRIP);
+        for (size_t b = 0; b < nb; b++) {
+            double *out = logits != NULL ? logits[b] : NULL;
+            for (size_t c = c0; c < c1; c++) {
+                const double v = strip[b * PICK_STRIP + (c - c0)];
+                pick_offer(v, (uint32_t)c, &best_v[b], &tokens[b]);
+                pick_write(v, c, out, NULL);
+            }
+        }
+    }
+}
+
+/* A batch's scratch, or a single run's if that is larger (a small batch
+ * of a model with a long context). */
+static size_t attn_batch_scratch(const model_t *m, size_t nb)
+{
+    size_t batch = batch_scratch_doubles(m, nb), single = 5 * m->shape.d + m->shape.max_ctx;
+
+    return batch > single ? batch : single;
+}
+
 static const model__ops_t attn_ops = {
     .sizes = attn_sizes,
     .init = attn_init,
     .fini = attn_fini,
     .run = attn_run,
     .pick = attn_pick,
+    .run_batch = attn_run_batch,
+    .pick_batch = attn_pick_batch,
+    .prefill = attn_prefill,
+    .batch_scratch = attn_batch_scratch,
 };
 
 static const model__ops_t attn_d8_ops = {

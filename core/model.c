@@ -269,6 +269,83 @@ uint32_t model_pick_raw(const model_t *m, const model_kv_t *kv, double *raw)
     return m->ops->pick(m, kv, NULL, raw);
 }
 
+/* ---- Batches ---- */
+
+size_t model_batch_scratch_size(const model_t *m, size_t nb)
+{
+    size_t n;
+
+    assert(nb >= 1 && nb <= MODEL_BATCH_MAX);
+    if (m->ops->batch_scratch == NULL) {
+        return m->scratch_size;
+    }
+    n = m->ops->batch_scratch(m, nb) * sizeof(double);
+    assert(n <= m->scratch_size);
+    return n;
+}
+
+void model_run_batch(const model_t *m, model_kv_t *const *kv, const uint32_t *tokens, size_t nb,
+                     void *scratch)
+{
+    assert(m != NULL && nb <= MODEL_BATCH_MAX);
+    for (size_t b = 0; b < nb; b++) {
+        assert(tokens[b] < m->shape.vocab);
+        assert(kv[b]->len < m->shape.max_ctx && kv[b]->tail != NULL && kv[b]->state != NULL);
+        for (size_t c = 0; c < b; c++) {
+            assert(kv[c] != kv[b] && kv[c]->head != kv[b]->head);
+        }
+    }
+    if (m->ops->run_batch == NULL || nb == 1) {
+        for (size_t b = 0; b < nb; b++) {
+            m->ops->run(m, kv[b], tokens[b], scratch);
+        }
+        return;
+    }
+    m->ops->run_batch(m, kv, tokens, nb, scratch);
+}
+
+void model_pick_batch(const model_t *m, const model_kv_t *const *kv, size_t nb, uint32_t *tokens,
+                      double *const *logits, void *scratch)
+{
+    assert(m != NULL && nb <= MODEL_BATCH_MAX);
+    for (size_t b = 0; b < nb; b++) {
+        assert(kv[b]->len >= 1 && kv[b]->state != NULL);
+    }
+    if (m->ops->pick_batch == NULL || nb == 1) {
+        for (size_t b = 0; b < nb; b++) {
+            tokens[b] = m->ops->pick(m, kv[b], logits != NULL ? logits[b] : NULL, NULL);
+        }
+        return;
+    }
+    m->ops->pick_batch(m, kv, nb, tokens, logits, scratch);
+}
+
+void model_prefill(const model_t *m, model_kv_t *kv, const uint32_t *tokens, size_t n,
+                   void *scratch)
+{
+    assert(m != NULL && kv != NULL && kv->state != NULL);
+    assert(n <= m->shape.max_ctx - kv->len);
+    for (size_t i = 0; i < n; i++) {
+        assert(tokens[i] < m->shape.vocab);
+    }
+    if (n == 0) {
+        return;
+    }
+    assert(kv->tail != NULL);
+    if (m->ops->prefill == NULL || n == 1) {
+        for (size_t i = 0; i < n; i++) {
+            m->ops->run(m, kv, tokens[i], scratch);
+        }
+        return;
+    }
+    m->ops->prefill(m, kv, tokens, n, scratch);
+}
+
+bool model_batch_shares(const model_t *m)
+{
+    return m->ops->run_batch != NULL;
+}
+
 /* The definition: print as printf("%.6f") does, and read the decimal back
  * (strtod is correctly rounded, so this is the double nearest to it). */
 static double round6_printf(double x)
@@ -390,6 +467,22 @@ static void call_end(call_t *c)
     }
 }
 
+/* model_prefill() of validated 64-bit tokens, MODEL_BATCH_MAX at a time. */
+static void prefill_i64(const model_t *m, model_kv_t *kv, const int64_t *tokens, size_t n,
+                        void *scratch)
+{
+    uint32_t chunk[MODEL_BATCH_MAX];
+
+    for (size_t i = 0; i < n;) {
+        size_t k = 0;
+        for (; k < MODEL_BATCH_MAX && i + k < n; k++) {
+            chunk[k] = (uint32_t)tokens[i + k];
+        }
+        model_prefill(m, kv, chunk, k, scratch);
+        i += k;
+    }
+}
+
 int model_logits(const model_t *m, const int64_t *tokens, size_t n, model_kv_t *kv, void *scratch,
                  double *logits, uint64_t *rows, slotd_error_t *err)
 {
@@ -409,9 +502,7 @@ int model_logits(const model_t *m, const int64_t *tokens, size_t n, model_kv_t *
     if (rc != SLOTD_OK) {
         return rc;
     }
-    for (size_t i = 0; i < n; i++) {
-        model_run(m, c.kv, (uint32_t)tokens[i], c.scratch);
-    }
+    prefill_i64(m, c.kv, tokens, n, c.scratch);
     model_pick(m, c.kv, logits);
     call_end(&c);
     if (rows != NULL) {
@@ -444,9 +535,7 @@ int model_generate(const model_t *m, const int64_t *tokens, size_t n, int64_t st
 
     if (use_cache && steps > 0) {
         /* Each position runs once; the last pick is never run. */
-        for (size_t i = 0; i < n; i++) {
-            model_run(m, c.kv, out_tokens[i], c.scratch);
-        }
+        model_prefill(m, c.kv, out_tokens, n, c.scratch);
         runs = n;
         for (size_t k = 0; k < (size_t)steps; k++) {
             double *row = logits != NULL ? logits + k * vocab : NULL;
@@ -461,9 +550,7 @@ int model_generate(const model_t *m, const int64_t *tokens, size_t n, int64_t st
         for (size_t k = 0; k < (size_t)steps; k++) {
             double *row = logits != NULL ? logits + k * vocab : NULL;
             model_kv_rewind(c.kv);
-            for (size_t i = 0; i < n + k; i++) {
-                model_run(m, c.kv, out_tokens[i], c.scratch);
-            }
+            model_prefill(m, c.kv, out_tokens, n + k, c.scratch);
             runs += n + k;
             out_tokens[n + k] = model_pick(m, c.kv, row);
         }

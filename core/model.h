@@ -106,7 +106,9 @@ uint32_t model_chain_blocks(const model_t *m, uint32_t positions, size_t align, 
  * stream x after the last position, from which model_pick() computes the
  * logits). */
 size_t model_state_size(const model_t *m);
-/** Bytes of scratch one call needs; a worker keeps one buffer per thread. */
+/** Bytes of scratch any call needs, a batch of MODEL_BATCH_MAX
+ * (model_run_batch(), model_pick_batch(), model_prefill()) included; a
+ * worker keeps one buffer per thread. */
 size_t model_scratch_size(const model_t *m);
 
 /** Runs `token` at position kv->len: writes that position's entry into the
@@ -129,6 +131,61 @@ uint32_t model_pick(const model_t *m, const model_kv_t *kv, double *logits);
 /** model_pick(), writing the V logits unrounded into `raw` (attn; not
  * written for hash).  `raw` may be NULL. */
 uint32_t model_pick_raw(const model_t *m, const model_kv_t *kv, double *raw);
+
+/* ---- Batches: many sequences' positions in one pass over the weights ---- */
+
+/** The most sequences (or prompt positions) one batch call takes. */
+#define MODEL_BATCH_MAX 64
+
+/** Bytes of scratch a batch call of `nb` (1 .. MODEL_BATCH_MAX) sequences
+ * needs, at most model_scratch_size(m) (which a prefill needs), and enough
+ * for any single call. */
+size_t model_batch_scratch_size(const model_t *m, size_t nb);
+
+/** model_run(m, kv[b], tokens[b], ...) for each b < nb, as one call: every
+ * weight the products read is loaded once for the whole batch (attn), and
+ * each sequence's attention runs on its own chain.  The sequences are of
+ * model `m`, all different chains, at any lengths; the entries, states and
+ * counters afterwards are bit for bit those of the nb single runs (nb * L
+ * rows, or nb g calls).  Preconditions as model_run(), for each; nb <=
+ * MODEL_BATCH_MAX; `scratch` of model_batch_scratch_size(m, nb) bytes. */
+void model_run_batch(const model_t *m, model_kv_t *const *kv, const uint32_t *tokens, size_t nb,
+                     void *scratch);
+
+/** model_pick(m, kv[b], logits[b]) for each b < nb, as one call (attn: U
+ * is loaded once for the batch): tokens[b] gets the pick.  `logits` may be
+ * NULL (no logits), and so may each logits[b].  Nothing is counted.
+ * `scratch` of model_batch_scratch_size(m, nb) bytes. */
+void model_pick_batch(const model_t *m, const model_kv_t *const *kv, size_t nb, uint32_t *tokens,
+                      double *const *logits, void *scratch);
+
+/** Runs tokens[0 .. n-1] at positions kv->len .. kv->len + n - 1: the
+ * same entries, state and counters as n model_run() calls, computed layer
+ * by layer over up to MODEL_BATCH_MAX positions at a time (the products
+ * for all of them at once, then each position's causal attention).  Room
+ * in the chain for n positions; `scratch` of model_scratch_size(m)
+ * bytes. */
+void model_prefill(const model_t *m, model_kv_t *kv, const uint32_t *tokens, size_t n,
+                   void *scratch);
+
+/** Whether the batch calls of `m` share weight loads across the batch
+ * (attn models wider than tiny); otherwise they are loops of single calls,
+ * correct but no faster. */
+bool model_batch_shares(const model_t *m);
+
+/** The SIMD variant the batch kernels use ("scalar", "avx2", "avx512"):
+ * chosen once, the widest the CPU supports, or the one the environment
+ * variable SLOTD_SIMD names if the CPU supports it. */
+const char *model_simd(void);
+
+/** The i-th variant this machine supports, narrowest first ("scalar" is
+ * always 0), or NULL past the last. */
+const char *model_simd_supported(size_t i);
+
+/** Makes variant `name` the one in use (tests compare them): SLOTD_OK, or
+ * SLOTD_EINVAL if the machine does not support it.  Only while no model
+ * call runs. */
+int model_simd_force(const char *name);
 
 /** Rounds to six decimals exactly as printf("%.6f") does. */
 double model_round6(double x);

@@ -48,6 +48,18 @@ typedef struct model__ops {
     void (*fini)(model_t *m);
     void (*run)(const model_t *m, model_kv_t *kv, uint32_t token, void *scratch);
     uint32_t (*pick)(const model_t *m, const model_kv_t *kv, double *logits, double *raw);
+    /* The batch calls (model_run_batch(), model_pick_batch(),
+     * model_prefill()) where the family shares weight loads across a
+     * batch; NULL where model.c's loop of single calls serves (hash, and
+     * tiny, whose weights fit in the first-level cache). */
+    void (*run_batch)(const model_t *m, model_kv_t *const *kv, const uint32_t *tokens, size_t nb,
+                      void *scratch);
+    void (*pick_batch)(const model_t *m, const model_kv_t *const *kv, size_t nb, uint32_t *tokens,
+                       double *const *logits, void *scratch);
+    void (*prefill)(const model_t *m, model_kv_t *kv, const uint32_t *tokens, size_t n,
+                    void *scratch);
+    /* Doubles of scratch a batch of nb needs (NULL: model_scratch_size()). */
+    size_t (*batch_scratch)(const model_t *m, size_t nb);
 } model__ops_t;
 
 struct model {

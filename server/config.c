@@ -23,6 +23,8 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "config.h"
 
+#include "core/model.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -103,6 +105,8 @@ static const option_t options[] = {
      "file holding the token clients must present, readable by its owner only (none)"},
     {"protected-mode", OPT_YESNO, 0, 0, FIELD(protected_mode),
      "yes: refuse a non-loopback --listen or --admin-listen without a token (yes)"},
+    {"max-batch", OPT_UINT, 1, MODEL_BATCH_MAX, FIELD(max_batch),
+     "single steps of one model a worker runs as one batch, 1 for none (32)"},
 #if SLOTD_FAULT_INJECTION
     {"fault-corrupt-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_corrupt_after),
      "test build: damage the slot of the N-th step job (0, off)"},
@@ -243,6 +247,7 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     cfg->shutdown_timeout = 10;
     cfg->wedge_timeout = 10;
     cfg->reply_hold_us = 100;
+    cfg->max_batch = 32;
     cfg->nmodels = 2;
     strcpy(cfg->models[0], "tiny");
     strcpy(cfg->models[1], "hash");

@@ -2,7 +2,9 @@
  * job.c: what a worker thread does with a request record: the model call
  * of a start (prefill), a step, a logits or a generate, and the formatting
  * of its reply line into the record; with --audit-rate, the recording of a
- * session's tokens and the audit of sampled steps (see audit.h).
+ * session's tokens and the audit of sampled steps (see audit.h); and the
+ * batches of single steps of one model (job_group(), job_run_batch(),
+ * --max-batch), whose records each get their own reply.
  *
  * DESIGN.  Runs on the worker threads only, one record per call.  It reads
  * the record's request and input fields and writes only its result fields
@@ -215,6 +217,98 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     if (rc != SLOTD_OK)
         return rc;
     return proto_reply_generate(&r->reply, r->rq.tag, tokens, total, logits, steps, vocab, rows);
+}
+
+/* Whether step job `cand` may join the batch `first` leads (worker.h's
+ * group callback): both single steps (n = 1) of sessions of one model whose
+ * batch calls share the weights (model_batch_shares()), not canceled.
+ * Reads only what the loop set before submitting: op, n and the session's
+ * model in `cs`, and the atomic `canceled`. */
+bool job_group(const worker_job_t *first, const worker_job_t *cand, void *arg)
+{
+    const req_t *f = container_of(first, req_t, job), *c;
+
+    (void)arg;
+    if (f->rq.op != PROTO_OP_STEP || f->rq.n != 1 || !model_batch_shares(f->cs.model))
+        return false;
+    if (cand == NULL)
+        return true;
+    c = container_of(cand, req_t, job);
+    return c->rq.op == PROTO_OP_STEP && c->rq.n == 1 && c->cs.model == f->cs.model &&
+           !atomic_load_explicit(&c->canceled, memory_order_relaxed);
+}
+
+/* The wire reply of a step job that ended with rc (job_run()'s rule). */
+static void job_finish(req_t *r, int rc, slotd_error_t *err)
+{
+    if (rc < 0 && rc != SLOTD_ENOMEM && rc != SLOTD_ESTALE && rc != SLOTD_EINVAL) {
+        r->reply.len = 0;
+        if (proto_reply_error(&r->reply, r->rq.tag, err) != SLOTD_OK)
+            rc = SLOTD_ENOMEM;
+    }
+    r->rc = rc;
+}
+
+/* job_run() of n step jobs that job_group() admitted together: each is
+ * checked, recorded and answered as run_step() would, but their model
+ * calls are one batch (cache_session_step_batch()).  Steps are n = 1, so
+ * each job's tokens and logits are one pick and one row. */
+void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
+{
+    server_t *s = arg;
+    const model_t *m = container_of(jobs[0], req_t, job)->cs.model;
+    const uint32_t vocab = model_vocab(m);
+    cache_session_t *cs[MODEL_BATCH_MAX];
+    req_t *rs[MODEL_BATCH_MAX];
+    double *lg[MODEL_BATCH_MAX];
+    uint32_t picks[MODEL_BATCH_MAX];
+    int rc[MODEL_BATCH_MAX];
+    bool ran[MODEL_BATCH_MAX];
+    slotd_error_t err[MODEL_BATCH_MAX];
+    double *logits = worker_logits(w, n * vocab);
+    size_t k = 0;
+    uint64_t now;
+
+    assert(n <= MODEL_BATCH_MAX);
+    for (size_t i = 0; i < n; i++) {
+        req_t *r = container_of(jobs[i], req_t, job);
+
+        ran[i] = !atomic_load_explicit(&r->canceled, memory_order_relaxed);
+        if (!ran[i]) {
+            r->rc = SLOTD_ESHUTTING_DOWN; /* the connection is gone: nobody reads it */
+            continue;
+        }
+        JOB_FAULT_POINT(s, r);
+        if (logits == NULL ||
+            (s->audit != NULL && audit_tokens_reserve(&r->toks, 1) != SLOTD_OK)) {
+            r->rc = SLOTD_ENOMEM;
+            continue;
+        }
+        slotd_error_clear(&err[k]);
+        cs[k] = &r->cs;
+        lg[k] = logits + k * vocab;
+        rs[k++] = r;
+    }
+    if (k > 0)
+        cache_session_step_batch(s->pool, cs, k, worker_scratch(w), picks, lg, rc, err);
+    if (k > 1)
+        metrics_count_batch(k);
+    for (size_t i = 0; i < k; i++) {
+        req_t *r = rs[i];
+
+        if (rc[i] == SLOTD_OK) {
+            if (s->audit != NULL)
+                audit_step(s, w, r, 1, &picks[i], lg[i]);
+            JOB_FAULT_AFTER_STEP(s, r);
+            rc[i] = proto_reply_step(&r->reply, r->rq.tag, r->rq.id, &picks[i], 1, lg[i], vocab,
+                                     r->cs.entries);
+        }
+        job_finish(r, rc[i], &err[i]);
+    }
+    now = uv_hrtime();
+    for (size_t i = 0; i < n; i++)
+        if (ran[i])
+            metrics_observe_step(worker_index(w), now - worker_job_start(w), now);
 }
 
 void job_run(worker_t *w, worker_job_t *job, void *arg)

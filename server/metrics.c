@@ -126,6 +126,8 @@ static struct {
     _Atomic uint64_t released[METRICS_RELEASE__COUNT];
     _Atomic uint64_t divergence;
     _Atomic uint64_t audits;
+    _Atomic uint64_t batches;       /* batches of two steps or more run */
+    _Atomic uint64_t batched_steps; /* the steps in them */
     _Atomic uint64_t refused;
     _Atomic uint64_t accept_errors;
     _Atomic uint64_t conn_timeouts;
@@ -154,6 +156,8 @@ void metrics_init(uint64_t now_ns)
         STORE(m.released[i], 0);
     STORE(m.divergence, 0);
     STORE(m.audits, 0);
+    STORE(m.batches, 0);
+    STORE(m.batched_steps, 0);
     STORE(m.refused, 0);
     STORE(m.accept_errors, 0);
     STORE(m.conn_timeouts, 0);
@@ -211,6 +215,12 @@ void metrics_count_divergence(void)
 void metrics_count_audit(void)
 {
     BUMP(m.audits, 1);
+}
+
+void metrics_count_batch(uint64_t steps)
+{
+    BUMP(m.batches, 1);
+    BUMP(m.batched_steps, steps);
 }
 
 void metrics_count_refused(void)
@@ -307,6 +317,16 @@ uint64_t metrics_divergence_total(void)
 uint64_t metrics_audits_total(void)
 {
     return LOAD(m.audits);
+}
+
+uint64_t metrics_batches_total(void)
+{
+    return LOAD(m.batches);
+}
+
+uint64_t metrics_batched_steps_total(void)
+{
+    return LOAD(m.batched_steps);
 }
 
 uint64_t metrics_refused_total(void)
@@ -499,6 +519,11 @@ int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
     TRY(simple(out, "slotd_cache_audits_total", "counter",
                "Step requests recomputed without the cache and compared (--audit-rate).",
                LOAD(m.audits)));
+    TRY(simple(out, "slotd_step_batches_total", "counter",
+               "Batches of two or more single steps of one model run as one (--max-batch).",
+               LOAD(m.batches)));
+    TRY(simple(out, "slotd_batched_steps_total", "counter",
+               "Steps that ran in such batches.", LOAD(m.batched_steps)));
 
     TRY(render_histogram(out));
     TRY(simple(out, "slotd_steps_in_flight", "gauge",

@@ -7,7 +7,7 @@
  * connections, failed accepts, connections closed for their timeout and
  * the steps out with the workers;
  * worker threads record step latencies, the time of their last completed
- * step, audits and divergences.
+ * step, audits, divergences and batches.
  * Readers (the stats op, the admin port) read them on the loop thread
  * without a lock; a reading may mix counts from either side of a concurrent
  * update, never a torn value.
@@ -39,6 +39,8 @@ void metrics_count_release(metrics_release_t why);
 void metrics_count_divergence(void);
 /** Counts one step request recomputed by the cache audit.  Any thread. */
 void metrics_count_audit(void);
+/** Counts one batch of `steps` (>= 2) steps run as one.  Any thread. */
+void metrics_count_batch(uint64_t steps);
 /** Counts one connection turned away with too_many_connections. */
 void metrics_count_refused(void);
 /** Counts one failed accept on the session port (no descriptor or no
@@ -72,6 +74,8 @@ uint64_t metrics_errors_total(void);
 uint64_t metrics_released(metrics_release_t why);
 uint64_t metrics_divergence_total(void);
 uint64_t metrics_audits_total(void);
+uint64_t metrics_batches_total(void);
+uint64_t metrics_batched_steps_total(void);
 uint64_t metrics_refused_total(void);
 uint64_t metrics_accept_errors_total(void);
 uint64_t metrics_conn_timeouts_total(void);

@@ -819,6 +819,7 @@ static int load_models(server_t *s)
                  model_name(m), model_family(m) == MODEL_FAMILY_ATTN ? "attn" : "hash",
                  model_vocab(m), model_max_ctx(m), model_entry_size(m), model_scratch_size(m));
     }
+    log_info("models: %s kernels, batches of up to %u steps", model_simd(), cfg->max_batch);
     s->default_model = server_model(s, cfg->default_model);
     assert(s->default_model != NULL); /* config_parse() checked it */
     return SLOTD_OK;
@@ -862,6 +863,9 @@ static int start_workers(server_t *s)
             wc.logits_cap = rows * model_vocab(m);
     }
     wc.run = job_run;
+    wc.group = job_group;
+    wc.run_batch = job_run_batch;
+    wc.max_batch = s->cfg->max_batch;
     wc.record_bytes = sizeof(req_t);
     wc.done = job_done_cb;
     wc.arg = s;

@@ -95,6 +95,17 @@
  * daemon's user CPU per step 4-6 % lower, its total about 2 %
  * (bench/RESULTS.md).
  *
+ * Batches.  With a group callback and max_batch above 1, a worker that
+ * claims a job the callback lets lead a batch gathers more it admits with
+ * it (gather()): the jobs of its local batch that follow at once, claimed
+ * as any, then queued jobs, unlinked under queue_lock: its fair share of
+ * the queue, or all of it when every other worker is in a job (none is
+ * free to take the rest), passing over at most WORKER_GATHER_SCAN others.
+ * A gathered job is started: take_back() never sees it.  The batch runs
+ * as one `run_batch`, counts as one job for the wedge clock and as n jobs
+ * of its mean time for the wake-up rule, and its jobs go on the completion
+ * stack in one exchange, in batch order.
+ *
  * Each worker publishes the monotonic start time of its current job in an
  * atomic (0 when idle) for worker_pool_wedged() and worker_job_start().
  * It stays a per-job uv_hrtime(): job.c times each step from it into a
@@ -118,6 +129,11 @@
 
 /* The most jobs a worker takes per queue_lock acquisition. */
 #define WORKER_TAKE_MAX 8u
+
+/* The most queued jobs a worker looks at for its batch per gathering:
+ * jobs the group callback turns down are passed over, but not without
+ * end. */
+#define WORKER_GATHER_SCAN 256u
 
 /* How often, while jobs are out, the loop looks for jobs left behind a
  * long one (see DESIGN). */
@@ -148,6 +164,7 @@ struct worker {
     const void *local_hint[WORKER_TAKE_MAX][WORKER_HINTS];
     uint8_t local_lines[WORKER_TAKE_MAX][WORKER_HINTS];
     unsigned back; /* queue_lock: take_back's cursor in `local` */
+    worker_job_t **batch; /* owned; pool->max_batch: the jobs of the batch running */
 
     uv_sem_t wake;          /* the worker sleeps on it; posted once per wake-up */
     bool asleep;            /* queue_lock: on the sleepers stack, not yet woken */
@@ -162,6 +179,9 @@ struct worker_pool {
     size_t record_bytes; /* immutable */
     worker_run_cb run;
     worker_done_cb done;
+    worker_group_cb group;         /* immutable; NULL: no batches */
+    worker_run_batch_cb run_batch; /* immutable */
+    size_t max_batch;              /* immutable; at least 1 */
     void *arg;
     size_t scratch_bytes, tokens_cap, logits_cap; /* immutable */
     size_t outstanding;                           /* loop thread: submitted, not yet done */
@@ -477,12 +497,71 @@ static void note_job_ns(worker_t *w, uint64_t ns)
     atomic_store_explicit(&w->job_ns, mean - mean / 8 + ns / 8, memory_order_relaxed);
 }
 
+/* Gathers the batch that `first` (just claimed) leads into w->batch:
+ * first, then the jobs the group callback admits with it, up to max_batch
+ * in all: the unstarted jobs of w's local batch that follow at once
+ * (claimed as claim_local() claims), then queued jobs, at most w's fair
+ * share of the queue (its jobs over the workers, rounded up), looking at
+ * WORKER_GATHER_SCAN at most.  Returns how many.  Worker w. */
+static size_t gather(worker_t *w, worker_job_t *first)
+{
+    worker_pool_t *wp = w->pool;
+    size_t n = 1, share;
+    unsigned i;
+
+    w->batch[0] = first;
+    if (wp->group == NULL || wp->max_batch < 2 || !wp->group(first, NULL, wp->arg))
+        return 1;
+    i = atomic_load_explicit(&w->claim, memory_order_relaxed);
+    while (n < wp->max_batch && i < w->nlocal && wp->group(first, w->local[i], wp->arg)) {
+        if (atomic_compare_exchange_weak_explicit(&w->claim, &i, i + 1, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            w->batch[n++] = w->local[i++];
+    }
+    if (n == wp->max_batch)
+        return n;
+
+    pthread_mutex_lock(&wp->queue_lock);
+    share = (wp->queued + wp->nworkers - 1) / wp->nworkers;
+    for (unsigned k = 0, idle = 0; k < wp->nworkers; k++) {
+        /* Nobody else free to take the rest: take what is ready. */
+        idle += &wp->workers[k] != w && atomic_load_explicit(&wp->workers[k].job_start,
+                                                             memory_order_relaxed) == 0;
+        if (k + 1 == wp->nworkers && idle == 0)
+            share = wp->queued;
+    }
+    if (share > wp->max_batch - n)
+        share = wp->max_batch - n;
+    if (share > 0) {
+        worker_job_t **link = &wp->queue_head, *prev = NULL, *job;
+        size_t took = 0;
+        for (unsigned seen = 0; (job = *link) != NULL && took < share && seen < WORKER_GATHER_SCAN;
+             seen++) {
+            if (wp->group(first, job, wp->arg)) {
+                *link = job->next;
+                if (wp->queue_tail == job)
+                    wp->queue_tail = prev;
+                w->batch[n++] = job;
+                took++;
+            } else {
+                prev = job;
+                link = &job->next;
+            }
+        }
+        wp->queued -= took;
+        wp->taken += took;
+    }
+    pthread_mutex_unlock(&wp->queue_lock);
+    return n;
+}
+
 static void *worker_main(void *arg)
 {
     worker_t *w = arg;
     worker_pool_t *wp = w->pool;
     worker_job_t *job, *top;
     uint64_t t0, last = 0; /* when the job before began, if this one follows it at once */
+    size_t n = 1, last_n = 1;
 
     for (;;) {
         /* A job's time, for job_ns, runs from its start to the start of
@@ -497,20 +576,31 @@ static void *worker_main(void *arg)
                 break;
         }
         t0 = uv_hrtime();
+        /* A batch's time counts as its jobs' mean. */
         if (last != 0)
-            note_job_ns(w, t0 - last);
+            note_job_ns(w, (t0 - last) / last_n);
         last = t0;
 
         atomic_store_explicit(&w->job_start, t0, memory_order_relaxed);
-        wp->run(w, job, wp->arg);
+        n = gather(w, job);
+        if (n == 1)
+            wp->run(w, job, wp->arg);
+        else
+            wp->run_batch(w, w->batch, n, wp->arg);
         atomic_store_explicit(&w->job_start, 0, memory_order_relaxed);
+        last_n = n;
         buf_trim((void **)&w->tokens, &w->tokens_len, wp->tokens_cap, sizeof(uint32_t));
         buf_trim((void **)&w->logits, &w->logits_len, wp->logits_cap, sizeof(double));
 
+        /* The batch's jobs go on the stack in batch order, one exchange:
+         * linked so that the drain, which reverses the stack, sees them in
+         * that order. */
+        for (size_t k = 0; k + 1 < n; k++)
+            w->batch[k + 1]->next = w->batch[k];
         top = atomic_load_explicit(&wp->done_top, memory_order_relaxed);
         do
-            job->next = top;
-        while (!atomic_compare_exchange_weak_explicit(&wp->done_top, &top, job,
+            w->batch[0]->next = top;
+        while (!atomic_compare_exchange_weak_explicit(&wp->done_top, &top, w->batch[n - 1],
                                                       memory_order_acq_rel, memory_order_relaxed));
         if (top == NULL)
             uv_async_send(&wp->async);
@@ -605,6 +695,7 @@ static void free_pool(worker_pool_t *wp)
 {
     for (unsigned i = 0; i < wp->nworkers; i++) {
         free(wp->workers[i].scratch);
+        free(wp->workers[i].batch);
         free(wp->workers[i].tokens);
         free(wp->workers[i].logits);
     }
@@ -640,6 +731,9 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
     wp->nworkers = n;
     wp->run = cfg->run;
     wp->done = cfg->done;
+    wp->group = cfg->run_batch != NULL ? cfg->group : NULL;
+    wp->run_batch = cfg->run_batch;
+    wp->max_batch = cfg->max_batch > 1 ? cfg->max_batch : 1;
     wp->arg = cfg->arg;
     wp->wake_ns = cfg->wake_ns;
     wp->record_bytes = cfg->record_bytes;
@@ -656,7 +750,8 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
         atomic_init(&w->job_ns, 0);
         atomic_init(&w->claim, 0);
         w->scratch = malloc(cfg->scratch_bytes > 0 ? cfg->scratch_bytes : 1);
-        if (w->scratch == NULL || worker_tokens(w, wp->tokens_cap) == NULL ||
+        w->batch = malloc(wp->max_batch * sizeof(w->batch[0]));
+        if (w->scratch == NULL || w->batch == NULL || worker_tokens(w, wp->tokens_cap) == NULL ||
             worker_logits(w, wp->logits_cap) == NULL)
             goto fail;
         if (uv_sem_init(&w->wake, 0) != 0)

@@ -62,6 +62,16 @@ typedef void (*worker_run_cb)(worker_t *w, worker_job_t *job, void *arg);
  * caller's again. */
 typedef void (*worker_done_cb)(worker_job_t *job, void *arg);
 
+/** Whether job `cand` may run in one batch with `first`; with `cand`
+ * NULL, whether `first` may lead a batch at all.  Called by a worker, with
+ * the queue's lock held for a queued `cand`: it may read only what the
+ * jobs' submitter set before submitting (and atomics), and must be quick. */
+typedef bool (*worker_group_cb)(const worker_job_t *first, const worker_job_t *cand, void *arg);
+
+/** Runs jobs[0 .. n-1] (n >= 2, each admitted by the group callback with
+ * jobs[0] as `first`) on worker `w`, as `run` would run each. */
+typedef void (*worker_run_batch_cb)(worker_t *w, worker_job_t **jobs, size_t n, void *arg);
+
 typedef struct worker_pool_config {
     unsigned threads;     /* at least 1 */
     size_t scratch_bytes; /* per worker, for the model (may be 0) */
@@ -81,6 +91,14 @@ typedef struct worker_pool_config {
     /* Bytes of the record a job is embedded in, from the job, that a
      * worker prefetches with the job's hints (0: the job alone). */
     size_t record_bytes;
+    /* Batches (worker.c, "Batches"): a worker that claims a job `group`
+     * admits gathers up to max_batch - 1 more that `group` admits with it,
+     * from its local batch and from the queue (at most its fair share of
+     * the queue), and runs them all with one `run_batch`.  max_batch 0 or
+     * 1, or `group` NULL: every job runs alone. */
+    worker_group_cb group;
+    worker_run_batch_cb run_batch;
+    size_t max_batch;
 } worker_pool_config_t;
 
 /** Appends `job` to `b`. */

@@ -19,3 +19,12 @@ if(Python3_Interpreter_FOUND)
   set_tests_properties(core_ref_golden PROPERTIES TIMEOUT 60 LABELS unit)
   set_tests_properties(core_crosscheck PROPERTIES TIMEOUT 120 LABELS unit)
 endif()
+
+# The batch calls against the single ones, on every SIMD variant the
+# machine has.  The light cases are a unit test (valgrind runs them too);
+# `heavy` adds base at every batch size that exercises a kernel's tiles
+# and the long prefills, too slow for memcheck.
+slotd_check_test(test_batch SOURCES test_batch.c LIBS slotd_core TIMEOUT 600)
+target_link_libraries(test_batch PRIVATE slotd_fp_strict)
+add_test(NAME test_batch_heavy COMMAND test_batch heavy)
+set_tests_properties(test_batch_heavy PROPERTIES TIMEOUT 1500 LABELS heavy)

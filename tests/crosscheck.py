@@ -10,7 +10,10 @@ case, with tests/ref/slotd_ref.py:
 - every rounded logit, bit for bit against Python's round(x, 6), and its
   six-decimal string against printf("%.6f") on both sides;
 - model_round6() against printf("%.6f") and round(x, 6) on some 15000
-  chosen values, exact ties and near-ties among them.
+  chosen values, exact ties and near-ties among them;
+- batches of small sequences stepped together (model_prefill(),
+  model_pick_batch(), model_run_batch()): each sequence's picks and
+  rounded logits against the reference run of that sequence alone.
 
 A difference between Python's round(x, 6) and printf("%.6f") is reported
 as such, apart from a model mismatch.  Exit status 0 when everything
@@ -137,6 +140,37 @@ def compare(report, models, case, c):
                 check_logit(report, "%s raw pick %d logit %d" % (where, k, v), raw[k][v], logits[k][v], False)
 
 
+def make_batches(seed):
+    """Batches of small sequences stepped together: (steps, [prompts])."""
+    rnd = random.Random(seed + 2)
+    out = []
+    for k, steps in ((13, 4), (5, 3)):
+        out.append((steps, [[rnd.randrange(512) for _ in range(rnd.randint(1, 12))]
+                            for _ in range(k)]))
+    return out
+
+
+def compare_batch(report, model, batch, c):
+    """Each sequence of a batch against the Python reference on its own."""
+    steps, prompts = batch
+    if c.get("batch") != "small" or c["steps"] != steps or len(c["seqs"]) != len(prompts):
+        report.fail("batch", "the dump answered another batch")
+        return 0
+    compared = 0
+    for b, (prompt, got) in enumerate(zip(prompts, c["seqs"])):
+        where = "batch of %d, sequence %d %s+%d" % (len(prompts), b, prompt[:6], steps)
+        toks, logits, _ = slotd_ref.generate(model, prompt, steps, True)
+        if got["input"] != prompt or got["tokens"] != toks:
+            report.fail(where, "tokens C %s, Python %s" % (got["tokens"], toks))
+            continue
+        for k in range(steps):
+            for v in range(model.vocab):
+                check_logit(report, "%s pick %d logit %d" % (where, k, v), got["logits"][k][v],
+                            logits[k][v], True)
+        compared += steps * model.vocab
+    return compared
+
+
 def round6_values(seed):
     """Values for model_round6() against round(x, 6): the logits' range,
     exact ties (odd multiples of 1/128), near-ties a few ulps either side,
@@ -193,13 +227,18 @@ def main():
     rvals = round6_values(args.seed)
     batches = [rvals[i:i + 1000] for i in range(0, len(rvals), 1000)]
     text += "".join("round6 %s\n" % " ".join(x.hex() for x in b) for b in batches)
+    step_batches = make_batches(args.seed)
+    text += "".join("batch small %d %d %s\n"
+                    % (steps, len(ps), " ".join("%d %s" % (len(p), " ".join(map(str, p))) for p in ps))
+                    for steps, ps in step_batches)
     proc = subprocess.run([args.dump], input=text, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         print("crosscheck: %s failed (%d): %s" % (args.dump, proc.returncode, proc.stderr))
         return 1
     lines = proc.stdout.splitlines()
-    if len(lines) != len(cases) + len(batches):
-        print("crosscheck: %d cases, %d answers" % (len(cases) + len(batches), len(lines)))
+    if len(lines) != len(cases) + len(batches) + len(step_batches):
+        print("crosscheck: %d cases, %d answers"
+              % (len(cases) + len(batches) + len(step_batches), len(lines)))
         return 1
 
     models = {name: slotd_ref.make_model(name) for name in ("hash", "tiny", "small")}
@@ -207,6 +246,9 @@ def main():
     logits_compared = 0
     for batch, line in zip(batches, lines[len(cases):]):
         check_round6(report, batch, json.loads(line)["round6"])
+    batched = 0
+    for batch, line in zip(step_batches, lines[len(cases) + len(batches):]):
+        batched += compare_batch(report, models["small"], batch, json.loads(line))
     for case, line in zip(cases, lines):
         compare(report, models, case, json.loads(line))
         if case[0] != "hash":
@@ -219,9 +261,9 @@ def main():
         print("crosscheck: MISMATCH", f)
     if len(report.failures) > len(shown):
         print("crosscheck: ... and %d more" % (len(report.failures) - len(shown)))
-    print("crosscheck: %d cases (hash, tiny, small), %d logits and %d round6 values compared, "
-          "%d mismatches, %d round/printf differences"
-          % (len(cases), logits_compared, len(rvals), len(report.failures),
+    print("crosscheck: %d cases (hash, tiny, small), %d logits, %d batched small logits and "
+          "%d round6 values compared, %d mismatches, %d round/printf differences"
+          % (len(cases), logits_compared, batched, len(rvals), len(report.failures),
              len(report.round_vs_printf)))
     return 1 if report.failures or report.round_vs_printf else 0
 

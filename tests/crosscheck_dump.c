@@ -18,6 +18,9 @@
  * [printf("%.6f"), printf("%a")]; it is empty for hash.  Exit status 0, or
  * 1 on a malformed line or a failed call.
  *
+ * A line `batch ...` (dump_batch()) answers what a batch of sequences
+ * stepped together computes.
+ *
  * A line `round6 <x> <x> ...` (each x as C's "%a" or Python's float.hex()
  * writes it) answers {"round6": [[printf("%.6f", x), printf("%a",
  * model_round6(x))], ...]}, to set model_round6() beside Python's round().
@@ -138,6 +141,106 @@ out:
     return rc;
 }
 
+/* A line `batch <preset> <steps> <k> <n1> <tokens...> <n2> <tokens...> ...`:
+ * k sequences, each prompt run by model_prefill(), then `steps` rounds of
+ * model_pick_batch() (rounded logits) and model_run_batch() of the picks,
+ * all k together.  Answers {"batch": preset, "steps": s, "seqs": [{"input":
+ * [...], "tokens": [...], "logits": [[pair, ...], ...]}, ...]}, each
+ * sequence's tokens its input followed by its picks. */
+static int dump_batch(const char *args)
+{
+    char name[16];
+    long long steps, k, t;
+    int used;
+    const char *p = args;
+    model_t *m;
+    model_kv_t kv[MODEL_BATCH_MAX], *pkv[MODEL_BATCH_MAX];
+    uint32_t *in[MODEL_BATCH_MAX], len[MODEL_BATCH_MAX], picks[MODEL_BATCH_MAX];
+    double *lg[MODEL_BATCH_MAX];
+    uint32_t *out[MODEL_BATCH_MAX];
+    void *scratch;
+    size_t v;
+
+    if (sscanf(p, "%15s %lld %lld%n", name, &steps, &k, &used) != 3 || k < 1 ||
+        k > MODEL_BATCH_MAX || steps < 1 || (m = find_model(name)) == NULL ||
+        model_family(m) != MODEL_FAMILY_ATTN) {
+        fprintf(stderr, "crosscheck_dump: malformed batch line\n");
+        return 1;
+    }
+    p += used;
+    v = model_vocab(m);
+    scratch = malloc(model_scratch_size(m));
+    for (long long b = 0; b < k; b++) {
+        long long n;
+        if (sscanf(p, "%lld%n", &n, &used) != 1 || n < 1 || n + steps > model_max_ctx(m)) {
+            fprintf(stderr, "crosscheck_dump: malformed batch line\n");
+            return 1;
+        }
+        p += used;
+        len[b] = (uint32_t)n;
+        in[b] = malloc((size_t)(n + steps) * sizeof(uint32_t));
+        out[b] = in[b] + n;
+        lg[b] = malloc((size_t)steps * v * sizeof(double));
+        if (in[b] == NULL || lg[b] == NULL || scratch == NULL ||
+            model_kv_heap_alloc(m, (uint32_t)(n + steps), &kv[b]) != SLOTD_OK) {
+            fprintf(stderr, "crosscheck_dump: out of memory\n");
+            return 1;
+        }
+        for (long long i = 0; i < n; i++) {
+            if (sscanf(p, "%lld%n", &t, &used) != 1 || t < 0 || t >= (long long)v) {
+                fprintf(stderr, "crosscheck_dump: malformed batch line\n");
+                return 1;
+            }
+            p += used;
+            in[b][i] = (uint32_t)t;
+        }
+        model_prefill(m, &kv[b], in[b], len[b], scratch);
+        pkv[b] = &kv[b];
+    }
+    for (long long r = 0; r < steps; r++) {
+        double *rows[MODEL_BATCH_MAX];
+        for (long long b = 0; b < k; b++) {
+            rows[b] = lg[b] + (size_t)r * v;
+        }
+        model_pick_batch(m, (const model_kv_t *const *)pkv, (size_t)k, picks, rows, scratch);
+        for (long long b = 0; b < k; b++) {
+            out[b][r] = picks[b];
+        }
+        if (r + 1 < steps) {
+            model_run_batch(m, pkv, picks, (size_t)k, scratch);
+        }
+    }
+    printf("{\"batch\":\"%s\",\"steps\":%lld,\"seqs\":[", model_name(m), steps);
+    for (long long b = 0; b < k; b++) {
+        printf("%s{\"input\":[", b ? "," : "");
+        for (uint32_t i = 0; i < len[b]; i++) {
+            printf("%s%u", i ? "," : "", in[b][i]);
+        }
+        printf("],\"tokens\":[");
+        for (uint32_t i = 0; i < len[b] + steps; i++) {
+            printf("%s%u", i ? "," : "", in[b][i]);
+        }
+        printf("],\"logits\":[");
+        for (long long r = 0; r < steps; r++) {
+            printf("%s[", r ? "," : "");
+            for (size_t c = 0; c < v; c++) {
+                if (c) {
+                    putchar(',');
+                }
+                print_pair(lg[b][(size_t)r * v + c]);
+            }
+            putchar(']');
+        }
+        printf("]}");
+        model_kv_heap_free(&kv[b]);
+        free(in[b]);
+        free(lg[b]);
+    }
+    printf("]}\n");
+    free(scratch);
+    return 0;
+}
+
 static int dump_round6(const char *args)
 {
     const char *p = args;
@@ -173,6 +276,11 @@ int main(void)
 
         if (sscanf(line, "%15s%n", name, &used) == 1 && strcmp(name, "round6") == 0) {
             rc = dump_round6(line + used);
+            continue;
+        }
+        if (sscanf(line, "%15s%n", name, &used) == 1 && strcmp(name, "batch") == 0) {
+            rc = dump_batch(line + used);
+            fflush(stdout);
             continue;
         }
         if (sscanf(line, "%15s %lld%n", name, &steps, &used) != 2) {

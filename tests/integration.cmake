@@ -28,3 +28,12 @@ slotd_check_test(test_integration_pipeline SOURCES test_integration_pipeline.c
 add_dependencies(test_integration_pipeline slotd)
 set_tests_properties(test_integration_pipeline PROPERTIES ENVIRONMENT "${_itest_env}"
                      LABELS integration)
+
+# Batched steps (--max-batch): many sessions of mixed models stepping at
+# once, every reply against the uncached reference; with the fault hooks,
+# damage after a batched step caught by the audit.
+slotd_check_test(test_integration_batch SOURCES test_integration_batch.c
+                 LIBS slotd_itest slotd_core cjson TIMEOUT 900)
+add_dependencies(test_integration_batch slotd)
+set_tests_properties(test_integration_batch PROPERTIES ENVIRONMENT "${_itest_env}"
+                     LABELS integration)

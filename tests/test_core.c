@@ -173,9 +173,9 @@ START_TEST(test_accessors)
         {"hash", MODEL_FAMILY_HASH, 1000, 4096, 1, 254, 8, 8, 0},
         {"tiny", MODEL_FAMILY_ATTN, 6, 8, 2, 2, 2 * 2 * 8 * 8, 8 * 8, (5 * 8 + 8) * 8},
         {"small", MODEL_FAMILY_ATTN, 512, 1024, 4, 16, 2 * 4 * 64 * 8, 64 * 8,
-         (5 * 64 + 1024) * 8},
+         (6 * 64 * 64 + 1024 + 64 * 64) * 8},
         {"base", MODEL_FAMILY_ATTN, 4096, 4096, 8, 16, 2 * 8 * 256 * 8, 256 * 8,
-         (5 * 256 + 4096) * 8},
+         (6 * 64 * 256 + 4096 + 64 * 64) * 8},
     };
     model_t *m = NULL;
 

@@ -14,7 +14,9 @@
  * the threshold do, and a job left behind a long one is run by a sleeper
  * that the pool's timer wakes once the long one has run past it, even
  * while the loop keeps the queue busy.  The jobs' prefetch hints are
- * never read through.
+ * never read through.  With batches, every batch holds jobs the group
+ * callback admits together, within the limit, and every job still runs
+ * once or is given back.
  */
 #include <check.h>
 #include <pthread.h>
@@ -98,8 +100,8 @@ static void done_cb(worker_job_t *job, void *arg)
 /* A pool whose sleepers are woken by the rule of `wake_ns` (worker.h). */
 static worker_pool_t *pool_new_wake(uv_loop_t *loop, unsigned threads, uint64_t wake_ns)
 {
-    worker_pool_config_t cfg = {threads,           64, 16, 16, run_cb, done_cb, NULL, wake_ns,
-                                sizeof(test_job_t)};
+    worker_pool_config_t cfg = {threads, 64,      16,   16, run_cb, done_cb, NULL, wake_ns,
+                                sizeof(test_job_t), NULL, NULL, 0};
     worker_pool_t *wp = NULL;
 
     atomic_store(&started, 0);
@@ -571,6 +573,89 @@ START_TEST(test_exactly_once)
 }
 END_TEST
 
+/* Batches: a job of kind index % 3; kind 0 runs alone, kinds 1 and 2
+ * batch with their own kind. */
+#define BATCH_MAX 5
+static _Atomic int batches, batched_jobs;
+
+static bool group_cb(const worker_job_t *first, const worker_job_t *cand, void *arg)
+{
+    const test_job_t *f = (const test_job_t *)first, *c = (const test_job_t *)cand;
+
+    (void)arg;
+    if (f->index % 3 == 0)
+        return false;
+    return c == NULL || c->index % 3 == f->index % 3;
+}
+
+static void run_batch_cb(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
+{
+    const int kind = ((test_job_t *)jobs[0])->index % 3;
+
+    ck_assert_uint_ge(n, 2);
+    ck_assert_uint_le(n, BATCH_MAX);
+    ck_assert_int_ne(kind, 0);
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_int_eq(((test_job_t *)jobs[i])->index % 3, kind);
+        run_cb(w, jobs[i], arg);
+    }
+    atomic_fetch_add(&batches, 1);
+    atomic_fetch_add(&batched_jobs, (int)n);
+}
+
+START_TEST(test_batches_exactly_once)
+{
+    /* As test_exactly_once, with batches: every batch holds one kind and
+     * at most BATCH_MAX jobs, kind 0 never batches, and every job is run
+     * once and completed once, or given back and never run. */
+    uv_loop_t loop;
+    worker_pool_config_t cfg = {3, 64, 16, 16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
+                                group_cb, run_batch_cb, BATCH_MAX};
+    worker_pool_t *wp = NULL;
+    test_job_t *jobs = calloc(NSTRESS, sizeof(*jobs));
+    worker_batch_t b = WORKER_BATCH_INIT, back = WORKER_BATCH_INIT;
+    unsigned seed = 9;
+    int n = 0, given_back = 0, round = 0;
+
+    atomic_store(&started, 0);
+    atomic_store(&gate_open, 0);
+    atomic_store(&gated_index, -1);
+    atomic_store(&rendezvous, 0);
+    atomic_store(&batches, 0);
+    atomic_store(&batched_jobs, 0);
+    done_count = 0;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
+    while (n < NSTRESS) {
+        int k = 1 + (int)(rand_r(&seed) % 60);
+        for (; k > 0 && n < NSTRESS; k--, n++) {
+            jobs[n].index = n;
+            jobs[n].slow = rand_r(&seed) % 4 == 0;
+            worker_batch_push(&b, &jobs[n].job);
+        }
+        worker_pool_submit(wp, &b);
+        if (++round % 5 == 0) {
+            size_t before = back.n;
+            worker_pool_take_back(wp, &back);
+            given_back += (int)(back.n - before);
+        }
+        uv_run(&loop, UV_RUN_NOWAIT);
+    }
+    while (worker_pool_pending(wp) > 0)
+        uv_run(&loop, UV_RUN_ONCE);
+    ck_assert_int_eq(done_count + given_back, NSTRESS);
+    ck_assert_msg(atomic_load(&batches) > 0, "no batch formed");
+    pool_end(&loop, wp);
+    for (worker_job_t *j = back.head; j != NULL; j = j->next)
+        ((test_job_t *)j)->index = -1;
+    for (int i = 0; i < NSTRESS; i++) {
+        ck_assert_int_eq(atomic_load(&jobs[i].ran), jobs[i].index == -1 ? 0 : 1);
+        ck_assert_int_eq(jobs[i].done_order > 0, jobs[i].index != -1);
+    }
+    free(jobs);
+}
+END_TEST
+
 /* Hints are prefetched, never read: jobs whose hints name memory that
  * faults on any access (mapped with no access, then unmapped, and NULL)
  * run and complete as any other. */
@@ -625,6 +710,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_idle_worker_runs_taken_job);
     tcase_add_test(tc, test_take_back_taken);
     tcase_add_test(tc, test_exactly_once);
+    tcase_add_test(tc, test_batches_exactly_once);
     tcase_add_test(tc, test_hints_never_read);
     tcase_add_test(tc, test_cheap_jobs_one_worker);
     tcase_add_test(tc, test_costly_jobs_wake_another);

@@ -1,0 +1,381 @@
+/*
+ * kern.c: the matrix product of a batch, model__mm_fn (kern.h), compiled
+ * once per SIMD variant.  The build compiles this file three times on
+ * x86-64 (once elsewhere), each time with its own instruction set and
+ * these macros: KERN_NAME (the variant's name and suffix), KERN_VW (doubles
+ * per vector: 1 for scalar, 4 for AVX2, 8 for AVX-512), KERN_NV (vectors
+ * of columns per tile) and KERN_NB (sequences per tile).  Only simd.c's
+ * dispatch calls into a variant, and only once the CPU has said it has
+ * the instructions.  Pure functions; any thread.
+ *
+ * A tile is KERN_NB sequences by KERN_NV * KERN_VW columns: KERN_NB *
+ * KERN_NV running sums held in vector registers, one lane per (sequence,
+ * column).  For each i ascending, the tile loads the KERN_NV vectors of
+ * row i of w once, and for each sequence multiplies them by x[b][i] in
+ * every lane and adds the products to that sequence's sums: one load of a
+ * weight serves KERN_NB sequences.  Each lane is one sum of MODELS.md,
+ * 0.0 then += x[b][i] * w[i][c] with i ascending, a multiply then an add
+ * (-ffp-contract=off), so the bits are those of the scalar loop.  The
+ * tiles walk the columns outermost, so a strip of w (rows x tile width)
+ * stays in the near caches while every tile of sequences reads it.
+ * Columns left over after the last whole tile are summed one at a time.
+ */
+#include "core/kern.h"
+#include "core/model.h"
+
+#include <string.h>
+
+#ifndef KERN_NAME
+#error "kern.c is compiled with KERN_NAME, KERN_VW, KERN_NV and KERN_NB (core/CMakeLists.txt)"
+#endif
+
+#define KERN_CAT2(a, b) a##b
+#define KERN_CAT(a, b) KERN_CAT2(a, b)
+#define KERN_STR2(a) #a
+#define KERN_STR(a) KERN_STR2(a)
+#define KERN_FN(f) KERN_CAT(f##_, KERN_NAME)
+
+#define KERN_NC (KERN_NV * KERN_VW)
+
+#if KERN_VW == 1
+typedef double vd;
+
+static inline vd vload(const double *p)
+{
+    return *p;
+}
+
+static inline void vstore(double *p, vd v)
+{
+    *p = v;
+}
+
+static inline vd vsplat(double x)
+{
+    return x;
+}
+#else
+typedef double vd __attribute__((vector_size(KERN_VW * sizeof(double))));
+
+/* Unaligned loads and stores: memcpy is one vector move. */
+static inline vd vload(const double *p)
+{
+    vd v;
+
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static inline void vstore(double *p, vd v)
+{
+    memcpy(p, &v, sizeof(v));
+}
+
+static inline vd vsplat(double x)
+{
+    return x - (vd){0}; /* x in every lane: the scalar is widened, then x - 0.0 == x */
+}
+#endif
+
+/* One tile of `nb` (<= KERN_NB, a constant where it is inlined)
+ * sequences by KERN_NC columns starting at w's column 0. */
+static inline __attribute__((always_inline)) void tile(const double *restrict x, size_t ldx,
+                                                      size_t nb, const double *restrict w,
+                                                      size_t ldw, size_t rows,
+                                                      double *restrict out, size_t ldo)
+{
+    vd acc[KERN_NB][KERN_NV];
+
+    for (size_t b = 0; b < nb; b++) {
+        for (size_t v = 0; v < KERN_NV; v++) {
+            acc[b][v] = vsplat(0.0);
+        }
+    }
+    for (size_t i = 0; i < rows; i++) {
+        vd wv[KERN_NV];
+        for (size_t v = 0; v < KERN_NV; v++) {
+            wv[v] = vload(w + i * ldw + v * KERN_VW);
+        }
+        for (size_t b = 0; b < nb; b++) {
+            const vd xb = vsplat(x[b * ldx + i]);
+            for (size_t v = 0; v < KERN_NV; v++) {
+                acc[b][v] += xb * wv[v];
+            }
+        }
+    }
+    for (size_t b = 0; b < nb; b++) {
+        for (size_t v = 0; v < KERN_NV; v++) {
+            vstore(out + b * ldo + v * KERN_VW, acc[b][v]);
+        }
+    }
+}
+
+/* tile() with nb a constant, for each nb the remainder may take. */
+#define KERN_TILE_CASE(n)                                                                          \
+    case n:                                                                                        \
+        tile(x, ldx, n, w, ldw, rows, out, ldo);                                                   \
+        break;
+
+static void tile_rest(const double *restrict x, size_t ldx, size_t nb, const double *restrict w,
+                      size_t ldw, size_t rows, double *restrict out, size_t ldo)
+{
+    switch (nb) {
+        KERN_TILE_CASE(1)
+#if KERN_NB > 1
+        KERN_TILE_CASE(2)
+#endif
+#if KERN_NB > 2
+        KERN_TILE_CASE(3)
+#endif
+#if KERN_NB > 3
+        KERN_TILE_CASE(4)
+#endif
+#if KERN_NB > 4
+        KERN_TILE_CASE(5)
+#endif
+#if KERN_NB > 5
+        KERN_TILE_CASE(6)
+#endif
+#if KERN_NB > 6
+        KERN_TILE_CASE(7)
+#endif
+#if KERN_NB > 7
+        KERN_TILE_CASE(8)
+#endif
+#if KERN_NB > 8
+        KERN_TILE_CASE(9)
+#endif
+#if KERN_NB > 9
+        KERN_TILE_CASE(10)
+#endif
+#if KERN_NB > 10
+        KERN_TILE_CASE(11)
+#endif
+#if KERN_NB > 11
+#error "KERN_NB is at most 11 (add cases)"
+#endif
+    default:
+        break;
+    }
+}
+
+static void KERN_FN(mm)(const double *x, size_t ldx, size_t nb, const double *w, size_t ldw,
+                        size_t rows, size_t c0, size_t c1, double *out, size_t ldo)
+{
+    size_t c = c0;
+
+    for (; c + KERN_NC <= c1; c += KERN_NC) {
+        size_t b = 0;
+        for (; b + KERN_NB <= nb; b += KERN_NB) {
+            tile(x + b * ldx, ldx, KERN_NB, w + c, ldw, rows, out + b * ldo + (c - c0), ldo);
+        }
+        if (b < nb) {
+            tile_rest(x + b * ldx, ldx, nb - b, w + c, ldw, rows, out + b * ldo + (c - c0), ldo);
+        }
+    }
+    /* The columns after the last whole tile: their sums side by side, i
+     * outermost, so that they do not wait on one another. */
+    if (c < c1) {
+        for (size_t b = 0; b < nb; b++) {
+            double acc[KERN_NC];
+            for (size_t k = 0; k < c1 - c; k++) {
+                acc[k] = 0.0;
+            }
+            for (size_t i = 0; i < rows; i++) {
+                const double xi = x[b * ldx + i];
+                for (size_t k = 0; k < c1 - c; k++) {
+                    acc[k] += xi * w[i * ldw + c + k];
+                }
+            }
+            for (size_t k = 0; k < c1 - c; k++) {
+                out[b * ldo + (c + k - c0)] = acc[k];
+            }
+        }
+    }
+}
+
+/* Layer l's area of block b: Kt (d rows of the capacity), then V. */
+static inline const double *area(const model_block_t *b, size_t l, size_t d)
+{
+    return (const double *)(const void *)b->data + l * 2 * b->capacity * d;
+}
+
+/* Tiles of KERN_NC rows whose dot products score_tiles() computes side
+ * by side: enough running sums that no add waits on the one before. */
+#define KERN_SCORE_TILES 4
+
+/* s[t * KERN_NC + c] = sum over j < d ascending of q[j] * kp[t][j * ld[t]
+ * + c], for t < nt (<= KERN_SCORE_TILES) and c < KERN_NC: the dot products
+ * of nt tiles of rows, each tile KERN_NC consecutive rows of one block's
+ * Kt.  The missing tiles read a zero tile with stride 0 and are not
+ * stored. */
+static void score_tiles(const double *restrict q, const double *const *kp_in, const size_t *ld_in,
+                        size_t nt, size_t d, double *restrict s)
+{
+    static const double zero[KERN_NC];
+    const double *kp[KERN_SCORE_TILES];
+    size_t ld[KERN_SCORE_TILES];
+    vd acc[KERN_SCORE_TILES][KERN_NV];
+
+    for (size_t t = 0; t < KERN_SCORE_TILES; t++) {
+        kp[t] = t < nt ? kp_in[t] : zero;
+        ld[t] = t < nt ? ld_in[t] : 0;
+        for (size_t v = 0; v < KERN_NV; v++) {
+            acc[t][v] = vsplat(0.0);
+        }
+    }
+    for (size_t j = 0; j < d; j++) {
+        const vd qj = vsplat(q[j]);
+        for (size_t t = 0; t < KERN_SCORE_TILES; t++) {
+            for (size_t v = 0; v < KERN_NV; v++) {
+                acc[t][v] += qj * vload(kp[t] + j * ld[t] + v * KERN_VW);
+            }
+        }
+    }
+    for (size_t t = 0; t < nt; t++) {
+        for (size_t v = 0; v < KERN_NV; v++) {
+            vstore(s + t * KERN_NC + v * KERN_VW, acc[t][v]);
+        }
+    }
+}
+
+/* Rows of the small blocks' path, one per lane. */
+#define KERN_SMALL_LANES 8
+
+static void KERN_FN(scores)(const double *q, const model_block_t *b, size_t n, size_t l, size_t d,
+                            double *s)
+{
+    static const double zero = 0.0; /* the padding lanes' key, read with stride 0 */
+    size_t r = 0;
+
+    while (r < n) {
+        const size_t cnt0 = n - r < b->capacity ? n - r : b->capacity;
+        if (b->capacity >= KERN_NC && cnt0 >= KERN_NC) {
+            /* Up to KERN_SCORE_TILES whole tiles of KERN_NC rows, from this
+             * block and the next ones, side by side. */
+            const double *kp[KERN_SCORE_TILES];
+            size_t ld[KERN_SCORE_TILES], t = 0, col = 0;
+
+            while (t < KERN_SCORE_TILES && r + t * KERN_NC + KERN_NC <= n &&
+                   b->capacity >= KERN_NC && col + KERN_NC <= b->capacity) {
+                kp[t] = area(b, l, d) + col;
+                ld[t] = b->capacity;
+                t++;
+                col += KERN_NC;
+                if (col + KERN_NC > b->capacity) {
+                    /* The block's last whole tile; a capacity that is not a
+                     * multiple of the tile leaves its tail to mm() below. */
+                    if (col < b->capacity) {
+                        break;
+                    }
+                    b = b->next;
+                    col = 0;
+                }
+            }
+            score_tiles(q, kp, ld, t, d, s + r);
+            r += t * KERN_NC;
+            if (col != 0) {
+                /* Stopped inside a block: the rest of it by mm(). */
+                const size_t rest = (n - r < b->capacity - col ? n - r : b->capacity - col);
+                KERN_FN(mm)(q, d, 1, area(b, l, d) + col, b->capacity, d, 0, rest, s + r, rest);
+                r += rest;
+                b = b->next;
+            }
+            continue;
+        }
+        if (b->capacity >= KERN_NC || b->capacity > KERN_SMALL_LANES) {
+            /* A block's last rows, short of a tile: its rows are the
+             * columns of Kt. */
+            KERN_FN(mm)(q, d, 1, area(b, l, d), b->capacity, d, 0, cnt0, s + r, cnt0);
+            r += cnt0;
+            b = b->next;
+            continue;
+        }
+        /* Small blocks (the first of a chain): the rows of as many whole
+         * small blocks as fit in KERN_SMALL_LANES lanes, each lane walking
+         * its own row's column of Kt. */
+        const double *kp[KERN_SMALL_LANES];
+        size_t st[KERN_SMALL_LANES], k = 0;
+        double acc[KERN_SMALL_LANES];
+
+        while (r + k < n && b->capacity < KERN_NC && k + b->capacity <= KERN_SMALL_LANES) {
+            const size_t cnt = n - r - k < b->capacity ? n - r - k : b->capacity;
+            for (size_t slot = 0; slot < cnt; slot++) {
+                kp[k] = area(b, l, d) + slot;
+                st[k] = b->capacity;
+                k++;
+            }
+            b = b->next;
+        }
+        for (size_t i = k; i < KERN_SMALL_LANES; i++) {
+            kp[i] = &zero;
+            st[i] = 0;
+        }
+        for (size_t i = 0; i < KERN_SMALL_LANES; i++) {
+            acc[i] = 0.0;
+        }
+        for (size_t j = 0; j < d; j++) {
+            const double qj = q[j];
+            for (size_t i = 0; i < KERN_SMALL_LANES; i++) {
+                acc[i] += qj * *kp[i];
+                kp[i] += st[i];
+            }
+        }
+        for (size_t i = 0; i < k; i++) {
+            s[r + i] = acc[i];
+        }
+        r += k;
+    }
+}
+
+/* Vectors of columns the sum of values carries at once. */
+#define KERN_MIX_NV 4
+#define KERN_MIX_NC (KERN_MIX_NV * KERN_VW)
+
+static void KERN_FN(mix)(const double *f, const model_block_t *head, size_t n, size_t l, size_t d,
+                         double *a)
+{
+    size_t j = 0;
+
+    for (; j + KERN_MIX_NC <= d; j += KERN_MIX_NC) {
+        vd acc[KERN_MIX_NV];
+        size_t r = 0;
+        for (size_t v = 0; v < KERN_MIX_NV; v++) {
+            acc[v] = vsplat(0.0);
+        }
+        for (const model_block_t *b = head; r < n; b = b->next) {
+            const size_t cnt = n - r < b->capacity ? n - r : b->capacity;
+            const double *vb = area(b, l, d) + b->capacity * d + j;
+            for (size_t i = 0; i < cnt; i++) {
+                const vd fr = vsplat(f[r + i]);
+                for (size_t v = 0; v < KERN_MIX_NV; v++) {
+                    acc[v] += fr * vload(vb + i * d + v * KERN_VW);
+                }
+            }
+            r += cnt;
+        }
+        for (size_t v = 0; v < KERN_MIX_NV; v++) {
+            vstore(a + j + v * KERN_VW, acc[v]);
+        }
+    }
+    for (; j < d; j++) {
+        double acc = 0.0;
+        size_t r = 0;
+        for (const model_block_t *b = head; r < n; b = b->next) {
+            const size_t cnt = n - r < b->capacity ? n - r : b->capacity;
+            const double *vb = area(b, l, d) + b->capacity * d + j;
+            for (size_t i = 0; i < cnt; i++) {
+                acc += f[r + i] * vb[i * d];
+            }
+            r += cnt;
+        }
+        a[j] = acc;
+    }
+}
+
+const model__kern_t KERN_CAT(model__kern_, KERN_NAME) = {
+    .name = KERN_STR(KERN_NAME),
+    .mm = KERN_FN(mm),
+    .scores = KERN_FN(scores),
+    .mix = KERN_FN(mix),
+};
