@@ -172,7 +172,7 @@ void cache_session_step_batch(cache_pool_t *p, cache_session_t *const *s, size_t
         }
         rc[b] = cache_pool_reserve(p, s[b]->handle, &s[b]->owner, 1, &kv[k]);
         if (rc[b] != SLOTD_OK) {
-            rc[b] = session__pool_error(&err[b], rc[b], "step", s[b]->owner.id);
+            rc[b] = session__pool_error(p, &err[b], rc[b], false, "step", s[b]->owner.id);
             continue;
         }
         assert(kv[k].len == s[b]->entries);
@@ -192,7 +192,7 @@ void cache_session_step_batch(cache_pool_t *p, cache_session_t *const *s, size_t
         if (rc[b] != SLOTD_OK) {
             /* As in cache_session_step(): only a broken one-thread-per-
              * session rule gets here. */
-            rc[b] = session__pool_error(&err[b], rc[b], "step", s[b]->owner.id);
+            rc[b] = session__pool_error(p, &err[b], rc[b], false, "step", s[b]->owner.id);
             continue;
         }
         s[b]->entries = kv[i].len;
