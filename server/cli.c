@@ -1,8 +1,8 @@
 /*
  * cli.c: slotd-cli, a command-line client for the session and admin ports.
  *
- *   slotd-cli [-h host] [-p port] [-a [host:]port] [-t seconds] [--raw] [--full]
- *             [COMMAND|JSON]...
+ *   slotd-cli [-h host] [-p port] [-a [host:]port] [-t seconds]
+ *             [--auth-token-file PATH] [--raw] [--full] [COMMAND|JSON]...
  *
  * As with redis-cli, words make one command: `slotd-cli start a 1 2 3`.
  * When the first argument is a lone command word, all the arguments are
@@ -19,14 +19,23 @@
  * health and metrics open one HTTP/1.1 connection each to the admin port.
  * Every wait (connect, send, each reply) is bounded by -t seconds.
  *
+ * With a token (--auth-token-file, or $SLOTD_AUTH_TOKEN_FILE as the daemon
+ * reads it; the file checked by auth.c as the daemon checks it), every
+ * session connection starts with {"op":"auth"} and goes on only after its
+ * ok, and admin requests carry "Authorization: Bearer".  The token is
+ * never printed, and lines that carry one (auth TOKEN) stay out of the
+ * history.
+ *
  * Exit status: 0; 1 if any command got an error reply (from the daemon, an
  * admin answer other than 200, or refused here); 2 for a bad option; 3 if
- * a connection failed, was lost or timed out (the commands stop there).
+ * a connection failed, was lost or timed out, or the token was refused
+ * (auth_failed; the commands stop there).
  * At the terminal's prompt a failed connection is reported and retried at
  * the next command, and errors do not change the status.
  *
  * Non-blocking POSIX sockets and poll(); single-threaded.
  */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -46,6 +55,7 @@
 
 #include <editline/readline.h>
 
+#include "server/auth.h"
 #include "server/cli.h"
 
 #define CLI_DEFAULT_HOST "127.0.0.1"
@@ -71,19 +81,26 @@ typedef struct cli {
     size_t in_len;
     size_t in_cap;
     size_t line_len; /* the line last returned, consumed on the next read */
+
+    char token[AUTH_TOKEN_MAX + 1]; /* --auth-token-file's, wiped at exit */
+    size_t token_len;               /* 0: no token */
 } cli_t;
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: slotd-cli [-h host] [-p port] [-a [host:]port] [-t seconds] [--raw] [--full]\n"
-            "                 [COMMAND|JSON]...\n"
+            "usage: slotd-cli [-h host] [-p port] [-a [host:]port] [-t seconds]\n"
+            "                 [--auth-token-file PATH] [--raw] [--full] [COMMAND|JSON]...\n"
             "\n"
             "  -h host            server address (default " CLI_DEFAULT_HOST ")\n"
             "  -p port            session port (default " CLI_DEFAULT_PORT ")\n"
             "  -a [host:]port     admin HTTP port, for health and metrics (default: the\n"
             "                     server address, port " CLI_DEFAULT_ADMIN_PORT ")\n"
             "  -t seconds         limit on each wait for the server (default %d, 0: none)\n"
+            "  --auth-token-file PATH\n"
+            "                     the daemon's token, in a file only its owner may read\n"
+            "                     (default: $SLOTD_AUTH_TOKEN_FILE); sent as auth on each\n"
+            "                     session connection and as a Bearer token to the admin port\n"
             "  --raw              print the daemon's replies byte for byte (for scripts)\n"
             "  --full             print logits in full, not shortened\n"
             "  --help             this text\n"
@@ -103,7 +120,7 @@ static void usage(FILE *f)
                "\n"
                "Exit status: 0 if every command succeeded; 1 if any got an error reply\n"
                "(or was refused here: unknown command, bad usage); 2 for a bad option;\n"
-               "3 if a connection failed, was lost or timed out.\n");
+               "3 if a connection failed, was lost or timed out, or the token was refused.\n");
 }
 
 /* ---- Connections ---- */
@@ -298,14 +315,89 @@ static char *read_line(cli_t *c, size_t *len)
     }
 }
 
+/* True if the reply line is an error whose code is `code`. */
+static bool reply_is(const char *line, size_t len, const char *code)
+{
+    cJSON *j = cJSON_ParseWithLength(line, len);
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
+    const cJSON *cj = cJSON_GetObjectItemCaseSensitive(err, "code");
+    bool is = cJSON_IsString(cj) && strcmp(cj->valuestring, code) == 0;
+    cJSON_Delete(j);
+    return is;
+}
+
+/* The first line of a new session connection when a token is set: sends
+ * {"op":"auth"} and waits for its ok.  Returns 0, or -1 after saying why
+ * (an error reply as "(error) code: message", which never holds the
+ * token). */
+static int session_auth(cli_t *c, const char *what)
+{
+    cJSON *o = cJSON_CreateObject();
+    char *json = NULL;
+    if (o != NULL && cJSON_AddStringToObject(o, "op", "auth") != NULL &&
+        cJSON_AddStringToObject(o, "token", c->token) != NULL)
+        json = cJSON_PrintUnformatted(o);
+    if (o != NULL) {
+        /* cJSON keeps its copy of the token in the item: wipe it too. */
+        cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "token");
+        if (cJSON_IsString(t))
+            explicit_bzero(t->valuestring, strlen(t->valuestring));
+        cJSON_Delete(o);
+    }
+    if (json == NULL) {
+        fprintf(stderr, "slotd-cli: out of memory\n");
+        return -1;
+    }
+    size_t len = strlen(json);
+    char *line = malloc(len + 1);
+    int rc = -1;
+    if (line == NULL) {
+        fprintf(stderr, "slotd-cli: out of memory\n");
+    } else {
+        memcpy(line, json, len);
+        line[len] = '\n';
+        rc = send_all(c, c->fd, what, line, len + 1);
+        explicit_bzero(line, len + 1);
+        free(line);
+    }
+    explicit_bzero(json, len);
+    free(json);
+    size_t rlen;
+    char *reply = rc == 0 ? read_line(c, &rlen) : NULL;
+    if (reply == NULL)
+        return -1;
+    cJSON *j = cJSON_ParseWithLength(reply, rlen);
+    const cJSON *ok = cJSON_GetObjectItemCaseSensitive(j, "ok");
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
+    const cJSON *code = cJSON_GetObjectItemCaseSensitive(err, "code");
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(err, "message");
+    rc = 0;
+    if (cJSON_IsString(code)) {
+        cli_out_error(&c->out, "%s: %s", code->valuestring,
+                      cJSON_IsString(msg) ? msg->valuestring : "?");
+        rc = -1;
+    } else if (!cJSON_IsTrue(ok)) {
+        fprintf(stderr, "slotd-cli: %s answered auth with something else than ok\n", what);
+        rc = -1;
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
 /* Sends one request line and prints its reply.  Returns 0, or -1 if the
- * connection failed (it is closed then). */
+ * connection failed or the daemon refused a token (it is closed then). */
 static int session_call(cli_t *c, const char *json)
 {
     char what[300];
     snprintf(what, sizeof(what), "%s:%s", c->host, c->port);
-    if (c->fd < 0 && (c->fd = dial(c, c->host, c->port)) < 0)
-        return -1;
+    if (c->fd < 0) {
+        if ((c->fd = dial(c, c->host, c->port)) < 0)
+            return -1;
+        if (c->token_len > 0 && session_auth(c, what) != 0) {
+            session_close(c);
+            return -1;
+        }
+    }
     size_t len = strlen(json);
     char *line = malloc(len + 1);
     if (line == NULL) {
@@ -324,6 +416,11 @@ static int session_call(cli_t *c, const char *json)
     }
     if (cli_out_reply(&c->out, reply, rlen))
         c->errors++;
+    /* A wrong token (auth TOKEN): the daemon has closed the connection. */
+    if (reply_is(reply, rlen, "auth_failed")) {
+        session_close(c);
+        return -1;
+    }
     return 0;
 }
 
@@ -336,14 +433,17 @@ static int http_call(cli_t *c, const char *path, const char *pattern)
     int fd = dial(c, c->admin_host, c->admin_port);
     if (fd < 0)
         return -1;
-    char req[512];
+    char req[512 + AUTH_TOKEN_MAX];
     int n = snprintf(req, sizeof(req),
                      "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: slotd-cli\r\n"
+                     "%s%s%s"
                      "Connection: close\r\n\r\n",
-                     path, c->admin_host);
+                     path, c->admin_host, c->token_len > 0 ? "Authorization: Bearer " : "",
+                     c->token, c->token_len > 0 ? "\r\n" : "");
     char *buf = NULL;
     size_t len = 0, cap = 0;
     int rc = send_all(c, fd, what, req, (size_t)n);
+    explicit_bzero(req, sizeof(req));
     /* Read to EOF: the request asked the daemon to close. */
     int64_t deadline = deadline_of(c);
     ssize_t got = 1;
@@ -512,7 +612,7 @@ static int run_terminal(cli_t *c)
     int rc = 0;
     char *line;
     while (rc != 1 && (line = readline("slotd> ")) != NULL) {
-        if (line[strspn(line, " \t")] != '\0') {
+        if (line[strspn(line, " \t")] != '\0' && !cli_cmd_is_secret(line)) {
             add_history(line);
             /* Saved at every line, so that a ^C or a lost terminal keeps it. */
             if (hist != NULL && write_history(hist) == 0)
@@ -576,12 +676,14 @@ int main(int argc, char **argv)
 {
     cli_t c = {.fd = -1, .host = CLI_DEFAULT_HOST, .port = CLI_DEFAULT_PORT};
     const char *admin = NULL;
+    const char *token_file = NULL;
     int timeout = CLI_DEFAULT_TIMEOUT;
     static const struct option longopts[] = {
         {"raw", no_argument, NULL, 'r'},
         {"full", no_argument, NULL, 'f'},
         {"admin", required_argument, NULL, 'a'},
         {"help", no_argument, NULL, 'H'},
+        {"auth-token-file", required_argument, NULL, 'T'},
         {NULL, 0, NULL, 0},
     };
     int opt;
@@ -619,6 +721,9 @@ int main(int argc, char **argv)
         case 'f':
             c.out.full = true;
             break;
+        case 'T':
+            token_file = optarg;
+            break;
         case 'H':
             usage(stdout);
             return 0;
@@ -633,6 +738,18 @@ int main(int argc, char **argv)
     if (admin != NULL && !parse_admin(&c, admin)) {
         fprintf(stderr, "slotd-cli: bad admin address '%s' (want [host:]port)\n", admin);
         return EXIT_USAGE;
+    }
+    /* The same variable as the daemon's, so that one export serves both. */
+    const char *token_env = getenv("SLOTD_AUTH_TOKEN_FILE");
+    if (token_file == NULL && token_env != NULL)
+        token_file = token_env;
+    if (token_file != NULL) {
+        char err[512];
+        if (auth_load(token_file, c.token, &c.token_len, err, sizeof(err)) != 0) {
+            fprintf(stderr, "slotd-cli: %s%s\n", err,
+                    token_file == token_env ? " (from SLOTD_AUTH_TOKEN_FILE)" : "");
+            return EXIT_USAGE;
+        }
     }
     c.timeout_ms = timeout == 0 ? -1 : timeout * 1000;
     c.out.colour = colour_on(STDOUT_FILENO);
@@ -652,6 +769,7 @@ int main(int argc, char **argv)
     }
     session_close(&c);
     free(c.in);
+    explicit_bzero(c.token, sizeof(c.token));
     if (rc < 0)
         return EXIT_CONNECTION;
     return c.errors > 0 && !c.interactive ? EXIT_REPLY_ERROR : 0;

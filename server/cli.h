@@ -49,6 +49,10 @@ void cli_req_clear(cli_req_t *req);
 /** True if `word` names a command (any case). */
 bool cli_cmd_is_name(const char *word);
 
+/** True if `line` carries a token (an auth command, or a JSON line with a
+ * "token" member): such a line is kept out of the history. */
+bool cli_cmd_is_secret(const char *line);
+
 /** The name of the i-th command, for completion; NULL past the last.
  * Static strings. */
 const char *cli_cmd_name(size_t i);

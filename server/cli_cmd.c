@@ -47,6 +47,7 @@ static cli_kind_t build_generate(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_stats(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_health(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_metrics(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
+static cli_kind_t build_auth(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_help(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_quit(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 
@@ -60,6 +61,7 @@ static const cli_cmd_t cmds[] = {
     {"stats", "", "the daemon's figures", build_stats},
     {"health", "", "admin /health", build_health},
     {"metrics", "[PATTERN]", "admin /metrics, the lines holding PATTERN", build_metrics},
+    {"auth", "TOKEN", "present TOKEN (--auth-token-file does it at connect)", build_auth},
     {"help", "[COMMAND]", "this list, or one command's usage", build_help},
     {"quit", "", "leave (also: exit, end of input)", build_quit},
     {"exit", "", "leave", build_quit},
@@ -108,6 +110,9 @@ void cli_cmd_help_all(FILE *f)
 
 void cli_req_clear(cli_req_t *req)
 {
+    /* An auth request holds a token: wiped before it is freed. */
+    if (req->json != NULL)
+        explicit_bzero(req->json, strlen(req->json));
     free(req->json);
     free(req->pattern);
     *req = (cli_req_t){.kind = CLI_NONE};
@@ -323,6 +328,19 @@ static cli_kind_t build_metrics(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *re
     return CLI_HTTP;
 }
 
+/* The token is never echoed: the usage error does not name it. */
+static cli_kind_t build_auth(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
+{
+    if (a->n != 1)
+        return usage_error(c, a);
+    cJSON *o = new_request("auth");
+    if (o == NULL || cJSON_AddStringToObject(o, "token", a->w[0]) == NULL) {
+        cJSON_Delete(o);
+        return CLI_LOCAL_ERR;
+    }
+    return finish_json(o, req, a);
+}
+
 static cli_kind_t build_help(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 {
     (void)req;
@@ -348,6 +366,15 @@ static cli_kind_t build_quit(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 }
 
 /* ---- Lines ---- */
+
+bool cli_cmd_is_secret(const char *line)
+{
+    const char *p = line + strspn(line, " \t\r");
+    if (*p == '{')
+        return strstr(p, "\"token\"") != NULL;
+    size_t n = strcspn(p, " \t\r,");
+    return n == 4 && strncasecmp(p, "auth", 4) == 0;
+}
 
 cli_kind_t cli_cmd_parse(const char *line, cli_req_t *req, const cli_out_t *o)
 {

@@ -3,6 +3,9 @@
 #                 --raw byte for byte, unknown commands, exit statuses
 #   test_cli_pty  at a pseudo-terminal: arrow-up, history across runs, Tab
 #                 completion, colour and NO_COLOR
+# Each then checks the token against a second daemon started with
+# --auth-token-file (and, at the terminal, that auth lines stay out of the
+# history).
 # Both start their own daemon and get the binaries in SLOTD_BIN and
 # SLOTD_CLI; `ctest -L cli` runs them.  Neither is labelled valgrind: that
 # stage wraps only daemons started through itest.c, while the ASan and TSan

@@ -9,6 +9,11 @@
                               repeats a command, history survives a restart,
                               Tab completes command names, colour and NO_COLOR
 
+Each mode then starts a second daemon with --auth-token-file and checks the
+client's token: --auth-token-file and SLOTD_AUTH_TOKEN_FILE, the auth command,
+a wrong token, a file others may read, and that the token shows nowhere (not
+in the output, not in the history).
+
 SLOTD_BIN and SLOTD_CLI name the binaries (CTest passes them).  Every wait
 is bounded and stretched by SLOTD_TIME_SCALE.  Each check prints PASS or
 FAIL; the exit status is 1 if any failed.
@@ -16,6 +21,7 @@ FAIL; the exit status is 1 if any failed.
 import json
 import os
 import re
+import secrets
 import select
 import signal
 import socket
@@ -360,6 +366,142 @@ def run_batch(d, work):
     check("--help shows the commands and the exit statuses",
           r.returncode == 0 and "generate [-m MODEL] [--cache] STEPS TOKEN..." in out
           and "Exit status" in out and "SLOTD_HISTFILE" in out and "NO_COLOR" in out, out)
+    check("--help names --auth-token-file, SLOTD_AUTH_TOKEN_FILE and the auth command",
+          "--auth-token-file PATH" in out and "SLOTD_AUTH_TOKEN_FILE" in out
+          and "auth TOKEN" in out, out)
+
+
+# ---- With a token ----
+
+def token_file(work, name, token, mode=0o600):
+    path = os.path.join(work, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, (token + "\n").encode())
+    os.close(fd)
+    os.chmod(path, mode)
+    return path
+
+
+def auth_daemon(work):
+    """A daemon that wants a token: (daemon, token, its file)."""
+    sub = os.path.join(work, "auth")
+    os.makedirs(sub, exist_ok=True)
+    token = secrets.token_hex(16)
+    path = token_file(sub, "token", token)
+    return Daemon(sub, "--auth-token-file", path), token, path
+
+
+def run_auth_batch(plain, work):
+    d, token, path = auth_daemon(work)
+    env = {"HOME": work}
+    wrong = token_file(work, "wrong", secrets.token_hex(16))
+    seen = []  # every run's output, searched for the token at the end
+
+    def run(*args, env=env, stdin=None):
+        r = cli(d, *args, env=env, stdin=stdin)
+        seen.append(r.stdout + r.stderr)
+        return r
+
+    try:
+        r = run("stats")
+        check("token daemon, no token: '(error) auth_required: ...', exit 1",
+              r.returncode == 1 and r.stdout.decode().startswith("(error) auth_required: "),
+              "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = run("metrics")
+        check("token daemon, no token: metrics is '(error) http 401', exit 1",
+              r.returncode == 1 and r.stdout.decode().startswith("(error) http 401"),
+              "rc %d %r" % (r.returncode, r.stdout))
+        r = run("health")
+        check("token daemon, no token: health stays open, exit 0",
+              r.returncode == 0 and r.stdout == b"status: ok\n", "rc %d %r" % (r.returncode, r.stdout))
+
+        cmds = ["start a 1 2 3", "step a 2", "finish a"]
+        want = [fmt_reply(l) for l in plain.lines(['{"op":"start","id":"a","prompt":[1,2,3]}',
+                                                  '{"op":"step","id":"a","n":2}',
+                                                  '{"op":"finish","id":"a"}'])]
+        r = run("--auth-token-file", path, *cmds, "stats")
+        got = r.stdout.decode().splitlines()
+        check("--auth-token-file: start, step, finish, stats work, exit 0, nothing on stderr",
+              r.returncode == 0 and r.stderr == b"" and got[:3] == want
+              and len(got) == 4 and got[3].startswith("cache_entries: "),
+              "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = run("--auth-token-file", path, stdin=b"start b 1\nfinish b\nstats\n")
+        check("--auth-token-file, lines from stdin: exit 0",
+              r.returncode == 0 and len(r.stdout.splitlines()) == 3 and b"(error)" not in r.stdout,
+              "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = run("--auth-token-file", path, "health")
+        check("--auth-token-file: health, exit 0",
+              r.returncode == 0 and r.stdout == b"status: ok\n", "rc %d %r" % (r.returncode, r.stdout))
+        r = run("--auth-token-file", path, "metrics", "slotd_requests_total")
+        check("--auth-token-file: metrics (Bearer) answers 200, exit 0",
+              r.returncode == 0 and r.stdout.startswith(b"slotd_requests_total{"),
+              "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = run("--auth-token-file", path, "--raw", "metrics", "slotd_auth_failures_total")
+        failures0 = int(r.stdout.split()[-1]) if r.returncode == 0 and r.stdout else -1
+        r = run("stats", env=dict(env, SLOTD_AUTH_TOKEN_FILE=path))
+        check("SLOTD_AUTH_TOKEN_FILE: stats works, exit 0",
+              r.returncode == 0 and r.stdout.startswith(b"cache_entries: "),
+              "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = run("--auth-token-file", path, "stats", env=dict(env, SLOTD_AUTH_TOKEN_FILE=wrong))
+        check("--auth-token-file wins over SLOTD_AUTH_TOKEN_FILE",
+              r.returncode == 0 and r.stdout.startswith(b"cache_entries: "),
+              "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = cli(plain, "--auth-token-file", path, "stats", env=env)
+        seen.append(r.stdout + r.stderr)
+        check("a token file given to a daemon without a token: accepted, exit 0",
+              r.returncode == 0 and r.stdout.startswith(b"cache_entries: "),
+              "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+
+        r = run("--auth-token-file", wrong, stdin=b"stats\nhealth\n")
+        check("a wrong token: '(error) auth_failed: ...' on stderr, exit 3, nothing run",
+              r.returncode == 3 and r.stdout == b""
+              and r.stderr.decode().startswith("(error) auth_failed: "),
+              "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = run("metrics", "slotd_auth_failures_total", env=dict(env, SLOTD_AUTH_TOKEN_FILE=path))
+        check("... and the daemon counted it",
+              r.returncode == 0 and int(r.stdout.split()[-1]) == failures0 + 1,
+              "before %d, %r" % (failures0, r.stdout))
+        r = run("--auth-token-file", wrong, "metrics")
+        check("a wrong token on the admin port: '(error) http 401', exit 1",
+              r.returncode == 1 and r.stdout.decode().startswith("(error) http 401"),
+              "rc %d %r" % (r.returncode, r.stdout))
+
+        r = run("auth " + token, "stats")
+        check("'auth TOKEN' then stats: 'ok: true', stats, exit 0",
+              r.returncode == 0 and r.stdout.decode().startswith("ok: true\ncache_entries: "),
+              "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = run("auth " + secrets.token_hex(16), "stats")
+        check("'auth' with a wrong token: '(error) auth_failed: ...', exit 3, stats not run",
+              r.returncode == 3 and r.stdout.decode().startswith("(error) auth_failed: ")
+              and b"cache_entries" not in r.stdout,
+              "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = run("auth")
+        check("'auth' alone: '(error) usage: auth TOKEN', exit 1",
+              r.returncode == 1 and r.stderr == b"(error) usage: auth TOKEN\n",
+              "rc %d %r" % (r.returncode, r.stderr))
+
+        for mode in (0o644, 0o640, 0o604, 0o620):
+            loose = token_file(work, "loose", token, mode)
+            r = run("--auth-token-file", loose, "health")
+            check("a token file of mode %03o: refused, exit 2, nothing run" % mode,
+                  r.returncode == 2 and r.stdout == b"" and b"chmod 600" in r.stderr,
+                  "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = run("health", env=dict(env, SLOTD_AUTH_TOKEN_FILE=loose))
+        check("... also from SLOTD_AUTH_TOKEN_FILE, which the message names",
+              r.returncode == 2 and b"SLOTD_AUTH_TOKEN_FILE" in r.stderr, repr(r.stderr))
+        r = run("--auth-token-file", os.path.join(work, "none"), "health")
+        check("a token file that is not there: exit 2",
+              r.returncode == 2 and b"cannot open" in r.stderr, repr(r.stderr))
+        short = token_file(work, "short", "abc")
+        r = run("--auth-token-file", short, "health")
+        check("a token too short: exit 2, the token not shown",
+              r.returncode == 2 and b"16 to 4096 bytes" in r.stderr, repr(r.stderr))
+
+        leaks = [o for o in seen if token.encode() in o]
+        check("the token appears in no output (%d runs)" % len(seen), not leaks, repr(leaks[:1]))
+    finally:
+        rc = d.stop()
+        check("the token daemon exits 0 on SIGTERM", rc == 0, "exit %r" % rc)
 
 
 # ---- At a terminal ----
@@ -367,14 +509,14 @@ def run_batch(d, work):
 class Term:
     """slotd-cli on a pseudo-terminal, 120 columns wide."""
 
-    def __init__(self, d, env):
+    def __init__(self, d, env, *args):
         import pty
         import fcntl
         import struct
         import termios
         self.pid, self.fd = pty.fork()
         if self.pid == 0:
-            os.execve(CLI, [CLI, "-p", str(d.port), "-a", str(d.admin)], env)
+            os.execve(CLI, [CLI, "-p", str(d.port), "-a", str(d.admin), *args], env)
         fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
         self.out = b""
         self.mark = 0
@@ -596,6 +738,63 @@ def run_pty(d, work):
     check("SLOTD_HISTFILE empty: no history written", not os.path.exists(os.path.join(work, ".slotd_history")))
 
 
+def run_auth_pty(plain, work):
+    d, token, path = auth_daemon(work)
+    hist = os.path.join(work, "hist-auth")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TERM": "xterm", "HOME": work,
+           "SLOTD_HISTFILE": hist, "NO_COLOR": "1"}
+    for k in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", "LSAN_OPTIONS"):
+        if k in os.environ:
+            env[k] = os.environ[k]
+    try:
+        t = Term(d, env)
+        t.prompt()
+        t.send("stats\r")
+        check("token daemon, at the prompt without a token: auth_required",
+              t.read_until(rb"\(error\) auth_required: ") is not None, t.text())
+        t.prompt()
+        t.send("auth " + token + "\r")
+        check("'auth TOKEN' at the prompt: ok", t.read_until(rb"ok: true\r\n") is not None, t.text())
+        t.prompt()
+        t.send("stats\r")
+        check("... then stats works", t.read_until(rb"cache_entries: ") is not None, t.text())
+        t.prompt()
+        t.send("AUTH " + token + "\r")
+        t.prompt()
+        t.send('{"op":"auth","token":"%s"}\r' % token)
+        t.prompt()
+        t.send("\x1b[A")
+        check("arrow-up skips the auth lines: 'stats'", t.line_is("slotd> stats"),
+              repr(t.screen_line()))
+        t.send("\x1b[Bquit\r")
+        rc = t.wait_exit()
+        check("quit: exit 0", rc == 0, "exit %r" % rc)
+        try:
+            saved = open(hist, encoding="latin-1").read()
+        except OSError:
+            saved = ""
+        check("the history has stats, but no auth line and not the token",
+              "stats" in saved and token not in saved and "auth" not in saved.lower(), repr(saved))
+
+        t = Term(d, env, "--auth-token-file", path)
+        t.prompt()
+        t.send("start a 1 2 3\r")
+        check("--auth-token-file at the prompt: start works",
+              t.read_until(rb"entries: 3\r\n") is not None, t.text())
+        t.prompt()
+        t.send("metrics slotd_live_sessions\r")
+        check("... and metrics", t.read_until(rb"slotd_live_sessions 1\r\n") is not None, t.text())
+        t.prompt()
+        t.send("quit\r")
+        rc = t.wait_exit()
+        check("quit: exit 0", rc == 0, "exit %r" % rc)
+        check("the token appears nowhere on the terminal but where it was typed",
+              t.text().count(token) == 0, repr(t.text()))
+    finally:
+        rc = d.stop()
+        check("the token daemon exits 0 on SIGTERM", rc == 0, "exit %r" % rc)
+
+
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "batch"
     for b in (SLOTD, CLI):
@@ -606,6 +805,7 @@ def main():
         d = Daemon(work)
         try:
             (run_pty if mode == "pty" else run_batch)(d, work)
+            (run_auth_pty if mode == "pty" else run_auth_batch)(d, work)
         except Exception as e:  # a broken expectation must fail, not vanish
             check("no exception", False, repr(e))
         finally:
