@@ -75,10 +75,12 @@
  * are an upper bound on what can still be had, and whether a request fits
  * depends on the order in which blocks were taken and given back.  With
  * arena_factor F >= 2 (what the server uses), the arena maps F times the
- * pages as address space, backed only as pages are first carved, and the
- * free-page stack hands out pages already touched before new ones; so
- * resident memory stays near the bytes in use, and the byte and slot
- * counts alone decide, until holes waste (F - 1) budgets.  That makes
+ * budget's pages plus one page per size class (a page can be far larger
+ * than a class's objects, 513 KiB with `base` loaded) as address space,
+ * backed only as pages are first carved, and the free-page stack hands out
+ * pages already touched before new ones; so resident memory stays near the
+ * bytes in use, and the byte and slot counts alone decide, until holes
+ * waste (F - 1) budgets.  That makes
  * whether a request fits a function of what the live slots hold, which is
  * what keeps a pipelined client's replies those of one at a time
  * (docs/design.md, "Pipelining").
@@ -1193,7 +1195,7 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
         rc = SLOTD_EINVAL;
         goto fail_pool;
     }
-    npages = cfg->capacity_bytes / p->page_size * (cfg->arena_factor > 1 ? cfg->arena_factor : 1);
+    npages = cfg->capacity_bytes / p->page_size;
     if (npages >= CACHE__NONE)
         goto fail_pool;
     p->npages = (uint32_t)npages;
@@ -1246,6 +1248,19 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
 
         c->per_page = (uint32_t)(p->page_size / c->stride);
         c->mag_cap = fit < 2 ? 0 : fit > CACHE__MAG_MAX ? CACHE__MAG_MAX : (uint32_t)fit;
+    }
+    /* For the counts to refuse first: the budget's pages, one more for each
+     * class (which may hold one page that it fills only partly, however
+     * large the page is against the budget), all of it times the factor
+     * (Accounting above). */
+    if (cfg->arena_factor > 1) {
+        npages = (cfg->capacity_bytes / p->page_size + p->nclasses) * cfg->arena_factor;
+        if (npages >= CACHE__NONE) {
+            rc = SLOTD_EINVAL;
+            goto fail_classes;
+        }
+        p->npages = (uint32_t)npages;
+        p->arena_bytes = npages * p->page_size;
     }
     p->tcaches = cache__calloc(CACHE__TCACHES, sizeof *p->tcaches);
     if (p->tcaches == NULL)

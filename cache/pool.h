@@ -59,9 +59,10 @@ typedef struct cache_pool_config {
     size_t nmodels;
     /* Address space mapped per byte of budget (0 counts as 1).  With 1,
      * pages run out before the budget's bytes do, so a refusal also
-     * depends on how freed blocks left pages partly used; with 2 or more
-     * only the bytes and slots refuse, until fragmentation wastes as much
-     * as (factor - 1) budgets (pool.c, Accounting). */
+     * depends on how freed blocks left pages partly used; with F >= 2 the
+     * arena holds F x (the budget's pages + one per size class), and only
+     * the bytes and slots refuse until fragmentation wastes about (F - 1)
+     * budgets (pool.c, Accounting). */
     unsigned arena_factor;
 } cache_pool_config_t;
 

@@ -531,7 +531,9 @@ static int share_charge(conn_t *c, session_t *sess, const model_t *m, uint64_t e
  * ran) had charged to its connection's share. */
 static void share_give_back(session_t *sess, const req_t *r)
 {
-    const model_t *m = sess->cs.model;
+    /* A start charged its own model (a start queued behind another of the
+     * same id may name another one). */
+    const model_t *m = r->rq.op == PROTO_OP_START ? r->model : sess->cs.model;
     uint64_t back;
 
     if (!sess->in_map || m == NULL)
@@ -567,6 +569,8 @@ static void conn_detach(conn_t *c)
 
     for (r = c->order_head; r != NULL; r = rnext) {
         rnext = r->order_next;
+        if (r->uncounted) /* read behind a barrier that never lifted */
+            metrics_count_request(r->rq.op);
         if (r->state == REQ_RUNNING) {
             atomic_store_explicit(&r->canceled, true, memory_order_relaxed);
             continue;
@@ -1322,7 +1326,6 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         return;
     if (rc == SLOTD_ELINE_TOO_LONG) {
         req_t *r = server_req_get(c->server);
-        metrics_count_request(PROTO_OP_NONE);
         log_debug("connection %" PRIu64 ": line longer than %zu bytes", c->serial,
                   c->framer.max_line);
         if (r == NULL) {
@@ -1331,6 +1334,10 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         }
         r->conn = c;
         order_append(c, r);
+        if (c->barrier == NULL) /* as on_line() counts */
+            metrics_count_request(PROTO_OP_NONE);
+        else
+            r->uncounted = true;
         if (req_set_error(r, SLOTD_ELINE_TOO_LONG, "line longer than %zu bytes",
                           c->framer.max_line) != SLOTD_OK) {
             conn_close(c);
@@ -1361,6 +1368,12 @@ void conn_job_done(req_t *r)
     /* Refused for room while an earlier line has yet to take effect, which
      * may make room: not answered, but run again once they all have. */
     if (r->rc == SLOTD_ECACHE_FULL && !c->closed && !s->draining && earlier_pending(c, r)) {
+        if (sess != NULL && r->rq.op == PROTO_OP_STEP) {
+            /* The step may have moved the audit's recording (realloc) before
+             * the pool refused it: the session keeps what the job left. */
+            sess->cs = r->cs;
+            sess->toks = r->toks;
+        }
         req_defer(c, r, true);
         conn_update(c);
         conn_unref(c);

@@ -326,20 +326,34 @@ static uint64_t next(uint64_t *x)
 
 /* 200 random lines for 5 ids from `seed`, with a pool (or a share of it)
  * small enough that some fail. */
-static void random_mix(uint64_t seed, const char *const *flags)
+/* The models a mix starts sessions of: `small` alone, or every preset
+ * (prompts of `base`, 32 KiB an entry, kept short). */
+typedef struct mix_model {
+    const char *name;
+    uint32_t vocab, longest;
+} mix_model_t;
+
+static const mix_model_t mix_small[] = {{"small", 512, 120}, {NULL, 0, 0}};
+static const mix_model_t mix_all[] = {
+    {"small", 512, 120}, {"tiny", 6, 8}, {"hash", 1000, 300}, {"base", 4096, 12}, {NULL, 0, 0}};
+
+static void random_mix(uint64_t seed, const char *const *flags, const mix_model_t *models)
 {
     uint64_t x = 0x5107D15EEDu + seed;
     char *r[MAX_LINES];
-    int failed = 0, ok = 0;
+    int failed = 0, ok = 0, nmodels = 0;
     lines_t l = {0};
 
+    while (models[nmodels].name != NULL)
+        nmodels++;
     for (int i = 0; i < 200; i++) {
         unsigned id = (unsigned)(next(&x) % 5), op = (unsigned)(next(&x) % 100);
         char *t;
         if (op < 30) {
-            t = tokens_json(1 + (int)(next(&x) % 120), 512, next(&x));
-            lines_add(&l, "{\"op\":\"start\",\"id\":\"r%u\",\"model\":\"small\",\"prompt\":%s}", id,
-                      t);
+            const mix_model_t *m = &models[next(&x) % (uint64_t)nmodels];
+            t = tokens_json(1 + (int)(next(&x) % m->longest), m->vocab, next(&x));
+            lines_add(&l, "{\"op\":\"start\",\"id\":\"r%u\",\"model\":\"%s\",\"prompt\":%s}", id,
+                      m->name, t);
             free(t);
         } else if (op < 65) {
             lines_add(&l, "{\"op\":\"step\",\"id\":\"r%u\",\"n\":%u,\"tag\":%d}", id,
@@ -370,16 +384,29 @@ static void random_mix(uint64_t seed, const char *const *flags)
     lines_free(&l);
 }
 
+/* Every preset loaded (a `base` page is 513 KiB), in a 2 MiB pool with the
+ * default share; and the cache audit on, which records a session's tokens
+ * in the step's job. */
+static const char *const all_models[] = {"--cache-mb", "2", "--models", "tiny,hash,small,base",
+                                         NULL};
+static const char *const small_audited[] = {
+    "--cache-mb",   "1", "--models", "tiny,hash,small", "--max-connection-share", "1",
+    "--audit-rate", "1", NULL};
+
 /* Each case one seed; SLOTD_MIX_SEED moves them all, for a longer hunt by
- * hand (for k in $(seq 0 6 600); do SLOTD_MIX_SEED=$k ...; done).  The
- * first three let the connection use the whole pool, the others run into
- * the connection's share of it as well. */
+ * hand (for k in $(seq 0 8 600); do SLOTD_MIX_SEED=$k ...; done).  The
+ * first three let the connection use the whole pool, the next three run
+ * into the connection's share of it as well. */
 #define MIX_CASE(k)                                                                                \
     START_TEST(test_random_mix_##k)                                                                \
     {                                                                                              \
         const char *e = getenv("SLOTD_MIX_SEED");                                                  \
         random_mix((e != NULL ? strtoull(e, NULL, 10) : 0) + (k),                                  \
-                   (k) < 3 ? small_pool : small_pool_shared);                                      \
+                   (k) < 3   ? small_pool                                                          \
+                   : (k) < 6 ? small_pool_shared                                                   \
+                   : (k) < 7 ? all_models                                                          \
+                             : small_audited,                                                      \
+                   (k) == 6 ? mix_all : mix_small);                                                \
     }                                                                                              \
     END_TEST
 MIX_CASE(0)
@@ -388,6 +415,8 @@ MIX_CASE(2)
 MIX_CASE(3)
 MIX_CASE(4)
 MIX_CASE(5)
+MIX_CASE(6)
+MIX_CASE(7)
 
 int main(void)
 {
@@ -403,5 +432,7 @@ int main(void)
     ITEST_ADD(s, test_random_mix_3);
     ITEST_ADD(s, test_random_mix_4);
     ITEST_ADD(s, test_random_mix_5);
+    ITEST_ADD(s, test_random_mix_6);
+    ITEST_ADD(s, test_random_mix_7);
     return itest_main(s);
 }
