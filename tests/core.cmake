@@ -24,7 +24,7 @@ endif()
 # machine has.  The light cases are a unit test (valgrind runs them too);
 # `heavy` adds base at every batch size that exercises a kernel's tiles
 # and the long prefills, too slow for memcheck.
-slotd_check_test(test_batch SOURCES test_batch.c LIBS slotd_core TIMEOUT 600)
+slotd_check_test(test_batch SOURCES test_batch.c LIBS slotd_core TIMEOUT 1200)
 target_link_libraries(test_batch PRIVATE slotd_fp_strict)
 add_test(NAME test_batch_heavy COMMAND test_batch heavy)
 set_tests_properties(test_batch_heavy PROPERTIES TIMEOUT 1500 LABELS heavy)
