@@ -964,6 +964,31 @@ static const model_t *resolve_model(conn_t *c, req_t *r, slotd_error_t *err)
     return m;
 }
 
+#define ROOM_DEFERRED 1 /* room_check(): `r` waits (REQ_DEFER) */
+
+/* The capacity checks of a start or step of `entries` positions of `m`,
+ * in order: the connection's share (a refusal waits while an earlier line
+ * is pending, whose charge may come back), then the pool's room
+ * (conn_must_wait()).  SLOTD_OK with the room `r` may take in *bytes and
+ * *slots; ROOM_DEFERRED when `r` was deferred; or the code of the error
+ * set in `err`. */
+static int room_check(conn_t *c, req_t *r, const model_t *m, uint64_t entries, bool start,
+                      bool new_session, uint64_t *bytes, uint64_t *slots, slotd_error_t *err)
+{
+    if (share_charge(c, NULL, m, entries, start, new_session, err) != SLOTD_OK) {
+        if (!earlier_pending(c, r))
+            return err->code;
+        req_defer(c, r, false);
+        return ROOM_DEFERRED;
+    }
+    req_need(r, m, bytes, slots);
+    if (conn_must_wait(c, r, *bytes, *slots)) {
+        req_defer(c, r, false);
+        return ROOM_DEFERRED;
+    }
+    return SLOTD_OK;
+}
+
 /* Validates a start against the model, the map and the session limit, and
  * queues it on a new session record.  Returns SLOTD_OK, the code of the
  * error set in `err`, or SLOTD_ENOMEM. */
@@ -973,6 +998,7 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     const model_t *m = resolve_model(c, r, err);
     session_t *sess;
     uint64_t bytes, slots;
+    int rc;
 
     if (m == NULL)
         return err->code;
@@ -991,18 +1017,9 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
                                "start: the daemon holds %u sessions, its limit (--max-sessions)",
                                s->cfg->max_sessions);
     }
-    if (share_charge(c, NULL, m, r->rq.ntokens, true, sess == NULL, err) != SLOTD_OK) {
-        if (earlier_pending(c, r)) { /* an earlier line may give some of it back */
-            req_defer(c, r, false);
-            return SLOTD_OK;
-        }
-        return err->code;
-    }
-    req_need(r, m, &bytes, &slots);
-    if (conn_must_wait(c, r, bytes, slots)) {
-        req_defer(c, r, false);
-        return SLOTD_OK;
-    }
+    rc = room_check(c, r, m, r->rq.ntokens, true, sess == NULL, &bytes, &slots, err);
+    if (rc != SLOTD_OK)
+        return rc == ROOM_DEFERRED ? SLOTD_OK : rc;
     r->model = m;
     r->owner_key = c->serial;
     if (sess != NULL) {
@@ -1073,19 +1090,10 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
     } else {
         const model_t *m = session_model(sess);
         uint64_t bytes, slots;
+        int rc = room_check(c, r, m, r->rq.n, false, false, &bytes, &slots, err);
 
-        if (share_charge(c, NULL, m, r->rq.n, false, false, err) != SLOTD_OK) {
-            if (earlier_pending(c, r)) { /* an earlier line may give some of it back */
-                req_defer(c, r, false);
-                return SLOTD_OK;
-            }
-            return err->code;
-        }
-        req_need(r, m, &bytes, &slots);
-        if (conn_must_wait(c, r, bytes, slots)) {
-            req_defer(c, r, false);
-            return SLOTD_OK;
-        }
+        if (rc != SLOTD_OK)
+            return rc == ROOM_DEFERRED ? SLOTD_OK : rc;
         (void)share_charge(c, sess, m, r->rq.n, false, false, err); /* checked above */
         req_count_need(c, r, bytes, slots);
     }
