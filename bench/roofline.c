@@ -6,7 +6,7 @@
  *            [--model NAME] [--n N] [--batch B] [--no-prefill]
  *
  * --model, --n and --batch keep only the cells of that model, context
- * and batch size (for a profile of one kernel); --no-prefill skips part 4.
+ * and batch size (for a profile of one kernel); --no-prefill skips part 5.
  *
  * Single thread, on the calling core.  Times are the thread's CPU time
  * (CLOCK_THREAD_CPUTIME_ID), so that time the shared machine gives to
@@ -29,7 +29,10 @@
  *    entries.  Printed: steps/s, the fraction of the peak, and the
  *    fraction of the bandwidth.  A cell whose chains would pass --max-mib
  *    (default 2048) is not measured, and says so.
- * 4. Prefill of 512 and 4096 tokens (where max_ctx allows): model_prefill()
+ * 4. The product kernel alone: model_pick_batch() of B sequences (the d x V
+ *    unembedding, no attention), multiply-adds per second and the fraction
+ *    of the peak.
+ * 5. Prefill of 512 and 4096 tokens (where max_ctx allows): model_prefill()
  *    against position-by-position model_run(), on an empty chain; the same
  *    fractions.  Multiply-adds L*4*d*d per position plus L*2*d*(p+1) for
  *    position p's attention.
@@ -212,6 +215,37 @@ static void step_cell(const model_t *m, uint32_t n, size_t nb, double peak, doub
     }
 }
 
+/* The product kernel alone: model_pick_batch() of nb sequences, the
+ * d x V product of the unembedding shared by the batch (no attention,
+ * no entry written), as a fraction of the peak. */
+static void pick_cell(const model_t *m, size_t nb, double peak, void *scratch)
+{
+    const double d = (double)(model_state_size(m) / sizeof(double)), V = model_vocab(m);
+    model_kv_t kv[MODEL_BATCH_MAX], *pkv[MODEL_BATCH_MAX];
+    uint32_t tok[MODEL_BATCH_MAX];
+    double t0 = 0, t;
+    unsigned reps = 0;
+
+    if (chains_make(m, kv, nb, 2) != 0) {
+        printf("| %s | %zu | not measured: no memory | | |\n", model_name(m), nb);
+        return;
+    }
+    for (size_t b = 0; b < nb; b++) {
+        pkv[b] = &kv[b];
+    }
+    t0 = cpu_now();
+    do {
+        model_pick_batch(m, (const model_kv_t *const *)pkv, nb, tok, NULL, scratch);
+        reps++;
+        t = cpu_now() - t0;
+    } while (t < seconds || reps < 3);
+    printf("| %s | %zu | %.1f | %.1f | %.1f %% |\n", model_name(m), nb, t / reps * 1e6,
+           d * V * (double)nb * reps / t / 1e9, 100.0 * d * V * (double)nb * reps / t / peak);
+    for (size_t b = 0; b < nb; b++) {
+        model_kv_heap_free(&kv[b]);
+    }
+}
+
 static void prefill_cell(const model_t *m, uint32_t n, double peak, void *scratch)
 {
     const double d = (double)(model_state_size(m) / sizeof(double)), L = model_layers(m);
@@ -336,6 +370,27 @@ int main(int argc, char **argv)
                 }
                 step_cell(m, ctxs[c], sizes[s], peak, bw, scratch);
             }
+        }
+        free(scratch);
+        model_destroy(m);
+    }
+
+    printf("\n| model | B | us per batch pick | G multiply-adds/s | of peak |\n");
+    printf("|---|---:|---:|---:|---:|\n");
+    for (size_t k = 0; k < 2; k++) {
+        model_t *m = NULL;
+        void *scratch;
+        if ((only_model != NULL && strcmp(only_model, names[k]) != 0) ||
+            model_create(names[k], &m) != SLOTD_OK) {
+            continue;
+        }
+        scratch = malloc(model_scratch_size(m));
+        for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+            if ((quick && sizes[s] != 1 && sizes[s] != 32) ||
+                (only_batch != 0 && only_batch != sizes[s])) {
+                continue;
+            }
+            pick_cell(m, sizes[s], peak, scratch);
         }
         free(scratch);
         model_destroy(m);

@@ -510,7 +510,7 @@ static size_t gather(worker_t *w, worker_job_t *first)
     unsigned i;
 
     w->batch[0] = first;
-    if (wp->group == NULL || wp->max_batch < 2 || !wp->group(first, NULL, wp->arg))
+    if (wp->max_batch < 2 || !wp->group(first, NULL, wp->arg))
         return 1;
     i = atomic_load_explicit(&w->claim, memory_order_relaxed);
     while (n < wp->max_batch && i < w->nlocal && wp->group(first, w->local[i], wp->arg)) {
@@ -578,7 +578,7 @@ static void *worker_main(void *arg)
         t0 = uv_hrtime();
         /* A batch's time counts as its jobs' mean. */
         if (last != 0)
-            note_job_ns(w, (t0 - last) / last_n);
+            note_job_ns(w, last_n == 1 ? t0 - last : (t0 - last) / last_n);
         last = t0;
 
         atomic_store_explicit(&w->job_start, t0, memory_order_relaxed);
@@ -733,7 +733,7 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
     wp->done = cfg->done;
     wp->group = cfg->run_batch != NULL ? cfg->group : NULL;
     wp->run_batch = cfg->run_batch;
-    wp->max_batch = cfg->max_batch > 1 ? cfg->max_batch : 1;
+    wp->max_batch = cfg->max_batch > 1 && wp->group != NULL ? cfg->max_batch : 1;
     wp->arg = cfg->arg;
     wp->wake_ns = cfg->wake_ns;
     wp->record_bytes = cfg->record_bytes;
