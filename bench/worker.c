@@ -10,11 +10,12 @@
  * session's start, steps and finish follow one another; the pipeline is
  * filled from different sessions, taken in round-robin order from a ring of
  * sessions that are ready for their next request (a session is in it at
- * most once, and only while it may write another request).  Replies come back in request order (the protocol's promise), so
- * a second ring of pending requests, in the order written, says what each
- * reply line answers and when it was sent.  A session's life is start, -n
- * steps (in requests of --step-n), finish, and again with a new prompt; in
- * Redis mode it is one INCR after another on its own key.  With
+ * most once, and only while it may write another request).  Replies come
+ * back in request order (the protocol's promise), so a second ring of
+ * pending requests, in the order written, says what each reply line answers
+ * and when it was sent.  A session's life is start, -n steps (in requests
+ * of --step-n), finish, and again with a new prompt; in Redis mode it is
+ * one INCR after another on its own key.  With
  * --live-sessions, a finished session restarts next rather than after a
  * whole round, and each session's first life is cut to a random length, so
  * that N sessions stay open and do not finish in waves.
@@ -67,11 +68,11 @@ enum conn_state { C_NEW, C_CONNECTING, C_OPEN, C_CLOSING, C_DONE };
 typedef struct session {
     uint8_t state;
     uint8_t opened_once;
-    uint8_t queued;     /* in the ready ring */
-    uint32_t inflight;  /* requests written and not yet answered */
-    uint32_t sent;      /* steps asked for in this life (written) */
+    uint8_t queued;      /* in the ready ring */
+    uint32_t inflight;   /* requests written and not yet answered */
+    uint32_t sent;       /* steps asked for in this life (written) */
     uint32_t steps_done; /* steps answered in this life: the next reply's position */
-    uint32_t target; /* steps in this life of the session */
+    uint32_t target;     /* steps in this life of the session */
     uint32_t entries;
     ref_t *ref;         /* --verify: the uncached reference for this prompt */
     int64_t redis_last; /* Redis --verify: last INCR value, 0 if unknown */
@@ -284,11 +285,11 @@ static void publish_progress(worker_t *w)
 
 static void ready_push(conn_t *c, uint32_t i)
 {
-    c->sess[i].queued = 1;
     uint32_t at = c->ready_head + c->ready_count;
     if (at >= c->nsess) {
         at -= c->nsess;
     }
+    c->sess[i].queued = 1;
     c->ready[at] = i;
     c->ready_count++;
 }
