@@ -39,6 +39,7 @@ typedef struct bench_config {
     uint64_t live_sessions; /* --live-sessions: total, spread over the connections */
     uint32_t steps;         /* -n: steps per session */
     uint32_t pipeline;      /* -P: requests outstanding per connection */
+    uint32_t sess_pipeline; /* --session-pipeline: requests in flight per session (1) */
     uint32_t threads;       /* --threads */
     uint32_t prompt_len;    /* --prompt-len */
     uint32_t step_n;        /* --step-n: tokens asked for per step request */

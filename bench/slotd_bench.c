@@ -80,6 +80,8 @@ static void usage(FILE *f)
                "  -n, --steps N            steps per session (default: fill the context, at most "
                "64)\n"
                "  -P, --pipeline N         requests outstanding per connection (default 1)\n"
+               "      --session-pipeline K steps in flight per session (default 1; -s then "
+               "defaults to -P/K)\n"
                "  -t, --threads N          generator threads, each with its own loop (default 1)\n"
                "  -d, --duration SEC       length of the measured window (default 10 if no -r)\n"
                "  -r, --requests N         requests in the measured window, in total\n"
@@ -178,6 +180,7 @@ enum {
     OPT_REDIS,
     OPT_NO_DRAIN,
     OPT_MAX_REPORT,
+    OPT_SESS_PIPELINE,
     OPT_HELP,
 };
 
@@ -188,6 +191,7 @@ static const struct option long_opts[] = {
     {"sessions", required_argument, NULL, 's'},
     {"steps", required_argument, NULL, 'n'},
     {"pipeline", required_argument, NULL, 'P'},
+    {"session-pipeline", required_argument, NULL, OPT_SESS_PIPELINE},
     {"threads", required_argument, NULL, 't'},
     {"duration", required_argument, NULL, 'd'},
     {"requests", required_argument, NULL, 'r'},
@@ -222,6 +226,7 @@ static int parse_args(int argc, char **argv, bench_config_t *cfg)
     cfg->port = 7070;
     cfg->conns = 1;
     cfg->pipeline = 1;
+    cfg->sess_pipeline = 1;
     cfg->threads = 1;
     cfg->prompt_len = 3;
     cfg->step_n = 1;
@@ -258,6 +263,9 @@ static int parse_args(int argc, char **argv, bench_config_t *cfg)
             break;
         case 'P':
             rc = parse_u32(optarg, "--pipeline", 1, 1000000, &cfg->pipeline);
+            break;
+        case OPT_SESS_PIPELINE:
+            rc = parse_u32(optarg, "--session-pipeline", 1, 1000000, &cfg->sess_pipeline);
             break;
         case 't':
             rc = parse_u32(optarg, "--threads", 1, 256, &cfg->threads);
@@ -344,7 +352,8 @@ static int parse_args(int argc, char **argv, bench_config_t *cfg)
         cfg->duration = 10.0;
     }
     if (!sessions_set) {
-        cfg->sessions = cfg->pipeline;
+        /* Enough sessions to keep -P requests outstanding. */
+        cfg->sessions = (cfg->pipeline + cfg->sess_pipeline - 1) / cfg->sess_pipeline;
     }
     if (cfg->live_sessions > 0) {
         if (cfg->live_sessions < cfg->conns) {
@@ -597,6 +606,9 @@ static void print_json(const bench_config_t *cfg, const totals_t *t, int status)
                                                    : (double)cfg->sessions);
     cJSON_AddNumberToObject(cfgj, "live_sessions", (double)cfg->live_sessions);
     cJSON_AddNumberToObject(cfgj, "pipeline", cfg->pipeline);
+    if (cfg->sess_pipeline > 1) {
+        cJSON_AddNumberToObject(cfgj, "session_pipeline", cfg->sess_pipeline);
+    }
     cJSON_AddNumberToObject(cfgj, "threads", cfg->threads);
     if (!cfg->redis) {
         cJSON_AddNumberToObject(cfgj, "steps_per_session", cfg->steps);
@@ -698,9 +710,13 @@ static void print_table(const bench_config_t *cfg, const totals_t *t, int status
         printf("opening                %llu sessions open in %.2f s\n",
                (unsigned long long)t->live_open, t->open_s);
     } else {
-        printf("load                   %u connections x %u sessions, pipeline %u, %u thread%s\n",
+        printf("load                   %u connections x %u sessions, pipeline %u, %u thread%s",
                cfg->conns, cfg->sessions, cfg->pipeline, cfg->threads,
                cfg->threads == 1 ? "" : "s");
+        if (cfg->sess_pipeline > 1) {
+            printf(", session pipeline %u", cfg->sess_pipeline);
+        }
+        printf("\n");
     }
     printf("window                 %.3f s\n", t->window_s);
     printf("steps                  %12llu  %12.1f /s\n", (unsigned long long)s->win_steps,

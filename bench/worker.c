@@ -5,14 +5,17 @@
  * figures of bench_stats_t.
  *
  * A connection keeps up to -P requests outstanding.  Each session has at
- * most one request in flight, so a session's start, steps and finish follow
- * one another; the pipeline is filled from different sessions, taken in
- * round-robin order from a ring of sessions that are ready for their next
- * request.  Replies come back in request order (the protocol's promise), so
- * a second ring of pending requests, in the order written, says what each
- * reply line answers and when it was sent.  A session's life is start, -n
- * steps (in requests of --step-n), finish, and again with a new prompt; in
- * Redis mode it is one INCR after another on its own key.  With
+ * most one request in flight (--session-pipeline K: up to K, of which only
+ * steps and a finish behind them may overlap; a start goes alone), so a
+ * session's start, steps and finish follow one another; the pipeline is
+ * filled from different sessions, taken in round-robin order from a ring of
+ * sessions that are ready for their next request (a session is in it at
+ * most once, and only while it may write another request).  Replies come
+ * back in request order (the protocol's promise), so a second ring of
+ * pending requests, in the order written, says what each reply line answers
+ * and when it was sent.  A session's life is start, -n steps (in requests
+ * of --step-n), finish, and again with a new prompt; in Redis mode it is
+ * one INCR after another on its own key.  With
  * --live-sessions, a finished session restarts next rather than after a
  * whole round, and each session's first life is cut to a random length, so
  * that N sessions stay open and do not finish in waves.
@@ -53,7 +56,7 @@ enum sess_state {
     S_IDLE,      /* nothing on the server; next: start */
     S_STARTING,  /* start in flight */
     S_ACTIVE,    /* open on the server, nothing in flight; next: step or finish */
-    S_STEPPING,  /* step (or INCR) in flight */
+    S_STEPPING,  /* steps (or INCRs) in flight, at most --session-pipeline */
     S_FINISHING, /* finish in flight */
     S_DONE,      /* the run is over for this session */
 };
@@ -65,8 +68,11 @@ enum conn_state { C_NEW, C_CONNECTING, C_OPEN, C_CLOSING, C_DONE };
 typedef struct session {
     uint8_t state;
     uint8_t opened_once;
-    uint32_t steps_done;
-    uint32_t target; /* steps in this life of the session */
+    uint8_t queued;      /* in the ready ring */
+    uint32_t inflight;   /* requests written and not yet answered */
+    uint32_t sent;       /* steps asked for in this life (written) */
+    uint32_t steps_done; /* steps answered in this life: the next reply's position */
+    uint32_t target;     /* steps in this life of the session */
     uint32_t entries;
     ref_t *ref;         /* --verify: the uncached reference for this prompt */
     int64_t redis_last; /* Redis --verify: last INCR value, 0 if unknown */
@@ -283,6 +289,7 @@ static void ready_push(conn_t *c, uint32_t i)
     if (at >= c->nsess) {
         at -= c->nsess;
     }
+    c->sess[i].queued = 1;
     c->ready[at] = i;
     c->ready_count++;
 }
@@ -291,6 +298,7 @@ static void ready_push(conn_t *c, uint32_t i)
  * session restarts at once, so that N sessions stay open. */
 static void ready_push_front(conn_t *c, uint32_t i)
 {
+    c->sess[i].queued = 1;
     c->ready_head = c->ready_head == 0 ? c->nsess - 1 : c->ready_head - 1;
     c->ready[c->ready_head] = i;
     c->ready_count++;
@@ -303,7 +311,40 @@ static uint32_t ready_pop(conn_t *c)
         c->ready_head = 0;
     }
     c->ready_count--;
+    c->sess[i].queued = 0;
     return i;
+}
+
+/* Whether session `i` may write its next request now: a start only when
+ * nothing of it is in flight, a step or finish while fewer than
+ * --session-pipeline requests are. */
+static bool sess_can_send(const conn_t *c, uint32_t i)
+{
+    const session_t *s = &c->sess[i];
+
+    switch (s->state) {
+    case S_IDLE:
+        return s->inflight == 0;
+    case S_ACTIVE:
+    case S_STEPPING:
+        return s->inflight < c->w->cfg->sess_pipeline;
+    default:
+        return false;
+    }
+}
+
+/* After a reply: the session goes back into the ready ring (at the back, or
+ * with `front` at the front) unless it is there already or may not write. */
+static void sess_requeue(conn_t *c, uint32_t i, bool front)
+{
+    if (c->sess[i].queued || !sess_can_send(c, i)) {
+        return;
+    }
+    if (front) {
+        ready_push_front(c, i);
+    } else {
+        ready_push(c, i);
+    }
 }
 
 static pending_t *pend_push(conn_t *c)
@@ -351,6 +392,9 @@ static void conn_forget_sessions(conn_t *c, bool done)
             s->state = w->cfg->redis ? S_ACTIVE : S_IDLE;
         }
         s->steps_done = 0;
+        s->sent = 0;
+        s->inflight = 0;
+        s->queued = 0;
         s->entries = 0;
         s->redis_last = 0;
     }
@@ -518,6 +562,7 @@ static int send_start(conn_t *c, uint32_t i, uint64_t now)
         prompt[k] = (int64_t)(rng_next(w) % cfg->vocab);
     }
     s->steps_done = 0;
+    s->sent = 0;
     s->entries = 0;
     s->target = cfg->steps;
     if (cfg->live_sessions > 0 && !s->opened_once) {
@@ -555,6 +600,7 @@ static int send_start(conn_t *c, uint32_t i, uint64_t now)
     p = put_tail(c, p, pd);
     c->olen = (size_t)(p - c->obuf);
     s->state = S_STARTING;
+    s->inflight++;
     return 0;
 }
 
@@ -562,7 +608,7 @@ static int send_step(conn_t *c, uint32_t i, uint64_t now)
 {
     const bench_config_t *cfg = c->w->cfg;
     session_t *s = &c->sess[i];
-    uint32_t k = s->target - s->steps_done;
+    uint32_t k = s->target - s->sent;
     pending_t *pd;
     char *p;
 
@@ -585,6 +631,8 @@ static int send_step(conn_t *c, uint32_t i, uint64_t now)
     p = put_tail(c, p, pd);
     c->olen = (size_t)(p - c->obuf);
     s->state = S_STEPPING;
+    s->sent += k;
+    s->inflight++;
     return 0;
 }
 
@@ -605,6 +653,7 @@ static int send_finish(conn_t *c, uint32_t i, uint64_t now)
     p = put_tail(c, p, pd);
     c->olen = (size_t)(p - c->obuf);
     s->state = S_FINISHING;
+    s->inflight++;
     return 0;
 }
 
@@ -627,6 +676,7 @@ static int send_incr(conn_t *c, uint32_t i, uint64_t now)
     pd = pend_push(c);
     *pd = (pending_t){.sess = i, .op = OP_INCR, .n = 1, .sent_ns = now};
     s->state = S_STEPPING;
+    s->inflight++;
     return 0;
 }
 
@@ -676,17 +726,20 @@ static void pump(conn_t *c)
                 continue;
             }
             rc = send_start(c, i, now);
-        } else if (s->state == S_ACTIVE) {
-            if (w->stopping || s->steps_done >= s->target) {
+        } else if (s->state == S_ACTIVE || s->state == S_STEPPING) {
+            /* S_STEPPING here: steps in flight, fewer than --session-pipeline. */
+            if (w->stopping || s->sent >= s->target) {
                 rc = send_finish(c, i, now);
             } else {
                 rc = send_step(c, i, now);
             }
         } else {
-            abort(); /* only idle and active sessions are ever ready */
+            abort(); /* only idle and open sessions are ever ready */
         }
         if (rc != 0) {
             s->state = S_DONE;
+        } else if (sess_can_send(c, i)) {
+            ready_push(c, i); /* --session-pipeline: its next request, after the others' */
         }
     }
     c->in_pump = false;
@@ -871,7 +924,9 @@ static bool handle_redis(conn_t *c, const pending_t *pd, const char *line, size_
     worker_t *w = c->w;
     session_t *s = &c->sess[pd->sess];
 
-    s->state = S_ACTIVE;
+    if (s->inflight == 0) {
+        s->state = S_ACTIVE;
+    }
     if (len > 0 && line[0] == ':') {
         int64_t v;
         span_t sp = {line + 1, len - 1};
@@ -907,7 +962,7 @@ static bool handle_redis(conn_t *c, const pending_t *pd, const char *line, size_
         report(w, "connection %u: unexpected Redis reply '%.*s'", c->index,
                (int)(len > 200 ? 200 : len), line);
     }
-    ready_push(c, pd->sess);
+    sess_requeue(c, pd->sess, false);
     return maybe_disconnect(c);
 }
 
@@ -947,6 +1002,7 @@ static bool handle_line(conn_t *c, const char *line, size_t len, uint64_t now)
     }
     pd = pend_pop(c);
     s = &c->sess[pd.sess];
+    s->inflight--;
     us = now > pd.sent_ns ? (now - pd.sent_ns + 500) / 1000 : 0;
     c->lost_in_row = 0;
     w->st.requests++;
@@ -977,14 +1033,16 @@ static bool handle_line(conn_t *c, const char *line, size_t len, uint64_t now)
         if (pd.op == OP_FINISH) {
             s->state = S_IDLE;
         } else {
-            s->state = S_ACTIVE;
-            s->steps_done = s->target;
+            if (pd.op == OP_START || s->inflight == 0) {
+                s->state = S_ACTIVE; /* unless a finish is in flight behind it */
+            }
+            s->sent = s->target;
             if (pd.op == OP_START) {
                 s->entries = cfg->prompt_len;
             }
         }
         session_drop_ref(w, s);
-        ready_push(c, pd.sess);
+        sess_requeue(c, pd.sess, false);
         return false;
     }
     if (cfg->verify) {
@@ -1012,11 +1070,13 @@ static bool handle_line(conn_t *c, const char *line, size_t len, uint64_t now)
             session_drop_ref(w, s);
             break;
         default: /* a failed step leaves the session as it was: finish it */
-            s->state = S_ACTIVE;
-            s->steps_done = s->target;
+            if (s->state == S_STEPPING && s->inflight == 0) {
+                s->state = S_ACTIVE;
+            }
+            s->sent = s->target; /* steps still in flight are answered and checked */
             break;
         }
-        ready_push(c, pd.sess);
+        sess_requeue(c, pd.sess, false);
         return false;
     }
 
@@ -1038,17 +1098,19 @@ static bool handle_line(conn_t *c, const char *line, size_t len, uint64_t now)
         }
         break;
     case OP_STEP:
-        if (cfg->verify) {
+        if (cfg->verify && s->ref != NULL) {
             verify_step(c, pd.sess, &pd, &r);
         }
-        s->state = S_ACTIVE;
+        if (s->state == S_STEPPING && s->inflight == 0) {
+            s->state = S_ACTIVE; /* not when a finish is in flight behind it */
+        }
         s->steps_done += pd.n;
         s->entries += pd.n;
         w->st.steps += pd.n;
         if (in_window(w)) {
             w->st.win_steps += pd.n;
         }
-        ready_push(c, pd.sess);
+        sess_requeue(c, pd.sess, false);
         return maybe_disconnect(c);
     case OP_FINISH:
         if (cfg->verify) {
@@ -1059,14 +1121,14 @@ static bool handle_line(conn_t *c, const char *line, size_t len, uint64_t now)
         session_drop_ref(w, s);
         w->st.finishes++;
         if (cfg->live_sessions > 0) {
-            ready_push_front(c, pd.sess);
+            sess_requeue(c, pd.sess, true);
             return false;
         }
         break;
     default:
         abort();
     }
-    ready_push(c, pd.sess);
+    sess_requeue(c, pd.sess, false);
     return false;
 }
 
