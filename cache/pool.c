@@ -1,149 +1,28 @@
 /*
  * pool.c: the slot pool.  Owns the arena every cached entry lives in, the
- * page descriptors that carve it, the size classes, and the slot table that
- * says which owner holds which chain of blocks and which state object.
+ * page descriptors that carve it, the size classes, the slot table that
+ * says which owner holds which chain of blocks and which state object, and
+ * the per-thread caches of free blocks (magazines).  The pool never calls
+ * malloc after creation.
  *
- * Memory.  cache_pool_create() maps one arena (never touched until used) and
- * cuts it into equal pages, each the smallest multiple that reaches
- * CACHE__PAGE_MIN of the largest page unit (cache__page_unit(): of every
- * block capacity a model uses, the blocks one largest block's positions
- * make) or state of the configured models.  Objects come in size classes:
- * one per distinct block size (model_block_bytes_for() of each capacity a
- * model's chains use, model_block_capacity()) and state size
- * (model_state_size()), rounded up to CACHE__ALIGN; models whose sizes
- * round alike share a class.  A chain's blocks grow with it (core/model.h),
- * so a slot holds at most 1.10 x entries x entry size + 512 bytes, blocks
- * and state counted at their strides.  A free page is given to a class
- * when the class runs out of free objects, carved lazily (one bump
- * pointer, so assigning a page is O(1) and touches nothing), and handed
- * back to the free-page list the moment its last object is freed, so that
- * any other class can take it: a page never stays calcified in a class
- * whose load has moved elsewhere.  Page descriptors live in a table beside
- * the arena, found from an object's address by one division; a page keeps
- * its own free list, and each class a doubly-linked list of its partial
- * pages.  Every path is O(1), apart from reserve (one object per block
- * taken), commit (its tail steps over the blocks the entries filled),
- * release (one per block returned) and the steal below (one per parked
- * object).  The pool never calls malloc after creation.
+ * Threads.  Any thread may call any function; one slot is used by one
+ * thread at a time (the caller's rule, see pool.h).
  *
- * Locality.  With 100,000 live slots every call finds its slot, and a step
- * its state and blocks, out of cache, so: the slot table is mapped with
- * MADV_HUGEPAGE (where THP is "madvise", a call would also miss the TLB;
- * the table is written whole at creation, so huge pages cost no memory;
- * the arena keeps small pages, so that resident memory follows the pages
- * in use); a slot is three aligned cache lines, of which a call with an id
- * of up to 40 bytes reads two (cache__slot_t); and reserve's fast path
- * prefetches the state and the blocks the model will read next
- * (cache__prefetch()).  None of it changes what is stored where a caller
- * can see it, or any byte the model reads.
+ * Locks.  p->lock guards every field marked (lock): the slot table's free
+ * stack and tenancies, the page descriptors, the class lists, the byte and
+ * slot counts, the claims of thread caches and every write of a magazine's
+ * objects.  It is held for the table work of one call, never while a model
+ * runs; it is taken to acquire, to release, and to add blocks that are not
+ * parked in the caller's thread cache.  A step whose room the slot already
+ * holds, or whose missing blocks are parked in its thread's cache, takes
+ * no lock: it touches only fields marked (user), which the slot's one user
+ * writes, its own magazines, and the atomic entry total.  Fast paths match
+ * the handle against the slot's generation (release store when a tenancy
+ * begins, acquire load), so a stale handle fails before anything else is
+ * read.  Fields set at creation are read without the lock.
  *
- * Thread caches.  Each thread that uses the pool gets a cache (up to
- * CACHE__TCACHES threads; later ones go without): per class, a magazine
- * of up to CACHE__MAG_MAX free objects, CACHE__MAG_BYTES of them at most
- * (classes of larger objects get none).  A release parks the slot's
- * objects in the releasing thread's magazines while they have room (the
- * rest go back to their pages), and a reserve that adds blocks (in the
- * locked path) tops the magazines of those blocks' classes up from the
- * class's partial pages, never assigning a page for it.  A reserve that
- * needs at most CACHE__FAST_BLOCKS blocks which are all parked in its
- * thread's cache takes them without the lock.  A tiny session (blocks of
- * 2 positions) so adds its blocks without the lock, and a thread takes the
- * lock for blocks about once per magazine's worth.  Invariants:
- *  - a parked object is free: it counts in no slot's bytes and in no
- *    figure the pool reports, and is poisoned in debug builds like any
- *    free object (a pop checks the poison, as a take from a page does);
- *  - a parked object never costs anyone a refusal: every path that would
- *    refuse first takes every parked object of every thread back to its
- *    page (do_steal_all()) and asks again, so it refuses exactly when the
- *    pool without thread caches would;
- *  - cache_pool_stats() steals too, so its figures are exactly those of
- *    the live slots (and stay so while it holds the lock);
- *  - an object is in one place: a page's free list or uncarved tail, one
- *    magazine, or one slot's chain; a magazine's count is changed only by
- *    atomic read-modify-writes, so a pop and a steal never both get one
- *    object (cache__mag_t says how).
- *
- * Accounting.  bytes_used is the sum of the objects live slots hold, counted
- * at their strides, so used + free == capacity always.  The pool keeps
- * bytes_taken, which adds the parked objects, and reports it right after a
- * steal, when the two agree.  A request is refused with SLOTD_ECACHE_FULL,
- * and nothing changes, when no slot is free, when used + needed >
- * capacity, or when the pages cannot supply the objects (the rounding of
- * objects, the tail of each page, and holes in pages held by other
- * classes).  With an arena no larger than the budget (arena_factor 1), the
- * pages always run out before used + needed passes capacity: free bytes
- * are an upper bound on what can still be had, and whether a request fits
- * depends on the order in which blocks were taken and given back.  With
- * arena_factor F >= 2 (what the server uses), the arena maps F times the
- * budget's pages plus one page per size class (a page can be far larger
- * than a class's objects, 513 KiB with `base` loaded) as address space,
- * backed only as pages are first carved, and the free-page stack hands out
- * pages already touched before new ones; so resident memory stays near the
- * bytes in use, and the byte and slot counts alone decide, until holes
- * waste (F - 1) budgets.  That makes
- * whether a request fits a function of what the live slots hold, which is
- * what keeps a pipelined client's replies those of one at a time
- * (docs/design.md, "Pipelining").
- *
- * Ownership.  A slot's generation is odd while it is live and even while it
- * is free; acquire and release each bump it.  Every call matches index,
- * generation, owner key and owner id against the table (the id as whole
- * words, zero-padded, with its length: as strong as a string compare, at
- * the cost of a few word compares), so a handle that
- * outlived its tenancy gets SLOTD_ESTALE and never reaches the chain of the
- * slot's next owner (a handle would have to outlive 2^31 tenancies of its
- * slot for the generation to come round).  Debug builds (NDEBUG unset)
- * poison every object they get back with CACHE__POISON and mark it with
- * CACHE__FREE_MAGIC; freeing a marked object, or handing out one whose
- * poison was written over, asserts.
- *
- * Caller bugs.  Besides the codes pool.h names: a reserve past the model's
- * max_ctx (the caller checks that first, as SLOTD_ECONTEXT_FULL) and a
- * commit below the slot's entries or past its room return SLOTD_EINVAL and
- * change nothing; the commit case also asserts, as a broken invariant.
- * The budget must hold at least one page (else create gives SLOTD_EINVAL).
- *
- * DESIGN.  Any thread may call any function; one slot is used by one thread
- * at a time (the caller's rule, see pool.h).  p->lock guards all shared
- * bookkeeping: the slot table's free stack and tenancies, the page
- * descriptors, the class lists, the byte and slot counts, the claims of
- * thread caches and every write of a magazine's objects, i.e. every field
- * marked (lock) below.  It is held for the table work of one call and
- * never while a model runs, and a step does not take it at all when the
- * room its slot already holds fits it, or when the blocks it lacks are
- * parked in its thread's cache: reserve then reads and writes only the
- * slot's own fields and pops its own magazines, and commit (which never
- * takes anything from the pool) only writes the slot's fields and adds to
- * the atomic entry total.  Those fields are marked (user): the slot's one
- * user writes them, with or without the lock, and no other thread reads
- * them while the slot is live except under the lock in the test check.
- * The lock is taken to acquire, to release, and to add blocks that are not
- * parked in the caller's cache (which refills it).  A magazine is written
- * only by its own thread under the lock, and its count shrinks without the
- * lock only by its own thread's pops; another thread touches it only to
- * steal it, under the lock (cache__mag_t).  A thread finds its cache
- * through a thread-local record naming the pool by a serial number that
- * is never reused, so a record outliving its pool is never mistaken for a
- * cache in a new pool at the same address.  The fast paths match
- * the handle against the slot's generation, an atomic stored with release
- * order when a tenancy begins (after its owner, model and state are
- * written) and loaded with acquire order, so they see the owner that
- * tenancy wrote; a stale handle fails on the generation before anything
- * else is read.  The bytes of a live slot's state and blocks belong to the
- * slot's user; each block's header is written by reserve on the user's
- * thread, once the block is the slot's.  Fields set at creation are read
- * without the lock.  cache_pool_entries() and cache_pool_stats() read the
- * entry total atomically; stats takes the lock for the rest, and steals
- * every parked object first, so its bytes and slot counts are one snapshot
- * (no block can be added or dropped while it holds the lock: a pop from a
- * stolen magazine fails and goes to the lock), and its entry count is the
- * total at that moment (commits do not wait for the lock).  A lock-free
- * reserve's blocks count as used from the moment it pops them, as a
- * locked reserve's count from the moment it takes them: before it
- * returns.  In debug builds a release detaches
- * the slot under the lock, poisons its objects without it (nobody else can
- * reach them: the slot is stale and the objects are on no free list), then
- * takes the lock again to give them back.
+ * Design: docs/design.md, "The pool", "The allocator and per-thread
+ * caches" and "Prefetch hints".
  */
 #include "cache/pool.h"
 #include "cache/pool_impl.h"

@@ -6,12 +6,12 @@
  * touched lazily, carved into fixed pages and the pages into blocks of the
  * sizes each model's chains need (model_block_bytes_for() of each
  * model_block_capacity()), plus each slot's state (model_state_size()).
- * A slot holds memory in proportion to its entries: its chain's blocks grow
- * with it, so that blocks and state together stay within 1.10 x entries x
- * entry size + 512 bytes (core/model.h), never max_ctx up front.  The
- * pool writes each block's header (next, capacity, first).  The step path
- * appends into blocks the pool already owns; the pool never calls malloc
- * after creation.
+ * A slot's blocks grow with its entries (core/model.h), never sized to
+ * max_ctx up front.  The pool writes each block's header (next, capacity,
+ * first).  The step path appends into blocks the pool already owns; the
+ * pool never calls malloc after creation.  Each calling thread gets a
+ * small cache of free blocks that the pool owns (allocated at creation,
+ * freed by cache_pool_destroy(); a thread needs no set-up or clean-up).
  *
  * Ownership.  A slot belongs to one owner from cache_pool_acquire() until
  * cache_pool_release(); its handle carries a generation, and every call
@@ -19,26 +19,21 @@
  * reused) slot gets SLOTD_ESTALE, never another request's entries.  Released
  * memory is poisoned in debug builds (NDEBUG unset).
  *
- * DESIGN.  One mutex guards the shared bookkeeping (slot tenancies, free
- * lists, byte counts) and is held only for O(1) work (plus one object per
- * object taken or returned), never while a model runs.  A slot is used by
- * one thread at a time (the caller guarantees it: the server runs one call
- * per session at once), so a step that fits in the room the slot already
- * holds takes no lock: cache_pool_reserve() then reads, and
- * cache_pool_commit() always writes, only the slot's own record and the
- * atomic entry total.  Each calling thread also gets a small cache of free
- * blocks in the pool (the pool owns it, allocated at creation and freed by
- * cache_pool_destroy(); a thread needs no set-up or clean-up): a release
- * parks the slot's blocks in the releasing thread's cache, the locked path
- * of a reserve tops the cache up, and a reserve whose missing blocks are
- * all parked in its thread's cache takes them without the lock.  A parked
- * block is free: it counts in no figure, and any call that would refuse
- * with SLOTD_ECACHE_FULL, and cache_pool_stats(), first takes every
- * thread's parked blocks back, so refusals and figures are exactly those of
- * a pool without the caches.  The lock is taken to acquire, to release,
- * and to add blocks not parked in the caller's cache.  Between reserve and
- * commit the caller writes into the slot's blocks without the lock.
- * cache_pool_entries() is an atomic read and takes no lock.
+ * Threads and lock.  Any thread may call; a slot is used by one thread at a
+ * time (the caller guarantees it: the server runs one call per session at
+ * once).  One mutex guards the shared bookkeeping (slot tenancies, free
+ * lists, byte counts), held only for O(1) work plus one object per object
+ * taken or returned, never while a model runs; it is taken to acquire, to
+ * release, and to add blocks not parked in the caller's cache.  A step
+ * that fits in the slot's room takes no lock: cache_pool_reserve() then
+ * reads, and cache_pool_commit() always writes, only the slot's own record
+ * and the atomic entry total; between the two the caller writes into the
+ * slot's blocks without the lock.  Refusals
+ * (SLOTD_ECACHE_FULL) and cache_pool_stats() are exactly those of a pool
+ * without the thread caches.  cache_pool_entries() is an atomic read.
+ *
+ * Design: docs/design.md, "The pool" and "The allocator and per-thread
+ * caches".
  */
 #ifndef SLOTD_CACHE_POOL_H
 #define SLOTD_CACHE_POOL_H
