@@ -1,118 +1,28 @@
 /*
  * worker.c: the worker threads, their job queue and the completion queue
- * (see worker.h).  It owns the threads, each worker's scratch and
- * token/logit buffers, the uv_async_t that wakes the loop, and the timer
- * of the wake-up rule.
+ * (see worker.h).  It owns the threads, each worker's local batch, scratch
+ * and token/logit buffers, the uv_async_t that wakes the loop, and the
+ * timer (`nudge`) of the wake-up rule.
  *
- * DESIGN.  One lock, and a lock-free stack of completions.
+ * Threads.  The loop thread submits jobs, runs the nudge timer and the
+ * async callback that calls `done` on finished jobs; each worker thread
+ * claims and runs jobs (alone or gathered into a batch) and pushes them
+ * back.  A job belongs to the worker running it, and scratch and buffers
+ * to their worker.  `outstanding` is touched by the loop thread only.
  *
- * `queue_lock` guards the job FIFO, the stack of sleeping workers, the
- * filling and emptying of each worker's local batch (below), and the stop
- * flag.  The loop thread appends a whole batch under it.  A worker takes
- * its fair share of what is queued (the queue over the number of workers,
- * rounded up, at most WORKER_TAKE_MAX) in one acquisition, so that a batch
- * is still shared by every worker but a worker does not come back to the
- * lock for each job.  The jobs taken wait, unstarted, in the worker's
- * local batch; the worker claims them one at a time with a
- * compare-and-swap on its `claim` index, without the lock.  The others
- * move `claim` too, under the lock: a worker that finds the queue empty
- * steals half of another's unstarted jobs before it sleeps (so a job does
- * not wait behind a long or wedged one while a worker is free), and
- * worker_pool_take_back() takes all of them.  Whoever moves `claim` past a
- * job owns it, so each job is run once or given back, never both.  A
- * local batch is filled only while it is empty and under the lock, so the
- * lock holder may read the others' batches.
+ * Locks.  `queue_lock` guards the job FIFO, the `sleepers` stack, the
+ * filling and emptying of each worker's local batch, the stop flag, and
+ * every move of another worker's `claim`; a worker claims its own local
+ * jobs with a compare-and-swap on `claim`, without the lock, and whoever
+ * moves `claim` past a job owns it.  A sleeping worker waits on its own
+ * semaphore, posted after the lock is released.  Completions go on
+ * `done_top`, a lock-free stack (pushes and whole-stack takes only, both
+ * acquire and release); a push that finds it empty sends the async.  Each
+ * worker publishes its current job's start time in an atomic (0 when
+ * idle) for worker_pool_wedged() and worker_job_start().
  *
- * Wake-ups: a worker with nothing to run or steal puts itself on the
- * `sleepers` stack, releases the lock and waits on its own semaphore until
- * a waker pops it (clearing `asleep`) and posts it, once.  A semaphore and
- * not a condition variable: a thread back from pthread_cond_wait() holds
- * the mutex marked contended, so its next unlock is a futex wake-up
- * syscall whether or not anyone waits.  A worker is woken only when jobs
- * are left unstarted (queued, or behind the first of a local batch), once
- * per sleep, and not while another woken worker has yet to reach the queue
- * (`waking`); that one, once it has taken its share, wakes the next if
- * jobs are still left, so wake-ups fan out along a batch (as libuv
- * threadpool.c does) without waking a worker that would find nothing.  The
- * post comes after the lock is released, so the woken worker does not
- * block at once on a lock its waker still holds.  A worker that finishes
- * its local batch looks at the queue before it sleeps.  Nobody spins: on
- * two cores spinning was measured to cost more than the futex it saves.
- *
- * A wake-up is also made only when it pays (worth_waking()).  While some
- * worker is awake to take them, the jobs left unstarted must be worth
- * more than `wake_ns` of work at the mean time per job (each worker keeps
- * a running mean of its own jobs; the largest is used), or every awake
- * worker must have been in its current job that long (the young current
- * jobs count as work ahead of the unstarted ones).  A wake-up costs
- * more than its futex: on a machine with as many busy threads as cores
- * the woken worker takes a core from the loop thread or the client for a
- * while.  With `tiny` jobs of about a microsecond, one worker taking a
- * loop turn's batch alone was measured faster, and with a shorter latency
- * tail, than two woken for it (bench/RESULTS.md).  A prediction can be
- * wrong: the job an awake worker has just begun may be long, or wedged.
- * So while jobs are out a timer on the loop (`nudge`) applies the same
- * rule every WORKER_NUDGE_MS, and by then the old job shows its age; and
- * a worker that goes to the queue first steals the unstarted jobs of a
- * local batch whose worker has been in its current job longer than
- * wake_ns, as those were queued before anything still in the queue.  So a
- * job waits behind a long one for little more than wake_ns plus that tick
- * while a worker sleeps, and not at all longer while the loop keeps the
- * queue busy.  The rule needs the loop to run: the timer is the loop's.
- *
- * Completions go on `done_top`, a stack linked through the jobs' `next`:
- * a worker pushes each job as it finishes with a compare-and-swap and
- * calls uv_async_send() only if the stack was empty: the loop is then
- * certain to drain it, and every later push before that drain rides on
- * the same wake-up.  The async callback (loop thread) takes the whole
- * stack with one exchange, reverses it into completion order and calls
- * `done` on each job.  Both are acquire and release.  Release on the push
- * and acquire on the take make the job's result visible to the loop.
- * Release on the take and acquire on the push make a worker that finds
- * the stack emptied also see libuv's clearing of the async's pending flag,
- * which came before the take: otherwise its uv_async_send() could read the
- * old flag, send nothing, and leave its job with no wake-up coming (weakly
- * ordered machines; x86 orders both anyway).  Only pushes and whole-stack
- * takes, so no ABA.
- *
- * It was a mutex-guarded FIFO; at pipeline 16 that mutex was contended
- * between the two workers and the loop on most loop turns, and its futex
- * calls outnumbered every other futex call of the daemon (perf, C=64
- * P=16).  Finished jobs are not held back to be pushed several at a time:
- * the next job may be a long one (another model, or a wedged one), and a
- * reply must not wait for it.
- *
- * Prefetching.  A step of a session that has not run for a while finds
- * its record, its slot and its blocks out of this core's caches (the loop
- * thread wrote the record; the session's last step may have run on the
- * other worker), and the model then waits on one miss after another.  So
- * a worker copies each job's hints (worker.h) with the job, in the one
- * line of the record it reads under queue_lock anyway, and when it claims
- * job i of its local batch it prefetches job i + 1's record and hints:
- * they arrive while job i runs.  Only addresses are used, never what they
- * point to, so a hint that has gone stale (a stolen job, a freed record)
- * costs a wasted prefetch and nothing else.  Measured at C=64 P=16: the
- * daemon's user CPU per step 4-6 % lower, its total about 2 %
- * (bench/RESULTS.md).
- *
- * Batches.  With a group callback and max_batch above 1, a worker that
- * claims a job the callback lets lead a batch gathers more it admits with
- * it (gather()): the jobs of its local batch that follow at once, claimed
- * as any, then queued jobs, unlinked under queue_lock: its fair share of
- * the queue, or all of it when every other worker is in a job (none is
- * free to take the rest), passing over at most WORKER_GATHER_SCAN others.
- * A gathered job is started: take_back() never sees it.  The batch runs
- * as one `run_batch`, counts as one job for the wedge clock and as n jobs
- * of its mean time for the wake-up rule, and its jobs go on the completion
- * stack in one exchange, in batch order.
- *
- * Each worker publishes the monotonic start time of its current job in an
- * atomic (0 when idle) for worker_pool_wedged() and worker_job_start().
- * It stays a per-job uv_hrtime(): job.c times each step from it into a
- * histogram whose first bucket is 5 us, which a coarse clock would spoil.
- * Nothing else is shared: a job belongs to the worker running it, and
- * scratch and buffers to their worker.  `outstanding` is touched by the
- * loop thread only.
+ * Design: docs/design.md, "The worker queue and its wake-up rule",
+ * "Prefetch hints" and "Batches".
  */
 #include "worker.h"
 
