@@ -17,33 +17,15 @@
  *                 400 for any other query (404 without the hook).
  *
  * With a token (admin_hooks_t.token), every route but /health asks for
- * "Authorization: Bearer <token>" (the scheme in any case) and is 401 with
- * "WWW-Authenticate: Bearer" without it; a wrong token is also counted
- * (metrics_count_auth_failure()).  /health stays open for balancers.
- *
- * HEAD is served like GET without the body.  The query string of the
- * other routes is ignored.
- * Any other method is 405 with "Allow: GET, HEAD" whatever the path (the
- * admin port has no other method on any resource); an unknown path is 404.
- * Those keep the connection open.  A request the parser rejects is 400, a
- * request line and headers over ADMIN_HTTP_MAX_HEADER 431, a URL over
- * ADMIN_HTTP_MAX_URL 414, a body over ADMIN_HTTP_MAX_BODY 413, an HTTP
- * version other than 1.x 505; each of these is the connection's last
- * response.  JSON bodies end with a newline.
- *
- * The header limit is http-parser's own, which counts every byte of the
- * request line and headers exactly; it is process-wide, and the first
- * admin_http_new() sets it (the daemon has no other http-parser user).
- *
- * Pipelining: the parser is paused in on_message_complete after every
- * request, so that run() knows where each one ends; it goes on with the
- * next unless the connection must close or the output has reached
- * ADMIN_HTTP_OUT_HIGH, in which case the unparsed rest of the input is
- * copied aside and parsed by admin_http_resume() after the caller has
- * written out.
+ * "Authorization: Bearer <token>" and is 401 with "WWW-Authenticate:
+ * Bearer" without it.  Other methods, unknown paths, oversized or
+ * malformed requests and pipelining are described in the design.
  *
  * DESIGN.  Single-threaded: one admin_http_t is used by one thread at a
- * time; see admin_http.h.
+ * time; see admin_http.h.  No lock.  The http-parser header limit is
+ * process-wide, set by the first admin_http_new().
+ *
+ * Design: docs/design.md, "The admin port's HTTP".
  */
 #include "admin_http.h"
 

@@ -3,59 +3,21 @@
  * connection's framer, its order FIFO of request records, its map of live
  * ids and every session record started on it, and its output buffers.
  *
- * Reading.  Each read is framed into lines; each line is parsed and
- * validated here (fields, then the model's ranges, then the session's
- * state, then capacity) and becomes a request record appended to the
- * order FIFO.  An error becomes a record whose reply is ready at once;
- * start, step and finish join their session's FIFO; logits and generate
- * become jobs at once; stats waits for the head of the order FIFO, and the
- * lines read after it are held, parsed but not applied, until it has its
- * answer, so that it shows every earlier line's effect and no later one's.
+ * It reads and frames lines, parses and validates each into a request
+ * record in read order, runs each session's FIFO one request at a time,
+ * parks jobs over the output bound (conn_update()), copies ready replies
+ * to `out` in request order, holds output back for a pipelined burst
+ * (conn_hold_output()), and closes, lingering when its input may not be
+ * all read; a drain answers the lines already in the socket shutting_down
+ * (conn_drain_input()).  With --conn-timeout, server.c keeps quiet
+ * connections on a list by deadline.
  *
- * Sessions.  Session semantics follow request order: a start inserts its
- * id into the map when parsed, a finish removes it when parsed, so a later
- * line sees the state every earlier line leaves behind.  A session runs at
- * most one request at a time: its FIFO's head goes to the workers (start,
- * step) or runs here (finish, and the unknown_id of a step whose start
- * failed) once the one before it has come back.
+ * DESIGN.  Loop thread only; no lock.  A record whose job is out
+ * (REQ_RUNNING) belongs to the workers until conn_job_done(); the
+ * connection counts it in `refs`, so the struct outlives the handle until
+ * the last job is back.
  *
- * Output bound.  A connection that does not read its replies must not
- * make the daemon compute and hold them all.  Reading stops at
- * CONN_MAX_OUTSTANDING requests or CONN_MAX_PENDING_BYTES of replies; and
- * a job (start, step, logits, generate) is submitted only while the
- * connection's unwritten bytes, the replies held behind an earlier one,
- * the upper bounds of the replies of its jobs out and its own bound stay
- * within CONN_MAX_PENDING_BYTES.  Otherwise it is parked, in read order,
- * and submitted once the client has read enough (conn_update()).  When
- * nothing is unwritten and no job of the connection is out, the first
- * parked job runs whatever its size, so nothing waits forever.
- *
- * Writing.  Whenever the head of the order FIFO has its reply, the reply
- * is copied to `out`; at the end of the loop turn the server writes each
- * connection with new output: uv_try_write() first, and a uv_write for
- * what the socket did not take, with at most one in flight.  While more
- * jobs of the connection are out, new output may wait for them, for at
- * most --reply-hold-us and below CONN_HOLD_MAX_BYTES (conn_hold_output()):
- * a pipelining client's burst of requests is then answered in one write
- * instead of one per loop turn in which some of its jobs came back, which
- * saves the daemon a system call and the client a read for each.
- *
- * Closing.  A connection whose input ended (EOF, line_too_long, a drain)
- * closes once every request read is answered and written; a drain first
- * reads what the socket already holds and answers each line in it
- * shutting_down (conn_drain_input()).  If its input may not be all read
- * (anything but EOF), it closes lingering: its sending side is shut down,
- * and its input is read and discarded until the peer's
- * EOF, CONN_LINGER_MAX_BYTES or CONN_LINGER_MS (shorter in a drain, so as
- * to end before --shutdown-timeout); a close with input unread would make
- * the kernel reset the connection and drop replies not yet read.  With
- * --conn-timeout, a connection with no session, nothing to answer or write
- * and no byte received for that long is closed (server.c keeps those on a
- * list by deadline).
- *
- * DESIGN.  Loop thread only.  A record whose job is out (REQ_RUNNING)
- * belongs to the workers until conn_job_done(); the connection counts it
- * in `refs`, so the struct outlives the handle until the last job is back.
+ * Design: docs/design.md, "Connections at their edges" and "Pipelining".
  */
 #include <assert.h>
 #include <errno.h>

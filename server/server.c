@@ -4,47 +4,21 @@
  * signals, timers, the end-of-turn check, the admin port), the models, the
  * slot pool and the worker pool; and the free lists of request and session
  * records, this turn's batch of jobs and of connections to write, and the
- * idle list of sessions.
+ * idle list of sessions.  With --audit-rate above 0 it also owns the audit
+ * (audit.h), created with the workers and freed after they are joined.
  *
- * DESIGN.  Everything here runs on the loop thread; the workers see only
- * the request records submitted to them (see job.c) and the immutable
- * pointers of this struct (`pool`).  One uv_check_t runs at the end of
- * every loop turn, after all reads and completions of the turn: it starts
- * one write per connection with new output (but leaves for a later turn
- * the output conn_hold_output() holds back, with a timer for the end of
- * the oldest hold), then submits the turn's jobs (those a write that
- * completed at once let go too) to the workers in one batch.  Idle
- * sessions sit on a list in the order they went idle; one
- * timer, always set for the oldest, releases those past --idle-timeout, so
- * a check costs O(expired).  Connections wait on two lists of the same
- * kind: quiet ones for --conn-timeout, lingering ones for the end of their
- * lingering close (conn.c).
- *
- * Accepting.  The session port's socket is polled and accepted from here
- * (libuv's own accept hides running out of descriptors: it accepts and
- * closes such connections without a word).  When accept fails for want of
- * descriptors (EMFILE, ENFILE) or memory, the failure is counted
- * (slotd_accept_errors_total) and logged at most every ACCEPT_WARN_MS; a
- * descriptor kept in reserve is closed to accept the connection, which is
- * told too_many_connections and closed, and reopened; if it cannot be
- * reopened, the socket is not polled for ACCEPT_PAUSE_MS, so a backlog
- * that cannot be accepted never spins the loop.  Connections already open
- * are served throughout.
- *
- * Shutdown.  SIGTERM or SIGINT starts a drain: the listener closes, the
- * admin port reports 503, jobs no worker has started are taken back and
- * answered shutting_down like every request still waiting, and like
- * every complete line already in a connection's socket (conn_drain()),
- * running jobs finish and are answered, then each connection closes (its
- * slots released with reason shutdown).  When the last connection is
- * freed, the workers are joined and every handle closed, and uv_run()
- * returns.  A drain that overruns --shutdown-timeout ends the process with
- * status 1.
- *
- * With --audit-rate above 0 it also owns the audit (audit.h), created with
- * the workers and freed after they are joined.  Test builds
+ * DESIGN.  Everything here runs on the loop thread, so nothing here takes
+ * a lock; the workers see only the request records submitted to them (see
+ * job.c) and the immutable pointers of this struct (`pool`).  One
+ * uv_check_t at the end of every loop turn starts the turn's writes and
+ * submits its jobs in one batch.  Idle sessions, quiet connections and
+ * lingering ones wait on deadline-ordered lists with one timer each.  The
+ * session port is accepted by hand, with a reserve descriptor for running
+ * out.  SIGTERM or SIGINT starts a drain; test builds
  * (SLOTD_FAULT_INJECTION) add a SIGUSR1 handle that releases a worker
- * wedged by --fault-wedge-after; a drain releases it too.
+ * wedged by --fault-wedge-after.
+ *
+ * Design: docs/design.md, "The loop thread".
  */
 #define _GNU_SOURCE /* accept4 */
 #include "server.h"
