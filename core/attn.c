@@ -1,49 +1,21 @@
 /*
  * attn.c: the `attn` family, the decoding-cache model of MODELS.md.
  *
- * It owns the attn weights, the layout of an attn block, the state of an
- * attn sequence and the arithmetic of one position.  Every floating-point
- * sum is evaluated as MODELS.md writes it: acc = 0.0, then acc += term with
- * the index ascending.  Loops are arranged so that the compiler may run
- * several independent sums side by side (one per output index), but no
- * single sum is ever split or reordered, so every bit is the specified one.
+ * It owns the attn weights (one allocation, in draw order), the layout of
+ * an attn block (per layer, K transposed then V row major), the state of
+ * an attn sequence (x, d doubles) and the arithmetic of one position,
+ * single, batched and prefilled, plus the width-8 kernels of `tiny`.
+ * Every floating-point sum is evaluated as MODELS.md writes it: acc = 0.0,
+ * then acc += term with the index ascending; no single sum is ever split
+ * or reordered, so every bit is the specified one.
  *
- * Weights.  One allocation holding, in draw order, E[V][d], P[max_ctx][d],
- * then for each layer Wq, Wk, Wv, Wo ([d][d] each), then U[d][V], all row
- * major: the i-th double is the weight of the i-th draw.
+ * Threads.  No lock.  The weights are written at creation and read-only
+ * after, so any threads may run positions of different sequences on one
+ * model at once; a call writes only its sequences' chains and states, the
+ * scratch it is given, and the model's atomic row counter (core/model.h).
  *
- * Block layout.  With B = the block's capacity and d the width, a block's
- * data is L layer areas of 2 * B * d doubles, layer l first at double
- * offset l * 2 * B * d.  Each area holds K transposed, Kt[j][b] at
- * j * B + b (d rows of B), then V row major, V[b][j] at B * d + b * d + j
- * (B rows of d), where b is the position's slot in its block.  Transposing K
- * lets the scores of LANES rows be computed together (one lane per row,
- * each lane still summing j ascending); keeping V row major lets a[j] be
- * accumulated for all j together (one lane per j, each still summing r
- * ascending).  Blocks have any capacity (model_block_capacity()): a group
- * of LANES rows inside one block loads them contiguously, a group across
- * blocks (the small first blocks of a chain) loads each lane from its own
- * block; either way each lane is the same sum in the same order.
- *
- * State.  x, the residual stream after the last layer of the last position
- * run: d doubles.  A pick computes the logits from it (logits[c] = sum over
- * i ascending of x[i] * U[i][c], the very sum MODELS.md writes), so a
- * sequence keeps d doubles between calls rather than V, and a prefill does
- * not compute logits it never uses.
- *
- * Scratch.  A single run uses 5 * d + max_ctx doubles: x, q, k, a, o,
- * then one attention row's scores s[r], which become e[r] and then the
- * factors e[r] / z.  model_scratch_size() is the larger batch scratch
- * (see Batches below), so that one buffer serves every call.  The
- * width-8 code keeps x, q, k, a, o in locals and uses only s.
- *
- * Width 8.  `tiny` (d = 8) runs through kernels of its own, d8_run() and
- * d8_pick(), in a table of functions that model_create() takes from
- * model__attn_ops_for(): the same sums in the same order, with d a
- * constant, the lanes written as vectors of two doubles, and a block's
- * scores two rows at a time.  A step of tiny is most of what the daemon
- * computes, and at that width the general kernels spend more on their
- * loops and groups than on the arithmetic.
+ * Design: docs/design.md, "The attn family's layout", "Blocks of growing
+ * capacity" and "Batches".
  */
 #include "model_impl.h"
 #include "kern.h"

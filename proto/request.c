@@ -2,57 +2,19 @@
  * request.c: proto_request_parse(), from one line to a validated request,
  * and the strict UTF-8 check it shares with the reply writers.
  *
- * A line is read by one of two paths.  The one-pass path ("flat", at the
- * end of the file) takes the usual requests: one object whose members it
- * needs are strings without escapes, plain short integers, booleans and
- * arrays of plain short integers.  In one pass over the line it checks the
- * syntax exactly as json_scan_* do (it calls them for the values it does
- * not read itself), the UTF-8 of every string, and notes the first value of
- * each known member; then it validates the fields the op needs and fills
- * the request, building no tree.  It declines every other line, and every
- * line with any error at all, before it has changed anything; the tree path
- * below then reads the line as it always did, so the error codes, the
- * messages and the order in which errors win have one source.  Each of the
- * paths can be run alone (proto__internal.h), and the fuzz harness holds
- * them to the same result on every input.
+ * A line is read by one of two paths that give the same result on every
+ * input: the one-pass path ("flat", at the end of the file), which takes
+ * the usual requests without building a tree and declines any other line
+ * before changing anything, and the tree path (UTF-8 scan, strict syntax
+ * check with json_scan_*, then cJSON and field validation), the one source
+ * of error codes and messages.
  *
- * The tree path takes a line through three stages, each of which can only
- * reject it:
- *   1. a scan for NUL bytes and ill-formed UTF-8 (overlong forms, surrogates
- *      and code points above U+10FFFF are ill-formed), eight bytes at a time
- *      over ASCII;
- *   2. a strict RFC 8259 syntax check (json_scan_*), which also bounds the
- *      nesting depth, refuses "\u0000" and unpaired surrogate escapes, and
- *      counts the number literals that are not plain integers of at most 15
- *      digits;
- *   3. cJSON builds the tree, and the op and its fields are validated.
+ * Threads.  Any thread may parse.  cJSON's allocations during a parse are
+ * cut from a bump arena of the parsing thread (thread-local, so no lock);
+ * the hooks are installed once per process by proto_init() and are malloc
+ * and free outside a parse.
  *
- * cJSON allocates every node and every string with its own malloc and frees
- * each with cJSON_Delete.  So proto/ installs cJSON allocation hooks (once
- * per process, proto_init()) backed by a bump arena per thread: while a
- * parse is running on a thread, cJSON's allocations on that thread are cut
- * from the thread's arena (a static block, plus overflow chunks from
- * proto__realloc() for trees that do not fit), and the whole tree is let go
- * at once when the parse returns, without walking it.  Outside a parse the
- * hooks are malloc and free, so any other use of cJSON in the process, on
- * any thread, sees the ordinary allocator; the free hook ignores pointers
- * into the active arena (cJSON frees a partial tree when it fails).  If
- * something else in the process replaced the hooks, the parse notices that
- * the arena served nothing and frees the tree with cJSON_Delete as before.
- *
- * cJSON alone is more lenient than JSON (it takes leading zeros, "1.",
- * control bytes as white space, raw control characters in strings, a
- * byte-order mark) and cannot apply the integer rule exactly: it reads a
- * number through a 63-byte buffer into a double, so a long literal fails
- * and 1.0000000000000001 or 9007199254740993 would pass as integers.  So a
- * line with any number literal that is not a plain short integer is parsed
- * from a copy in which each such literal is replaced by its exact value when
- * that is an integer within +-2^53, and by 0.5 when it is not.  Numbers are
- * only ever read as integers, so nothing else can tell the difference.
- *
- * A "\u0000" escape is refused as a NUL in the line: cJSON's strings are
- * NUL-terminated, so {"op\u0000":...} would otherwise read as "op".  Of
- * duplicate members the first counts (as cJSON's lookups do).
+ * Design: docs/design.md, "Parsing a request line".
  */
 #include "proto/proto__internal.h"
 
