@@ -1,13 +1,13 @@
 /*
- * attn.c: the `attn` family, the decoding-cache model of MODELS.md.
+ * attn.c: the `attn` family, the decoding-cache model of docs/models.md.
  *
  * It owns the attn weights (one allocation, in draw order), the layout of
  * an attn block (per layer, K transposed then V row major), the state of
  * an attn sequence (x, d doubles) and the arithmetic of one position,
  * single, batched and prefilled, plus the width-8 kernels of `tiny`.
- * Every floating-point sum is evaluated as MODELS.md writes it: acc = 0.0,
- * then acc += term with the index ascending; no single sum is ever split
- * or reordered, so every bit is the specified one.
+ * Every floating-point sum is evaluated as docs/models.md writes it:
+ * acc = 0.0, then acc += term with the index ascending; no single sum is
+ * ever split or reordered, so every bit is the specified one.
  *
  * Threads.  No lock.  The weights are written at creation and read-only
  * after, so any threads may run positions of different sequences on one
