@@ -171,7 +171,7 @@ static void attend_factors(double *restrict s, size_t n)
  * `block`: writes a[0 .. d-1].  `s` has room for n doubles.  The dot
  * products and the sum of values are the kernels' (kern.h: each s[r] and
  * each a[j] one sum, in its order, whatever the variant); s[r] is then
- * multiplied by 1 / sqrt(d), as MODELS.md writes it. */
+ * multiplied by 1 / sqrt(d), as docs/models.md writes it. */
 static void attend(const model_t *m, const model_block_t *block, uint32_t n, uint32_t l,
                    const double *restrict q, double *restrict s, double *restrict a)
 {

@@ -1,5 +1,5 @@
 /*
- * hash.c: the `hash` family, the stale-cache model of MODELS.md.
+ * hash.c: the `hash` family, the stale-cache model of docs/models.md.
  *
  * It owns the layout of a hash block and of a hash sequence's state.  A
  * block's data is `capacity` entries of one uint64_t each: entry b holds

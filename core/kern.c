@@ -13,7 +13,7 @@
  * column).  For each i ascending, the tile loads the KERN_NV vectors of
  * row i of w once, and for each sequence multiplies them by x[b][i] in
  * every lane and adds the products to that sequence's sums: one load of a
- * weight serves KERN_NB sequences.  Each lane is one sum of MODELS.md,
+ * weight serves KERN_NB sequences.  Each lane is one sum of docs/models.md,
  * 0.0 then += x[b][i] * w[i][c] with i ascending, a multiply then an add
  * (-ffp-contract=off), so the bits are those of the scalar loop.  The
  * tiles walk the columns outermost, so a strip of w (rows x tile width)

@@ -2,7 +2,7 @@
  * kern.h: the SIMD kernels of core/ and their runtime dispatch (kern.c is
  * compiled once per variant; simd.c picks one).  Names carry `model__`.
  *
- * A kernel computes many independent sums of MODELS.md side by side, one
+ * A kernel computes many independent sums of docs/models.md side by side, one
  * per (sequence, column), each starting at 0.0 and adding its terms in
  * ascending index order, every product and every addition a separate IEEE
  * operation (the variants are compiled with -ffp-contract=off).  The

@@ -21,7 +21,7 @@
 #define MODEL__MAX_CANDIDATES 8
 #define MODEL__MAX_BLOCKS 512
 
-/* The shape of a preset: the parameters of MODELS.md plus the block
+/* The shape of a preset: the parameters of docs/models.md plus the block
  * capacities a chain may use. */
 typedef struct model__shape {
     const char *name;
@@ -104,7 +104,7 @@ extern const model__ops_t model__hash_ops;
  * d = 8 (attn.c says why), the general ones otherwise. */
 const model__ops_t *model__attn_ops_for(uint32_t d);
 
-/* splitmix64's output function (MODELS.md, "The mixer"). */
+/* splitmix64's output function (docs/models.md, "The mixer"). */
 static inline uint64_t model__mix64(uint64_t x)
 {
     uint64_t z = x + UINT64_C(0x9E3779B97F4A7C15);

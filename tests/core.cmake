@@ -1,6 +1,6 @@
 # Tests of core/, the models: the Check suite, the reference's own check of
 # the golden values, and the cross-check of the C library against that
-# independent Python reference of MODELS.md.
+# independent Python reference of docs/models.md.
 
 slotd_check_test(test_core SOURCES test_core.c LIBS slotd_core TIMEOUT 120)
 target_link_libraries(test_core PRIVATE slotd_fp_strict)

@@ -1,7 +1,7 @@
 /*
  * crosscheck_dump.c: prints what the C models compute, for the Python
  * reference (tests/crosscheck.py) to compare against its own reading of
- * MODELS.md.
+ * docs/models.md.
  *
  * Input, one case a line on stdin: `<preset> <steps> <token> <token> ...`.
  * Output, one JSON object a line on stdout, in input order:

@@ -586,7 +586,7 @@ START_TEST(test_models_run_in_slots)
     sound(p);
     ck_assert_int_eq(cache_pool_release(p, h, &o, NULL), SLOTD_OK);
 
-    /* tiny: generate([0,1,2], 5) gives [0,1,2,4,0,0,0,0] (MODELS.md). */
+    /* tiny: generate([0,1,2], 5) gives [0,1,2,4,0,0,0,0] (docs/models.md). */
     {
         const uint32_t golden[] = {0, 1, 2, 4, 0, 0, 0, 0};
         const int64_t prompt[] = {0, 1, 2};

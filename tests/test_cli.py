@@ -205,7 +205,7 @@ def run_batch(d, work):
           r.returncode == 0 and r.stderr == b"", "rc %d, stderr %r" % (r.returncode, r.stderr))
     check("every session command: one compact line per reply, as the daemon's line says",
           got == want, "got:\n" + "\n".join(got) + "\nwant:\n" + "\n".join(want))
-    # The shape itself, written out (MODELS.md's tiny model, as in the README).
+    # The shape itself, written out (docs/models.md's tiny model, as in the README).
     check("start: 'id: a  model: tiny  entries: 3'", got[:1] == ["id: a  model: tiny  entries: 3"],
           repr(got[:1]))
     check("step with logits shortened: 'logits: 2 × 6, first [-0.125467 0.468642 …]'",

@@ -1,7 +1,7 @@
 /*
  * test_core.c: the Check suite of core/, the models.
  *
- * It holds the model code to MODELS.md: the golden values, the work counts
+ * It holds the model code to docs/models.md: the golden values, the work counts
  * (rows and g calls) of every operation, the validation errors and the
  * fields they name, bit-identical logits from the cached and the uncached
  * path, chains that cross many blocks, the counters under concurrent use,
@@ -139,7 +139,7 @@ START_TEST(test_golden_bits)
 }
 END_TEST
 
-/* The weight stream of MODELS.md, drawn here by hand, against the model's. */
+/* The weight stream of docs/models.md, drawn here by hand, against the model's. */
 START_TEST(test_weights_order)
 {
     model_t *m = create("tiny");

@@ -152,7 +152,7 @@ START_TEST(test_audit_check_attn)
 
     ck_assert_int_eq(audit_create(1.0, 1, model_list(), 2, &a), SLOTD_OK);
     reference(m, hist, 3, 5, ref_picks, ref_logits);
-    ck_assert_uint_eq(ref_picks[0], 4); /* MODELS.md's golden values */
+    ck_assert_uint_eq(ref_picks[0], 4); /* docs/models.md's golden values */
     ck_assert(ref_logits[0] == -0.215893);
 
     /* Agreement: nothing written. */

@@ -6,8 +6,8 @@
  * start (entries, the model echoed, the default model), step (n absent and
  * n = 3, tokens, logits as V six-decimal numbers per step for attn models and
  * absent for hash, entries), finish (released), the stateless logits and
- * generate (rows by the formulas of MODELS.md, tokens including the input,
- * the golden values of MODELS.md, cached equal to uncached), stats (every
+ * generate (rows by the formulas of docs/models.md, tokens including the input,
+ * the golden values of docs/models.md, cached equal to uncached), stats (every
  * member PROTOCOL.md names), the tag echoed as given on success and error
  * replies, and members an op does not know being ignored.  Token and logit
  * values are checked against the library's uncached model_generate().
@@ -101,7 +101,7 @@ START_TEST(test_step_reply)
     itest_session_step(c, &s, 3);
     ck_assert_int_eq(itest_session_entries(&s), 7);
 
-    /* The first pick of [0,1,2] is MODELS.md's golden one. */
+    /* The first pick of [0,1,2] is docs/models.md's golden one. */
     itest_session_t g;
     itest_session_init(&g, "golden", "tiny", p, 3);
     itest_session_start(c, &g);
@@ -173,7 +173,7 @@ START_TEST(test_logits_op)
     itest_daemon_t *d = itest_daemon_start(NULL);
     itest_conn_t *c = itest_connect(d);
 
-    /* MODELS.md's golden first logits; rows = L * n. */
+    /* docs/models.md's golden first logits; rows = L * n. */
     cJSON *r = itest_rpc(c, "{\"op\":\"logits\",\"tokens\":[0,1,2]}");
     itest_expect_ok(r);
     const cJSON *lg = cJSON_GetObjectItemCaseSensitive(r, "logits");
@@ -244,7 +244,7 @@ START_TEST(test_generate_op)
     itest_daemon_t *d = itest_daemon_start(NULL);
     itest_conn_t *c = itest_connect(d);
 
-    /* The golden example of MODELS.md. */
+    /* The golden example of docs/models.md. */
     int64_t g[] = {0, 1, 2};
     cJSON *r =
         itest_rpc(c, "{\"op\":\"generate\",\"tokens\":[0,1,2],\"steps\":5,\"use_cache\":true}");

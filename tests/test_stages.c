@@ -245,7 +245,7 @@ static const int64_t prompt_abc[] = {0, 1, 2};
 static const int64_t prompt_cba[] = {2, 1, 0};
 
 /* The reference itself: positions matter (the same tokens in another order
- * score differently), and tiny reproduces MODELS.md's golden values. */
+ * score differently), and tiny reproduces docs/models.md's golden values. */
 static void check_premises(void)
 {
     static const uint32_t golden_tokens[] = {0, 1, 2, 4, 0, 0, 0, 0};

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""slotd_ref.py: an independent reference of the models of MODELS.md.
+"""slotd_ref.py: an independent reference of the models of docs/models.md.
 
 Written from the specification alone, in plain Python 3 (standard library
 only), so that the C library can be checked against a second reading of the
-same text.  Every floating-point sum is evaluated as MODELS.md writes it:
+same text.  Every floating-point sum is evaluated as docs/models.md writes it:
 acc = 0.0, then acc += term, index ascending.  Python floats are IEEE-754
 doubles, math.exp is the C library's exp, and math.sqrt is correctly
 rounded, so the results are the specified bits.
 
 Use as a module (Hash, Attn, make_model, generate) or run it: with no
-arguments it checks the golden values of MODELS.md and exits 0 if they hold.
+arguments it checks the golden values of docs/models.md and exits 0 if they hold.
 """
 
 import math
@@ -215,7 +215,7 @@ def generate(model, tokens, steps, use_cache):
 
 
 def check_golden():
-    """The golden values of MODELS.md; returns a list of failures."""
+    """The golden values of docs/models.md; returns a list of failures."""
     bad = []
     if mix64(0) != 0xE220A8397B1DCDAF:
         bad.append("mix64(0) = %#x" % mix64(0))
@@ -242,7 +242,7 @@ def main():
         print("golden value differs:", b)
     if bad:
         return 1
-    print("slotd_ref: every golden value of MODELS.md holds")
+    print("slotd_ref: every golden value of docs/models.md holds")
     return 0
 
 
