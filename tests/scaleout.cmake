@@ -70,4 +70,6 @@ add_test(NAME deploy_configs
         severity=$sev alertname=SlotdDown instance=a:7171 || exit 1
     done
   ]] sh ${PROJECT_SOURCE_DIR}/deploy)
-set_tests_properties(deploy_configs PROPERTIES TIMEOUT 60 LABELS "scaleout;unit")
+# Not `unit`: the valgrind stage runs those under memcheck, and here that
+# would check the shell (dash leaks a string of its `trap`), not slotd.
+set_tests_properties(deploy_configs PROPERTIES TIMEOUT 60 LABELS "scaleout")
