@@ -526,20 +526,18 @@ END_TEST
 
 #define NSTRESS 6000
 
-START_TEST(test_exactly_once)
+/* Submits NSTRESS jobs in batches of 1 to `most` at random (a quarter of
+ * them slow), takes back what is unstarted after every fifth batch into
+ * `back`, and runs the loop until nothing is pending.  Returns the jobs
+ * given back. */
+static int stress(uv_loop_t *loop, worker_pool_t *wp, test_job_t *jobs, int most, unsigned seed,
+                  worker_batch_t *back)
 {
-    uv_loop_t loop;
-    worker_pool_t *wp = pool_new(&loop, 3);
-    test_job_t *jobs = calloc(NSTRESS, sizeof(*jobs));
-    worker_batch_t b = WORKER_BATCH_INIT, back = WORKER_BATCH_INIT;
-    unsigned seed = 7;
+    worker_batch_t b = WORKER_BATCH_INIT;
     int n = 0, given_back = 0, round = 0;
 
-    /* Batches of random size, a take-back now and then while the workers
-     * are busy: each job is either completed once after running once, or
-     * given back and never run. */
     while (n < NSTRESS) {
-        int k = 1 + (int)(rand_r(&seed) % 40);
+        int k = 1 + (int)(rand_r(&seed) % (unsigned)most);
         for (; k > 0 && n < NSTRESS; k--, n++) {
             jobs[n].index = n;
             jobs[n].slow = rand_r(&seed) % 4 == 0;
@@ -547,14 +545,28 @@ START_TEST(test_exactly_once)
         }
         worker_pool_submit(wp, &b);
         if (++round % 5 == 0) {
-            size_t before = back.n;
-            worker_pool_take_back(wp, &back);
-            given_back += (int)(back.n - before);
+            size_t before = back->n;
+            worker_pool_take_back(wp, back);
+            given_back += (int)(back->n - before);
         }
-        uv_run(&loop, UV_RUN_NOWAIT);
+        uv_run(loop, UV_RUN_NOWAIT);
     }
     while (worker_pool_pending(wp) > 0)
-        uv_run(&loop, UV_RUN_ONCE);
+        uv_run(loop, UV_RUN_ONCE);
+    return given_back;
+}
+
+START_TEST(test_exactly_once)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 3);
+    test_job_t *jobs = calloc(NSTRESS, sizeof(*jobs));
+    worker_batch_t back = WORKER_BATCH_INIT;
+
+    /* Batches of random size, a take-back now and then while the workers
+     * are busy: each job is either completed once after running once, or
+     * given back and never run. */
+    int given_back = stress(&loop, wp, jobs, 40, 7, &back);
     ck_assert_int_eq(done_count + given_back, NSTRESS);
     ck_assert_uint_eq(back.n, (size_t)given_back);
     pool_end(&loop, wp);
@@ -613,9 +625,8 @@ START_TEST(test_batches_exactly_once)
                                 group_cb, run_batch_cb, BATCH_MAX};
     worker_pool_t *wp = NULL;
     test_job_t *jobs = calloc(NSTRESS, sizeof(*jobs));
-    worker_batch_t b = WORKER_BATCH_INIT, back = WORKER_BATCH_INIT;
-    unsigned seed = 9;
-    int n = 0, given_back = 0, round = 0;
+    worker_batch_t back = WORKER_BATCH_INIT;
+    int given_back;
 
     atomic_store(&started, 0);
     atomic_store(&gate_open, 0);
@@ -626,23 +637,7 @@ START_TEST(test_batches_exactly_once)
     done_count = 0;
     ck_assert_int_eq(uv_loop_init(&loop), 0);
     ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
-    while (n < NSTRESS) {
-        int k = 1 + (int)(rand_r(&seed) % 60);
-        for (; k > 0 && n < NSTRESS; k--, n++) {
-            jobs[n].index = n;
-            jobs[n].slow = rand_r(&seed) % 4 == 0;
-            worker_batch_push(&b, &jobs[n].job);
-        }
-        worker_pool_submit(wp, &b);
-        if (++round % 5 == 0) {
-            size_t before = back.n;
-            worker_pool_take_back(wp, &back);
-            given_back += (int)(back.n - before);
-        }
-        uv_run(&loop, UV_RUN_NOWAIT);
-    }
-    while (worker_pool_pending(wp) > 0)
-        uv_run(&loop, UV_RUN_ONCE);
+    given_back = stress(&loop, wp, jobs, 60, 9, &back);
     ck_assert_int_eq(done_count + given_back, NSTRESS);
     ck_assert_msg(atomic_load(&batches) > 0, "no batch formed");
     pool_end(&loop, wp);
