@@ -301,7 +301,7 @@ START_TEST(test_http_bearer)
     }
     ck_assert(hx_empty(&x));
     /* Each wrong token counts; a missing header does not. */
-    ck_assert_uint_eq(metrics_auth_failures_total(), 2 * 3);
+    ck_assert_uint_eq(metrics_auth_failure_value(), 2 * 3);
     hx_free(&x);
 }
 END_TEST

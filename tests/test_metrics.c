@@ -258,12 +258,12 @@ START_TEST(test_stats_figures)
     ck_assert(has_line(t, "slotd_cache_divergence_total 1"));
     ck_assert(has_line(t, "slotd_cache_audits_total 2"));
     ck_assert(has_line(t, "slotd_connections_refused_total 3"));
-    ck_assert_uint_eq(metrics_audits_total(), 2);
-    ck_assert_uint_eq(metrics_refused_total(), 3);
+    ck_assert_uint_eq(metrics_audit_value(), 2);
+    ck_assert_uint_eq(metrics_refused_value(), 3);
     ck_assert(has_line(t, "slotd_socket_reads_total 5"));
     ck_assert(has_line(t, "slotd_socket_writes_total 4"));
-    ck_assert_uint_eq(metrics_socket_reads_total(), 5);
-    ck_assert_uint_eq(metrics_socket_writes_total(), 4);
+    ck_assert_uint_eq(metrics_socket_read_value(), 5);
+    ck_assert_uint_eq(metrics_socket_write_value(), 4);
     ck_assert_double_eq_tol(sample(t, "slotd_uptime_seconds"), 99.0, 1e-9);
     free(t);
 
@@ -337,7 +337,7 @@ START_TEST(test_released_by_reason)
     ck_assert_uint_eq(metrics_released(METRICS_RELEASE_FINISH), 1);
     ck_assert_uint_eq(metrics_released(METRICS_RELEASE_IDLE), 3);
     ck_assert_uint_eq(metrics_released(METRICS_RELEASE__COUNT), 0);
-    ck_assert_uint_eq(metrics_divergence_total(), 1);
+    ck_assert_uint_eq(metrics_divergence_value(), 1);
     free(t);
 }
 END_TEST
@@ -401,8 +401,8 @@ START_TEST(test_last_step)
     metrics_init(0);
     ck_assert_uint_eq(metrics_last_step_ns(), 0);
     ck_assert_uint_eq(metrics_requests_total(), 0);
-    ck_assert_uint_eq(metrics_refused_total(), 0);
-    ck_assert_uint_eq(metrics_audits_total(), 0);
+    ck_assert_uint_eq(metrics_refused_value(), 0);
+    ck_assert_uint_eq(metrics_audit_value(), 0);
 }
 END_TEST
 
