@@ -630,7 +630,7 @@ START_TEST(test_sessions_list)
         cJSON_Delete(j);
         if (total == 1)
             break;
-        ck_assert_int_lt(tries, 500);
+        ck_assert_int_lt(tries, itest_scale_ms(5000) / 10);
         usleep(10000);
     }
     itest_close(a);
