@@ -483,22 +483,26 @@ uint64_t metrics_last_step_ns(void)
 
 /* The DERIVED_GAUGE renderers: the samples of family `name`. */
 
+/* A family by state: used, and free as total - used (0 when figures read
+ * at different instants give more used than total). */
+static int used_and_free(proto_buf_t *b, const char *name, uint64_t used, uint64_t total)
+{
+    TRY(put(b, "%s{state=\"used\"} %" PRIu64 "\n", name, used));
+    return put(b, "%s{state=\"free\"} %" PRIu64 "\n", name, total > used ? total - used : 0);
+}
+
 static int render_pool_bytes(proto_buf_t *b, const char *name, const proto_stats_t *st,
                              uint64_t now_ns)
 {
     (void)now_ns;
-    uint64_t used = st->pool_bytes_used, total = st->pool_bytes_total;
-    TRY(put(b, "%s{state=\"used\"} %" PRIu64 "\n", name, used));
-    return put(b, "%s{state=\"free\"} %" PRIu64 "\n", name, total > used ? total - used : 0);
+    return used_and_free(b, name, st->pool_bytes_used, st->pool_bytes_total);
 }
 
 static int render_pool_slots(proto_buf_t *b, const char *name, const proto_stats_t *st,
                              uint64_t now_ns)
 {
     (void)now_ns;
-    uint64_t used = st->pool_slots_used, total = st->pool_slots_total;
-    TRY(put(b, "%s{state=\"used\"} %" PRIu64 "\n", name, used));
-    return put(b, "%s{state=\"free\"} %" PRIu64 "\n", name, total > used ? total - used : 0);
+    return used_and_free(b, name, st->pool_slots_used, st->pool_slots_total);
 }
 
 /* Before the first completed step there is no age to report: the family is
