@@ -267,62 +267,59 @@ START_TEST(test_framer_exact_limit)
 }
 END_TEST
 
+/* Lines over the limit of 8 bytes, fed in pieces: each piece's result, and
+ * the lines delivered before the error.  The framer then refuses every
+ * feed and holds no buffer. */
+static const struct too_long_case {
+    const char *what;
+    struct {
+        const char *data;
+        int rc;
+    } feeds[4];
+    const char *lines;
+} too_long_cases[] = {
+    {"max_line + 1 with a newline, refused from then on",
+     {{"a\nb\r\n123456789\nc\n", SLOTD_ELINE_TOO_LONG},
+      {"d\n", SLOTD_ELINE_TOO_LONG},
+      {"", SLOTD_ELINE_TOO_LONG}},
+     "a\nb\n"},
+    {"max_line + 1 without a newline: known at once",
+     {{"a\n123456789", SLOTD_ELINE_TOO_LONG}},
+     "a\n"},
+    {"carried across feeds: fails in the feed that passes the limit",
+     {{"a\n1234", SLOTD_OK},
+      {"5678", SLOTD_OK},
+      {"9", SLOTD_ELINE_TOO_LONG},
+      {"\n", SLOTD_ELINE_TOO_LONG}},
+     "a\n"},
+    /* A "\r" past the limit that is not followed by "\n" is line. */
+    {"a \\r past the limit, then a byte",
+     {{"12345678\r", SLOTD_OK}, {"x", SLOTD_ELINE_TOO_LONG}},
+     ""},
+    {"a \\r past the limit, then a byte and a newline",
+     {{"12345678\rx\n", SLOTD_ELINE_TOO_LONG}},
+     ""},
+    {"two \\r past the limit", {{"12345678\r\r\n", SLOTD_ELINE_TOO_LONG}}, ""},
+    {"white space counts towards the limit too", {{"         \n", SLOTD_ELINE_TOO_LONG}}, ""},
+};
+
 START_TEST(test_framer_too_long)
 {
+    const struct too_long_case *tc = &too_long_cases[_i];
     proto_framer_t f;
     collect_t c;
 
-    /* max_line + 1 with a newline. */
     proto_framer_init(&f, 8);
     collect_init(&c);
-    ck_assert_int_eq(feed_str(&f, &c, "a\nb\r\n123456789\nc\n"), SLOTD_ELINE_TOO_LONG);
-    ck_lines(&c, "a\nb\n");
-    ck_assert(f.failed);
+    for (size_t i = 0; i < sizeof(tc->feeds) / sizeof(tc->feeds[0]) && tc->feeds[i].data; i++) {
+        int rc = feed_str(&f, &c, tc->feeds[i].data);
+        ck_assert_msg(rc == tc->feeds[i].rc, "%s: feed %zu gave %d", tc->what, i, rc);
+    }
+    ck_lines(&c, tc->lines);
+    ck_assert_msg(f.failed, "%s: not failed", tc->what);
     ck_assert_ptr_null(f.buf);
-    /* Refused from now on. */
-    ck_assert_int_eq(feed_str(&f, &c, "d\n"), SLOTD_ELINE_TOO_LONG);
-    ck_assert_int_eq(feed(&f, &c, "", 0), SLOTD_ELINE_TOO_LONG);
-    ck_lines(&c, "a\nb\n");
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
-
-    /* max_line + 1 without a newline: known at once. */
-    proto_framer_init(&f, 8);
-    collect_init(&c);
-    ck_assert_int_eq(feed_str(&f, &c, "a\n123456789"), SLOTD_ELINE_TOO_LONG);
-    ck_lines(&c, "a\n");
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
-
-    /* Carried across feeds: fails in the feed that passes the limit. */
-    proto_framer_init(&f, 8);
-    collect_init(&c);
-    ck_assert_int_eq(feed_str(&f, &c, "a\n1234"), SLOTD_OK);
-    ck_assert_int_eq(feed_str(&f, &c, "5678"), SLOTD_OK);
-    ck_assert_int_eq(feed_str(&f, &c, "9"), SLOTD_ELINE_TOO_LONG);
-    ck_assert_int_eq(feed_str(&f, &c, "\n"), SLOTD_ELINE_TOO_LONG);
-    ck_lines(&c, "a\n");
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
-
-    /* A "\r" past the limit that is not followed by "\n" is line. */
-    proto_framer_init(&f, 8);
-    collect_init(&c);
-    ck_assert_int_eq(feed_str(&f, &c, "12345678\r"), SLOTD_OK);
-    ck_assert_int_eq(feed_str(&f, &c, "x"), SLOTD_ELINE_TOO_LONG);
-    proto_framer_free(&f);
-    proto_framer_init(&f, 8);
-    ck_assert_int_eq(feed_str(&f, &c, "12345678\rx\n"), SLOTD_ELINE_TOO_LONG);
-    proto_framer_free(&f);
-    proto_framer_init(&f, 8);
-    ck_assert_int_eq(feed_str(&f, &c, "12345678\r\r\n"), SLOTD_ELINE_TOO_LONG);
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
-
-    /* White space counts towards the limit too. */
-    proto_framer_init(&f, 8);
-    collect_init(&c);
-    ck_assert_int_eq(feed_str(&f, &c, "         \n"), SLOTD_ELINE_TOO_LONG);
+    ck_assert_int_eq(feed_str(&f, &c, "e\n"), SLOTD_ELINE_TOO_LONG);
+    ck_lines(&c, tc->lines);
     proto_framer_free(&f);
     proto_buf_free(&c.out);
 }
@@ -2363,7 +2360,8 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, test_framer_byte_by_byte);
     tcase_add_test(tc, test_framer_crlf_and_blank);
     tcase_add_test(tc, test_framer_exact_limit);
-    tcase_add_test(tc, test_framer_too_long);
+    tcase_add_loop_test(tc, test_framer_too_long, 0,
+                        (int)(sizeof(too_long_cases) / sizeof(too_long_cases[0])));
     tcase_add_test(tc, test_framer_too_long_every_split);
     tcase_add_test(tc, test_framer_callback_stops);
     tcase_add_test(tc, test_framer_nomem);
