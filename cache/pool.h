@@ -57,7 +57,7 @@ typedef struct cache_pool_config {
      * depends on how freed blocks left pages partly used; with F >= 2 the
      * arena holds F x (the budget's pages + one per size class), and only
      * the bytes and slots refuse until fragmentation wastes about (F - 1)
-     * budgets (pool.c, Accounting). */
+     * budgets (docs/design.md, Accounting). */
     unsigned arena_factor;
 } cache_pool_config_t;
 
