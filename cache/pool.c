@@ -1,9 +1,8 @@
 /*
  * pool.c: the slot pool's slots, their owners and the public calls.  Owns
- * the slot table (a mapping of max_slots three-line records), each slot's
- * tenancy (generation and owner), chain of blocks and state, the table of
- * configured models, the entry total and the room figures, the prefetch
- * hints, and the creation and destruction of the whole pool.
+ * the slot table's contents (each slot's tenancy: generation and owner;
+ * its chain of blocks and its state), the entry total, the room figures
+ * and the prefetch hints.  The pool is made and unmade in create.c.
  *
  * Threads.  Any thread may call any function; one slot is used by one
  * thread at a time (the caller's rule, pool.h).
@@ -16,7 +15,8 @@
  * touches only fields marked (user), its thread's magazines and the atomic
  * entry total.  Fast paths match the handle against the slot's generation
  * (release store when a tenancy begins, acquire load), so a stale handle
- * fails before anything else is read.
+ * fails before anything else is read.  The prefetch hints take no lock and
+ * read the slot's own fields only.
  *
  * Calls tcache.c (parking, stealing) and slab.c (objects, pages); neither
  * calls back.
@@ -27,9 +27,7 @@
 #include "cache/pool_int.h"
 
 #include <assert.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 /* The index in md->caps of capacity `cap`, one the model's chains use. */
 static uint32_t cache__cap_index(const cache__model_t *md, uint32_t cap)
@@ -139,13 +137,9 @@ static void do_slot_free(cache_pool_t *p, cache__tcache_t *tc, uint32_t si, mode
 {
     cache__slot_t *s = &p->slots[si];
 
-    while (head != NULL) {
-        model_block_t *next = cache__link_get(head);
-        cache__do_obj_give(p, tc, head);
-        head = next;
-    }
+    cache__do_chain_give(p, tc, head);
     if (state != NULL)
-        cache__do_obj_give(p, tc, state);
+        cache__do_obj_give(p, NULL, state); /* to its page: states are not parked */
     assert(p->live_slots > 0);
     p->live_slots--;
     atomic_fetch_sub_explicit(&p->entries, s->entries, memory_order_relaxed);
@@ -193,6 +187,80 @@ static void cache__slot_append(cache__slot_t *s, model_block_t *b, uint32_t cap)
         s->tail = b; /* entries was == room: position `entries` is here */
     s->nblocks++;
     s->room += cap;
+}
+
+/* ---- Prefetch hints ---- */
+
+/* Asks the CPU to start loading the first CACHE__PREFETCH_BYTES of block
+ * `b`.  A prefetch never faults; `b` is one of the slot's own blocks. */
+static inline void cache__prefetch_block(const model_block_t *b)
+{
+    for (size_t off = 0; off < CACHE__PREFETCH_BYTES; off += CACHE__ALIGN)
+        __builtin_prefetch((const char *)b + off);
+}
+
+/* What a step of slot `s` reads first, as cache_pool_hint() describes it:
+ * the slot's record, the state (the pick reads it first) and, for a model
+ * whose step reads every block (attn), the chain's first
+ * CACHE__SLOT_BLOCKS blocks; for hash, the tail's header.  Reads the
+ * slot's own fields only, never a block.  The slot's user. */
+static void cache__slot_hint(const cache__model_t *md, const cache__slot_t *s, cache_hint_t *out)
+{
+    size_t n = s->nblocks < CACHE__SLOT_BLOCKS ? s->nblocks : CACHE__SLOT_BLOCKS, k = 0;
+
+    _Static_assert(CACHE_HINTS >= 2 + CACHE__SLOT_BLOCKS, "a hint names every line asked for");
+    memset(out, 0, sizeof(*out));
+    out->addr[k] = s;
+    out->lines[k++] = sizeof(*s) / CACHE__ALIGN;
+    if (s->state != NULL) {
+        out->addr[k] = s->state;
+        out->lines[k++] = md->state_lines;
+    }
+    if (!md->reads_chain) {
+        if (s->tail != NULL) {
+            out->addr[k] = s->tail;
+            out->lines[k++] = 1;
+        }
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        out->addr[k] = s->blocks[i];
+        out->lines[k++] = md->block_lines[i];
+    }
+}
+
+/* Asks the CPU to start loading what the model reads right after a
+ * reserve, while the caller is still on its way there: the lines of
+ * cache__slot_hint() but the slot's record (the caller has it), and for a
+ * chain longer than those blocks its tail and last block too (all of a
+ * tiny chain).  With many live sessions all of it is out of cache, and
+ * without this the model finds the blocks one `next` at a time.  A hint
+ * only: it changes no byte.  The slot's user, on the fast path of
+ * reserve. */
+static void cache__prefetch(const cache__model_t *md, const cache__slot_t *s)
+{
+    cache_hint_t h;
+
+    cache__slot_hint(md, s, &h);
+    for (size_t k = 1; k < CACHE_HINTS; k++)
+        for (size_t l = 0; l < h.lines[k]; l++)
+            __builtin_prefetch((const char *)h.addr[k] + l * CACHE__ALIGN);
+    if (md->reads_chain && s->nblocks > CACHE__SLOT_BLOCKS) {
+        if (s->tail != NULL)
+            cache__prefetch_block(s->tail);
+        if (s->last != NULL && s->last != s->tail)
+            cache__prefetch_block(s->last);
+    }
+}
+
+void cache_pool_hint(const cache_pool_t *p, cache_handle_t h, cache_hint_t *out)
+{
+    const cache__slot_t *s;
+
+    assert(p != NULL && out != NULL && h.slot < p->max_slots);
+    s = &p->slots[h.slot];
+    assert(atomic_load_explicit(&s->gen, memory_order_relaxed) == h.gen);
+    cache__slot_hint(&p->models[s->model], s, out);
 }
 
 /* Most blocks a reserve takes from its thread cache without the lock. */
@@ -251,150 +319,12 @@ static bool do_reserve_can(cache_pool_t *p, const cache__model_t *md, cache__tca
     return p->bytes_taken + bytes <= p->capacity && cache__do_classes_can(p, md, pages);
 }
 
-/* ---- Creation ---- */
-
-/* The models' table, and with it the size classes their blocks and states
- * need. */
-static int cache__models_init(cache_pool_t *p, const cache_pool_config_t *cfg)
-{
-    for (size_t i = 0; i < cfg->nmodels; i++) {
-        cache__model_t *md = &p->models[i];
-        uint32_t nb;
-
-        md->m = cfg->models[i];
-        md->max_ctx = model_max_ctx(md->m);
-        md->reads_chain = model_family(md->m) == MODEL_FAMILY_ATTN;
-        nb = model_chain_blocks(md->m, md->max_ctx, 1, NULL);
-        for (uint32_t b = 0; b < nb; b++) {
-            uint32_t cap = model_block_capacity(md->m, b), k = 0;
-
-            while (k < md->ncaps && md->caps[k] != cap)
-                k++;
-            if (k < md->ncaps)
-                continue;
-            if (md->ncaps == CACHE__MAX_CAPS)
-                return SLOTD_EINVAL;
-            md->caps[md->ncaps] = cap;
-            md->caps_cls[md->ncaps++] = cache__slab_class_for(p, model_block_bytes_for(md->m, cap));
-        }
-        md->state_bytes = cache__round_up(model_state_size(md->m), CACHE__ALIGN);
-        md->state_cls =
-            md->state_bytes > 0 ? cache__slab_class_for(p, md->state_bytes) : CACHE__NONE;
-        md->state_lines =
-            (uint8_t)((md->state_bytes < 4 * CACHE__ALIGN ? md->state_bytes : 4 * CACHE__ALIGN) /
-                      CACHE__ALIGN);
-        for (uint32_t b = 0; b < CACHE__SLOT_BLOCKS; b++) {
-            size_t bytes = model_block_bytes_for(md->m, model_block_capacity(md->m, b));
-
-            if (bytes > CACHE__PREFETCH_BYTES)
-                bytes = CACHE__PREFETCH_BYTES;
-            md->block_lines[b] = (uint8_t)(cache__round_up(bytes, CACHE__ALIGN) / CACHE__ALIGN);
-        }
-    }
-    return SLOTD_OK;
-}
-
-int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
-{
-    cache_pool_t *p;
-    size_t page, npages;
-    int rc = SLOTD_ENOMEM;
-
-    if (cfg == NULL || out == NULL || cfg->capacity_bytes == 0 || cfg->max_slots == 0 ||
-        cfg->arena_factor > CACHE__ARENA_FACTOR_MAX || cfg->max_slots == CACHE__NONE ||
-        cfg->models == NULL || cfg->nmodels == 0)
-        return SLOTD_EINVAL;
-    page = cache__slab_page_size(cfg->models, cfg->nmodels);
-    /* A model the pool cannot hold, or not one page of the largest object
-     * in the budget. */
-    if (page == 0 || page > cfg->capacity_bytes)
-        return SLOTD_EINVAL;
-    if (cfg->capacity_bytes / page >= CACHE__NONE)
-        return SLOTD_ENOMEM;
-
-    p = cache__calloc(1, sizeof *p);
-    if (p == NULL)
-        return SLOTD_ENOMEM;
-    p->capacity = cfg->capacity_bytes;
-    p->max_slots = cfg->max_slots;
-    p->nmodels = cfg->nmodels;
-    p->page_size = page;
-    p->models = cache__calloc(cfg->nmodels, sizeof *p->models);
-    if (p->models == NULL)
-        goto fail_pool;
-    p->classes = cache__calloc((CACHE__MAX_CAPS + 1) * cfg->nmodels, sizeof *p->classes);
-    if (p->classes == NULL)
-        goto fail_models;
-    if ((rc = cache__models_init(p, cfg)) != SLOTD_OK)
-        goto fail_classes;
-    /* The budget's pages; for the counts to refuse first (docs/design.md,
-     * Accounting), one more for each class (which may hold one page that it
-     * fills only partly), all of it times the factor. */
-    npages = cfg->capacity_bytes / page;
-    if (cfg->arena_factor > 1)
-        npages = (npages + p->nclasses) * cfg->arena_factor;
-    if ((rc = cache__tcache_init(p)) != SLOTD_OK)
-        goto fail_classes;
-
-    /* Mapped rather than allocated: page-aligned (a slot's lines are its
-     * own), zeroed, and in huge pages where the system offers them on
-     * request (THP "madvise"), since every call reads a slot anywhere in a
-     * table of 19 MiB for 100,000 slots, all of it written just below. */
-    rc = SLOTD_ENOMEM;
-    p->slots_bytes = (size_t)cfg->max_slots * sizeof *p->slots;
-    p->slots =
-        mmap(NULL, p->slots_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p->slots == MAP_FAILED)
-        goto fail_tcaches;
-    (void)madvise(p->slots, p->slots_bytes, MADV_HUGEPAGE);
-    for (uint32_t i = 0; i < p->max_slots; i++)
-        p->slots[i].next_free = i + 1 < p->max_slots ? i + 1 : CACHE__NONE;
-    p->free_slot = 0;
-
-    if ((rc = cache__slab_init(p, npages)) != SLOTD_OK)
-        goto fail_slots;
-    rc = SLOTD_ENOMEM;
-    if (pthread_mutex_init(&p->lock, NULL) != 0)
-        goto fail_slab;
-    atomic_init(&p->entries, 0);
-    *out = p;
-    return SLOTD_OK;
-
-fail_slab:
-    cache__slab_fini(p);
-fail_slots:
-    munmap(p->slots, p->slots_bytes);
-fail_tcaches:
-    cache__tcache_fini(p);
-fail_classes:
-    free(p->classes);
-fail_models:
-    free(p->models);
-fail_pool:
-    free(p);
-    return rc;
-}
-
-void cache_pool_destroy(cache_pool_t *p)
-{
-    if (p == NULL)
-        return;
-    pthread_mutex_destroy(&p->lock);
-    cache__slab_fini(p);
-    munmap(p->slots, p->slots_bytes);
-    cache__tcache_fini(p);
-    free(p->classes);
-    free(p->models);
-    free(p);
-}
-
 /* ---- The public calls ---- */
 
 int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
                        cache_handle_t *h)
 {
     const cache__model_t *md;
-    cache__tcache_t *tc;
     cache__slot_t *s;
     uint32_t si;
     int mi;
@@ -409,10 +339,8 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
         rc = SLOTD_ECACHE_FULL;
         goto out;
     }
-    tc = cache__do_tcache_claim(p);
-    if (md->state_bytes > 0 && (tc == NULL || cache__do_mag_count(&tc->mags[md->state_cls]) == 0) &&
-        (p->bytes_taken + md->state_bytes > p->capacity ||
-         !cache__do_class_can(p, md->state_cls, 1))) {
+    if (md->state_bytes > 0 && (p->bytes_taken + md->state_bytes > p->capacity ||
+                                !cache__do_class_can(p, md->state_cls, 1))) {
         /* Not refused while a thread cache parks what would do. */
         cache__do_steal_all(p);
         if (p->bytes_taken + md->state_bytes > p->capacity ||
@@ -428,12 +356,10 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
     assert((atomic_load_explicit(&s->gen, memory_order_relaxed) & 1) == 0 && s->head == NULL &&
            s->state == NULL && s->entries == 0);
     s->model = (uint32_t)mi;
+    /* A state is never parked: the acquire holds the lock anyway. */
     if (md->state_bytes > 0) {
-        s->state = tc != NULL ? cache__mag_pop(p, &tc->mags[md->state_cls], md->state_cls) : NULL;
-        if (s->state == NULL) {
-            s->state = cache__do_obj_alloc(p, md->state_cls);
-            p->bytes_taken += md->state_bytes;
-        }
+        s->state = cache__do_obj_alloc(p, md->state_cls);
+        p->bytes_taken += md->state_bytes;
     }
     do_owner_set(s, owner);
     /* The tenancy begins: everything above is published with it. */

@@ -4,8 +4,8 @@
  * The pool is five files; calls go down this list, never up:
  *
  *   check.c   the checker the tests use (pool_impl.h)  -> tcache.c, slab.c
- *   pool.c    slots, ownership, creation, the API      -> hint.c, tcache.c, slab.c
- *   hint.c    the prefetch hints                       -> nothing
+ *   create.c  making and unmaking a pool               -> tcache.c, slab.c
+ *   pool.c    slots, ownership, prefetch, the API      -> tcache.c, slab.c
  *   tcache.c  the per-thread caches and the stealing   -> slab.c
  *   slab.c    the arena, its pages and size classes    -> nothing
  *
@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/queue.h>
 
 #include "cache/pool.h"
@@ -62,6 +63,7 @@ typedef struct cache__class {
     size_t stride;               /* object size rounded up to CACHE__ALIGN */
     uint32_t per_page;           /* objects one page holds */
     uint32_t mag_cap;            /* objects a thread cache parks of this class (0: none) */
+    bool blocks;                 /* the class holds blocks, not only states */
     struct cache__pages partial; /* (lock) pages with both free and used objects */
     uint64_t nfree;              /* (lock) free objects on this class's pages, carved or not */
 } cache__class_t;
@@ -105,7 +107,10 @@ typedef struct cache__tcache {
     cache__mag_t *mags; /* nclasses magazines */
 } cache__tcache_t;
 
-/* ---- pool.c: models and slots ---- */
+/* ---- pool.c and create.c: models and slots ---- */
+
+/* Bytes of a block, from its start, that a reserve prefetches. */
+#define CACHE__PREFETCH_BYTES 640
 
 /* Words of an id of CACHE_ID_MAX bytes (the NUL not included). */
 #define CACHE__ID_WORDS ((CACHE_ID_MAX + 7) / 8)
@@ -252,6 +257,19 @@ static inline size_t cache__round_up(size_t n, size_t to)
     return (n + to - 1) / to * to;
 }
 
+/* A free object's or a block's link: its first word. */
+static inline void *cache__link_get(const void *obj)
+{
+    void *link;
+    memcpy(&link, obj, sizeof link);
+    return link;
+}
+
+static inline void cache__link_set(void *obj, void *link)
+{
+    memcpy(obj, &link, sizeof link);
+}
+
 /* The index of page `pg`, and the page holding arena offset `off`. */
 static inline uint32_t cache__page_index(const cache_pool_t *p, const cache__page_t *pg)
 {
@@ -263,21 +281,11 @@ static inline cache__page_t *cache__page_at(const cache_pool_t *p, const void *o
     return &p->pages[(size_t)((const unsigned char *)obj - p->arena) / p->page_size];
 }
 
-/* ---- hint.c ---- */
-
-/* Bytes of a block, from its start, that a reserve prefetches. */
-#define CACHE__PREFETCH_BYTES 640
-
-/* Asks the CPU for what slot `s`'s step reads first; the slot's user. */
-void cache__prefetch(const cache__model_t *md, const cache__slot_t *s);
-
 /* ---- slab.c ---- */
 
 /* The calloc() of the pool's tables (pool_impl.h, cache__pool_set_calloc()). */
 extern void *(*cache__calloc)(size_t nmemb, size_t size);
 
-void *cache__link_get(const void *obj);
-void cache__link_set(void *obj, void *link);
 #if CACHE__DEBUG
 void cache__poison(void *obj, size_t stride, void *link);
 void cache__poison_fresh(void *obj, size_t stride);
@@ -308,6 +316,7 @@ void *cache__mag_pop(cache_pool_t *p, cache__mag_t *m, uint32_t ci);
 void cache__do_mag_fill(cache_pool_t *p, cache__mag_t *m, uint32_t ci);
 void *cache__do_obj_alloc(cache_pool_t *p, uint32_t ci);
 void cache__do_obj_give(cache_pool_t *p, cache__tcache_t *tc, void *obj);
+void cache__do_chain_give(cache_pool_t *p, cache__tcache_t *tc, model_block_t *head);
 void cache__do_steal_all(cache_pool_t *p);
 bool cache__take_parked(cache_pool_t *p, cache__tcache_t *tc, const uint32_t *cls, uint32_t need,
                         model_block_t **got);

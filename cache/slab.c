@@ -34,18 +34,6 @@ void cache__pool_set_calloc(void *(*fn)(size_t, size_t))
     cache__calloc = fn != NULL ? fn : calloc;
 }
 
-void *cache__link_get(const void *obj)
-{
-    void *link;
-    memcpy(&link, obj, sizeof link);
-    return link;
-}
-
-void cache__link_set(void *obj, void *link)
-{
-    memcpy(obj, &link, sizeof link);
-}
-
 #if CACHE__DEBUG
 static uint64_t cache__magic_get(const void *obj)
 {

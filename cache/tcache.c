@@ -45,7 +45,10 @@ int cache__tcache_init(cache_pool_t *p)
         cache__class_t *c = &p->classes[i];
         size_t fit = CACHE__MAG_BYTES / c->stride;
 
-        c->mag_cap = fit < 2 ? 0 : fit > CACHE__MAG_MAX ? CACHE__MAG_MAX : (uint32_t)fit;
+        /* States are not parked: acquire holds the lock anyway. */
+        c->mag_cap = !c->blocks || fit < 2  ? 0
+                     : fit > CACHE__MAG_MAX ? CACHE__MAG_MAX
+                                            : (uint32_t)fit;
     }
     p->tcaches = cache__calloc(CACHE__TCACHES, sizeof *p->tcaches);
     if (p->tcaches == NULL)
@@ -255,6 +258,18 @@ void cache__do_obj_give(cache_pool_t *p, cache__tcache_t *tc, void *obj)
     cache__do_obj_free(p, obj);
     assert(p->bytes_taken >= p->classes[ci].stride);
     p->bytes_taken -= p->classes[ci].stride;
+}
+
+/* Gives back a released slot's chain (`head`, linked through the first
+ * word of each block), each block as cache__do_obj_give() does. */
+void cache__do_chain_give(cache_pool_t *p, cache__tcache_t *tc, model_block_t *head)
+{
+    while (head != NULL) {
+        model_block_t *next = cache__link_get(head);
+
+        cache__do_obj_give(p, tc, head);
+        head = next;
+    }
 }
 
 /* Pops `need` objects of classes cls[0 .. need-1] from the caller's own
