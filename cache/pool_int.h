@@ -270,7 +270,7 @@ static inline void cache__link_set(void *obj, void *link)
     memcpy(obj, &link, sizeof link);
 }
 
-/* The index of page `pg`, and the page holding arena offset `off`. */
+/* The index of page `pg`, and the page holding `obj` (in the arena). */
 static inline uint32_t cache__page_index(const cache_pool_t *p, const cache__page_t *pg)
 {
     return (uint32_t)(pg - p->pages);
@@ -296,7 +296,9 @@ bool cache__poison_intact(const void *obj, size_t stride);
 size_t cache__slab_page_size(const model_t *const *models, size_t nmodels);
 /* The class of objects of `size` bytes, added if new (creation only). */
 uint32_t cache__slab_class_for(cache_pool_t *p, size_t size);
-/* Sizes the classes, maps the arena of `npages` and lays out its pages. */
+/* Sizes the classes, maps the arena of `npages` and allocates its page
+ * table; both are released by cache__slab_fini() (on failure, nothing is
+ * left to release). */
 int cache__slab_init(cache_pool_t *p, size_t npages);
 void cache__slab_fini(cache_pool_t *p);
 
@@ -307,6 +309,8 @@ void cache__do_obj_free(cache_pool_t *p, void *obj);
 
 /* ---- tcache.c ---- */
 
+/* Allocates the pool's thread caches (classes made first), released by
+ * cache__tcache_fini() (on failure, nothing is left to release). */
 int cache__tcache_init(cache_pool_t *p);
 void cache__tcache_fini(cache_pool_t *p);
 cache__tcache_t *cache__tcache_mine(const cache_pool_t *p);
