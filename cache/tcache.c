@@ -14,7 +14,7 @@
  * on a magazine's atomic count (cache__mag_t, pool_int.h).  Every
  * cache__do_ function assumes p->lock is held.
  *
- * Calls slab.c; called by pool.c and check.c.
+ * Calls slab.c; called by pool.c, create.c and check.c.
  *
  * Design: docs/design.md, "The allocator and per-thread caches"
  * (Per-thread caches, What the caches must not change).
