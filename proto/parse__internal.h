@@ -114,8 +114,8 @@ typedef struct proto__value {
     const void *tree;    /* PROTO__INTS without ints: the array's first cJSON element */
 } proto__value_t;
 
-/** Reads element k.. of a cJSON array into `out`: the tree path's, given
- * to proto__request_store() so that rules.c needs no cJSON. */
+/** Reads the n integers of a cJSON array into `out`: the tree path's,
+ * given to proto__request_fill() so that rules.c needs no cJSON. */
 typedef void (*proto__ints_reader)(const void *first, int64_t *out, size_t n);
 
 /** The request whose members are f[] (indexed by proto_field_t) into
@@ -124,7 +124,7 @@ typedef void (*proto__ints_reader)(const void *first, int64_t *out, size_t n);
  * any error reply can echo it; then the errors in the order they win:
  * unknown_op (op), bad_request (tag, then the op's members in table order,
  * with r->op set); then what the members allocate (ENOMEM).  `rd` reads an
- * array of the tree path.  SLOTD_OK or the code set in `err`. */
+ * array of the tree path (`tree`).  SLOTD_OK or the code set in `err`. */
 int proto__request_fill(const proto__value_t *f, proto__ints_reader rd, proto_request_t *r,
                         slotd_error_t *err);
 
