@@ -233,7 +233,7 @@ static int flat_scan(proto__scan_t *j, proto__value_t *f, flat_ints_t *t)
         proto__scan_ws(j);
         if (j->i >= j->n || j->s[j->i] != '"' || flat_string(j, &b, &e, &high) != 0)
             return -1;
-        k = high ? -1 : proto__field_index((const char *)j->s + b, e - b);
+        k = high ? -1 : proto__field_index((const char *)j->s + b, e - b, j->n - b);
         proto__scan_ws(j);
         if (j->i >= j->n || j->s[j->i] != ':')
             return -1;

@@ -134,13 +134,19 @@ int proto__request_fill(const proto__value_t *f, proto__ints_reader rd, proto_re
 void proto__ops_init(void);
 /** The member-name index: by a name's length and first byte, the first
  * field with them, plus one (0: none); then the next such in
- * proto__field_next[].  Written by proto__ops_init() only. */
+ * proto__field_next[].  proto__field_word[k] is the first 8 bytes of field
+ * k's name, zero-padded, as a load from memory reads them, and
+ * proto__name_mask[n] keeps the first n bytes of such a load.  Written by
+ * proto__ops_init() only. */
 #define PROTO__FIELD_INDEX_LEN 16
 extern unsigned char proto__field_first[PROTO__FIELD_INDEX_LEN][32];
 extern unsigned char proto__field_next[PROTO_FIELD__COUNT];
+extern uint64_t proto__field_word[PROTO_FIELD__COUNT];
+extern uint64_t proto__name_mask[9];
 
-/** The proto_field_t of the `n` bytes of a member name at `s`, or -1. */
-static inline int proto__field_index(const char *s, size_t n)
+/** The proto_field_t of the `n` bytes of a member name at `s`, or -1;
+ * `avail` bytes from `s` may be read (n or more). */
+static inline int proto__field_index(const char *s, size_t n, size_t avail)
 {
     unsigned k;
 
@@ -148,7 +154,14 @@ static inline int proto__field_index(const char *s, size_t n)
         return -1;
     for (k = proto__field_first[n][s[0] & 31]; k != 0; k = proto__field_next[k - 1]) {
         const char *name = proto_fields[k - 1].name;
-        size_t i = 0; /* names are short: no call to memcmp() */
+        size_t i = 0;
+        if (n <= 8 && avail >= 8) { /* one load, no call to memcmp() */
+            uint64_t w;
+            memcpy(&w, s, 8);
+            if ((w & proto__name_mask[n]) == proto__field_word[k - 1])
+                return (int)k - 1;
+            continue;
+        }
         while (i < n && s[i] == name[i])
             i++;
         if (i == n)

@@ -91,7 +91,8 @@ static int tree_fill(const cJSON *root, proto_request_t *r, slotd_error_t *err)
     for (int k = 0; k < PROTO_FIELD__COUNT; k++)
         f[k].kind = PROTO__ABSENT;
     for (const cJSON *it = root->child; it != NULL; it = it->next) {
-        int k = proto__field_index(it->string, strlen(it->string));
+        size_t n = strlen(it->string);
+        int k = proto__field_index(it->string, n, n + 1);
         if (k >= 0 && f[k].kind == PROTO__ABSENT)
             tree_value(it, k, &f[k]);
     }
