@@ -3,10 +3,11 @@
  * nothing else includes.  Who calls whom (never back):
  *
  *   request.c  -> flat.c, rules.c, scan.c, arena.c, utf8.c
- *   flat.c     -> rules.c, scan.c, utf8.c, ops.c
- *   rules.c    -> ops.c, reply.c (proto__put_json_string), buf.c
- *   arena.c    -> ops.c (proto_init() builds its index)
+ *   flat.c     -> rules.c, scan.c, utf8.c
+ *   rules.c    -> reply.c (proto__put_json_string), buf.c
+ *   arena.c    -> ops.c (proto_init() builds its indexes)
  *   scan.c, ops.c, utf8.c -> nothing in proto/
+ * and all of them read the table of ops.c.
  *
  * Design: docs/design.md, "Parsing a request line".
  */

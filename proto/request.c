@@ -99,24 +99,7 @@ static int tree_fill(const cJSON *root, proto_request_t *r, slotd_error_t *err)
     return proto__request_fill(f, tree_ints, r, err);
 }
 
-/* ---- Requests ---- */
-
-/* ---- Requests ---- */
-
-void proto_request_init(proto_request_t *r)
-{
-    memset(r, 0, sizeof(*r));
-    r->op = PROTO_OP_NONE;
-    r->n = 1;
-}
-
-void proto_request_free(proto_request_t *r)
-{
-    free(r->tag);
-    free(r->tokens);
-    free(r->token);
-    proto_request_init(r);
-}
+/* ---- The tree path and the entry points ---- */
 
 /* The tree path, on a request as proto_request_init() left it. */
 static int parse_tree(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)

@@ -1,7 +1,7 @@
 /*
  * rules.c: the one rule set of a request, driven by the op table (ops.c):
  * which errors a request's members earn and in which order, and how their
- * values go into a proto_request_t.  Both request paths call it with the
+ * values go into a proto_request_t, whose life (init, free) is here too.  Both request paths call it with the
  * members they read (proto__value_t), so that neither holds a rule of its
  * own.  Pure functions of their arguments and the table: any thread, no
  * lock.
@@ -279,4 +279,19 @@ int proto__request_fill(const proto__value_t *f, proto__ints_reader rd, proto_re
             return slotd_error_set(err, SLOTD_ENOMEM, "out of memory");
     }
     return SLOTD_OK;
+}
+
+void proto_request_init(proto_request_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->op = PROTO_OP_NONE;
+    r->n = 1;
+}
+
+void proto_request_free(proto_request_t *r)
+{
+    free(r->tag);
+    free(r->tokens);
+    free(r->token);
+    proto_request_init(r);
 }
