@@ -8,8 +8,9 @@
  *     when it can and copying only a line split across reads;
  *   - proto_request_parse(), which parses one line (the usual requests in
  *     one pass of its own, any other line with cJSON) and validates the op
- *     and every field's type and range (range against a model, such
- *     as a token below V, is the caller's: see model_check_prompt()); and
+ *     and every field's type and range by the op table, proto_ops[] and
+ *     proto_fields[] (range against a model, such as a token below V, is
+ *     the caller's: see model_check_prompt()); and
  *     the proto_reply_*() writers, each appending exactly one line.
  *
  * Memory: for a line the one-pass reader leaves to cJSON,
