@@ -585,6 +585,52 @@ START_TEST(test_parse_ops)
 }
 END_TEST
 
+/* The op table (proto/ops.c): every row is found by its name on both
+ * paths, a required member's absence and a wrong type name the member, and
+ * the ops that run on workers are the four with a run function in
+ * server/job.c. */
+START_TEST(test_op_table)
+{
+    static const bool on_worker[PROTO_OP__COUNT] = {
+        [PROTO_OP_START] = true,
+        [PROTO_OP_STEP] = true,
+        [PROTO_OP_LOGITS] = true,
+        [PROTO_OP_GENERATE] = true,
+    };
+    proto_request_t r;
+    slotd_error_t e;
+    char line[256], want[160];
+
+    proto_init();
+    proto_request_init(&r);
+    for (int k = 0; k <= PROTO_OP__COUNT; k++)
+        ck_assert_int_eq(proto_op_on_worker((proto_op_t)k), k < PROTO_OP__COUNT && on_worker[k]);
+    for (int k = PROTO_OP_NONE + 1; k < PROTO_OP__COUNT; k++) {
+        const proto_op_def_t *d = &proto_ops[k];
+        ck_assert_str_eq(proto_op_name((proto_op_t)k), d->name);
+        ck_assert_uint_eq(strlen(d->name), d->len);
+        ck_assert_uint_le(d->nmembers, PROTO_OP_MEMBERS_MAX);
+        for (unsigned m = 0; m < d->nmembers; m++) {
+            const proto_field_def_t *f = &proto_fields[d->members[m].field];
+            /* A wrong type (an object) names the op and the member. */
+            snprintf(line, sizeof(line), "{\"op\":\"%s\",\"%s\":{}}", d->name, f->name);
+            snprintf(want, sizeof(want), "%s: `%s` %s", d->name, f->name, f->must);
+            ck_assert_int_eq(proto__request_parse_tree(line, strlen(line), &r, &e),
+                             SLOTD_EBAD_REQUEST);
+            if (m == 0)
+                ck_assert_str_eq(e.message, want);
+            ck_assert_int_eq(proto__request_parse_flat(line, strlen(line), &r, &e), PROTO__DECLINED);
+            if (m == 0 && d->members[m].required) {
+                snprintf(line, sizeof(line), "{\"op\":\"%s\"}", d->name);
+                ck_assert_int_eq(parse(line, &r, &e), SLOTD_EBAD_REQUEST);
+                ck_assert_ptr_nonnull(strstr(e.message, f->name));
+            }
+        }
+    }
+    proto_request_free(&r);
+}
+END_TEST
+
 START_TEST(test_parse_bad_json)
 {
     static const char *const lines[] = {
@@ -2371,6 +2417,7 @@ static Suite *proto_suite(void)
     tc = tcase_create("request");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_parse_ops);
+    tcase_add_test(tc, test_op_table);
     tcase_add_test(tc, test_parse_bad_json);
     tcase_add_test(tc, test_parse_nul_and_utf8);
     tcase_add_test(tc, test_utf8_exhaustive);
