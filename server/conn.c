@@ -483,6 +483,8 @@ void conn__mark_dirty(server_t *s, conn_t *c)
     s->dirty = c;
 }
 
+/* ---- Quiet and lingering connections ---- */
+
 static conn_list_t *wait_list(server_t *s, conn_wait_t which)
 {
     return which == CONN_WAIT_QUIET ? &s->quiet : &s->linger;
@@ -502,13 +504,14 @@ static void wait_arm(server_t *s, conn_wait_t which)
     conn_list_t *l = wait_list(s, which);
     uv_timer_t *t = wait_timer(s, which);
     uint64_t now = uv_now(&s->loop);
+    conn_t *first = TAILQ_FIRST(l);
 
-    if (l->head == NULL) {
+    if (first == NULL) {
         uv_timer_stop(t);
         return;
     }
     uv_timer_start(t, which == CONN_WAIT_QUIET ? quiet_timer_cb : linger_timer_cb,
-                   l->head->wait_until > now ? l->head->wait_until - now : 0, 0);
+                   first->wait_until > now ? first->wait_until - now : 0, 0);
 }
 
 static void wait_add(server_t *s, conn_t *c, conn_wait_t which, uint64_t until)
@@ -516,17 +519,11 @@ static void wait_add(server_t *s, conn_t *c, conn_wait_t which, uint64_t until)
     conn_list_t *l = wait_list(s, which);
 
     conn__wait_remove(s, c);
-    assert(l->tail == NULL || l->tail->wait_until <= until);
+    assert(TAILQ_EMPTY(l) || TAILQ_LAST(l, conn_list)->wait_until <= until);
     c->wait = which;
     c->wait_until = until;
-    c->wait_next = NULL;
-    c->wait_prev = l->tail;
-    if (l->tail != NULL)
-        l->tail->wait_next = c;
-    else
-        l->head = c;
-    l->tail = c;
-    if (l->head == c)
+    TAILQ_INSERT_TAIL(l, c, wait_link);
+    if (TAILQ_FIRST(l) == c)
         wait_arm(s, which);
 }
 
@@ -537,15 +534,7 @@ void conn__wait_remove(server_t *s, conn_t *c)
     if (c->wait == CONN_WAIT_NONE)
         return;
     l = wait_list(s, c->wait);
-    if (c->wait_prev != NULL)
-        c->wait_prev->wait_next = c->wait_next;
-    else
-        l->head = c->wait_next;
-    if (c->wait_next != NULL)
-        c->wait_next->wait_prev = c->wait_prev;
-    else
-        l->tail = c->wait_prev;
-    c->wait_prev = c->wait_next = NULL;
+    TAILQ_REMOVE(l, c, wait_link);
     c->wait = CONN_WAIT_NONE;
     /* The timer stays set for the old head: it rearms when it fires. */
 }
@@ -557,7 +546,7 @@ static void wait_expire(server_t *s, conn_wait_t which)
     uint64_t now = uv_now(&s->loop);
     conn_t *c;
 
-    while ((c = l->head) != NULL && c->wait_until <= now) {
+    while ((c = TAILQ_FIRST(l)) != NULL && c->wait_until <= now) {
         conn__wait_remove(s, c);
         if (which == CONN_WAIT_QUIET)
             expire_quiet(c);
@@ -579,6 +568,8 @@ static void linger_timer_cb(uv_timer_t *h)
 
 /* ---- Lingering in a drain ---- */
 
+/* The latest a drain lets a lingering close go on: a little before
+ * --shutdown-timeout. */
 static uint64_t linger_cap_ms(const server_t *s)
 {
     uint64_t timeout = (uint64_t)s->cfg->shutdown_timeout * 1000;
@@ -602,8 +593,9 @@ static uint64_t linger_until(server_t *s)
 void conn__linger_cap(server_t *s)
 {
     uint64_t cap = linger_cap_ms(s);
+    conn_t *c;
 
-    for (conn_t *c = s->linger.head; c != NULL; c = c->wait_next)
+    TAILQ_FOREACH(c, &s->linger, wait_link)
         if (c->wait_until > cap)
             c->wait_until = cap;
     wait_arm(s, CONN_WAIT_LINGER);

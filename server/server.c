@@ -372,8 +372,8 @@ static void server_drain(server_t *s)
     uv_timer_stop(&s->accept_timer);
     uv_timer_stop(&s->idle_timer);
     uv_timer_stop(&s->quiet_timer);
-    while (s->quiet.head != NULL) /* a drain closes them anyway */
-        conn__wait_remove(s, s->quiet.head);
+    while (!TAILQ_EMPTY(&s->quiet)) /* a drain closes them anyway */
+        conn__wait_remove(s, TAILQ_FIRST(&s->quiet));
     uv_timer_start(&s->shutdown_timer, shutdown_timer_cb, (uint64_t)s->cfg->shutdown_timeout * 1000,
                    0);
     s->drain_deadline = uv_now(&s->loop) + (uint64_t)s->cfg->shutdown_timeout * 1000;
@@ -573,6 +573,9 @@ int server_run(const server_config_t *cfg)
         return 1;
     }
     s->cfg = cfg;
+    TAILQ_INIT(&s->quiet);
+    TAILQ_INIT(&s->linger);
+    TAILQ_INIT(&s->lru);
     s->hooks.line = dispatch__on_line;
     s->hooks.drain_line = dispatch__on_drain_line;
     s->hooks.line_too_long = dispatch__line_too_long;

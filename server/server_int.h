@@ -132,7 +132,7 @@ struct session {
     conn_t *conn;
     req_t *fifo_head, *fifo_tail;   /* requests waiting to run, in order */
     req_t *running;                 /* the request whose job is out, or NULL */
-    session_t *lru_prev, *lru_next; /* server->lru while in_lru */
+    TAILQ_ENTRY(session) lru;       /* server->lru while in_lru */
     uint64_t idle_since;            /* uv_now() when it went idle */
     bool in_map;                    /* the id names it: steps and finish can still reach it */
     bool has_slot;                  /* its start succeeded and it was not released yet */
@@ -150,7 +150,7 @@ struct session {
     uint64_t charged; /* its part of conn->share_bytes while in_map */
 };
 
-/** Which timed list of the server a connection is on (conn->wait_next). */
+/** Which timed list of the server a connection is on (conn->wait_link). */
 typedef enum conn_wait {
     CONN_WAIT_NONE = 0,
     CONN_WAIT_QUIET,  /* server->quiet: nothing to do, closed after --conn-timeout */
@@ -158,9 +158,7 @@ typedef enum conn_wait {
 } conn_wait_t;
 
 /** A list of connections in the order their deadlines fall (loop thread). */
-typedef struct conn_list {
-    conn_t *head, *tail;
-} conn_list_t;
+typedef TAILQ_HEAD(conn_list, conn) conn_list_t;
 
 /** One session connection.  Allocated on accept; freed by conn__unref()
  * when both the handle's close callback has run and no job of the
@@ -176,7 +174,7 @@ struct conn {
     unsigned refs;                 /* the handle until its close callback, plus one per job out */
     conn_t *prev, *next;           /* server->conns while open */
     conn_t *dirty_next;            /* server->dirty while `dirty` */
-    conn_t *wait_prev, *wait_next; /* the server's list named by `wait` */
+    TAILQ_ENTRY(conn) wait_link;   /* the server's list named by `wait` */
     uint64_t wait_until;           /* uv_now() deadline on that list */
     conn_wait_t wait;
     proto_framer_t framer;
@@ -271,7 +269,7 @@ struct server {
     uint64_t next_serial;
     size_t admitted;                /* session records in some connection's map */
     size_t live_sessions;           /* session records holding a slot */
-    session_t *lru_head, *lru_tail; /* idle sessions, oldest first (session.c) */
+    TAILQ_HEAD(, session) lru;      /* idle sessions, oldest first (session.c) */
     req_t *free_reqs;
     size_t nfree_reqs;
     size_t free_reply_bytes; /* capacity of the reply buffers the free list keeps */

@@ -78,11 +78,12 @@ static void idle_timer_arm(server_t *s)
 {
     uint64_t timeout = (uint64_t)s->cfg->idle_timeout * 1000;
     uint64_t now = uv_now(&s->loop);
+    session_t *oldest = TAILQ_FIRST(&s->lru);
     uint64_t due;
 
-    if (s->lru_head == NULL)
+    if (oldest == NULL)
         return;
-    due = s->lru_head->idle_since + timeout;
+    due = oldest->idle_since + timeout;
     uv_timer_start(&s->idle_timer, idle_timer_cb, due > now ? due - now : 0, 0);
 }
 
@@ -91,13 +92,7 @@ static void lru_add(server_t *s, session_t *sess)
     assert(!sess->in_lru);
     sess->idle_since = uv_now(&s->loop);
     sess->in_lru = true;
-    sess->lru_next = NULL;
-    sess->lru_prev = s->lru_tail;
-    if (s->lru_tail != NULL)
-        s->lru_tail->lru_next = sess;
-    else
-        s->lru_head = sess;
-    s->lru_tail = sess;
+    TAILQ_INSERT_TAIL(&s->lru, sess, lru);
     if (!uv_is_active((uv_handle_t *)&s->idle_timer))
         idle_timer_arm(s);
 }
@@ -105,15 +100,7 @@ static void lru_add(server_t *s, session_t *sess)
 void session__lru_remove(server_t *s, session_t *sess)
 {
     assert(sess->in_lru);
-    if (sess->lru_prev != NULL)
-        sess->lru_prev->lru_next = sess->lru_next;
-    else
-        s->lru_head = sess->lru_next;
-    if (sess->lru_next != NULL)
-        sess->lru_next->lru_prev = sess->lru_prev;
-    else
-        s->lru_tail = sess->lru_prev;
-    sess->lru_prev = sess->lru_next = NULL;
+    TAILQ_REMOVE(&s->lru, sess, lru);
     sess->in_lru = false;
 }
 
@@ -122,9 +109,10 @@ static void idle_timer_cb(uv_timer_t *h)
     server_t *s = container_of(h, server_t, idle_timer);
     uint64_t timeout = (uint64_t)s->cfg->idle_timeout * 1000;
     uint64_t now = uv_now(&s->loop);
+    session_t *sess;
 
-    while (s->lru_head != NULL && s->lru_head->idle_since + timeout <= now)
-        session_expire(s->lru_head);
+    while ((sess = TAILQ_FIRST(&s->lru)) != NULL && sess->idle_since + timeout <= now)
+        session_expire(sess);
     idle_timer_arm(s);
 }
 
