@@ -153,7 +153,7 @@ static bool conn_input_left(conn_t *c)
 }
 
 /* Everything is answered and written, and the peer's input may not have
- * been read to its end: closes lingering (see the top of the file). */
+ * been read to its end: closes lingering (server_int.h, CONN_LINGER_MS). */
 static void conn_close_lingering(conn_t *c)
 {
     server_t *s = c->server;
@@ -595,7 +595,7 @@ void conn__linger_cap(server_t *s)
     uint64_t cap = linger_cap_ms(s);
     conn_t *c;
 
-    TAILQ_FOREACH(c, &s->linger, wait_link)
+    for (c = TAILQ_FIRST(&s->linger); c != NULL; c = TAILQ_NEXT(c, wait_link))
         if (c->wait_until > cap)
             c->wait_until = cap;
     wait_arm(s, CONN_WAIT_LINGER);

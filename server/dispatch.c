@@ -139,6 +139,8 @@ static void req_resume(conn_t *c, req_t *r)
     release_barrier(c, r);
 }
 
+/* ---- Replies in read order ---- */
+
 /* Moves every answered record at the head of the order FIFO to `out`
  * (answering a stats that reached the head), in order. */
 static void conn_advance(conn_t *c)

@@ -228,6 +228,8 @@ void session__give_back(session_t *sess, const req_t *r)
     sess->conn->share_bytes -= back;
 }
 
+/* ---- A connection's close ---- */
+
 /* conn_hooks_t.detach: a closing connection's requests and sessions.
  * Drops every request not yet started, releases every session with no job
  * out (the others when their job comes back, dispatch.c). */
@@ -267,6 +269,8 @@ void session__detach(conn_t *c)
             session__discard(sess);
     }
 }
+
+/* ---- The session's FIFO ---- */
 
 /* The session has nothing queued or running: it goes on the idle list if
  * it is live, or is freed if nothing can reach it any more. */
