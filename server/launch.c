@@ -90,13 +90,6 @@ static void req_submit(req_t *r)
     batch_push(c->server, r);
 }
 
-/* Reply bytes the connection has not written yet: in `out` and in the
- * write in flight. */
-size_t launch__unwritten(conn_t *c)
-{
-    return uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out.len;
-}
-
 /* Whether a job with a reply of up to `bound` bytes may run now. */
 static bool conn_may_run(conn_t *c, size_t bound)
 {

@@ -15,6 +15,9 @@ void launch__req(req_t *r);
 void launch__run_parked(conn_t *c);
 /** Reply bytes `c` has not written yet: in `out` and in the write in
  * flight. */
-size_t launch__unwritten(conn_t *c);
+static inline size_t launch__unwritten(conn_t *c)
+{
+    return uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out.len;
+}
 
 #endif

@@ -67,18 +67,6 @@ bool req__fail(req_t *r, const slotd_error_t *err)
     return true;
 }
 
-void req__order_append(conn_t *c, req_t *r)
-{
-    r->order_next = NULL;
-    r->seq = c->next_seq++;
-    if (c->order_tail != NULL)
-        c->order_tail->order_next = r;
-    else
-        c->order_head = r;
-    c->order_tail = r;
-    c->outstanding++;
-}
-
 /* ---- Free lists ---- */
 
 req_t *req__get(server_t *s)

@@ -17,8 +17,6 @@ void req__put(server_t *s, req_t *r);
  * counting its low mark again from what is left. */
 void req__shed(server_t *s, size_t n);
 
-/** Puts `r` at the tail of its connection's order FIFO, numbered. */
-void req__order_append(conn_t *c, req_t *r);
 /** Sets `r`'s result to the error `code` with `message`, as its reply.
  * Returns SLOTD_OK or SLOTD_ENOMEM. */
 int req__set_error(req_t *r, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -38,6 +36,19 @@ static inline void req__done(req_t *r)
     c->pending_slots -= r->need_slots;
     r->need_bytes = 0;
     r->need_slots = 0;
+}
+
+/** Puts `r` at the tail of its connection's order FIFO, numbered. */
+static inline void req__order_append(conn_t *c, req_t *r)
+{
+    r->order_next = NULL;
+    r->seq = c->next_seq++;
+    if (c->order_tail != NULL)
+        c->order_tail->order_next = r;
+    else
+        c->order_head = r;
+    c->order_tail = r;
+    c->outstanding++;
 }
 
 #endif
