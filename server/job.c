@@ -18,8 +18,8 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "job_int.h"
 #include "log.h"
-#include "server_int.h"
 
 #if SLOTD_FAULT_INJECTION
 #include <time.h>
