@@ -260,6 +260,11 @@ static void score_tiles(const double *restrict q, const double *const *kp_in, co
     }
 }
 
+/* Zeros for the padding blocks of a vector of pieces (below): column j of
+ * a block of capacity c is read at j * c, so d * c of them. */
+#define KERN_ZERO_LEN 2048
+static const double kern_zero[KERN_ZERO_LEN];
+
 /* Vectors of rows score_pieces() carries at once: enough running sums
  * that no add waits on the one before. */
 #define KERN_PIECE_VECS 4
@@ -426,6 +431,23 @@ static void KERN_FN(scores)(const double *q, const model_block_t *const *bl, siz
                 at = chain_next(at, bl, nbl, &ai);
             }
             nv = k / g >= KERN_PIECE_VECS ? KERN_PIECE_VECS : (k >= g ? 1 : 0);
+            if (nv == 0 && k > 0 && d * c <= KERN_ZERO_LEN) {
+                /* Fewer whole blocks than a vector takes (the last of their
+                 * capacity): the rest of the vector reads zeros, and only
+                 * the k * c rows of the blocks are kept.  Lanes never mix,
+                 * so the padding changes no bit of them. */
+                double row[KERN_VW];
+                for (size_t i = k; i < g; i++) {
+                    p[i] = kern_zero;
+                }
+                score_pieces_any(q, p, c, 1, d, row);
+                memcpy(s + r, row, k * c * sizeof(double));
+                r += k * c;
+                for (size_t i = 0; i < k; i++) {
+                    b = chain_next(b, bl, nbl, &bi);
+                }
+                continue;
+            }
             if (nv > 0) {
                 score_pieces_any(q, p, c, nv, d, s + r);
                 r += nv * KERN_VW;
