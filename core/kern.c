@@ -1,6 +1,6 @@
 /*
- * kern.c: the matrix product of a batch, model__mm_fn (kern.h), compiled
- * once per SIMD variant.  The build compiles this file three times on
+ * kern.c: the matrix product of a batch, model__mm_fn, and the attention
+ * kernels (kern.h), compiled once per SIMD variant.  The build compiles this file three times on
  * x86-64 (once elsewhere), each time with its own instruction set and
  * these macros: KERN_NAME (the variant's name and suffix), KERN_VW (doubles
  * per vector: 1 for scalar, 4 for AVX2, 8 for AVX-512), KERN_NV (vectors
@@ -19,6 +19,13 @@
  * tiles walk the columns outermost, so a strip of w (rows x tile width)
  * stays in the near caches while every tile of sequences reads it.
  * Columns left over after the last whole tile are summed one at a time.
+ * The w rows a tile reaches next are prefetched.
+ *
+ * The attention's kernels (scores, mix) are the same kind of sums over a
+ * chain's blocks, given as addresses (kern.h): the scores of KERN_NC-row
+ * tiles of large blocks, of whole small blocks a vector at a time, and of
+ * what is left one lane a row; the sum of values in passes of up to
+ * KERN_MIX_NV vectors of columns.
  */
 #include "core/kern.h"
 #include "core/model.h"
