@@ -168,10 +168,11 @@ static void attend_factors(double *restrict s, size_t n)
 }
 
 /* One attention row of layer `l` over positions 0 .. n-1 of the chain
- * `bl` (its first nbl blocks, kern.h): writes a[0 .. d-1].  `s` has room for n doubles.  The dot
- * products and the sum of values are the kernels' (kern.h: each s[r] and
- * each a[j] one sum, in its order, whatever the variant); s[r] is then
- * multiplied by 1 / sqrt(d), as docs/models.md writes it. */
+ * `bl` (its first nbl blocks, kern.h): writes a[0 .. d-1].  `s` has room
+ * for n doubles.  The dot products and the sum of values are the kernels'
+ * (kern.h: each s[r] and each a[j] one sum, in its order, whatever the
+ * variant); s[r] is then multiplied by 1 / sqrt(d), as docs/models.md
+ * writes it. */
 static void attend(const model_t *m, const model_block_t *const *bl, size_t nbl, uint32_t n,
                    uint32_t l, const double *restrict q, double *restrict s, double *restrict a)
 {

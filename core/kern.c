@@ -222,8 +222,7 @@ static inline const double *area(const model_block_t *b, size_t l, size_t d)
 /* The block after `b`, the i-th of the chain `bl` (kern.h), i then
  * counting it. */
 static inline const model_block_t *chain_next(const model_block_t *b,
-                                              const model_block_t *const *bl, size_t nbl,
-                                              size_t *i)
+                                              const model_block_t *const *bl, size_t nbl, size_t *i)
 {
     return ++*i < nbl ? bl[*i] : b->next;
 }

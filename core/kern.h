@@ -34,8 +34,8 @@ typedef void (*model__scores_fn)(const double *q, const model_block_t *const *bl
 
 /* An attention row's sum of values: a[j] = sum over r < n ascending of
  * f[r] * V[r][j], for j < d, V being layer l's values of the chain `bl`. */
-typedef void (*model__mix_fn)(const double *f, const model_block_t *const *bl, size_t nbl,
-                              size_t n, size_t l, size_t d, double *a);
+typedef void (*model__mix_fn)(const double *f, const model_block_t *const *bl, size_t nbl, size_t n,
+                              size_t l, size_t d, double *a);
 
 typedef struct model__kern {
     const char *name; /* "scalar", "avx2", "avx512" */
