@@ -221,11 +221,14 @@ static void hx_next(hx_t *x, bool head, int status, resp_t *r)
         ck_assert_int_eq(r->status, status);
 }
 
-/* The next response, of which only its `status` matters. */
-static void hx_expect(hx_t *x, bool head, int status)
+/* The next response, of which only its `status` and, unless `name` is NULL,
+ * that its header `name` holds `value` matter. */
+static void hx_expect(hx_t *x, bool head, int status, const char *name, const char *value)
 {
     resp_t r;
     hx_next(x, head, status, &r);
+    if (name != NULL)
+        ck_assert_msg(has_header(&r, name, value), "no %s: %s", name, value);
     resp_free(&r);
 }
 
@@ -427,9 +430,9 @@ START_TEST(test_http_not_found_keeps_open)
     ck_assert_int_eq(hx_feed(&x, "GET /nope HTTP/1.1\r\n\r\nGET /health/ HTTP/1.1\r\n\r\n"
                                  "GET /health HTTP/1.1\r\n\r\n"),
                      ADMIN_HTTP_MORE);
-    hx_expect(&x, false, 404);
-    hx_expect(&x, false, 404);
-    hx_expect(&x, false, 200);
+    hx_expect(&x, false, 404, NULL, NULL);
+    hx_expect(&x, false, 404, NULL, NULL);
+    hx_expect(&x, false, 200, NULL, NULL);
     hx_free(&x);
 }
 END_TEST
@@ -437,7 +440,6 @@ END_TEST
 START_TEST(test_http_method)
 {
     hx_t x;
-    resp_t r;
     hx_init(&x);
     ck_assert_int_eq(hx_feed(&x, "POST /health HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
                                  "DELETE /nope HTTP/1.1\r\n\r\n"
@@ -446,11 +448,9 @@ START_TEST(test_http_method)
                                  "GET /health HTTP/1.1\r\n\r\n"),
                      ADMIN_HTTP_MORE);
     for (int i = 0; i < 3; i++) {
-        hx_next(&x, false, 405, &r);
-        ck_assert(has_header(&r, "allow", "GET, HEAD"));
-        resp_free(&r);
+        hx_expect(&x, false, 405, "allow", "GET, HEAD");
     }
-    hx_expect(&x, false, 200);
+    hx_expect(&x, false, 200, NULL, NULL);
     ck_assert(hx_empty(&x));
     hx_free(&x);
 }
@@ -460,12 +460,9 @@ END_TEST
 static void expect_final(const char *req, int status)
 {
     hx_t x;
-    resp_t r;
     hx_init(&x);
     ck_assert_int_eq(hx_feed(&x, req), ADMIN_HTTP_CLOSE);
-    hx_next(&x, false, status, &r);
-    ck_assert(has_header(&r, "connection", "close"));
-    resp_free(&r);
+    hx_expect(&x, false, status, "connection", "close");
     ck_assert(hx_empty(&x));
     /* Closed: more input is ignored. */
     ck_assert_int_eq(hx_feed(&x, "GET /health HTTP/1.1\r\n\r\n"), ADMIN_HTTP_CLOSE);
@@ -492,13 +489,10 @@ END_TEST
 START_TEST(test_http_garbage_after_good)
 {
     hx_t x;
-    resp_t r;
     hx_init(&x);
     ck_assert_int_eq(hx_feed(&x, "GET /health HTTP/1.1\r\n\r\nxyz\r\n\r\n"), ADMIN_HTTP_CLOSE);
-    hx_expect(&x, false, 200);
-    hx_next(&x, false, 400, &r);
-    ck_assert(has_header(&r, "connection", "close"));
-    resp_free(&r);
+    hx_expect(&x, false, 200, NULL, NULL);
+    hx_expect(&x, false, 400, "connection", "close");
     ck_assert(hx_empty(&x));
     hx_free(&x);
 }
@@ -525,7 +519,7 @@ START_TEST(test_http_limits)
         hx_t x;
         hx_init(&x);
         ck_assert_int_eq(hx_feed(&x, big), ADMIN_HTTP_MORE);
-        hx_expect(&x, false, 200);
+        hx_expect(&x, false, 200, NULL, NULL);
         hx_free(&x);
     }
     /* The URL. */
@@ -548,7 +542,7 @@ START_TEST(test_http_limits)
         for (int i = 0; i < 17 && rc == ADMIN_HTTP_MORE; i++)
             rc = hx_feed_step(&x, chunk, (size_t)len + 0x1000 + 2, 4096);
         ck_assert_int_eq(rc, ADMIN_HTTP_CLOSE);
-        hx_expect(&x, false, 413);
+        hx_expect(&x, false, 413, NULL, NULL);
         hx_free(&x);
     }
     free(big);
@@ -558,14 +552,11 @@ END_TEST
 START_TEST(test_http_connection_close)
 {
     hx_t x;
-    resp_t r;
     hx_init(&x);
     ck_assert_int_eq(hx_feed(&x, "GET /health HTTP/1.1\r\nConnection: close\r\n\r\n"
                                  "GET /stats HTTP/1.1\r\n\r\n"),
                      ADMIN_HTTP_CLOSE);
-    hx_next(&x, false, 200, &r);
-    ck_assert(has_header(&r, "connection", "close"));
-    resp_free(&r);
+    hx_expect(&x, false, 200, "connection", "close");
     ck_assert(hx_empty(&x)); /* the pipelined /stats is not answered */
     hx_free(&x);
 }
@@ -579,9 +570,7 @@ START_TEST(test_http_10)
     hx_init(&x);
     ck_assert_int_eq(hx_feed(&x, "GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"),
                      ADMIN_HTTP_MORE);
-    hx_next(&x, false, 0, &r);
-    ck_assert(has_header(&r, "connection", "keep-alive"));
-    resp_free(&r);
+    hx_expect(&x, false, 0, "connection", "keep-alive");
     ck_assert_int_eq(hx_feed(&x, "GET /health HTTP/1.0\r\n\r\n"), ADMIN_HTTP_CLOSE);
     hx_next(&x, false, 0, &r);
     ck_assert_str_eq(header(&r, "connection", v, sizeof(v)), "close");
@@ -671,7 +660,7 @@ START_TEST(test_http_empty_and_partial)
     ck_assert(hx_empty(&x));
     ck_assert_int_eq(admin_http_feed(x.h, "", 0, &x.out), ADMIN_HTTP_MORE);
     ck_assert_int_eq(hx_feed(&x, "lth HTTP/1.1\r\n\r\n"), ADMIN_HTTP_MORE);
-    hx_expect(&x, false, 200);
+    hx_expect(&x, false, 200, NULL, NULL);
     hx_free(&x);
 }
 END_TEST
@@ -862,11 +851,14 @@ static void recv_resp(rx_t *x, bool head, int status, resp_t *r)
     }
 }
 
-/* The next response, of which only its `status` matters. */
-static void recv_expect(rx_t *x, bool head, int status)
+/* The next response, of which only its `status` and, unless `name` is NULL,
+ * that its header `name` holds `value` matter. */
+static void recv_expect(rx_t *x, bool head, int status, const char *name, const char *value)
 {
     resp_t r;
     recv_resp(x, head, status, &r);
+    if (name != NULL)
+        ck_assert_msg(has_header(&r, name, value), "no %s: %s", name, value);
     resp_free(&r);
 }
 
@@ -959,12 +951,9 @@ END_TEST
 START_TEST(test_live_errors_keep_open)
 {
     rx_t *x = rx_new(dial());
-    resp_t r;
     ck_assert_int_eq(get_status(x, "/nope"), 404);
     send_str(x->fd, "POST /health HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}");
-    recv_resp(x, false, 405, &r);
-    ck_assert(has_header(&r, "allow", "GET, HEAD"));
-    resp_free(&r);
+    recv_expect(x, false, 405, "allow", "GET, HEAD");
     ck_assert_int_eq(get_status(x, "/health"), 200);
     rx_free(x);
 }
@@ -973,13 +962,10 @@ END_TEST
 START_TEST(test_live_garbage_closes)
 {
     rx_t *x = rx_new(dial());
-    resp_t r;
     /* More garbage follows the first bad line: the response must still
      * arrive rather than a reset. */
     send_str(x->fd, "garbage\r\n\r\nmore garbage that the server will not read\r\n");
-    recv_resp(x, false, 400, &r);
-    ck_assert(has_header(&r, "connection", "close"));
-    resp_free(&r);
+    recv_expect(x, false, 400, "connection", "close");
     expect_eof(x);
     rx_free(x);
 
@@ -1005,7 +991,7 @@ START_TEST(test_live_pipelined)
     recv_resp(x, true, 200, &r);
     ck_assert_uint_gt(r.body_len, 0);
     resp_free(&r);
-    recv_expect(x, false, 404);
+    recv_expect(x, false, 404, NULL, NULL);
     /* Still open. */
     ck_assert_int_eq(get_status(x, "/health"), 200);
     rx_free(x);
@@ -1025,7 +1011,7 @@ START_TEST(test_live_many_pipelined)
     send_str(x->fd, req);
     free(req);
     for (size_t i = 0; i < count; i++) {
-        recv_expect(x, false, 200);
+        recv_expect(x, false, 200, NULL, NULL);
     }
     ck_assert_int_eq(get_status(x, "/health"), 200);
     rx_free(x);
@@ -1054,11 +1040,8 @@ END_TEST
 START_TEST(test_live_connection_close_and_half_close)
 {
     rx_t *x = rx_new(dial());
-    resp_t r;
     send_str(x->fd, "GET /health HTTP/1.1\r\nConnection: close\r\n\r\n");
-    recv_resp(x, false, 0, &r);
-    ck_assert(has_header(&r, "connection", "close"));
-    resp_free(&r);
+    recv_expect(x, false, 0, "connection", "close");
     expect_eof(x);
     rx_free(x);
 
@@ -1066,8 +1049,8 @@ START_TEST(test_live_connection_close_and_half_close)
     x = rx_new(dial());
     send_str(x->fd, "GET /health HTTP/1.1\r\n\r\nGET /nope HTTP/1.1\r\n\r\n");
     shutdown(x->fd, SHUT_WR);
-    recv_expect(x, false, 200);
-    recv_expect(x, false, 404);
+    recv_expect(x, false, 200, NULL, NULL);
+    recv_expect(x, false, 404, NULL, NULL);
     expect_eof(x);
     rx_free(x);
 }
@@ -1099,7 +1082,7 @@ START_TEST(test_live_connection_limit)
     ck_assert_int_eq(get_status(more, "/stats"), 200);
     expect_eof(x[1]);
     send_str(x[2]->fd, "lth HTTP/1.1\r\n\r\n");
-    recv_expect(x[2], false, 200);
+    recv_expect(x[2], false, 200, NULL, NULL);
 
     rx_free(over);
     rx_free(more);
