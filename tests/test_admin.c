@@ -163,6 +163,15 @@ static bool has_header(const resp_t *r, const char *name, const char *value)
     return header(r, name, v, sizeof(v)) != NULL && strcmp(v, value) == 0;
 }
 
+/* Unless `name` is NULL, `r` has the header `name` holding `value`; frees
+ * `r`. */
+static void resp_done(resp_t *r, const char *name, const char *value)
+{
+    if (name != NULL)
+        ck_assert_msg(has_header(r, name, value), "no %s: %s", name, value);
+    resp_free(r);
+}
+
 /* ---- admin_http without sockets ---- */
 
 typedef struct hx {
@@ -227,9 +236,7 @@ static void hx_expect(hx_t *x, bool head, int status, const char *name, const ch
 {
     resp_t r;
     hx_next(x, head, status, &r);
-    if (name != NULL)
-        ck_assert_msg(has_header(&r, name, value), "no %s: %s", name, value);
-    resp_free(&r);
+    resp_done(&r, name, value);
 }
 
 static bool hx_empty(const hx_t *x)
@@ -857,9 +864,7 @@ static void recv_expect(rx_t *x, bool head, int status, const char *name, const 
 {
     resp_t r;
     recv_resp(x, head, status, &r);
-    if (name != NULL)
-        ck_assert_msg(has_header(&r, name, value), "no %s: %s", name, value);
-    resp_free(&r);
+    resp_done(&r, name, value);
 }
 
 /* The server closes the connection: EOF, nothing more to read. */
