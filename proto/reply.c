@@ -25,13 +25,23 @@
 #include <stdio.h>
 #include <string.h>
 
+/* In a proto_reply_*() writer, which keeps where its line starts in
+ * `start`: appends with `expr`, or when that runs out of memory, puts the
+ * buffer back as it was at `start` and returns SLOTD_ENOMEM. */
 #define TRY(expr)                                                                                  \
     do {                                                                                           \
-        if ((expr) != SLOTD_OK)                                                                    \
-            goto nomem;                                                                            \
+        if ((expr) != SLOTD_OK) {                                                                  \
+            b->len = start;                                                                        \
+            return SLOTD_ENOMEM;                                                                   \
+        }                                                                                          \
     } while (0)
 
 #define PUT_LIT(b, lit) put((b), (lit), sizeof(lit) - 1)
+
+/* A member of a reply: `key`, a literal with its quotes, colon and any comma
+ * before it, then the value put_value(b, ...) writes. */
+#define PUT_MEMBER(b, key, put_value, ...)                                                         \
+    (PUT_LIT(b, key) != SLOTD_OK ? SLOTD_ENOMEM : put_value((b), __VA_ARGS__))
 
 /* Longest fast-path "%.6f" text: "-1000000000.000000". */
 #define FMT6_FAST_MAX 18
@@ -386,20 +396,26 @@ static int put_open(proto_buf_t *b, const char *tag)
     return PUT_LIT(b, ",");
 }
 
+/* Ends the reply line begun at `start` with "}\n", or when that does not
+ * fit, puts the buffer back as it was at `start`. */
+static int put_close(proto_buf_t *b, size_t start)
+{
+    if (PUT_LIT(b, "}\n") == SLOTD_OK)
+        return SLOTD_OK;
+    b->len = start;
+    return SLOTD_ENOMEM;
+}
+
 int proto_reply_error(proto_buf_t *b, const char *tag, const slotd_error_t *err)
 {
     size_t start = b->len;
 
     TRY(put_open(b, tag));
-    TRY(PUT_LIT(b, "\"error\":{\"code\":"));
-    TRY(put_str(b, slotd_err_name(err->code)));
-    TRY(PUT_LIT(b, ",\"message\":"));
-    TRY(proto__put_json_string(b, err->message, strnlen(err->message, sizeof(err->message))));
-    TRY(PUT_LIT(b, "}}\n"));
-    return SLOTD_OK;
-nomem:
-    b->len = start;
-    return SLOTD_ENOMEM;
+    TRY(PUT_MEMBER(b, "\"error\":{\"code\":", put_str, slotd_err_name(err->code)));
+    TRY(PUT_MEMBER(b, ",\"message\":", proto__put_json_string, err->message,
+                   strnlen(err->message, sizeof(err->message))));
+    TRY(PUT_LIT(b, "}"));
+    return put_close(b, start);
 }
 
 int proto_reply_start(proto_buf_t *b, const char *tag, const char *id, const char *model,
@@ -408,17 +424,10 @@ int proto_reply_start(proto_buf_t *b, const char *tag, const char *id, const cha
     size_t start = b->len;
 
     TRY(put_open(b, tag));
-    TRY(PUT_LIT(b, "\"id\":"));
-    TRY(put_str(b, id));
-    TRY(PUT_LIT(b, ",\"model\":"));
-    TRY(put_str(b, model));
-    TRY(PUT_LIT(b, ",\"entries\":"));
-    TRY(put_u64(b, entries));
-    TRY(PUT_LIT(b, "}\n"));
-    return SLOTD_OK;
-nomem:
-    b->len = start;
-    return SLOTD_ENOMEM;
+    TRY(PUT_MEMBER(b, "\"id\":", put_str, id));
+    TRY(PUT_MEMBER(b, ",\"model\":", put_str, model));
+    TRY(PUT_MEMBER(b, ",\"entries\":", put_u64, entries));
+    return put_close(b, start);
 }
 
 int proto_reply_step(proto_buf_t *b, const char *tag, const char *id, const uint32_t *tokens,
@@ -427,21 +436,12 @@ int proto_reply_step(proto_buf_t *b, const char *tag, const char *id, const uint
     size_t start = b->len;
 
     TRY(put_open(b, tag));
-    TRY(PUT_LIT(b, "\"id\":"));
-    TRY(put_str(b, id));
-    TRY(PUT_LIT(b, ",\"tokens\":"));
-    TRY(put_u32_array(b, tokens, n));
-    if (logits != NULL) {
-        TRY(PUT_LIT(b, ",\"logits\":"));
-        TRY(put_f6_rows(b, logits, n, vocab));
-    }
-    TRY(PUT_LIT(b, ",\"entries\":"));
-    TRY(put_u64(b, entries));
-    TRY(PUT_LIT(b, "}\n"));
-    return SLOTD_OK;
-nomem:
-    b->len = start;
-    return SLOTD_ENOMEM;
+    TRY(PUT_MEMBER(b, "\"id\":", put_str, id));
+    TRY(PUT_MEMBER(b, ",\"tokens\":", put_u32_array, tokens, n));
+    if (logits != NULL)
+        TRY(PUT_MEMBER(b, ",\"logits\":", put_f6_rows, logits, n, vocab));
+    TRY(PUT_MEMBER(b, ",\"entries\":", put_u64, entries));
+    return put_close(b, start);
 }
 
 int proto_reply_finish(proto_buf_t *b, const char *tag, const char *id, uint32_t released)
@@ -449,15 +449,9 @@ int proto_reply_finish(proto_buf_t *b, const char *tag, const char *id, uint32_t
     size_t start = b->len;
 
     TRY(put_open(b, tag));
-    TRY(PUT_LIT(b, "\"id\":"));
-    TRY(put_str(b, id));
-    TRY(PUT_LIT(b, ",\"released\":"));
-    TRY(put_u64(b, released));
-    TRY(PUT_LIT(b, "}\n"));
-    return SLOTD_OK;
-nomem:
-    b->len = start;
-    return SLOTD_ENOMEM;
+    TRY(PUT_MEMBER(b, "\"id\":", put_str, id));
+    TRY(PUT_MEMBER(b, ",\"released\":", put_u64, released));
+    return put_close(b, start);
 }
 
 int proto_reply_logits(proto_buf_t *b, const char *tag, const double *logits, uint32_t vocab,
@@ -467,15 +461,9 @@ int proto_reply_logits(proto_buf_t *b, const char *tag, const double *logits, ui
 
     assert(logits != NULL || vocab == 0);
     TRY(put_open(b, tag));
-    TRY(PUT_LIT(b, "\"logits\":"));
-    TRY(put_f6_row(b, logits, logits != NULL ? vocab : 0));
-    TRY(PUT_LIT(b, ",\"rows\":"));
-    TRY(put_u64(b, rows));
-    TRY(PUT_LIT(b, "}\n"));
-    return SLOTD_OK;
-nomem:
-    b->len = start;
-    return SLOTD_ENOMEM;
+    TRY(PUT_MEMBER(b, "\"logits\":", put_f6_row, logits, logits != NULL ? vocab : 0));
+    TRY(PUT_MEMBER(b, ",\"rows\":", put_u64, rows));
+    return put_close(b, start);
 }
 
 int proto_reply_generate(proto_buf_t *b, const char *tag, const uint32_t *tokens, size_t ntokens,
@@ -485,17 +473,10 @@ int proto_reply_generate(proto_buf_t *b, const char *tag, const uint32_t *tokens
 
     assert(logits != NULL || steps == 0 || vocab == 0);
     TRY(put_open(b, tag));
-    TRY(PUT_LIT(b, "\"tokens\":"));
-    TRY(put_u32_array(b, tokens, ntokens));
-    TRY(PUT_LIT(b, ",\"logits\":"));
-    TRY(put_f6_rows(b, logits, logits != NULL ? steps : 0, vocab));
-    TRY(PUT_LIT(b, ",\"rows\":"));
-    TRY(put_u64(b, rows));
-    TRY(PUT_LIT(b, "}\n"));
-    return SLOTD_OK;
-nomem:
-    b->len = start;
-    return SLOTD_ENOMEM;
+    TRY(PUT_MEMBER(b, "\"tokens\":", put_u32_array, tokens, ntokens));
+    TRY(PUT_MEMBER(b, ",\"logits\":", put_f6_rows, logits, logits != NULL ? steps : 0, vocab));
+    TRY(PUT_MEMBER(b, ",\"rows\":", put_u64, rows));
+    return put_close(b, start);
 }
 
 int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st)
@@ -532,11 +513,7 @@ int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st)
         TRY(put(b, members[i].key, members[i].len));
         TRY(put_u64(b, members[i].value));
     }
-    TRY(PUT_LIT(b, "}\n"));
-    return SLOTD_OK;
-nomem:
-    b->len = start;
-    return SLOTD_ENOMEM;
+    return put_close(b, start);
 }
 
 int proto_reply_auth(proto_buf_t *b, const char *tag)
@@ -544,9 +521,6 @@ int proto_reply_auth(proto_buf_t *b, const char *tag)
     size_t start = b->len;
 
     TRY(put_open(b, tag));
-    TRY(PUT_LIT(b, "\"ok\":true}\n"));
-    return SLOTD_OK;
-nomem:
-    b->len = start;
-    return SLOTD_ENOMEM;
+    TRY(PUT_LIT(b, "\"ok\":true"));
+    return put_close(b, start);
 }

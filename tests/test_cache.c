@@ -237,6 +237,48 @@ static size_t page_for(const model_t *const *models, size_t n)
     return (CACHE__PAGE_MIN + big - 1) / big * big;
 }
 
+/* ---- The fixture ---- */
+
+/* The models and the pool of the running test: fx_model() and fx_pool()
+ * make them, and fx_teardown(), a checked fixture, destroys them after the
+ * test, passed or failed. */
+static model_t *fx_models[4];
+static const model_t *fx_list[4]; /* the same, for the pool's config */
+static size_t fx_nmodels;
+static cache_pool_t *fx_p;
+
+/* The model of `preset`, one of the pool's models in the order made. */
+static model_t *fx_model(const char *preset)
+{
+    ck_assert_uint_lt(fx_nmodels, 4);
+    fx_models[fx_nmodels] = model(preset);
+    fx_list[fx_nmodels] = fx_models[fx_nmodels];
+    return fx_models[fx_nmodels++];
+}
+
+/* page_for() the models made so far. */
+static size_t fx_page(void)
+{
+    return page_for(fx_list, fx_nmodels);
+}
+
+/* A pool of `capacity` bytes and `max_slots` slots over the models made. */
+static cache_pool_t *fx_pool(size_t capacity, uint32_t max_slots)
+{
+    ck_assert_ptr_null(fx_p);
+    fx_p = pool(capacity, max_slots, fx_list, fx_nmodels);
+    return fx_p;
+}
+
+static void fx_teardown(void)
+{
+    if (fx_p != NULL)
+        cache_pool_destroy(fx_p);
+    fx_p = NULL;
+    while (fx_nmodels > 0)
+        model_destroy(fx_models[--fx_nmodels]);
+}
+
 /* ---- Creation ---- */
 
 static int calloc_budget;
@@ -250,7 +292,7 @@ static void *failing_calloc(size_t n, size_t size)
 
 START_TEST(test_create_invalid)
 {
-    model_t *hash = model("hash");
+    model_t *hash = fx_model("hash");
     const model_t *models[] = {hash};
     const model_t *none[] = {NULL};
     cache_pool_config_t cfg = {(size_t)4 << 20, 8, models, 1, 1};
@@ -279,13 +321,12 @@ START_TEST(test_create_invalid)
     cfg.capacity_bytes = (size_t)3000000000u * page_for(models, 1);
     ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_ENOMEM);
     ck_assert_ptr_null(p);
-    model_destroy(hash);
 }
 END_TEST
 
 START_TEST(test_create_oom)
 {
-    model_t *hash = model("hash");
+    model_t *hash = fx_model("hash");
     const model_t *models[] = {hash};
     cache_pool_config_t cfg = {(size_t)1 << 20, 8, models, 1, 1};
     cache_pool_t *p = NULL;
@@ -305,7 +346,6 @@ START_TEST(test_create_oom)
     ck_assert_int_gt(budget, 0);
     sound(p);
     cache_pool_destroy(p);
-    model_destroy(hash);
 }
 END_TEST
 
@@ -313,9 +353,9 @@ END_TEST
 
 START_TEST(test_acquire_empty)
 {
-    model_t *hash = model("hash"), *tiny = model("tiny");
-    const model_t *models[] = {hash, tiny};
-    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 2);
+    (void)fx_model("hash"); /* in the pool, never acquired */
+    model_t *tiny = fx_model("tiny");
+    cache_pool_t *p = fx_pool((size_t)2 << 20, 4);
     cache_owner_t o = owner(1, "a");
     cache_handle_t h;
     cache_pool_stats_t st;
@@ -355,17 +395,13 @@ START_TEST(test_acquire_empty)
 
     ck_assert_int_eq(cache_pool_release(p, h, &o, NULL), SLOTD_OK);
     sound(p);
-    cache_pool_destroy(p);
-    model_destroy(hash);
-    model_destroy(tiny);
 }
 END_TEST
 
 START_TEST(test_reserve_commit_grows_exactly)
 {
-    model_t *hash = model("hash");
-    const model_t *models[] = {hash};
-    cache_pool_t *p = pool((size_t)4 << 20, 4, models, 1);
+    model_t *hash = fx_model("hash");
+    cache_pool_t *p = fx_pool((size_t)4 << 20, 4);
     cache_owner_t o = owner(7, "grow");
     cache_handle_t h;
     uint32_t entries = 0, per = model_block_capacity(hash, 0), nb = 0;
@@ -403,8 +439,6 @@ START_TEST(test_reserve_commit_grows_exactly)
         after = stats(p);
         stats_eq(&before, &after);
     }
-    cache_pool_destroy(p);
-    model_destroy(hash);
 }
 END_TEST
 
@@ -413,9 +447,8 @@ END_TEST
  * cap, in whole lines), or the tail's header (hash); nothing else. */
 START_TEST(test_hint_names_the_slot)
 {
-    model_t *tiny = model("tiny"), *hash = model("hash");
-    const model_t *models[] = {tiny, hash};
-    cache_pool_t *p = pool((size_t)4 << 20, 4, models, 2);
+    model_t *tiny = fx_model("tiny"), *hash = fx_model("hash");
+    cache_pool_t *p = fx_pool((size_t)4 << 20, 4);
     cache_owner_t o = owner(3, "hint");
     cache_handle_t h;
     cache_hint_t hint;
@@ -460,17 +493,13 @@ START_TEST(test_hint_names_the_slot)
     for (k++; k < CACHE_HINTS; k++)
         ck_assert_uint_eq(hint.lines[k], 0);
     ck_assert_int_eq(cache_pool_release(p, h, &o, NULL), SLOTD_OK);
-    cache_pool_destroy(p);
-    model_destroy(tiny);
-    model_destroy(hash);
 }
 END_TEST
 
 START_TEST(test_block_boundaries)
 {
-    model_t *hash = model("hash");
-    const model_t *models[] = {hash};
-    cache_pool_t *p = pool((size_t)4 << 20, 4, models, 1);
+    model_t *hash = fx_model("hash");
+    cache_pool_t *p = fx_pool((size_t)4 << 20, 4);
     cache_owner_t o = owner(3, "edge");
     cache_handle_t h;
     uint32_t per = model_block_capacity(hash, 0);
@@ -537,8 +566,6 @@ START_TEST(test_block_boundaries)
         stats_eq(&before, &after);
     }
     sound(p);
-    cache_pool_destroy(p);
-    model_destroy(hash);
 }
 END_TEST
 
@@ -547,9 +574,8 @@ END_TEST
  * uncached reference, and "tiny" reproduces the golden tokens. */
 START_TEST(test_models_run_in_slots)
 {
-    model_t *hash = model("hash"), *tiny = model("tiny");
-    const model_t *models[] = {hash, tiny};
-    cache_pool_t *p = pool((size_t)4 << 20, 4, models, 2);
+    model_t *hash = fx_model("hash"), *tiny = fx_model("tiny");
+    cache_pool_t *p = fx_pool((size_t)4 << 20, 4);
     cache_owner_t o = owner(9, "run");
     cache_handle_t h;
     size_t scratch_size = model_scratch_size(hash) > model_scratch_size(tiny)
@@ -619,9 +645,6 @@ START_TEST(test_models_run_in_slots)
     }
     sound(p);
     free(scratch);
-    cache_pool_destroy(p);
-    model_destroy(hash);
-    model_destroy(tiny);
 }
 END_TEST
 
@@ -632,9 +655,10 @@ END_TEST
  * plan, so the figure is the memory the arena gives up. */
 START_TEST(test_slot_bytes_bound)
 {
-    model_t *ms[] = {model("hash"), model("tiny"), model("small"), model("base")};
-    const model_t *models[] = {ms[0], ms[1], ms[2], ms[3]};
-    cache_pool_t *p = pool((size_t)160 << 20, 4, models, 4);
+    model_t *hash = fx_model("hash"), *tiny = fx_model("tiny"), *small = fx_model("small"),
+            *base = fx_model("base");
+    model_t *ms[] = {hash, tiny, small, base};
+    cache_pool_t *p = fx_pool((size_t)160 << 20, 4);
     cache_owner_t o = owner(1, "bound");
 
     for (size_t i = 0; i < 4; i++) {
@@ -660,9 +684,6 @@ START_TEST(test_slot_bytes_bound)
         ck_assert_uint_eq(stats(p).bytes_used, 0);
     }
     sound(p);
-    cache_pool_destroy(p);
-    for (size_t i = 0; i < 4; i++)
-        model_destroy(ms[i]);
 }
 END_TEST
 
@@ -698,9 +719,8 @@ END_TEST
 
 START_TEST(test_release_returns_everything)
 {
-    model_t *hash = model("hash"), *tiny = model("tiny"), *small = model("small");
-    const model_t *models[] = {hash, tiny, small};
-    cache_pool_t *p = pool((size_t)8 << 20, 16, models, 3);
+    model_t *hash = fx_model("hash"), *tiny = fx_model("tiny"), *small = fx_model("small");
+    cache_pool_t *p = fx_pool((size_t)8 << 20, 16);
     const model_t *use[] = {hash, tiny, small, hash, small, tiny};
     const uint32_t grow_by[] = {1000, 7, 100, 64, 16, 8};
     cache_handle_t h[6];
@@ -732,18 +752,13 @@ START_TEST(test_release_returns_everything)
     ck_assert_uint_eq(cache_pool_entries(p), 0);
     /* Every page is back on the free-page list. */
     ck_assert_uint_eq(cache__pool_pages_free(p), cache__pool_pages(p));
-    cache_pool_destroy(p);
-    model_destroy(hash);
-    model_destroy(tiny);
-    model_destroy(small);
 }
 END_TEST
 
 START_TEST(test_trim_gives_pages_back)
 {
-    model_t *tiny = model("tiny"), *small = model("small");
-    const model_t *models[] = {tiny, small};
-    cache_pool_t *p = pool((size_t)8 << 20, 64, models, 2);
+    model_t *tiny = fx_model("tiny"), *small = fx_model("small");
+    cache_pool_t *p = fx_pool((size_t)8 << 20, 64);
     size_t page = cache__pool_page_size(p);
     cache_handle_t h[8];
     cache_owner_t o[8];
@@ -797,9 +812,6 @@ START_TEST(test_trim_gives_pages_back)
     uint32_t had;
     ck_assert_int_eq(cache_pool_release(p, ht, &ot, &had), SLOTD_OK);
     ck_assert_uint_eq(had, 5);
-    cache_pool_destroy(p);
-    model_destroy(tiny);
-    model_destroy(small);
 }
 END_TEST
 
@@ -807,9 +819,8 @@ END_TEST
 
 START_TEST(test_slot_count_exhausted)
 {
-    model_t *hash = model("hash");
-    const model_t *models[] = {hash};
-    cache_pool_t *p = pool((size_t)4 << 20, 3, models, 1);
+    model_t *hash = fx_model("hash");
+    cache_pool_t *p = fx_pool((size_t)4 << 20, 3);
     cache_owner_t o[4] = {owner(1, "a"), owner(1, "b"), owner(2, "a"), owner(2, "b")};
     cache_handle_t h[4], spare = {77, 77};
     view_t before[3];
@@ -839,8 +850,6 @@ START_TEST(test_slot_count_exhausted)
     ck_assert_int_eq(cache_pool_acquire(p, hash, &o[3], &h[3]), SLOTD_OK);
     ck_assert_int_eq(grow(p, h[3], &o[3], 5), SLOTD_OK);
     sound(p);
-    cache_pool_destroy(p);
-    model_destroy(hash);
 }
 END_TEST
 
@@ -852,8 +861,7 @@ END_TEST
  * releasing makes room again. */
 START_TEST(test_budget_exhausted)
 {
-    model_t *small = model("small");
-    const model_t *models[] = {small};
+    model_t *small = fx_model("small");
     cache_pool_t *p;
     size_t page;
     cache_owner_t a = owner(1, "a"), b = owner(1, "b"), c = owner(2, "c");
@@ -864,8 +872,8 @@ START_TEST(test_budget_exhausted)
     model_kv_t kv;
     uint32_t nstates = 0, na;
 
-    page = page_for(models, 1);
-    p = pool(6 * page, 200, models, 1);
+    page = fx_page();
+    p = fx_pool(6 * page, 200);
     ck_assert_uint_eq(cache__pool_page_size(p), page);
     ck_assert_uint_eq(cache__pool_pages(p), 6);
     ck_assert_uint_eq(page / round_align(model_block_bytes(small)), 1);
@@ -939,8 +947,6 @@ START_TEST(test_budget_exhausted)
     ck_assert_uint_eq(stats(p).bytes_used, 0);
     ck_assert_uint_eq(cache__pool_pages_free(p), 6);
     sound(p);
-    cache_pool_destroy(p);
-    model_destroy(small);
 }
 END_TEST
 
@@ -948,9 +954,8 @@ END_TEST
 
 START_TEST(test_stale_handles)
 {
-    model_t *hash = model("hash");
-    const model_t *models[] = {hash};
-    cache_pool_t *p = pool((size_t)2 << 20, 1, models, 1);
+    model_t *hash = fx_model("hash");
+    cache_pool_t *p = fx_pool((size_t)2 << 20, 1);
     cache_owner_t a = owner(1, "req"), b = owner(2, "req");
     cache_handle_t ha, hb;
     model_kv_t kv, poisoned;
@@ -1004,16 +1009,13 @@ START_TEST(test_stale_handles)
     ck_assert_int_eq(cache_pool_reserve(p, (cache_handle_t){hb.slot, 0}, &b, 1, &kv), SLOTD_ESTALE);
     ck_assert_int_eq(cache_pool_release(p, hb, &b, NULL), SLOTD_OK);
     sound(p);
-    cache_pool_destroy(p);
-    model_destroy(hash);
 }
 END_TEST
 
 START_TEST(test_wrong_owner)
 {
-    model_t *hash = model("hash");
-    const model_t *models[] = {hash};
-    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    model_t *hash = fx_model("hash");
+    cache_pool_t *p = fx_pool((size_t)2 << 20, 4);
     char longid[CACHE_ID_MAX + 1];
     cache_owner_t o, wrong_key, wrong_id, prefix, longer;
     cache_handle_t h;
@@ -1045,16 +1047,13 @@ START_TEST(test_wrong_owner)
     ck_assert_uint_eq(kv.len, 3);
     ck_assert_int_eq(cache_pool_release(p, h, &o, NULL), SLOTD_OK);
     sound(p);
-    cache_pool_destroy(p);
-    model_destroy(hash);
 }
 END_TEST
 
 START_TEST(test_double_release)
 {
-    model_t *hash = model("hash");
-    const model_t *models[] = {hash};
-    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    model_t *hash = fx_model("hash");
+    cache_pool_t *p = fx_pool((size_t)2 << 20, 4);
     cache_owner_t a = owner(1, "a"), b = owner(1, "b");
     cache_handle_t ha, hb;
     cache_pool_stats_t st, after;
@@ -1088,8 +1087,6 @@ START_TEST(test_double_release)
     ck_assert_int_eq(cache_pool_release(p, hb, &b, NULL), SLOTD_OK);
     ck_assert_uint_eq(stats(p).bytes_used, 0);
     sound(p);
-    cache_pool_destroy(p);
-    model_destroy(hash);
 }
 END_TEST
 
@@ -1097,9 +1094,8 @@ END_TEST
  * their length, are told apart (the owner check compares whole words). */
 START_TEST(test_owner_id_words)
 {
-    model_t *hash = model("hash");
-    const model_t *models[] = {hash};
-    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    model_t *hash = fx_model("hash");
+    cache_pool_t *p = fx_pool((size_t)2 << 20, 4);
     /* Lengths 0, 1, 7, 8, 9 and 15, 16: either side of the word boundaries. */
     static const char *ids[] = {"",
                                 "a",
@@ -1131,8 +1127,6 @@ START_TEST(test_owner_id_words)
         ck_assert_int_eq(cache_pool_release(p, h, &o, NULL), SLOTD_OK);
     }
     sound(p);
-    cache_pool_destroy(p);
-    model_destroy(hash);
 }
 END_TEST
 
@@ -1192,9 +1186,8 @@ static void *fill_pool(void *arg)
  * parked. */
 START_TEST(test_parked_blocks_do_not_refuse)
 {
-    model_t *tiny = model("tiny");
-    const model_t *models[] = {tiny};
-    cache_pool_t *p = pool(3 * page_for(models, 1), 256, models, 1);
+    model_t *tiny = fx_model("tiny");
+    cache_pool_t *p = fx_pool(3 * fx_page(), 256);
     filler_t first = {p, tiny, 1, 0, 0, 0, 0}, second = {p, tiny, 2, 0, 0, 0, 0};
     pthread_t t;
 
@@ -1214,8 +1207,6 @@ START_TEST(test_parked_blocks_do_not_refuse)
     ck_assert_uint_eq(stats(p).bytes_used, 0);
     ck_assert_uint_eq(cache__pool_pages_free(p), cache__pool_pages(p));
     sound(p);
-    cache_pool_destroy(p);
-    model_destroy(tiny);
 }
 END_TEST
 
@@ -1398,9 +1389,8 @@ END_TEST
 
 START_TEST(test_pages_move_between_classes)
 {
-    model_t *hash = model("hash"), *small = model("small");
-    const model_t *models[] = {hash, small};
-    cache_pool_t *p = pool(6 * page_for(models, 2), 64, models, 2);
+    model_t *hash = fx_model("hash"), *small = fx_model("small");
+    cache_pool_t *p = fx_pool(6 * fx_page(), 64);
     cache_owner_t a = owner(1, "small");
     cache_handle_t ha, hh[16];
     cache_owner_t oh[16];
@@ -1466,9 +1456,6 @@ START_TEST(test_pages_move_between_classes)
     ck_assert_int_eq(cache_pool_release(p, ha, &a, NULL), SLOTD_OK);
     ck_assert_uint_eq(stats(p).bytes_used, 0);
     sound(p);
-    cache_pool_destroy(p);
-    model_destroy(hash);
-    model_destroy(small);
 }
 END_TEST
 
@@ -1485,11 +1472,11 @@ typedef struct expect_slot {
 
 START_TEST(test_randomized)
 {
-    model_t *hash = model("hash"), *tiny = model("tiny"), *small = model("small");
+    model_t *hash = fx_model("hash"), *tiny = fx_model("tiny"), *small = fx_model("small");
     const model_t *models[] = {hash, tiny, small};
     enum { NREC = 8, MAX_SLOTS = 6, OPS = 4000 };
-    const size_t capacity = 14 * page_for(models, 3) + 12345;
-    cache_pool_t *p = pool(capacity, MAX_SLOTS, models, 3);
+    const size_t capacity = 14 * fx_page() + 12345;
+    cache_pool_t *p = fx_pool(capacity, MAX_SLOTS);
     expect_slot_t rec[NREC];
     cache_handle_t dead[64];
     cache_owner_t dead_owner[64];
@@ -1633,10 +1620,6 @@ START_TEST(test_randomized)
     ck_assert_uint_eq(stats(p).bytes_used, 0);
     ck_assert_uint_eq(stats(p).entries, 0);
     ck_assert_uint_eq(cache__pool_pages_free(p), cache__pool_pages(p));
-    cache_pool_destroy(p);
-    model_destroy(hash);
-    model_destroy(tiny);
-    model_destroy(small);
 }
 END_TEST
 
@@ -1645,9 +1628,8 @@ END_TEST
 #ifndef NDEBUG
 START_TEST(test_poison_after_release)
 {
-    model_t *hash = model("hash");
-    const model_t *models[] = {hash};
-    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    model_t *hash = fx_model("hash");
+    cache_pool_t *p = fx_pool((size_t)2 << 20, 4);
     cache_owner_t a = owner(1, "a");
     cache_handle_t h;
     model_kv_t kv;
@@ -1675,8 +1657,6 @@ START_TEST(test_poison_after_release)
         memcpy(&magic, block + 8, sizeof magic);
         ck_assert_uint_eq(magic, CACHE__FREE_MAGIC);
     }
-    cache_pool_destroy(p);
-    model_destroy(hash);
 }
 END_TEST
 
@@ -1684,9 +1664,8 @@ END_TEST
  * after its release, the pool's check reports it. */
 START_TEST(test_check_finds_written_parked_block)
 {
-    model_t *tiny = model("tiny");
-    const model_t *models[] = {tiny};
-    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    model_t *tiny = fx_model("tiny");
+    cache_pool_t *p = fx_pool((size_t)2 << 20, 4);
     cache_owner_t a = owner(1, "a");
     cache_handle_t h;
     model_kv_t kv;
@@ -1702,17 +1681,14 @@ START_TEST(test_check_finds_written_parked_block)
     ck_assert_int_eq(cache_pool_release(p, h, &a, NULL), SLOTD_OK);
     block[40] = 0; /* a use after release */
     ck_assert_int_gt(cache__pool_check(p), 0);
-    cache_pool_destroy(p);
-    model_destroy(tiny);
 }
 END_TEST
 
 /* Runs in a forked child: the guard aborts. */
 START_TEST(test_guard_double_free)
 {
-    model_t *hash = model("hash");
-    const model_t *models[] = {hash};
-    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    model_t *hash = fx_model("hash");
+    cache_pool_t *p = fx_pool((size_t)2 << 20, 4);
     cache_owner_t a = owner(1, "a"), keep = owner(1, "keep");
     cache_handle_t h, hk;
     model_kv_t kv;
@@ -1732,9 +1708,8 @@ END_TEST
 
 START_TEST(test_guard_write_after_release)
 {
-    model_t *hash = model("hash");
-    const model_t *models[] = {hash};
-    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    model_t *hash = fx_model("hash");
+    cache_pool_t *p = fx_pool((size_t)2 << 20, 4);
     cache_owner_t a = owner(1, "a"), keep = owner(1, "keep");
     cache_handle_t h, hk;
     model_kv_t kv;
@@ -1754,9 +1729,8 @@ END_TEST
 
 START_TEST(test_guard_commit_shrinks)
 {
-    model_t *hash = model("hash");
-    const model_t *models[] = {hash};
-    cache_pool_t *p = pool((size_t)2 << 20, 4, models, 1);
+    model_t *hash = fx_model("hash");
+    cache_pool_t *p = fx_pool((size_t)2 << 20, 4);
     cache_owner_t a = owner(1, "a");
     cache_handle_t h;
     model_kv_t kv;
@@ -1776,6 +1750,7 @@ static Suite *cache_suite(bool forking)
     TCase *tc = tcase_create("pool");
 
     tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, NULL, fx_teardown);
     tcase_add_test(tc, test_create_invalid);
     tcase_add_test(tc, test_create_oom);
     tcase_add_test(tc, test_acquire_empty);

@@ -203,36 +203,30 @@ START_TEST(test_restart_after_finish)
      * entries are gone from the accounting. */
     itest_daemon_t *d = itest_daemon_start(NULL);
     itest_conn_t *c = itest_connect(d);
-    int64_t p1[] = {1, 2, 3}, p2[] = {5, 4};
-    itest_session_t s;
-    itest_session_init(&s, "r", "tiny", p1, 3);
-    itest_session_start(c, &s);
-    itest_session_step(c, &s, 3);
-    itest_session_finish(c, &s);
-    itest_session_free(&s);
-
-    itest_session_init(&s, "r", "tiny", p2, 2);
-    itest_session_start(c, &s);
-    ck_assert_int_eq(itest_stat(c, "cache_entries"), 2);
-    itest_session_step(c, &s, 1);
-    itest_session_step(c, &s, 5);
-    itest_session_finish(c, &s);
-    itest_session_free(&s);
-
-    /* Restarted under another model. */
-    int64_t p3[] = {999, 0, 500};
-    itest_session_init(&s, "r", "hash", p3, 3);
-    itest_session_start(c, &s);
-    itest_session_step(c, &s, 10);
-    itest_session_finish(c, &s);
-    itest_session_free(&s);
-
-    /* And once more with the very first prompt: same as the first time. */
-    itest_session_init(&s, "r", "tiny", p1, 3);
-    itest_session_start(c, &s);
-    itest_session_step(c, &s, 5);
-    itest_session_finish(c, &s);
-    itest_session_free(&s);
+    /* The same id four times: again under tiny, under another model, and
+     * once more with the very first prompt (same as the first time). */
+    static const int64_t p1[] = {1, 2, 3}, p2[] = {5, 4}, p3[] = {999, 0, 500};
+    static const struct {
+        const char *model;
+        const int64_t *prompt;
+        size_t n;
+        uint32_t steps[2]; /* 0: no more steps */
+    } runs[] = {
+        {"tiny", p1, 3, {3, 0}},
+        {"tiny", p2, 2, {1, 5}},
+        {"hash", p3, 3, {10, 0}},
+        {"tiny", p1, 3, {5, 0}},
+    };
+    for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+        itest_session_t s;
+        itest_session_init(&s, "r", runs[i].model, runs[i].prompt, runs[i].n);
+        itest_session_start(c, &s);
+        ck_assert_int_eq(itest_stat(c, "cache_entries"), (int64_t)itest_session_entries(&s));
+        for (size_t k = 0; k < 2 && runs[i].steps[k] != 0; k++)
+            itest_session_step(c, &s, runs[i].steps[k]);
+        itest_session_finish(c, &s);
+        itest_session_free(&s);
+    }
     cJSON *st = itest_stats(c);
     ck_assert_int_eq(itest_int(st, "cache_entries"), 0);
     ck_assert_int_eq(itest_int(st, "live_sessions"), 0);
@@ -346,40 +340,34 @@ START_TEST(test_counters_exact)
     itest_session_step(c, &t, 3);
     EXPECT_DELTA("tiny step n=3", 0, 6);
 
-    /* Stateless ops count what their reply says. */
-    r = itest_rpc(c, "{\"op\":\"logits\",\"tokens\":[1,2,3,4]}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
-    EXPECT_DELTA("logits of 4", 0, 8);
-    r = itest_rpc(c, "{\"op\":\"generate\",\"tokens\":[0,1,2],\"steps\":5,\"use_cache\":true}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
-    EXPECT_DELTA("cached generate", 0, 14);
-    r = itest_rpc(c, "{\"op\":\"generate\",\"tokens\":[0,1,2],\"steps\":5}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
-    EXPECT_DELTA("uncached generate", 0, 50);
-    r = itest_rpc(c, "{\"op\":\"generate\",\"tokens\":[0,1,2],\"steps\":0,\"use_cache\":true}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
-    EXPECT_DELTA("generate of 0 steps", 0, 0);
-
-    /* Errors, stats and finish run nothing. */
-    r = itest_rpc(c, "{\"op\":\"step\",\"id\":\"t\",\"n\":2}");
-    itest_expect_error(r, NULL, "context_full", NULL);
-    cJSON_Delete(r);
-    r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"t\",\"prompt\":[1]}");
-    itest_expect_error(r, NULL, "duplicate_id", "t", NULL);
-    cJSON_Delete(r);
-    r = itest_rpc(c, "{\"op\":\"generate\",\"tokens\":[0,1,2],\"steps\":6}");
-    itest_expect_error(r, NULL, "too_long", "length", NULL);
-    cJSON_Delete(r);
-    r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"bad\",\"prompt\":[1,6]}");
-    itest_expect_error(r, NULL, "bad_request", "prompt", NULL);
-    cJSON_Delete(r);
+    /* Stateless ops count what their reply says; errors run nothing. */
+    static const struct {
+        const char *req;
+        const char *code; /* NULL: an ok reply */
+        const char *word; /* a word the error message names, or NULL */
+        int64_t rows;
+    } ops[] = {
+        {"{\"op\":\"logits\",\"tokens\":[1,2,3,4]}", NULL, NULL, 8},
+        {"{\"op\":\"generate\",\"tokens\":[0,1,2],\"steps\":5,\"use_cache\":true}", NULL, NULL, 14},
+        {"{\"op\":\"generate\",\"tokens\":[0,1,2],\"steps\":5}", NULL, NULL, 50},
+        {"{\"op\":\"generate\",\"tokens\":[0,1,2],\"steps\":0,\"use_cache\":true}", NULL, NULL, 0},
+        {"{\"op\":\"step\",\"id\":\"t\",\"n\":2}", "context_full", NULL, 0},
+        {"{\"op\":\"start\",\"id\":\"t\",\"prompt\":[1]}", "duplicate_id", "t", 0},
+        {"{\"op\":\"generate\",\"tokens\":[0,1,2],\"steps\":6}", "too_long", "length", 0},
+        {"{\"op\":\"start\",\"id\":\"bad\",\"prompt\":[1,6]}", "bad_request", "prompt", 0},
+    };
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+        r = itest_rpc(c, "%s", ops[i].req);
+        if (ops[i].code == NULL)
+            itest_expect_ok(r);
+        else
+            itest_expect_error(r, NULL, ops[i].code, ops[i].word, NULL);
+        cJSON_Delete(r);
+        EXPECT_DELTA(ops[i].req, 0, ops[i].rows);
+    }
     itest_session_finish(c, &t);
     itest_session_finish(c, &h);
-    EXPECT_DELTA("errors, stats, finish", 0, 0);
+    EXPECT_DELTA("finish", 0, 0);
 
     itest_session_free(&h);
     itest_session_free(&t);

@@ -36,6 +36,15 @@ static void await_connections(itest_conn_t *c, int64_t want)
     ck_abort_msg("stats connections stayed %lld, expected %lld", (long long)got, (long long)want);
 }
 
+/* `req` is answered ok, with the integer `member` == `want`. */
+static void expect_ok_int(itest_conn_t *c, const char *req, const char *member, int64_t want)
+{
+    cJSON *r = itest_rpc(c, "%s", req);
+    itest_expect_ok(r);
+    ck_assert_int_eq(itest_int(r, member), want);
+    cJSON_Delete(r);
+}
+
 START_TEST(test_start_reply)
 {
     itest_daemon_t *d = itest_daemon_start(NULL);
@@ -272,10 +281,7 @@ START_TEST(test_generate_op)
     cJSON_Delete(r);
 
     /* use_cache absent is uncached. */
-    r = itest_rpc(c, "{\"op\":\"generate\",\"tokens\":[0,1,2],\"steps\":5}");
-    itest_expect_ok(r);
-    ck_assert_int_eq(itest_int(r, "rows"), 50);
-    cJSON_Delete(r);
+    expect_ok_int(c, "{\"op\":\"generate\",\"tokens\":[0,1,2],\"steps\":5}", "rows", 50);
 
     /* Rows formulas: cached L*(n+steps-1), uncached L*sum(n+k), 0 for 0 steps. */
     check_generate(c, g, 3, 5, true, 14);
@@ -366,50 +372,39 @@ START_TEST(test_tag_echo)
                           "\"\\u00e9\\u20ac\"",
                           "\"\xc3\xa9\"",
                           "9007199254740991"};
+    /* Each request, in order (start, step and finish act on one session),
+     * with the tag as its %s: the reply echoes it, ok or an error. */
+    static const struct {
+        const char *fmt;
+        const char *code; /* NULL: an ok reply */
+        const char *word; /* a word the error message names */
+    } reqs[] = {
+        {"{\"tag\":%s,\"op\":\"start\",\"id\":\"t\",\"prompt\":[1]}", NULL, NULL},
+        {"{\"op\":\"step\",\"id\":\"t\",\"tag\":%s}", NULL, NULL},
+        {"{\"op\":\"finish\",\"id\":\"t\",\"tag\":%s}", NULL, NULL},
+        {"{\"op\":\"stats\",\"tag\":%s}", NULL, NULL},
+        {"{\"op\":\"logits\",\"tokens\":[1],\"tag\":%s}", NULL, NULL},
+        {"{\"op\":\"generate\",\"tokens\":[1],\"steps\":1,\"tag\":%s}", NULL, NULL},
+        {"{\"op\":\"finish\",\"id\":\"t\",\"tag\":%s}", "unknown_id", "t"},
+        {"{\"op\":\"launch\",\"tag\":%s}", "unknown_op", "op"},
+        {"{\"tag\":%s}", "unknown_op", "op"},
+        {"{\"op\":\"step\",\"id\":\"t\",\"n\":0,\"tag\":%s}", "bad_request", "n"},
+        {"{\"op\":\"logits\",\"tokens\":[0,1,2,3,4,5,0,1,2],\"tag\":%s}", "too_long", "length"},
+    };
     for (size_t i = 0; i < sizeof(tags) / sizeof(tags[0]); i++) {
         const char *t = tags[i];
-        cJSON *r = itest_rpc(c, "{\"tag\":%s,\"op\":\"start\",\"id\":\"t\",\"prompt\":[1]}", t);
-        itest_expect_ok(r);
-        itest_expect_tag(r, t);
-        cJSON_Delete(r);
-        r = itest_rpc(c, "{\"op\":\"step\",\"id\":\"t\",\"tag\":%s}", t);
-        itest_expect_ok(r);
-        itest_expect_tag(r, t);
-        cJSON_Delete(r);
-        r = itest_rpc(c, "{\"op\":\"finish\",\"id\":\"t\",\"tag\":%s}", t);
-        itest_expect_ok(r);
-        itest_expect_tag(r, t);
-        cJSON_Delete(r);
-        r = itest_rpc(c, "{\"op\":\"stats\",\"tag\":%s}", t);
-        itest_expect_ok(r);
-        itest_expect_tag(r, t);
-        itest_check_stats_shape(r);
-        cJSON_Delete(r);
-        r = itest_rpc(c, "{\"op\":\"logits\",\"tokens\":[1],\"tag\":%s}", t);
-        itest_expect_ok(r);
-        itest_expect_tag(r, t);
-        cJSON_Delete(r);
-        r = itest_rpc(c, "{\"op\":\"generate\",\"tokens\":[1],\"steps\":1,\"tag\":%s}", t);
-        itest_expect_ok(r);
-        itest_expect_tag(r, t);
-        cJSON_Delete(r);
-
-        /* Error replies echo it too. */
-        r = itest_rpc(c, "{\"op\":\"finish\",\"id\":\"t\",\"tag\":%s}", t);
-        itest_expect_error(r, t, "unknown_id", "t", NULL);
-        cJSON_Delete(r);
-        r = itest_rpc(c, "{\"op\":\"launch\",\"tag\":%s}", t);
-        itest_expect_error(r, t, "unknown_op", "op", NULL);
-        cJSON_Delete(r);
-        r = itest_rpc(c, "{\"tag\":%s}", t);
-        itest_expect_error(r, t, "unknown_op", "op", NULL);
-        cJSON_Delete(r);
-        r = itest_rpc(c, "{\"op\":\"step\",\"id\":\"t\",\"n\":0,\"tag\":%s}", t);
-        itest_expect_error(r, t, "bad_request", "n", NULL);
-        cJSON_Delete(r);
-        r = itest_rpc(c, "{\"op\":\"logits\",\"tokens\":[0,1,2,3,4,5,0,1,2],\"tag\":%s}", t);
-        itest_expect_error(r, t, "too_long", "length", NULL);
-        cJSON_Delete(r);
+        for (size_t k = 0; k < sizeof(reqs) / sizeof(reqs[0]); k++) {
+            cJSON *r = itest_rpc(c, reqs[k].fmt, t);
+            if (reqs[k].code == NULL) {
+                itest_expect_ok(r);
+                itest_expect_tag(r, t);
+            } else {
+                itest_expect_error(r, t, reqs[k].code, reqs[k].word, NULL);
+            }
+            if (strstr(reqs[k].fmt, "\"op\":\"stats\"") != NULL)
+                itest_check_stats_shape(r);
+            cJSON_Delete(r);
+        }
     }
     /* Without a tag, no tag in the reply (success and error). */
     cJSON *r = itest_rpc(c, "{\"op\":\"stats\"}");
@@ -447,20 +442,14 @@ START_TEST(test_unknown_members_ignored)
     itest_session_check_step(&s, r, itest_last_line(c), 1, NULL);
     cJSON_Delete(r);
 
-    r = itest_rpc(c, "{\"op\":\"logits\",\"tokens\":[1],\"id\":[],\"n\":0,\"prompt\":{}}");
-    itest_expect_ok(r);
-    ck_assert_int_eq(itest_int(r, "rows"), 2);
-    cJSON_Delete(r);
+    expect_ok_int(c, "{\"op\":\"logits\",\"tokens\":[1],\"id\":[],\"n\":0,\"prompt\":{}}", "rows",
+                  2);
 
-    r = itest_rpc(c, "{\"op\":\"generate\",\"tokens\":[1],\"steps\":2,\"id\":\"bad id\",\"n\":-3}");
-    itest_expect_ok(r);
-    ck_assert_int_eq(itest_int(r, "rows"), 2 * (1 + 2));
-    cJSON_Delete(r);
+    expect_ok_int(c, "{\"op\":\"generate\",\"tokens\":[1],\"steps\":2,\"id\":\"bad id\",\"n\":-3}",
+                  "rows", 2 * (1 + 2));
 
-    r = itest_rpc(c, "{\"op\":\"finish\",\"id\":\"u\",\"prompt\":[99],\"n\":0,\"unknown\":\"\"}");
-    itest_expect_ok(r);
-    ck_assert_int_eq(itest_int(r, "released"), 3);
-    cJSON_Delete(r);
+    expect_ok_int(c, "{\"op\":\"finish\",\"id\":\"u\",\"prompt\":[99],\"n\":0,\"unknown\":\"\"}",
+                  "released", 3);
     itest_session_free(&s);
     itest_close(c);
 }
@@ -495,20 +484,15 @@ START_TEST(test_integral_numbers)
      * 20e-1 are the integer 2. */
     itest_daemon_t *d = itest_daemon_start(NULL);
     itest_conn_t *c = itest_connect(d);
-    cJSON *r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"i\",\"prompt\":[1.0,2e0,20e-1,3E0]}");
-    itest_expect_ok(r);
-    ck_assert_int_eq(itest_int(r, "entries"), 4);
-    cJSON_Delete(r);
+    expect_ok_int(c, "{\"op\":\"start\",\"id\":\"i\",\"prompt\":[1.0,2e0,20e-1,3E0]}", "entries",
+                  4);
     int64_t p[] = {1, 2, 2, 3};
     itest_session_t s;
     itest_session_init(&s, "i", "tiny", p, 4);
-    r = itest_rpc(c, "{\"op\":\"step\",\"id\":\"i\",\"n\":2.0}");
+    cJSON *r = itest_rpc(c, "{\"op\":\"step\",\"id\":\"i\",\"n\":2.0}");
     itest_session_check_step(&s, r, itest_last_line(c), 2, NULL);
     cJSON_Delete(r);
-    r = itest_rpc(c, "{\"op\":\"generate\",\"tokens\":[1.0],\"steps\":1e0}");
-    itest_expect_ok(r);
-    ck_assert_int_eq(itest_int(r, "rows"), 2);
-    cJSON_Delete(r);
+    expect_ok_int(c, "{\"op\":\"generate\",\"tokens\":[1.0],\"steps\":1e0}", "rows", 2);
     itest_session_free(&s);
     itest_close(c);
 }

@@ -113,13 +113,22 @@ static int collect_cb(void *arg, const char *line, size_t len)
     return c->count == c->stop_at ? 7 : 0;
 }
 
-static void collect_init(collect_t *c)
+/* The fixture of the framer tests: a framer `f` of `max_line` bytes and
+ * `c`, empty, to collect what it hands out; collect_free() frees both. */
+static void collect_init(collect_t *c, proto_framer_t *f, size_t max_line)
 {
+    proto_framer_init(f, max_line);
     memset(c, 0, sizeof(*c));
     proto_buf_init(&c->out);
     /* Room enough that collecting never allocates while allocations are
      * made to fail. */
     ck_assert_int_eq(proto_buf_reserve(&c->out, 4096), SLOTD_OK);
+}
+
+static void collect_free(collect_t *c, proto_framer_t *f)
+{
+    proto_framer_free(f);
+    proto_buf_free(&c->out);
 }
 
 static int feed(proto_framer_t *f, collect_t *c, const char *data, size_t len)
@@ -145,8 +154,7 @@ START_TEST(test_framer_one_line_per_feed)
     proto_framer_t f;
     collect_t c;
 
-    proto_framer_init(&f, 64);
-    collect_init(&c);
+    collect_init(&c, &f, 64);
     ck_assert_int_eq(feed_str(&f, &c, "{\"op\":\"stats\"}\n"), SLOTD_OK);
     ck_assert_int_eq(feed_str(&f, &c, "b\n"), SLOTD_OK);
     ck_assert_int_eq(feed_str(&f, &c, "c\r\n"), SLOTD_OK);
@@ -154,8 +162,7 @@ START_TEST(test_framer_one_line_per_feed)
     ck_assert_uint_eq(c.direct, 3);
     ck_assert_uint_eq(f.len, 0);
     ck_assert_ptr_null(f.buf); /* nothing was ever carried */
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
+    collect_free(&c, &f);
 }
 END_TEST
 
@@ -164,8 +171,7 @@ START_TEST(test_framer_many_lines_per_feed)
     proto_framer_t f;
     collect_t c;
 
-    proto_framer_init(&f, 64);
-    collect_init(&c);
+    collect_init(&c, &f, 64);
     ck_assert_int_eq(feed_str(&f, &c, "a\nbb\r\nccc\n\ndddd\nee"), SLOTD_OK);
     ck_lines(&c, "a\nbb\nccc\ndddd\n");
     ck_assert_uint_eq(c.direct, 4);
@@ -174,8 +180,7 @@ START_TEST(test_framer_many_lines_per_feed)
     ck_lines(&c, "a\nbb\nccc\ndddd\neee\nf\n");
     ck_assert_uint_eq(c.direct, 5); /* "eee" came from the carry */
     ck_assert_int_eq(feed(&f, &c, "", 0), SLOTD_OK);
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
+    collect_free(&c, &f);
 }
 END_TEST
 
@@ -192,8 +197,7 @@ START_TEST(test_framer_every_split)
         for (size_t j = i; j <= n; j++) {
             proto_framer_t f;
             collect_t c;
-            proto_framer_init(&f, 14); /* the longest line, exactly */
-            collect_init(&c);
+            collect_init(&c, &f, 14); /* the longest line, exactly */
             ck_assert_int_eq(feed(&f, &c, stream, i), SLOTD_OK);
             ck_assert_int_eq(feed(&f, &c, stream + i, j - i), SLOTD_OK);
             ck_assert_int_eq(feed(&f, &c, stream + j, n - j), SLOTD_OK);
@@ -202,8 +206,7 @@ START_TEST(test_framer_every_split)
             ck_assert(memcmp(f.buf, "last", 4) == 0);
             ck_assert_int_eq(feed_str(&f, &c, "\n"), SLOTD_OK);
             ck_assert_uint_eq(c.count, 5);
-            proto_framer_free(&f);
-            proto_buf_free(&c.out);
+            collect_free(&c, &f);
         }
     }
 }
@@ -215,14 +218,12 @@ START_TEST(test_framer_byte_by_byte)
     proto_framer_t f;
     collect_t c;
 
-    proto_framer_init(&f, 3);
-    collect_init(&c);
+    collect_init(&c, &f, 3);
     for (size_t i = 0; i < sizeof(stream) - 1; i++)
         ck_assert_int_eq(feed(&f, &c, stream + i, 1), SLOTD_OK);
     ck_lines(&c, "abc\ndef\ng\n");
     ck_assert_uint_le(f.cap, 4);
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
+    collect_free(&c, &f);
 }
 END_TEST
 
@@ -231,16 +232,14 @@ START_TEST(test_framer_crlf_and_blank)
     proto_framer_t f;
     collect_t c;
 
-    proto_framer_init(&f, 64);
-    collect_init(&c);
+    collect_init(&c, &f, 64);
     /* One "\r" before the "\n" goes; another stays in the line; a "\r"
      * elsewhere is part of the line.  Blank lines of any JSON white space
      * are skipped; a form feed is not JSON white space. */
     ck_assert_int_eq(
         feed_str(&f, &c, "a\r\nb\r\r\nc\rd\n\n\r\n \n\t\n \t\r \r\n\r\r\n\f\n \x0b \n"), SLOTD_OK);
     ck_lines(&c, "a\nb\r\nc\rd\n\f\n \x0b \n");
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
+    collect_free(&c, &f);
 }
 END_TEST
 
@@ -250,8 +249,7 @@ START_TEST(test_framer_exact_limit)
     collect_t c;
 
     /* max_line bytes are fine, with "\n" or "\r\n", whole or carried. */
-    proto_framer_init(&f, 8);
-    collect_init(&c);
+    collect_init(&c, &f, 8);
     ck_assert_int_eq(feed_str(&f, &c, "12345678\n12345678\r\n"), SLOTD_OK);
     ck_assert_int_eq(feed_str(&f, &c, "1234"), SLOTD_OK);
     ck_assert_int_eq(feed_str(&f, &c, "5678"), SLOTD_OK);
@@ -262,8 +260,7 @@ START_TEST(test_framer_exact_limit)
     ck_assert_int_eq(feed_str(&f, &c, "12345678\r"), SLOTD_OK);
     ck_assert_int_eq(feed_str(&f, &c, "\n"), SLOTD_OK);
     ck_lines(&c, "12345678\n12345678\n12345678\n12345678\n");
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
+    collect_free(&c, &f);
 }
 END_TEST
 
@@ -309,8 +306,7 @@ START_TEST(test_framer_too_long)
     proto_framer_t f;
     collect_t c;
 
-    proto_framer_init(&f, 8);
-    collect_init(&c);
+    collect_init(&c, &f, 8);
     for (size_t i = 0; i < sizeof(tc->feeds) / sizeof(tc->feeds[0]) && tc->feeds[i].data; i++) {
         int rc = feed_str(&f, &c, tc->feeds[i].data);
         ck_assert_msg(rc == tc->feeds[i].rc, "%s: feed %zu gave %d", tc->what, i, rc);
@@ -320,8 +316,7 @@ START_TEST(test_framer_too_long)
     ck_assert_ptr_null(f.buf);
     ck_assert_int_eq(feed_str(&f, &c, "e\n"), SLOTD_ELINE_TOO_LONG);
     ck_lines(&c, tc->lines);
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
+    collect_free(&c, &f);
 }
 END_TEST
 
@@ -336,8 +331,7 @@ START_TEST(test_framer_too_long_every_split)
         proto_framer_t f;
         collect_t c;
         int rc1, rc2;
-        proto_framer_init(&f, 5);
-        collect_init(&c);
+        collect_init(&c, &f, 5);
         rc1 = feed(&f, &c, stream, i);
         rc2 = feed(&f, &c, stream + i, n - i);
         if (i >= settled)
@@ -346,8 +340,7 @@ START_TEST(test_framer_too_long_every_split)
             ck_assert_int_eq(rc1, SLOTD_OK);
         ck_assert_int_eq(rc2, SLOTD_ELINE_TOO_LONG);
         ck_lines(&c, "ab\n12345\n");
-        proto_framer_free(&f);
-        proto_buf_free(&c.out);
+        collect_free(&c, &f);
     }
 }
 END_TEST
@@ -357,8 +350,7 @@ START_TEST(test_framer_callback_stops)
     proto_framer_t f;
     collect_t c;
 
-    proto_framer_init(&f, 64);
-    collect_init(&c);
+    collect_init(&c, &f, 64);
     c.stop_at = 2;
     ck_assert_int_eq(feed_str(&f, &c, "a\nb\nc\nd"), 7);
     ck_lines(&c, "a\nb\n");
@@ -366,19 +358,16 @@ START_TEST(test_framer_callback_stops)
     ck_assert_uint_eq(f.len, 0);
     ck_assert_int_eq(feed_str(&f, &c, "e\n"), SLOTD_OK);
     ck_lines(&c, "a\nb\ne\n");
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
+    collect_free(&c, &f);
 
     /* Also when the line that stops came from the carry. */
-    proto_framer_init(&f, 64);
-    collect_init(&c);
+    collect_init(&c, &f, 64);
     c.stop_at = 1;
     ck_assert_int_eq(feed_str(&f, &c, "ab"), SLOTD_OK);
     ck_assert_int_eq(feed_str(&f, &c, "c\nd\n"), 7);
     ck_lines(&c, "abc\n");
     ck_assert_uint_eq(f.len, 0);
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
+    collect_free(&c, &f);
 }
 END_TEST
 
@@ -392,8 +381,7 @@ static void framer_nomem_run(size_t max_line, const char *const *feeds, size_t n
     for (size_t fail = 0; fail < nfeeds; fail++) {
         proto_framer_t f;
         collect_t c;
-        proto_framer_init(&f, max_line);
-        collect_init(&c);
+        collect_init(&c, &f, max_line);
         for (size_t i = 0; i < nfeeds; i++) {
             size_t before = c.out.len, carried = f.len;
             int rc;
@@ -412,8 +400,7 @@ static void framer_nomem_run(size_t max_line, const char *const *feeds, size_t n
         }
         ck_lines(&c, expect_lines);
         ck_assert_uint_eq(f.len, expect_carry);
-        proto_framer_free(&f);
-        proto_buf_free(&c.out);
+        collect_free(&c, &f);
     }
     ck_assert_uint_gt(failures, 0);
 }
