@@ -912,18 +912,52 @@ static session_t *find_session(conn_t *c, const char *id)
     return n != NULL ? container_of(n, session_t, node) : NULL;
 }
 
-/* The model a start, logits or generate names (or the default one). */
+/* The model a start, logits or generate names (or the default one).  One
+ * not built yet makes `r` wait for its build (REQ_BUILD) as the
+ * connection's barrier: NULL with `err` left clear, which its caller
+ * returns as SLOTD_OK; conn_model_built() applies it again. */
 static const model_t *resolve_model(conn_t *c, req_t *r, slotd_error_t *err)
 {
     server_t *s = c->server;
     const model_t *m;
 
-    if (r->rq.model[0] == '\0')
-        return s->default_model;
-    m = server_model(s, r->rq.model);
-    if (m == NULL)
+    m = r->rq.model[0] == '\0' ? s->default_model : server_model(s, r->rq.model);
+    if (m == NULL) {
         slotd_error_set(err, SLOTD_EBAD_REQUEST, "model: '%s' is not loaded", r->rq.model);
+        return NULL;
+    }
+    if (!server_model_ready(s, m)) {
+        assert(c->barrier == NULL || c->barrier == r); /* r is being applied */
+        r->model = m;
+        r->state = REQ_BUILD;
+        c->barrier = r;
+        return NULL;
+    }
     return m;
+}
+
+void conn_model_built(conn_t *c, const model_t *m, int rc)
+{
+    req_t *r = c->barrier;
+    slotd_error_t err;
+
+    if (c->closed || r == NULL || r->state != REQ_BUILD || r->model != m)
+        return;
+    slotd_error_clear(&err);
+    if (rc == SLOTD_OK) {
+        r->state = REQ_NEW;
+        if (!req_apply(c, r))
+            return; /* closed */
+    } else {
+        slotd_error_set(&err, rc, "model: '%s' could not be built: %s", model_name(m),
+                        slotd_strerror(rc));
+        if (!req_fail(r, &err))
+            return;
+    }
+    if (r->state != REQ_DEFER) /* else it stays the barrier until it reaches the head */
+        release_barrier(c, r);
+    conn_advance(c);
+    conn_update(c);
 }
 
 #define ROOM_DEFERRED 1 /* room_check(): `r` waits (REQ_DEFER) */
@@ -1513,7 +1547,7 @@ void conn_drain(conn_t *c)
     conn_drain_input(c);
     slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
     for (req_t *r = c->order_head; r != NULL; r = r->order_next) {
-        if (r->state != REQ_HELD && r->state != REQ_DEFER)
+        if (r->state != REQ_HELD && r->state != REQ_DEFER && r->state != REQ_BUILD)
             continue;
         if (r->session != NULL && r->session->running == r)
             r->session->running = NULL; /* deferred after its job ran: not out */

@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/model.h"
 #include "procstat.h"
 
 /* Upper bounds of the histogram buckets, in nanoseconds, with their `le`
@@ -119,6 +120,9 @@ typedef struct step_shard {
 
 #define METRICS_SHARDS 16
 
+/* Presets counted by slotd_model_builds_total (model_preset_name()). */
+#define METRICS_MODELS 8
+
 static struct {
     _Atomic uint64_t start_ns;
     _Atomic uint64_t requests[PROTO_OP__COUNT];
@@ -132,6 +136,8 @@ static struct {
     _Atomic uint64_t accept_errors;
     _Atomic uint64_t conn_timeouts;
     _Atomic uint64_t auth_failures;
+    _Atomic uint64_t model_builds[METRICS_MODELS];   /* by preset index */
+    _Atomic uint64_t model_build_ns[METRICS_MODELS]; /* their time */
     _Atomic uint64_t socket_reads;
     _Atomic uint64_t socket_writes;
     _Atomic uint64_t steps_out; /* handed to the workers, not back yet */
@@ -162,6 +168,10 @@ void metrics_init(uint64_t now_ns)
     STORE(m.accept_errors, 0);
     STORE(m.conn_timeouts, 0);
     STORE(m.auth_failures, 0);
+    for (size_t i = 0; i < METRICS_MODELS; i++) {
+        STORE(m.model_builds[i], 0);
+        STORE(m.model_build_ns[i], 0);
+    }
     STORE(m.socket_reads, 0);
     STORE(m.socket_writes, 0);
     STORE(m.steps_out, 0);
@@ -246,6 +256,19 @@ void metrics_count_auth_failure(void)
 uint64_t metrics_auth_failures_total(void)
 {
     return LOAD(m.auth_failures);
+}
+
+void metrics_count_model_build(size_t preset, uint64_t ns)
+{
+    if (preset < METRICS_MODELS) {
+        BUMP(m.model_builds[preset], 1);
+        BUMP(m.model_build_ns[preset], ns);
+    }
+}
+
+uint64_t metrics_model_builds_total(size_t preset)
+{
+    return preset < METRICS_MODELS ? LOAD(m.model_builds[preset]) : 0;
 }
 
 void metrics_count_socket_read(void)
@@ -499,6 +522,16 @@ int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
                "Wrong tokens presented: auth ops on the session port, Bearer tokens on the "
                "admin port.",
                LOAD(m.auth_failures)));
+    TRY(family(out, "slotd_model_builds_total", "counter",
+               "Presets whose weights were built (at start for --preload, else on first use)."));
+    for (size_t i = 0; i < METRICS_MODELS && model_preset_name(i) != NULL; i++)
+        TRY(put(out, "slotd_model_builds_total{model=\"%s\"} %" PRIu64 "\n", model_preset_name(i),
+                LOAD(m.model_builds[i])));
+    TRY(family(out, "slotd_model_build_seconds_total", "counter",
+               "Seconds spent building presets' weights."));
+    for (size_t i = 0; i < METRICS_MODELS && model_preset_name(i) != NULL; i++)
+        TRY(put(out, "slotd_model_build_seconds_total{model=\"%s\"} %.9f\n", model_preset_name(i),
+                seconds(LOAD(m.model_build_ns[i]))));
     TRY(simple(out, "slotd_socket_reads_total", "counter",
                "Reads that took request bytes from session connections.", LOAD(m.socket_reads)));
     TRY(simple(out, "slotd_socket_writes_total", "counter",

@@ -16,6 +16,7 @@
 #define SLOTD_SERVER_METRICS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "proto/proto.h"
@@ -51,6 +52,10 @@ void metrics_count_conn_timeout(void);
 /** Counts one wrong token presented, on either port. */
 void metrics_count_auth_failure(void);
 uint64_t metrics_auth_failures_total(void);
+/** Counts one build of a preset's weights (`preset`: its index in
+ * model_preset_name() order) that took `ns`.  Loop thread. */
+void metrics_count_model_build(size_t preset, uint64_t ns);
+uint64_t metrics_model_builds_total(size_t preset);
 /** Counts one read that took bytes from a session connection. */
 void metrics_count_socket_read(void);
 /** Counts one write of replies begun on a session connection. */

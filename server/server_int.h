@@ -74,6 +74,7 @@ typedef enum req_state {
     REQ_RUNNING, /* a job: in the batch, the workers' queue, or running */
     REQ_DONE,    /* `reply` holds its line */
     REQ_DEFER,   /* waits for its connection's earlier lines (conn.c, Pipelined order) */
+    REQ_BUILD,   /* waits for the weights of its model (models.c); the connection's barrier */
 } req_state_t;
 
 /** A request record: one line read, from parse until its reply is copied
@@ -185,7 +186,7 @@ struct conn {
     session_map_t map;              /* live ids -> session records */
     session_t *sessions;            /* every session record of the connection */
     req_t *order_head, *order_tail; /* requests not yet answered, in read order */
-    req_t *barrier;                 /* a stats or REQ_DEFER: the lines after it are REQ_HELD */
+    req_t *barrier;                 /* a stats, REQ_DEFER or REQ_BUILD: the lines after it are REQ_HELD */
     size_t outstanding;             /* records in the order FIFO */
     size_t held_bytes;              /* reply bytes of REQ_DONE records in the FIFO */
     req_t *park_head, *park_tail;   /* REQ_PARKED jobs, in read order */
@@ -214,6 +215,20 @@ struct conn {
     uint64_t share_bytes;    /* the pool bytes they hold, or will once their requests run */
     bool authed;             /* presented the --auth-token-file token */
 };
+
+/** A preset the daemon may serve (models.c): its model from start, shape
+ * and block plan only, its weights once built.  Loop thread, except as
+ * models.c says while a build runs. */
+typedef struct server_preset {
+    model_t *model;     /* owned (server_models_free()); also in server->models[] */
+    server_t *server;
+    size_t index;       /* in the preset table (model_preset_name()), for metrics */
+    uv_work_t work;     /* the build on libuv's thread pool, while `building` */
+    bool building;      /* a build is under way */
+    _Atomic bool ready; /* weights built: release by the builder, acquire by the loop */
+    int build_rc;       /* the last build's result; written by the builder */
+    uint64_t build_ns;  /* its duration; likewise */
+} server_preset_t;
 
 /** The daemon.  One, owned by server_run(). */
 struct server {
@@ -247,8 +262,9 @@ struct server {
     worker_pool_t *workers; /* NULL once closed */
     cache_pool_t *pool;     /* immutable pointer: workers read it */
     audit_t *audit;         /* immutable pointer; NULL when --audit-rate is 0 */
-    model_t *models[CONFIG_MAX_MODELS];
+    model_t *models[CONFIG_MAX_MODELS]; /* every --models preset, built or not (models.c) */
     size_t nmodels;
+    server_preset_t presets[CONFIG_MAX_MODELS]; /* the same, with their build state */
     const model_t *default_model;
     uint64_t start_ns; /* uv_hrtime() at start-up */
 
@@ -292,7 +308,7 @@ void server_mark_dirty(server_t *s, conn_t *c);
 /** Puts an idle session at the young end of the idle list. */
 void server_lru_add(server_t *s, session_t *sess);
 void server_lru_remove(server_t *s, session_t *sess);
-/** The loaded model called `name`, or NULL. */
+/** The model called `name` among --models (built or not), or NULL. */
 const model_t *server_model(const server_t *s, const char *name);
 /** Fills the stats object. */
 void server_stats(server_t *s, proto_stats_t *st);
@@ -307,6 +323,19 @@ void server_wait_remove(server_t *s, conn_t *c);
 /** The deadline of a lingering close that begins now: CONN_LINGER_MS from
  * now, or sooner in a drain, so as to end before --shutdown-timeout. */
 uint64_t server_linger_until(server_t *s);
+
+/* ---- models.c ---- */
+
+/** Start-up: the model of every --models preset, from its shape (the pool
+ * and the workers are sized from these), and the weights of the --preload
+ * ones.  SLOTD_OK, or the error, logged. */
+int server_models_load(server_t *s);
+/** Whether `m` (one of server->models) is built.  If not, starts its build
+ * on another thread unless one is under way; build_done() then calls
+ * conn_model_built() on every connection. */
+bool server_model_ready(server_t *s, const model_t *m);
+/** Frees every model; no build may be under way. */
+void server_models_free(server_t *s);
 
 /* ---- inspect.c ---- */
 
@@ -340,6 +369,10 @@ void conn_write(conn_t *c);
 /** Shutdown: stops reading `c`, answers its waiting requests with
  * shutting_down, and closes it once the running ones are answered. */
 void conn_drain(conn_t *c);
+/** A build of `m` ended with `rc`: the request of `c` waiting for it
+ * (REQ_BUILD, its barrier), if any, is applied as if just read, or
+ * answered with the error; the lines behind it follow in order. */
+void conn_model_built(conn_t *c, const model_t *m, int rc);
 /** Releases an idle session whose time is up. */
 void conn_expire_session(session_t *sess);
 /** Closes a connection that has been quiet past --conn-timeout. */
