@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/util.h"
 #include "log.h"
 #include "server_int.h"
 
