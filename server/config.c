@@ -255,7 +255,10 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     cfg->wedge_timeout = 10;
     cfg->reply_hold_us = 100;
     cfg->max_batch = 32;
-    for (cfg->nmodels = 0; model_preset_name(cfg->nmodels) != NULL; cfg->nmodels++)
+    /* Every preset of the table (core/model.c), up to CONFIG_MAX_MODELS. */
+    for (cfg->nmodels = 0;
+         cfg->nmodels < CONFIG_MAX_MODELS && model_preset_name(cfg->nmodels) != NULL;
+         cfg->nmodels++)
         strcpy(cfg->models[cfg->nmodels], model_preset_name(cfg->nmodels));
     cfg->npreload = 2;
     strcpy(cfg->preload[0], "tiny");
