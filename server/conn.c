@@ -327,6 +327,8 @@ static void req_resume(conn_t *c, req_t *r)
         r->state = REQ_NEW;
         if (!req_apply(c, r))
             return; /* closed */
+        if (r->state == REQ_BUILD)
+            return; /* still the barrier (its model was ready when it deferred, so not expected) */
     }
     release_barrier(c, r);
 }
