@@ -2,10 +2,11 @@
  * server.c: the daemon's life, from start-up to the end of a drain.  It
  * owns the loop and every handle that is not a connection's (listener,
  * signals, timers, the end-of-turn check, the admin port), the slot pool
- * and the worker pool (the models are models.c's); and the free lists of request and session
- * records, this turn's batch of jobs and of connections to write, and the
- * idle list of sessions.  With --audit-rate above 0 it also owns the audit
- * (audit.h), created with the workers and freed after they are joined.
+ * and the worker pool (the models are models.c's); and the free lists of
+ * request and session records, this turn's batch of jobs and of
+ * connections to write, and the idle list of sessions.  With --audit-rate
+ * above 0 it also owns the audit (audit.h), created with the workers and
+ * freed after they are joined.
  *
  * DESIGN.  Everything here runs on the loop thread, so nothing here takes
  * a lock; the workers see only the request records submitted to them (see

@@ -186,7 +186,7 @@ struct conn {
     session_map_t map;              /* live ids -> session records */
     session_t *sessions;            /* every session record of the connection */
     req_t *order_head, *order_tail; /* requests not yet answered, in read order */
-    req_t *barrier;                 /* a stats, REQ_DEFER or REQ_BUILD: the lines after it are REQ_HELD */
+    req_t *barrier;                 /* stats, REQ_DEFER, REQ_BUILD: later lines are REQ_HELD */
     size_t outstanding;             /* records in the order FIFO */
     size_t held_bytes;              /* reply bytes of REQ_DONE records in the FIFO */
     req_t *park_head, *park_tail;   /* REQ_PARKED jobs, in read order */
