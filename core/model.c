@@ -41,7 +41,8 @@ _Static_assert(offsetof(model_block_t, data) == MODEL_BLOCK_HEADER,
 /* The presets, one row each: name, family, V, d, L, max_ctx, seed, the
  * candidate capacities.  Everything else about a preset (its entry in
  * model_presets(), model_preset_name(), the configuration's list of names)
- * derives from this list, so adding a preset is adding a row. */
+ * derives from this list, so adding a preset is adding a row (and counting
+ * it in MODEL_NPRESETS, model.h, which the compiler checks). */
 #define MODEL__PRESETS(X)                                                                          \
     X("hash", MODEL_FAMILY_HASH, 1000, 0, 1, 4096, 0, {6, 14, 30, 62, 126, 254, 510})              \
     X("tiny", MODEL_FAMILY_ATTN, 6, 8, 2, 8, 1, {1, 2, 4, 8})                                      \
@@ -59,6 +60,7 @@ static const char preset_names[] = MODEL__PRESETS(PRESET_NAME);
 #undef PRESET_NAME
 
 #define NPRESETS (sizeof(presets) / sizeof(presets[0]))
+_Static_assert(NPRESETS == MODEL_NPRESETS, "MODEL_NPRESETS (model.h) counts the presets");
 
 static uint64_t plan_round(uint64_t n)
 {

@@ -93,6 +93,10 @@ bool model_built(const model_t *m);
  * all.  No call may be running on it. */
 void model_destroy(model_t *m);
 
+/** How many presets there are (the rows of model.c's preset table; the
+ * compiler checks the count), for tables indexed as model_preset_name(). */
+#define MODEL_NPRESETS 4
+
 /** The preset names, comma separated, in table order:
  * "hash,tiny,small,base".  Static. */
 const char *model_presets(void);

@@ -18,8 +18,8 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "job_int.h"
 #include "log.h"
-#include "server_int.h"
 
 #if SLOTD_FAULT_INJECTION
 #include <time.h>
@@ -311,6 +311,16 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
             metrics_observe_step(worker_index(w), now - worker_job_start(w), now);
 }
 
+/* The run function of each op that runs on a worker (proto_ops[op].on_worker
+ * in proto/ops.c): adding such an op adds its row here. */
+typedef int (*job_run_fn)(server_t *s, worker_t *w, req_t *r, slotd_error_t *err);
+static const job_run_fn job_runs[PROTO_OP__COUNT] = {
+    [PROTO_OP_START] = run_start,
+    [PROTO_OP_STEP] = run_step,
+    [PROTO_OP_LOGITS] = run_logits,
+    [PROTO_OP_GENERATE] = run_generate,
+};
+
 void job_run(worker_t *w, worker_job_t *job, void *arg)
 {
     server_t *s = arg;
@@ -327,23 +337,11 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
     atomic_store_explicit(&r->started, true, memory_order_relaxed);
     JOB_FAULT_POINT(s, r);
 
-    switch (r->rq.op) {
-    case PROTO_OP_START:
-        rc = run_start(s, w, r, &err);
-        break;
-    case PROTO_OP_STEP:
-        rc = run_step(s, w, r, &err);
-        break;
-    case PROTO_OP_LOGITS:
-        rc = run_logits(s, w, r, &err);
-        break;
-    case PROTO_OP_GENERATE:
-        rc = run_generate(s, w, r, &err);
-        break;
-    default:
-        rc = SLOTD_EINVAL; /* only these four ops are ever submitted */
-        break;
-    }
+    assert(proto_op_on_worker(r->rq.op) && job_runs[r->rq.op] != NULL);
+    if ((unsigned)r->rq.op < PROTO_OP__COUNT && job_runs[r->rq.op] != NULL)
+        rc = job_runs[r->rq.op](s, w, r, &err);
+    else
+        rc = SLOTD_EINVAL; /* only ops with proto_ops[op].on_worker are submitted */
 
     /* A wire error gets its reply here; an internal one (no memory, a
      * stale handle) reaches no client: the loop thread closes the

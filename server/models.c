@@ -13,18 +13,22 @@
  * which runs on libuv's thread pool (uv_queue_work()), one build per preset
  * at a time (`building`).  The building thread writes the weights, then
  * `build_rc` and `build_ns`, then stores `ready` with release; the loop
- * thread reads `ready` with acquire (server_model_ready()), and the
+ * thread reads `ready` with acquire (models__ready()), and the
  * others after build_done() (libuv hands the request back under its own
  * lock).  Workers only run a preset after the loop thread saw it ready and
  * handed them a job, so they see the weights complete.  No lock of its
  * own.
  *
  * A request for a preset not built yet waits on its connection as a
- * barrier (conn.c, REQ_BUILD): the connection's later lines wait behind
- * it, other connections and the admin port are served meanwhile, and
- * build_done() applies each waiting request, in its connection's order
- * (docs/design.md, "Presets built on first use").
+ * barrier (dispatch.c, REQ_BUILD): the connection's later lines wait
+ * behind it, other connections and the admin port are served meanwhile,
+ * and build_done() has each waiting request applied, in its connection's
+ * order, through conn_hooks_t.model_built: dispatch.c calls this file, not
+ * the other way (docs/design.md, "Presets built on first use", "server/
+ * layout").
  */
+#include "models_int.h"
+
 #include <assert.h>
 #include <inttypes.h>
 #include <string.h>
@@ -32,7 +36,6 @@
 
 #include "core/util.h"
 #include "log.h"
-#include "server_int.h"
 
 /* The index of `name` in the preset table (model_preset_name()). */
 static size_t preset_index(const char *name)
@@ -70,7 +73,8 @@ static void build_report(const server_preset_t *p, const char *when)
                   slotd_strerror(p->build_rc));
         return;
     }
-    metrics_count_model_build(p->index, p->build_ns);
+    metrics_count_model_build(p->index);
+    metrics_count_model_build_ns_n(p->build_ns, p->index);
     log_info("model %s: built %s in %.3f s: %s, V=%u, max_ctx=%u, %zu bytes per entry",
              model_name(m), when, (double)p->build_ns / 1e9,
              model_family(m) == MODEL_FAMILY_ATTN ? "attn" : "hash", model_vocab(m),
@@ -103,11 +107,11 @@ static void build_done(uv_work_t *w, int status)
     /* Each connection has at most one request waiting: its barrier. */
     for (c = s->conns; c != NULL; c = next) {
         next = c->next;
-        conn_model_built(c, p->model, rc);
+        s->hooks.model_built(c, p->model, rc);
     }
 }
 
-int server_models_load(server_t *s)
+int models__load(server_t *s)
 {
     const server_config_t *cfg = s->cfg;
     int rc;
@@ -142,12 +146,20 @@ int server_models_load(server_t *s)
             log_info("model %s: allowed; its weights are built on first use",
                      model_name(s->models[i]));
     log_info("models: %s kernels, batches of up to %u steps", model_simd(), cfg->max_batch);
-    s->default_model = server_model(s, cfg->default_model);
+    s->default_model = models__find(s, cfg->default_model);
     assert(s->default_model != NULL); /* config_parse() checked it */
     return SLOTD_OK;
 }
 
-bool server_model_ready(server_t *s, const model_t *m)
+const model_t *models__find(const server_t *s, const char *name)
+{
+    for (size_t i = 0; i < s->nmodels; i++)
+        if (strcmp(model_name(s->models[i]), name) == 0)
+            return s->models[i];
+    return NULL;
+}
+
+bool models__ready(server_t *s, const model_t *m)
 {
     server_preset_t *p = s->presets;
     int rc;
@@ -166,7 +178,7 @@ bool server_model_ready(server_t *s, const model_t *m)
     return false;
 }
 
-void server_models_free(server_t *s)
+void models__free(server_t *s)
 {
     for (size_t i = 0; i < s->nmodels; i++)
         model_destroy(s->models[i]);

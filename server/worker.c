@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+#include "core/util.h"
 
 /* The cache line, as hints count it (worker.h). */
 #define WORKER_LINE 64
