@@ -1,13 +1,15 @@
 /*
  * model.c: the family-independent half of the model interface.
  *
- * It owns the preset table, model creation and destruction, the accessors
- * and counters, the validation of requests (model_check_prompt(),
- * model_check_generate()), the stateless operations built on model_run()
- * and model_pick() (model_logits(), model_generate()), the heap chain,
- * model_round6(), and model__alloc(), through which core/ allocates.  The
- * arithmetic of each family, and the bytes inside a block, belong to hash.c
- * and attn.c, reached through the table of functions a model points to.
+ * It owns the preset table (one row per preset, MODEL__PRESETS), model
+ * creation in two parts (the shape and block plan, then the weights) and
+ * destruction, the accessors and counters, the validation of requests
+ * (model_check_prompt(), model_check_generate()), the stateless operations
+ * built on model_run() and model_pick() (model_logits(), model_generate()),
+ * the heap chain, model_round6(), and model__alloc(), through which core/
+ * allocates.  The arithmetic of each family, and the bytes inside a block,
+ * belong to hash.c and attn.c, reached through the table of functions a
+ * model points to.
  */
 #include "model_impl.h"
 
@@ -36,12 +38,29 @@ _Static_assert(offsetof(model_block_t, data) == MODEL_BLOCK_HEADER,
  * exactly 16 / c blocks of c positions with at most 15 x 64 bytes left over
  * (the pool sizes its pages so, cache/pool.c); few sizes, so few classes.
  */
-static const model__shape_t presets[] = {
-    {"hash", MODEL_FAMILY_HASH, 1000, 0, 1, 4096, 0, {6, 14, 30, 62, 126, 254, 510}},
-    {"tiny", MODEL_FAMILY_ATTN, 6, 8, 2, 8, 1, {1, 2, 4, 8}},
-    {"small", MODEL_FAMILY_ATTN, 512, 64, 4, 1024, 2, {1, 2, 4, 8, 16}},
-    {"base", MODEL_FAMILY_ATTN, 4096, 256, 8, 4096, 3, {1, 2, 4, 8, 16}},
-};
+/* The presets, one row each: name, family, V, d, L, max_ctx, seed, the
+ * candidate capacities.  Everything else about a preset (its entry in
+ * model_presets(), model_preset_name(), the configuration's list of names)
+ * derives from this list, so adding a preset is adding a row (and counting
+ * it in MODEL_NPRESETS, model.h, which the compiler checks). */
+#define MODEL__PRESETS(X)                                                                          \
+    X("hash", MODEL_FAMILY_HASH, 1000, 0, 1, 4096, 0, {6, 14, 30, 62, 126, 254, 510})              \
+    X("tiny", MODEL_FAMILY_ATTN, 6, 8, 2, 8, 1, {1, 2, 4, 8})                                      \
+    X("small", MODEL_FAMILY_ATTN, 512, 64, 4, 1024, 2, {1, 2, 4, 8, 16})                           \
+    X("base", MODEL_FAMILY_ATTN, 4096, 256, 8, 4096, 3, {1, 2, 4, 8, 16})
+
+#define PRESET_ROW(name, ...) {name, __VA_ARGS__},
+static const model__shape_t presets[] = {MODEL__PRESETS(PRESET_ROW)};
+#undef PRESET_ROW
+
+/* "hash,tiny,small,base", a string literal made from the names (the
+ * leading comma is skipped). */
+#define PRESET_NAME(name, ...) "," name
+static const char preset_names[] = MODEL__PRESETS(PRESET_NAME);
+#undef PRESET_NAME
+
+#define NPRESETS (sizeof(presets) / sizeof(presets[0]))
+_Static_assert(NPRESETS == MODEL_NPRESETS, "MODEL_NPRESETS (model.h) counts the presets");
 
 static uint64_t plan_round(uint64_t n)
 {
@@ -100,15 +119,14 @@ void *model__alloc(size_t align, size_t size)
     return aligned_alloc(align, (size + align - 1) / align * align);
 }
 
-int model_create(const char *preset, model_t **out)
+int model_create_shape(const char *preset, model_t **out)
 {
     const model__shape_t *shape = NULL;
     model_t *m;
-    int rc;
 
     assert(out != NULL);
     *out = NULL;
-    for (size_t i = 0; preset != NULL && i < sizeof(presets) / sizeof(presets[0]); i++) {
+    for (size_t i = 0; preset != NULL && i < NPRESETS; i++) {
         if (strcmp(presets[i].name, preset) == 0) {
             shape = &presets[i];
         }
@@ -128,16 +146,42 @@ int model_create(const char *preset, model_t **out)
     atomic_init(&m->rows, 0);
     m->ops->sizes(m);
     plan_blocks(m);
+    *out = m;
+    return SLOTD_OK;
+}
 
+int model_build(model_t *m)
+{
+    int rc;
+
+    assert(m != NULL);
+    if (m->built) {
+        return SLOTD_OK;
+    }
     if (m->ops->init != NULL) {
         rc = m->ops->init(m);
         if (rc != SLOTD_OK) {
-            free(m);
             return rc;
         }
     }
-    *out = m;
+    m->built = true;
     return SLOTD_OK;
+}
+
+bool model_built(const model_t *m)
+{
+    return m->built;
+}
+
+int model_create(const char *preset, model_t **out)
+{
+    int rc = model_create_shape(preset, out);
+
+    if (rc == SLOTD_OK && (rc = model_build(*out)) != SLOTD_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 void model_destroy(model_t *m)
@@ -145,7 +189,7 @@ void model_destroy(model_t *m)
     if (m == NULL) {
         return;
     }
-    if (m->ops->fini != NULL) {
+    if (m->built && m->ops->fini != NULL) {
         m->ops->fini(m);
     }
     free(m);
@@ -153,7 +197,12 @@ void model_destroy(model_t *m)
 
 const char *model_presets(void)
 {
-    return "hash,tiny,small,base";
+    return preset_names + 1;
+}
+
+const char *model_preset_name(size_t i)
+{
+    return i < NPRESETS ? presets[i].name : NULL;
 }
 
 const char *model_name(const model_t *m)
@@ -246,7 +295,7 @@ uint64_t model_rows(const model_t *m)
 
 void model_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scratch)
 {
-    assert(m != NULL && kv != NULL);
+    assert(m != NULL && kv != NULL && m->built);
     assert(token < m->shape.vocab);
     assert(kv->len < m->shape.max_ctx);
     assert(kv->tail != NULL);
@@ -257,7 +306,7 @@ void model_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scratch)
 
 uint32_t model_pick(const model_t *m, const model_kv_t *kv, double *logits)
 {
-    assert(m != NULL && kv != NULL && kv->state != NULL);
+    assert(m != NULL && m->built && kv != NULL && kv->state != NULL);
     assert(kv->len >= 1);
     return m->ops->pick(m, kv, logits, NULL);
 }
@@ -287,7 +336,7 @@ size_t model_batch_scratch_size(const model_t *m, size_t nb)
 void model_run_batch(const model_t *m, model_kv_t *const *kv, const uint32_t *tokens, size_t nb,
                      void *scratch)
 {
-    assert(m != NULL && nb <= MODEL_BATCH_MAX);
+    assert(m != NULL && m->built && nb <= MODEL_BATCH_MAX);
     for (size_t b = 0; b < nb; b++) {
         assert(tokens[b] < m->shape.vocab);
         assert(kv[b]->len < m->shape.max_ctx && kv[b]->tail != NULL && kv[b]->state != NULL);
@@ -323,7 +372,7 @@ void model_pick_batch(const model_t *m, const model_kv_t *const *kv, size_t nb, 
 void model_prefill(const model_t *m, model_kv_t *kv, const uint32_t *tokens, size_t n,
                    void *scratch)
 {
-    assert(m != NULL && kv != NULL && kv->state != NULL);
+    assert(m != NULL && m->built && kv != NULL && kv->state != NULL);
     assert(n <= m->shape.max_ctx - kv->len);
     for (size_t i = 0; i < n; i++) {
         assert(tokens[i] < m->shape.vocab);

@@ -3,7 +3,8 @@
  * which family is behind it.
  *
  * A model_t is immutable after model_create() (weights, shape), apart from
- * its two counters, which are atomics: any thread may run positions of
+ * its two counters, which are atomics (a model from model_create_shape()
+ * gets its weights once, from model_build()): any thread may run positions of
  * different sequences on one model at once, and any thread may read the
  * counters while workers run.  Two families exist (see docs/models.md):
  * `hash` (preset "hash") and `attn` (presets "tiny", "small", "base").
@@ -62,16 +63,47 @@ typedef struct model_kv {
 } model_kv_t;
 
 /** Creates the model for `preset` ("hash", "tiny", "small", "base"),
- * generating its weights.  On success *out is owned by the caller and freed
- * with model_destroy().  Returns SLOTD_OK, SLOTD_EINVAL for an unknown
- * preset, or SLOTD_ENOMEM. */
+ * generating its weights: model_create_shape() then model_build().  On
+ * success *out is owned by the caller and freed with model_destroy().
+ * Returns SLOTD_OK, SLOTD_EINVAL for an unknown preset, or SLOTD_ENOMEM. */
 int model_create(const char *preset, model_t **out);
 
-/** Frees a model from model_create().  No call may be running on it. */
+/** Creates the model for `preset` without its weights: its shape and block
+ * plan only, so that every accessor below answers (sizes, block
+ * capacities, max_ctx), as a pool being sized needs, but no model call may
+ * run until model_build() has succeeded.  Cheap (no weights: about 2 KiB).
+ * Ownership and returns as model_create(). */
+int model_create_shape(const char *preset, model_t **out);
+
+/** Generates the weights of a model from model_create_shape() (the first
+ * call; later ones return SLOTD_OK at once).  Writes only the weights and
+ * `built`, never what the accessors read, so other threads may read the
+ * shape meanwhile; no model call may run on `m` until it returns, and a
+ * thread that runs calls on `m` afterwards must have been told of its
+ * success through a release/acquire pair (the server publishes it so).
+ * SLOTD_OK or SLOTD_ENOMEM (then `m` stays without weights, and the call
+ * may be made again). */
+int model_build(model_t *m);
+
+/** Whether model_build() has succeeded on `m`: true for every model from
+ * model_create().  Read under the rule of model_build(). */
+bool model_built(const model_t *m);
+
+/** Frees a model from model_create() or model_create_shape(), weights and
+ * all.  No call may be running on it. */
 void model_destroy(model_t *m);
 
-/** The preset names, comma separated: "hash,tiny,small,base".  Static. */
+/** How many presets there are (the rows of model.c's preset table; the
+ * compiler checks the count), for tables indexed as model_preset_name(). */
+#define MODEL_NPRESETS 4
+
+/** The preset names, comma separated, in table order:
+ * "hash,tiny,small,base".  Static. */
 const char *model_presets(void);
+
+/** The name of the i-th preset in the same order, or NULL past the last.
+ * Static. */
+const char *model_preset_name(size_t i);
 
 /** The preset name, static for the model's lifetime. */
 const char *model_name(const model_t *m);

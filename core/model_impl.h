@@ -77,7 +77,9 @@ struct model {
     uint32_t block_cap[MODEL__MAX_BLOCKS];
 
     /* Weights of the attn family, one allocation owned by the model (NULL
-     * for hash).  Immutable after model_create(). */
+     * for hash), made by model_build() (`built` then true) and immutable
+     * after it. */
+    bool built;
     double *weights;
     const double *emb;   /* E[V][d] */
     const double *pos;   /* P[max_ctx][d] */

@@ -5,8 +5,8 @@
  * Each setting is one row of `options`: its flag name, how to parse a value
  * and where the value goes.  The environment variable is derived from the
  * flag (--cache-mb is SLOTD_CACHE_MB).  Values are checked as they are
- * parsed; settings that depend on each other (the default model among the
- * loaded ones, two distinct ports) or on the machine (the pool within
+ * parsed; settings that depend on each other (the default model and the
+ * preloaded ones among --models, two distinct ports) or on the machine (the pool within
  * physical memory and the cgroup's memory limit) are checked once
  * everything is read.
  *
@@ -49,6 +49,7 @@ typedef enum opt_kind {
     OPT_HOST,
     OPT_UINT,
     OPT_MODELS,
+    OPT_PRELOAD,
     OPT_MODEL,
     OPT_LEVEL,
     OPT_RATE,
@@ -96,7 +97,11 @@ static const option_t options[] = {
      "seconds one job may run before /health fails (10)"},
     {"reply-hold-us", OPT_UINT, 0, 10000000, FIELD(reply_hold_us),
      "microseconds replies may wait for more of their connection's jobs, 0 for never (100)"},
-    {"models", OPT_MODELS, 0, 0, 0, 0, "presets to load, comma separated (tiny,hash)"},
+    {"models", OPT_MODELS, 0, 0, 0, 0,
+     "presets that may be served, comma separated, each built on first use (every preset)"},
+    {"preload", OPT_PRELOAD, 0, 0, 0, 0,
+     "presets built at start, comma separated, or none; by default those of tiny,hash that "
+     "--models allows (tiny,hash)"},
     {"default-model", OPT_MODEL, 0, 0, FIELD(default_model), "model of a start without one (tiny)"},
     {"log-level", OPT_LEVEL, 0, 0, FIELD(log_level), "debug, info, warn or error (info)"},
     {"audit-rate", OPT_RATE, 0, 0, FIELD(audit_rate),
@@ -112,6 +117,8 @@ static const option_t options[] = {
      "test build: damage the slot of the N-th step job (0, off)"},
     {"fault-wedge-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_wedge_after),
      "test build: the N-th job holds its worker until SIGUSR1 (0, off)"},
+    {"fault-build-delay-ms", OPT_UINT, 0, 600000, FIELD(fault_build_delay_ms),
+     "test build: each preset built on demand takes N ms longer (0, off)"},
 #endif
     {"help", OPT_FLAG, 0, 0, 0, 0, "print this help and exit"},
     {"version", OPT_FLAG, 0, 0, 0, 0, "print the version and exit"},
@@ -248,9 +255,15 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     cfg->wedge_timeout = 10;
     cfg->reply_hold_us = 100;
     cfg->max_batch = 32;
-    cfg->nmodels = 2;
-    strcpy(cfg->models[0], "tiny");
-    strcpy(cfg->models[1], "hash");
+    /* Every preset of the table (core/model.c), up to CONFIG_MAX_MODELS. */
+    for (cfg->nmodels = 0;
+         cfg->nmodels < CONFIG_MAX_MODELS && model_preset_name(cfg->nmodels) != NULL;
+         cfg->nmodels++)
+        strcpy(cfg->models[cfg->nmodels], model_preset_name(cfg->nmodels));
+    cfg->npreload = 2;
+    strcpy(cfg->preload[0], "tiny");
+    strcpy(cfg->preload[1], "hash");
+    cfg->preload_given = false;
     strcpy(cfg->default_model, "tiny");
     cfg->log_level = LOG_LEVEL_INFO;
     cfg->protected_mode = true;
@@ -280,18 +293,14 @@ static config_result_t fail(char *err, size_t errlen, const char *fmt, ...)
     return CONFIG_ERROR;
 }
 
-/* True if `name` is one of model_presets()' comma-separated names. */
+/* True if `name` is one of the presets (model_preset_name()). */
 static bool preset_known(const char *name, size_t len)
 {
-    const char *p = model_presets();
-    while (*p != '\0') {
-        size_t n = strcspn(p, ",");
-        if (n == len && strncmp(p, name, len) == 0)
+    const char *p;
+
+    for (size_t i = 0; (p = model_preset_name(i)) != NULL; i++)
+        if (strlen(p) == len && strncmp(p, name, len) == 0)
             return true;
-        p += n;
-        if (*p == ',')
-            p++;
-    }
     return false;
 }
 
@@ -369,8 +378,9 @@ static void store_uint(server_config_t *cfg, const option_t *o, uint64_t v)
     }
 }
 
-static config_result_t set_models(server_config_t *cfg, const char *src, const char *v, char *err,
-                                  size_t errlen)
+/* Parses the comma-separated presets `v` into names[], *n of them. */
+static config_result_t set_models(char (*names)[PROTO_MODEL_MAX + 1], size_t *count,
+                                  const char *src, const char *v, char *err, size_t errlen)
 {
     size_t n = 0;
     const char *p = v;
@@ -383,19 +393,44 @@ static config_result_t set_models(server_config_t *cfg, const char *src, const c
             return fail(err, errlen, "%s: unknown model '%.*s' (known: %s)", src, (int)len, p,
                         model_presets());
         for (size_t i = 0; i < n; i++)
-            if (strlen(cfg->models[i]) == len && strncmp(cfg->models[i], p, len) == 0)
+            if (strlen(names[i]) == len && strncmp(names[i], p, len) == 0)
                 return fail(err, errlen, "%s: model '%.*s' listed twice", src, (int)len, p);
         if (n == CONFIG_MAX_MODELS || len > PROTO_MODEL_MAX)
             return fail(err, errlen, "%s: too many models in '%s'", src, v);
-        memcpy(cfg->models[n], p, len);
-        cfg->models[n][len] = '\0';
+        memcpy(names[n], p, len);
+        names[n][len] = '\0';
         n++;
         p += len;
         if (*p == '\0')
             break;
         p++; /* the comma */
     }
-    cfg->nmodels = n;
+    *count = n;
+    return CONFIG_OK;
+}
+
+/* Whether `name` is among --models. */
+static bool model_allowed(const server_config_t *cfg, const char *name)
+{
+    for (size_t i = 0; i < cfg->nmodels; i++)
+        if (strcmp(cfg->models[i], name) == 0)
+            return true;
+    return false;
+}
+
+/* --preload against --models: a name given must be allowed; the default
+ * keeps those of its names that are. */
+static config_result_t check_preload(server_config_t *cfg, char *err, size_t errlen)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < cfg->npreload; i++) {
+        if (model_allowed(cfg, cfg->preload[i]))
+            memmove(cfg->preload[n++], cfg->preload[i], sizeof(cfg->preload[i]));
+        else if (cfg->preload_given)
+            return fail(err, errlen, "--preload: '%s' is not among --models", cfg->preload[i]);
+    }
+    cfg->npreload = n;
     return CONFIG_OK;
 }
 
@@ -419,7 +454,14 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
         store_uint(cfg, o, v);
         return CONFIG_OK;
     case OPT_MODELS:
-        return set_models(cfg, src, value, err, errlen);
+        return set_models(cfg->models, &cfg->nmodels, src, value, err, errlen);
+    case OPT_PRELOAD:
+        cfg->preload_given = true;
+        if (strcmp(value, "none") == 0) {
+            cfg->npreload = 0;
+            return CONFIG_OK;
+        }
+        return set_models(cfg->preload, &cfg->npreload, src, value, err, errlen);
     case OPT_MODEL:
         if (strlen(value) > PROTO_MODEL_MAX || !preset_known(value, strlen(value)))
             return fail(err, errlen, "%s: unknown model '%s' (known: %s)", src, value,
@@ -549,11 +591,10 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
     if (version)
         return CONFIG_VERSION;
 
-    bool found = false;
-    for (size_t i = 0; i < cfg->nmodels; i++)
-        found = found || strcmp(cfg->models[i], cfg->default_model) == 0;
-    if (!found)
+    if (!model_allowed(cfg, cfg->default_model))
         return fail(err, errlen, "--default-model: '%s' is not among --models", cfg->default_model);
+    if ((rc = check_preload(cfg, err, errlen)) != CONFIG_OK)
+        return rc;
     if (cfg->port != 0 && cfg->port == cfg->admin_port)
         return fail(err, errlen, "--port and --admin-port are both %d", cfg->port);
     if (!(cfg->max_conn_share > 0.0))

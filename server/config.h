@@ -41,8 +41,11 @@ typedef struct server_config {
     uint32_t wedge_timeout;                 /* seconds one job may run before /health fails */
     uint32_t reply_hold_us;                 /* microseconds a connection's replies may wait for
                                                its other jobs out; 0 = never */
-    size_t nmodels;                         /* presets to load, in the order given */
+    size_t nmodels;                         /* presets that may be served, in the order given */
     char models[CONFIG_MAX_MODELS][PROTO_MODEL_MAX + 1];
+    size_t npreload;                        /* presets built at start, each among `models` */
+    char preload[CONFIG_MAX_MODELS][PROTO_MODEL_MAX + 1];
+    bool preload_given;                     /* --preload or SLOTD_PRELOAD was set */
     char default_model[PROTO_MODEL_MAX + 1]; /* one of `models` */
     log_level_t log_level;
     double audit_rate; /* fraction of step requests recomputed uncached, 0..1 */
@@ -55,6 +58,7 @@ typedef struct server_config {
     /* Test builds only: the hooks of job.c (0 = off). */
     uint64_t fault_corrupt_after; /* damage the slot of the N-th step job, after it ran */
     uint64_t fault_wedge_after;   /* the N-th job holds its worker until released */
+    uint32_t fault_build_delay_ms; /* a preset built on demand takes this much longer */
 #endif
 } server_config_t;
 

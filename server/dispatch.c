@@ -5,14 +5,16 @@
  * connection's share, the pool's room) and applies it: to a session's FIFO
  * (session.c), to the workers (launch.c), or answered at once; a stats
  * waits for the head of the FIFO, with the lines after it held behind it
- * (the barrier).  It keeps the pipelining rule (below: "Pipelined order
+ * (the barrier), and a request for a model not built yet waits for its
+ * build likewise (REQ_BUILD; models.c builds it, dispatch__model_built()
+ * resumes it).  It keeps the pipelining rule (below: "Pipelined order
  * under pressure", REQ_DEFER), takes back jobs from the workers
  * (dispatch__job_done()), moves ready replies to the connection's output
  * in read order (conn_advance()), and answers a drain shutting_down.
  *
  * DESIGN.  Loop thread only; no lock.  A record whose job is out
  * (REQ_RUNNING) belongs to the workers until dispatch__job_done(); conn.c
- * reaches this file only through conn_hooks_t.
+ * and models.c reach this file only through conn_hooks_t.
  *
  * Design: docs/design.md, "Pipelining" and "server/ layout".
  */
@@ -27,6 +29,7 @@
 #include "inspect_int.h"
 #include "launch_int.h"
 #include "log.h"
+#include "models_int.h"
 #include "req_int.h"
 #include "session_int.h"
 
@@ -135,6 +138,8 @@ static void req_resume(conn_t *c, req_t *r)
         r->state = REQ_NEW;
         if (!req_apply(c, r))
             return; /* closed */
+        if (r->state == REQ_BUILD)
+            return; /* still the barrier (its model was ready when it deferred, so not expected) */
     }
     release_barrier(c, r);
 }
@@ -197,19 +202,29 @@ nomem:
     conn__close(c);
 }
 
-/* The model a start, logits or generate names (or the default one). */
 /* ---- Requests as they are read ---- */
 
+/* The model a start, logits or generate names (or the default one).  One
+ * not built yet makes `r` wait for its build (REQ_BUILD) as the
+ * connection's barrier: NULL with `err` left clear, which its caller
+ * returns as SLOTD_OK; dispatch__model_built() applies it again. */
 static const model_t *resolve_model(conn_t *c, req_t *r, slotd_error_t *err)
 {
     server_t *s = c->server;
     const model_t *m;
 
-    if (r->rq.model[0] == '\0')
-        return s->default_model;
-    m = dispatch__model(s, r->rq.model);
-    if (m == NULL)
+    m = r->rq.model[0] == '\0' ? s->default_model : models__find(s, r->rq.model);
+    if (m == NULL) {
         slotd_error_set(err, SLOTD_EBAD_REQUEST, "model: '%s' is not loaded", r->rq.model);
+        return NULL;
+    }
+    if (!models__ready(s, m)) {
+        assert(c->barrier == NULL || c->barrier == r); /* r is being applied */
+        r->model = m;
+        r->state = REQ_BUILD;
+        c->barrier = r;
+        return NULL;
+    }
     return m;
 }
 
@@ -644,7 +659,7 @@ void dispatch__drain(conn_t *c)
     conn__drain_input(c);
     slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
     for (req_t *r = c->order_head; r != NULL; r = r->order_next) {
-        if (r->state != REQ_HELD && r->state != REQ_DEFER)
+        if (r->state != REQ_HELD && r->state != REQ_DEFER && r->state != REQ_BUILD)
             continue;
         if (r->session != NULL && r->session->running == r)
             r->session->running = NULL; /* deferred after its job ran: not out */
@@ -676,12 +691,28 @@ void dispatch__drain(conn_t *c)
     conn__update(c);
 }
 
-/* ---- Models ---- */
+/* ---- Models built on first use ---- */
 
-const model_t *dispatch__model(const server_t *s, const char *name)
+void dispatch__model_built(conn_t *c, const model_t *m, int rc)
 {
-    for (size_t i = 0; i < s->nmodels; i++)
-        if (strcmp(model_name(s->models[i]), name) == 0)
-            return s->models[i];
-    return NULL;
+    req_t *r = c->barrier;
+    slotd_error_t err;
+
+    if (c->closed || r == NULL || r->state != REQ_BUILD || r->model != m)
+        return;
+    slotd_error_clear(&err);
+    if (rc == SLOTD_OK) {
+        r->state = REQ_NEW;
+        if (!req_apply(c, r))
+            return; /* closed */
+    } else {
+        slotd_error_set(&err, rc, "model: '%s' could not be built: %s", model_name(m),
+                        slotd_strerror(rc));
+        if (!req__fail(r, &err))
+            return;
+    }
+    if (r->state != REQ_DEFER) /* else it stays the barrier until it reaches the head */
+        release_barrier(c, r);
+    conn_advance(c);
+    conn__update(c);
 }

@@ -23,7 +23,10 @@ void dispatch__job_done(req_t *r);
  * waiting requests with shutting_down, and closes it once the running
  * ones are answered. */
 void dispatch__drain(conn_t *c);
-/** The loaded model called `name`, or NULL. */
-const model_t *dispatch__model(const server_t *s, const char *name);
+/** conn_hooks_t.model_built: a build of `m` ended with `rc`.  The request
+ * of `c` waiting for it (REQ_BUILD, its barrier), if any, is applied as if
+ * just read, or answered with the error; the lines behind it follow in
+ * order. */
+void dispatch__model_built(conn_t *c, const model_t *m, int rc);
 
 #endif

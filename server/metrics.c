@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/model.h"
 #include "core/util.h"
 #include "procstat.h"
 
@@ -164,13 +165,15 @@ static const char *name_close(size_t i)
     XX(op, "op", PROTO_OP__COUNT, name_op)                                                         \
     XX(code, "code", NERRORS, name_code)                                                           \
     XX(release, "reason", METRICS_RELEASE__COUNT, name_release)                                    \
-    XX(close, "reason", METRICS_CLOSE__COUNT, name_close)
+    XX(close, "reason", METRICS_CLOSE__COUNT, name_close)                                          \
+    XX(model, "model", MODEL_NPRESETS, model_preset_name)
 
 #define INDEX_NONE(label) ((size_t)0)
 #define INDEX_op(label) index_op(label)
 #define INDEX_code(label) index_code(label)
 #define INDEX_release(label) ((size_t)(unsigned)(label))
 #define INDEX_close(label) ((size_t)(unsigned)(label))
+#define INDEX_model(label) ((size_t)(label))
 
 #define XX(set, key, count, name)                                                                  \
     enum { NL_##set = (count) };                                                                   \
@@ -266,13 +269,22 @@ static bool seen_before(const char *(*lname)(size_t), size_t i)
     return false;
 }
 
+/* One sample of a counter or gauge, `lab` its "" or `{key="value"}`: a
+ * count, or with a `scale` (UNIT_<arg>) not 0, the count divided by it. */
+static int put_sample(proto_buf_t *b, const char *name, const char *lab, uint64_t v, double scale)
+{
+    if (scale == 0)
+        return put(b, "%s%s %" PRIu64 "\n", name, lab, v);
+    return put(b, "%s%s %.9f\n", name, lab, (double)v / scale);
+}
+
 /* The samples of a counter or gauge: one per distinct label value, in
  * list order, summing the indexes that share it. */
 static int render_values(proto_buf_t *b, const char *name, const _Atomic uint64_t *v, size_t n,
-                         const char *key, const char *(*lname)(size_t))
+                         const char *key, const char *(*lname)(size_t), double scale)
 {
     if (key == NULL)
-        return put(b, "%s %" PRIu64 "\n", name, LOAD(v[0]));
+        return put_sample(b, name, "", LOAD(v[0]), scale);
     for (size_t i = 0; i < n; i++) {
         if (seen_before(lname, i))
             continue;
@@ -280,7 +292,9 @@ static int render_values(proto_buf_t *b, const char *name, const _Atomic uint64_
         for (size_t j = i; j < n; j++)
             if (strcmp(lname(j), lname(i)) == 0)
                 sum += LOAD(v[j]);
-        TRY(put(b, "%s{%s=\"%s\"} %" PRIu64 "\n", name, key, lname(i), sum));
+        char lab[128];
+        snprintf(lab, sizeof(lab), "{%s=\"%s\"}", key, lname(i));
+        TRY(put_sample(b, name, lab, sum, scale));
     }
     return SLOTD_OK;
 }
@@ -465,8 +479,12 @@ uint64_t metrics_last_step_ns(void)
     return last;
 }
 
+/* A counter's or gauge's unit (its `arg`): _ a count, ns nanoseconds
+ * rendered as seconds. */
+#define UNIT__ 0.0
+#define UNIT_ns 1e9
 #define RENDER_COUNTER(stem, labels, arg, name)                                                    \
-    render_values(b, name, m.stem, NL_##labels, key_##labels, lname_##labels)
+    render_values(b, name, m.stem, NL_##labels, key_##labels, lname_##labels, UNIT_##arg)
 #define RENDER_GAUGE RENDER_COUNTER
 #define RENDER_HISTOGRAM(stem, labels, arg, name) render_##stem(b, name)
 #define RENDER_STAT_GAUGE(stem, labels, arg, name)                                                 \

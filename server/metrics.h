@@ -8,7 +8,8 @@
  * XX(kind, stem, labels, arg, "name", "help") and generates, for `stem`:
  *   COUNTER    metrics_count_<stem>(label), metrics_count_<stem>_n(n, label),
  *              metrics_<stem>_value() (the sum over labels) and
- *              metrics_<stem>_value_at(label);
+ *              metrics_<stem>_value_at(label); `arg` is _, or ns for a
+ *              count of nanoseconds rendered as seconds;
  *   GAUGE      metrics_<stem>_inc(label), metrics_<stem>_dec(label),
  *              metrics_<stem>_set(v, label) and the two readers;
  *   HISTOGRAM  metrics_observe_<stem>(shard, v, label) into the bucket set
@@ -17,8 +18,8 @@
  *   STAT_GAUGE, STAT_COUNTER  rendered from the proto_stats_t field `arg`;
  *   DERIVED_GAUGE  rendered by the function `arg` in metrics.c.
  * `labels` is NONE (the functions then take no label) or a label set of
- * METRICS_LABEL_SETS in metrics.c (op, code, release, close); a new set is
- * one line there plus its two METRICS_LABEL_PARAM macros here.
+ * METRICS_LABEL_SETS in metrics.c (op, code, release, close, model); a new
+ * set is one line there plus its two METRICS_LABEL_PARAM macros here.
  *
  * DESIGN.  Counters and gauges are C11 atomics updated and read with
  * relaxed ordering, no lock; histograms are kept in METRICS_SHARDS copies
@@ -62,6 +63,8 @@ typedef enum metrics_close {
 #define METRICS_LABEL_PARAMC_release , metrics_release_t label
 #define METRICS_LABEL_PARAM_close metrics_close_t label
 #define METRICS_LABEL_PARAMC_close , metrics_close_t label
+#define METRICS_LABEL_PARAM_model size_t label /* a preset's index, as model_preset_name() */
+#define METRICS_LABEL_PARAMC_model , size_t label
 
 /* Every metric, in rendering order.  Names, types, help texts and labels
  * are part of the operator contract (docs/operations.md, deploy/ alerts). */
@@ -88,6 +91,10 @@ typedef enum metrics_close {
        "Session connections closed by the daemon, by reason.")                                     \
     XX(COUNTER, auth_failure, NONE, _, "slotd_auth_failures_total",                                \
        "Wrong tokens presented: auth ops on the session port, Bearer tokens on the admin port.")   \
+    XX(COUNTER, model_build, model, _, "slotd_model_builds_total",                                 \
+       "Presets whose weights were built (at start for --preload, else on first use).")            \
+    XX(COUNTER, model_build_ns, model, ns, "slotd_model_build_seconds_total",                      \
+       "Seconds spent building presets' weights.")                                                 \
     XX(COUNTER, socket_read, NONE, _, "slotd_socket_reads_total",                                  \
        "Reads that took request bytes from session connections.")                                  \
     XX(COUNTER, socket_write, NONE, _, "slotd_socket_writes_total",                                \

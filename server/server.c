@@ -1,9 +1,9 @@
 /*
  * server.c: the daemon's life, from start-up to the end of a drain.  It
  * owns the loop and every handle that is not a connection's (listener,
- * signals, timers, the end-of-turn check, the admin port), the models, the
- * slot pool and the worker pool; and this turn's batch of jobs and of
- * connections to write.  With --audit-rate above 0 it also owns the audit
+ * signals, timers, the end-of-turn check, the admin port), the slot pool
+ * and the worker pool (the models are models.c's); and this turn's batch
+ * of jobs and of connections to write.  With --audit-rate above 0 it also owns the audit
  * (audit.h), created with the workers and freed after they are joined.
  * It sits on top of the other files of server/: it calls them, they reach
  * it only through conn_hooks_t.freed (docs/design.md, "server/ layout").
@@ -43,6 +43,7 @@
 #include "inspect_int.h"
 #include "job_int.h"
 #include "log.h"
+#include "models_int.h"
 #include "req_int.h"
 #include "session_int.h"
 
@@ -414,28 +415,6 @@ static void signal_cb(uv_signal_t *h, int signum)
 
 /* ---- Start-up ---- */
 
-static int load_models(server_t *s)
-{
-    const server_config_t *cfg = s->cfg;
-
-    for (size_t i = 0; i < cfg->nmodels; i++) {
-        model_t *m;
-        int rc = model_create(cfg->models[i], &m);
-        if (rc != SLOTD_OK) {
-            log_error("model %s: %s", cfg->models[i], slotd_strerror(rc));
-            return rc;
-        }
-        s->models[s->nmodels++] = m;
-        log_info("model %s: %s, V=%u, max_ctx=%u, %zu bytes per entry, %zu bytes scratch",
-                 model_name(m), model_family(m) == MODEL_FAMILY_ATTN ? "attn" : "hash",
-                 model_vocab(m), model_max_ctx(m), model_entry_size(m), model_scratch_size(m));
-    }
-    log_info("models: %s kernels, batches of up to %u steps", model_simd(), cfg->max_batch);
-    s->default_model = dispatch__model(s, cfg->default_model);
-    assert(s->default_model != NULL); /* config_parse() checked it */
-    return SLOTD_OK;
-}
-
 /* worker_pool_config_t.wake_ns: a sleeping worker is woken while another
  * is awake only for jobs worth more than this (worker.c, DESIGN).  Above a
  * `tiny` loop turn's batch at pipeline depth 1 (64 jobs of about a
@@ -581,6 +560,7 @@ int server_run(const server_config_t *cfg)
     s->hooks.line_too_long = dispatch__line_too_long;
     s->hooks.detach = session__detach;
     s->hooks.freed = server_conn_freed;
+    s->hooks.model_built = dispatch__model_built;
     s->start_ns = uv_hrtime();
     metrics_init(s->start_ns);
     log_info("slotd %s starting: %u worker threads, %" PRIu64 " MiB pool, at most %u sessions "
@@ -614,7 +594,7 @@ int server_run(const server_config_t *cfg)
     uv_timer_init(&s->loop, &s->trim_timer);
     uv_unref((uv_handle_t *)&s->trim_timer);
 
-    if (load_models(s) != SLOTD_OK)
+    if (models__load(s) != SLOTD_OK)
         goto fail;
 
     memset(&pc, 0, sizeof(pc));
@@ -677,8 +657,7 @@ done:
     audit_destroy(s->audit); /* the workers are joined */
     if (s->pool != NULL)
         cache_pool_destroy(s->pool);
-    for (size_t i = 0; i < s->nmodels; i++)
-        model_destroy(s->models[i]);
+    models__free(s);
     req__shed(s, SIZE_MAX);
     session__shed(s, SIZE_MAX);
 fail_loop:

@@ -72,6 +72,7 @@ typedef enum req_state {
     REQ_RUNNING, /* a job: in the batch, the workers' queue, or running */
     REQ_DONE,    /* `reply` holds its line */
     REQ_DEFER,   /* waits for its connection's earlier lines (dispatch.c, Pipelined order) */
+    REQ_BUILD,   /* waits for the weights of its model (models.c); the connection's barrier */
 } req_state_t;
 
 /** A request record: one line read, from parse until its reply is copied
@@ -181,7 +182,7 @@ struct conn {
     session_map_t map;              /* live ids -> session records */
     session_t *sessions;            /* every session record of the connection */
     req_t *order_head, *order_tail; /* requests not yet answered, in read order */
-    req_t *barrier;                 /* a stats or REQ_DEFER: the lines after it are REQ_HELD */
+    req_t *barrier;                 /* stats, REQ_DEFER, REQ_BUILD: later lines are REQ_HELD */
     size_t outstanding;             /* records in the order FIFO */
     size_t held_bytes;              /* reply bytes of REQ_DONE records in the FIFO */
     req_t *park_head, *park_tail;   /* REQ_PARKED jobs, in read order */
@@ -211,15 +212,32 @@ struct conn {
     bool authed;             /* presented the --auth-token-file token */
 };
 
-/** What conn.c calls in the files above it, through pointers so that the
- * calls between the files of server/ go one way (docs/design.md, "server/
- * layout").  Set by server_run(). */
+/** A preset the daemon may serve (models.c): its model from start, shape
+ * and block plan only, its weights once built.  Loop thread, except as
+ * models.c says while a build runs. */
+typedef struct server_preset {
+    model_t *model;     /* owned (models__free()); also in server->models[] */
+    server_t *server;
+    size_t index;       /* in the preset table (model_preset_name()), for metrics */
+    uv_work_t work;     /* the build on libuv's thread pool, while `building` */
+    bool building;      /* a build is under way */
+    _Atomic bool ready; /* weights built: release by the builder, acquire by the loop */
+    int build_rc;       /* the last build's result; written by the builder */
+    uint64_t build_ns;  /* its duration; likewise */
+} server_preset_t;
+
+/** What conn.c (and models.c) call in the files above them, through
+ * pointers so that the calls between the files of server/ go one way
+ * (docs/design.md, "server/ layout").  Set by server_run(). */
 typedef struct conn_hooks {
     proto_line_cb line;               /* dispatch.c: a line read; `arg` is the conn_t */
     proto_line_cb drain_line;         /* dispatch.c: a line read in a drain */
     void (*line_too_long)(conn_t *c); /* dispatch.c: answers it; the input ends */
     void (*detach)(conn_t *c);        /* session.c: a closing connection's requests, sessions */
     void (*freed)(server_t *s);       /* server.c: a connection struct was freed */
+    /* dispatch.c, from models.c: a build of `m` ended with `rc`; the
+     * request of `c` waiting for it (its barrier), if any, goes on. */
+    void (*model_built)(conn_t *c, const model_t *m, int rc);
 } conn_hooks_t;
 
 /** The daemon.  One, owned by server_run(). */
@@ -255,8 +273,9 @@ struct server {
     worker_pool_t *workers; /* NULL once closed */
     cache_pool_t *pool;     /* immutable pointer: workers read it */
     audit_t *audit;         /* immutable pointer; NULL when --audit-rate is 0 */
-    model_t *models[CONFIG_MAX_MODELS];
+    model_t *models[CONFIG_MAX_MODELS]; /* every --models preset, built or not (models.c) */
     size_t nmodels;
+    server_preset_t presets[CONFIG_MAX_MODELS]; /* the same, with their build state */
     const model_t *default_model;
     uint64_t start_ns; /* uv_hrtime() at start-up */
 

@@ -22,15 +22,18 @@ foreach(theme pressure hostile conn)
 endforeach()
 
 # The valgrind subset: the integration suites of the protocol, lifetimes,
-# admin port and shutdown, memory pressure and hostile clients (about 7.5
-# minutes of test time under memcheck, 4 minutes of wall time with -j2 on
-# 2 cores).  Left out: the scripts that start no daemon through itest.c
+# admin port and shutdown, presets built on first use (their weights made
+# on another thread, freed at exit), memory pressure and hostile clients
+# (about 7.5 minutes of test time under memcheck, 4 minutes of wall time
+# with -j2 on 2 cores, before the presets suite, which took 2 minutes alone
+# on a loaded machine with its two fault-injection cases).  Left out: the scripts that start no daemon through itest.c
 # (test_dockerfile, scaleout, test_config_env) and
 # test_integration_hardening, new with the cache audit (about 30 s more).
 set(_valgrind_itests
   test_integration_ops test_integration_cache test_integration_errors
   test_integration_malformed test_integration_lifetimes test_integration_admin
-  test_integration_shutdown test_integration_pressure test_integration_hostile)
+  test_integration_shutdown test_integration_pressure test_integration_hostile
+  test_integration_presets)
 foreach(_name IN LISTS _valgrind_itests)
   if(TEST ${_name})
     set_property(TEST ${_name} APPEND PROPERTY LABELS valgrind)

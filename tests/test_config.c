@@ -57,9 +57,15 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(cfg.shutdown_timeout, 10);
     ck_assert_uint_eq(cfg.wedge_timeout, 10);
     ck_assert_uint_eq(cfg.reply_hold_us, 100);
-    ck_assert_uint_eq(cfg.nmodels, 2);
-    ck_assert_str_eq(cfg.models[0], "tiny");
-    ck_assert_str_eq(cfg.models[1], "hash");
+    /* Every preset may be served; tiny and hash are built at start. */
+    ck_assert_uint_eq(cfg.nmodels, 4);
+    ck_assert_str_eq(cfg.models[0], "hash");
+    ck_assert_str_eq(cfg.models[1], "tiny");
+    ck_assert_str_eq(cfg.models[2], "small");
+    ck_assert_str_eq(cfg.models[3], "base");
+    ck_assert_uint_eq(cfg.npreload, 2);
+    ck_assert_str_eq(cfg.preload[0], "tiny");
+    ck_assert_str_eq(cfg.preload[1], "hash");
     ck_assert_str_eq(cfg.default_model, "tiny");
     ck_assert_int_eq(cfg.log_level, LOG_LEVEL_INFO);
 }
@@ -383,7 +389,11 @@ static const struct {
     {{"--models", ""}, "empty"},
     {{"--models", "hash"}, "--default-model"}, /* default tiny no longer loaded */
     {{"--default-model", "bogus"}, "bogus"},
-    {{"--default-model", "small"}, "--default-model"},
+    {{"--models=tiny,hash", "--default-model", "small"}, "--default-model"},
+    {{"--models=tiny,hash", "--preload", "small"}, "--preload"},
+    {{"--preload", "tiny,bogus"}, "bogus"},
+    {{"--preload", "tiny,tiny"}, "twice"},
+    {{"--preload", ""}, "empty"},
     {{"--log-level", "loud"}, "--log-level"},
     {{"--listen", "localhost"}, "--listen"},
     {{"--listen", "1.2.3.4.5"}, "--listen"},
@@ -503,6 +513,37 @@ START_TEST(test_audit_rate_refused)
 }
 END_TEST
 
+/* --preload: its default keeps the names --models allows; a name given
+ * must be allowed; "none" builds nothing at start; SLOTD_PRELOAD. */
+START_TEST(test_preload)
+{
+    server_config_t cfg;
+    char *const env[] = {"SLOTD_PRELOAD=base,small", NULL};
+
+    ck_assert_int_eq(parse(&cfg, "--models", "small", "--default-model", "small"), CONFIG_OK);
+    ck_assert_uint_eq(cfg.npreload, 0);
+    ck_assert_int_eq(parse(&cfg, "--models", "small,hash", "--default-model", "small"), CONFIG_OK);
+    ck_assert_uint_eq(cfg.npreload, 1);
+    ck_assert_str_eq(cfg.preload[0], "hash");
+    ck_assert_int_eq(parse(&cfg, "--preload", "none"), CONFIG_OK);
+    ck_assert_uint_eq(cfg.npreload, 0);
+    ck_assert_int_eq(parse(&cfg, "--preload=base"), CONFIG_OK);
+    ck_assert_uint_eq(cfg.npreload, 1);
+    ck_assert_str_eq(cfg.preload[0], "base");
+    ck_assert_int_eq(parse_env(&cfg, env, (char *)NULL), CONFIG_OK);
+    ck_assert_uint_eq(cfg.npreload, 2);
+    ck_assert_str_eq(cfg.preload[0], "base");
+    ck_assert_str_eq(cfg.preload[1], "small");
+    ck_assert_int_eq(parse_env(&cfg, env, "--models=tiny,small,base", (char *)NULL), CONFIG_OK);
+    ck_assert_uint_eq(cfg.npreload, 2);
+    ck_assert_int_eq(parse_env(&cfg, env, "--models=tiny,small", (char *)NULL), CONFIG_ERROR);
+    ck_assert_ptr_nonnull(strstr(err, "--preload: 'base' is not among --models"));
+    ck_assert_int_eq(parse_env(&cfg, env, "--preload=tiny", "--models=tiny", (char *)NULL),
+                     CONFIG_OK);
+    ck_assert_uint_eq(cfg.npreload, 1);
+}
+END_TEST
+
 START_TEST(test_fault_flags)
 {
     server_config_t cfg;
@@ -511,7 +552,10 @@ START_TEST(test_fault_flags)
     ck_assert_int_eq(parse(&cfg, "--fault-corrupt-after", "3", "--fault-wedge-after=5"), CONFIG_OK);
     ck_assert_uint_eq(cfg.fault_corrupt_after, 3);
     ck_assert_uint_eq(cfg.fault_wedge_after, 5);
+    ck_assert_int_eq(parse(&cfg, "--fault-build-delay-ms", "250"), CONFIG_OK);
+    ck_assert_uint_eq(cfg.fault_build_delay_ms, 250);
     ck_assert_int_eq(parse(&cfg, "--audit-rate", "1"), CONFIG_OK);
+    ck_assert_uint_eq(cfg.fault_build_delay_ms, 0);
     ck_assert_uint_eq(cfg.fault_corrupt_after, 0); /* off unless asked */
     ck_assert_uint_eq(cfg.fault_wedge_after, 0);
     ck_assert_int_eq(parse(&cfg, "--fault-wedge-after", "x"), CONFIG_ERROR);
@@ -568,6 +612,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_audit_rate_environment);
     tcase_add_loop_test(tc, test_audit_rate_refused, 0,
                         (int)(sizeof(bad_rates) / sizeof(bad_rates[0])));
+    tcase_add_test(tc, test_preload);
     tcase_add_test(tc, test_fault_flags);
     tcase_add_test(tc, test_cache_mb_cap);
     suite_add_tcase(s, tc);

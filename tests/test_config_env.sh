@@ -72,7 +72,7 @@ daemon env SLOTD_LISTEN=127.0.0.1 SLOTD_PORT="$p" SLOTD_ADMIN_PORT="$a" SLOTD_TH
   SLOTD_CACHE_MB=64 SLOTD_MAX_SESSIONS=5 SLOTD_MAX_CONNECTION_SHARE=1 SLOTD_MAX_CONNECTIONS=4 \
   SLOTD_MAX_LINE=200 \
   SLOTD_IDLE_TIMEOUT=1 SLOTD_SHUTDOWN_TIMEOUT=1 SLOTD_WEDGE_TIMEOUT=1 \
-  SLOTD_MODELS=tiny,hash,small SLOTD_DEFAULT_MODEL=hash SLOTD_LOG_LEVEL=debug
+  SLOTD_MODELS=tiny,hash,small SLOTD_DEFAULT_MODEL=hash SLOTD_LOG_LEVEL=debug SLOTD_PRELOAD=small
 envd=$dpid
 if ! wait_for 10 healthy "$a"; then
   fail "SLOTD_LISTEN, SLOTD_PORT, SLOTD_ADMIN_PORT: no /health on 127.0.0.1:$a"
@@ -137,6 +137,8 @@ fi
 exec {fd}>&-
 
 check "SLOTD_LOG_LEVEL=debug: the log has debug lines" grep -q ' debug ' "$work/env.log"
+check "SLOTD_PRELOAD=small: small is built at start, tiny is not" \
+  eval "grep -q 'model small: built at start' '$work/env.log' && ! grep -q 'model tiny: built' '$work/env.log'"
 
 # A job longer than the wedge timeout turns /health to 503 while it runs.
 # Test builds wedge a job on purpose (--fault-wedge-after: the N-th job
@@ -251,7 +253,9 @@ check "SLOTD_THREADS=0 is refused" refuses SLOTD_THREADS SLOTD_THREADS=0 -- --po
 check "an empty SLOTD_CACHE_MB is refused" refuses SLOTD_CACHE_MB SLOTD_CACHE_MB= -- --port 0 --admin-port 0
 check "SLOTD_LOG_LEVEL=loud is refused" refuses SLOTD_LOG_LEVEL SLOTD_LOG_LEVEL=loud -- --port 0 --admin-port 0
 check "SLOTD_DEFAULT_MODEL=small without small in --models is refused" \
-  refuses default-model SLOTD_DEFAULT_MODEL=small -- --port 0 --admin-port 0
+  refuses default-model SLOTD_DEFAULT_MODEL=small -- --models tiny,hash --port 0 --admin-port 0
+check "SLOTD_PRELOAD=base without base in --models is refused" \
+  refuses preload SLOTD_PRELOAD=base -- --models tiny,hash --port 0 --admin-port 0
 check "a malformed SLOTD_PORT is refused when no --port replaces it" \
   refuses SLOTD_PORT SLOTD_PORT=http -- --admin-port 0
 # A flag replaces its variable, so a malformed one it replaces is never read.

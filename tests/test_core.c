@@ -833,6 +833,68 @@ END_TEST
 /* Fails the k-th allocation for k = 1, 2, ... until the call needs fewer:
  * each failure is SLOTD_ENOMEM, leaks nothing (the sanitizer and valgrind
  * runs see to that) and does no work. */
+/* A model made in two parts (the shape, then the weights) is the model
+ * model_create() makes: the same accessors before its weights exist, the
+ * same tokens and logits bit for bit after; a failed build leaves it
+ * without weights and may be retried.  The names come from the table
+ * (model_preset_name()) and agree with model_presets(). */
+START_TEST(test_shape_then_build)
+{
+    char joined[64] = "";
+    size_t i;
+
+    for (i = 0; model_preset_name(i) != NULL; i++) {
+        const char *name = model_preset_name(i);
+        model_t *whole = create(name), *m = NULL;
+        int64_t tok[] = {1, 2, 3};
+        uint32_t out_a[6], out_b[6];
+        double la[3 * 4096], lb[3 * 4096];
+        uint64_t rows_a, rows_b;
+        slotd_error_t err;
+        int rc;
+
+        if (i > 0)
+            strcat(joined, ",");
+        strcat(joined, name);
+        ck_assert_int_eq(model_create_shape(name, &m), SLOTD_OK);
+        ck_assert(!model_built(m));
+        ck_assert(model_built(whole));
+        ck_assert_str_eq(model_name(m), name);
+        ck_assert_uint_eq(model_max_ctx(m), model_max_ctx(whole));
+        ck_assert_uint_eq(model_entry_size(m), model_entry_size(whole));
+        ck_assert_uint_eq(model_state_size(m), model_state_size(whole));
+        ck_assert_uint_eq(model_scratch_size(m), model_scratch_size(whole));
+        ck_assert_uint_eq(model_block_positions(m), model_block_positions(whole));
+        for (uint32_t b = 0; b < 300; b++)
+            ck_assert_uint_eq(model_block_capacity(m, b), model_block_capacity(whole, b));
+
+        if (model_family(m) == MODEL_FAMILY_ATTN) {
+            model__alloc_fail_in = 1;
+            ck_assert_int_eq(model_build(m), SLOTD_ENOMEM);
+            model__alloc_fail_in = 0;
+            ck_assert(!model_built(m));
+        }
+        ck_assert_int_eq(model_build(m), SLOTD_OK);
+        ck_assert(model_built(m));
+        ck_assert_int_eq(model_build(m), SLOTD_OK); /* once */
+
+        rc = model_generate(whole, tok, 3, 3, true, NULL, NULL, out_a, la, &rows_a, &err);
+        ck_assert_int_eq(rc, SLOTD_OK);
+        rc = model_generate(m, tok, 3, 3, true, NULL, NULL, out_b, lb, &rows_b, &err);
+        ck_assert_int_eq(rc, SLOTD_OK);
+        ck_assert_mem_eq(out_a, out_b, sizeof(out_a));
+        ck_assert_uint_eq(rows_a, rows_b);
+        if (model_family(m) == MODEL_FAMILY_ATTN)
+            ck_assert_mem_eq(la, lb, 3 * model_vocab(m) * sizeof(double));
+        model_destroy(m);
+        model_destroy(whole);
+    }
+    ck_assert_uint_eq(i, 4);
+    ck_assert_str_eq(joined, model_presets());
+    ck_assert_int_eq(model_create_shape("huge", &(model_t *){NULL}), SLOTD_EINVAL);
+}
+END_TEST
+
 START_TEST(test_alloc_failure)
 {
     static const char *names[] = {"hash", "tiny", "small"};
@@ -1033,6 +1095,7 @@ static Suite *core_suite(void)
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_pick_ties);
     tcase_add_test(tc, test_alloc_failure);
+    tcase_add_test(tc, test_shape_then_build);
     tcase_add_test(tc, test_round6);
     suite_add_tcase(s, tc);
     return s;

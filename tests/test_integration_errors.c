@@ -186,7 +186,9 @@ static const char *const bad_tags[] = {
 
 START_TEST(test_bad_request_every_field)
 {
-    itest_daemon_t *d = itest_daemon_start(NULL);
+    /* small and base left out, so that naming them is the error of a
+     * model --models does not allow. */
+    itest_daemon_t *d = itest_daemon_start("--models", "tiny,hash", NULL);
     itest_conn_t *c = itest_connect(d);
     int64_t sp[] = {0, 1}, hp[] = {5, 6, 7};
     itest_session_t s, h;

@@ -175,6 +175,8 @@ START_TEST(test_every_family)
         {"slotd_last_step_age_seconds", "gauge"},
         {"slotd_cache_divergence_total", "counter"},
         {"slotd_cache_audits_total", "counter"},
+        {"slotd_model_builds_total", "counter"},
+        {"slotd_model_build_seconds_total", "counter"},
         {"slotd_step_batches_total", "counter"},
         {"slotd_batched_steps_total", "counter"},
         {"slotd_uptime_seconds", "gauge"},
