@@ -1,14 +1,16 @@
 /*
- * ops.c: the op table: for each op its wire name, its members (required or
- * optional, in the order their errors win) and whether it runs on a
- * worker; for each member its name, type, limits, place in the request
- * and the words of its errors.  Both request paths and every error message
+ * ops.c: the op table: for each op its wire name, what it acts on (a new
+ * session, an open one, none, the connection's order, the connection), its
+ * members (required or optional, in the order their errors win) and
+ * whether it runs on a worker; for each member its name, type, limits,
+ * place in the request and the words of its errors.  Both request paths and every error message
  * read these rows, so a rule is written once, here.  Constant data, read
  * by any thread; the member-name index is built once, under proto_init()'s
  * pthread_once, before any parse reads it.
  *
  * Adding an op: a value of proto_op_t (proto.h), a row below, a reply
- * writer (reply.c) and its run function in server/.
+ * writer (reply.c) and its run function in server/job.c; the server
+ * applies it by its kind.
  *
  * Design: docs/design.md, "Parsing a request line".
  */
@@ -17,9 +19,9 @@
 #include <assert.h>
 #include <stddef.h>
 
-#define OP(nm, worker, ...)                                                                        \
+#define OP(nm, kd, worker, ...)                                                                    \
     {                                                                                              \
-        .name = nm, .len = sizeof(nm) - 1, .on_worker = worker,                                    \
+        .name = nm, .len = sizeof(nm) - 1, .kind = PROTO_KIND_##kd, .on_worker = worker,           \
         .nmembers = sizeof((proto_member_t[]){__VA_ARGS__}) / sizeof(proto_member_t),              \
         .members = {__VA_ARGS__},                                                                  \
     }
@@ -27,14 +29,15 @@
 #define OPT(f) {PROTO_FIELD_##f, false}
 
 const proto_op_def_t proto_ops[PROTO_OP__COUNT] = {
-    [PROTO_OP_NONE] = {.name = "none", .len = 4, .on_worker = false},
-    [PROTO_OP_START] = OP("start", true, REQ(ID), OPT(MODEL), REQ(PROMPT)),
-    [PROTO_OP_STEP] = OP("step", true, REQ(ID), OPT(N)),
-    [PROTO_OP_FINISH] = OP("finish", false, REQ(ID)),
-    [PROTO_OP_LOGITS] = OP("logits", true, REQ(TOKENS), OPT(MODEL)),
-    [PROTO_OP_GENERATE] = OP("generate", true, REQ(TOKENS), REQ(STEPS), OPT(USE_CACHE), OPT(MODEL)),
-    [PROTO_OP_STATS] = {.name = "stats", .len = 5, .on_worker = false}, /* no members */
-    [PROTO_OP_AUTH] = OP("auth", false, REQ(TOKEN)),
+    [PROTO_OP_NONE] = {.name = "none", .len = 4, .kind = PROTO_KIND_NONE, .on_worker = false},
+    [PROTO_OP_START] = OP("start", OPEN, true, REQ(ID), OPT(MODEL), REQ(PROMPT)),
+    [PROTO_OP_STEP] = OP("step", SESSION, true, REQ(ID), OPT(N)),
+    [PROTO_OP_FINISH] = OP("finish", SESSION, false, REQ(ID)),
+    [PROTO_OP_LOGITS] = OP("logits", STATELESS, true, REQ(TOKENS), OPT(MODEL)),
+    [PROTO_OP_GENERATE] =
+        OP("generate", STATELESS, true, REQ(TOKENS), REQ(STEPS), OPT(USE_CACHE), OPT(MODEL)),
+    [PROTO_OP_STATS] = {.name = "stats", .len = 5, .kind = PROTO_KIND_BARRIER}, /* no members */
+    [PROTO_OP_AUTH] = OP("auth", CONN, false, REQ(TOKEN)),
 };
 
 #define AT(m) offsetof(proto_request_t, m)
@@ -78,6 +81,11 @@ const char *proto_op_name(proto_op_t op)
 bool proto_op_on_worker(proto_op_t op)
 {
     return (unsigned)op < PROTO_OP__COUNT && proto_ops[op].on_worker;
+}
+
+proto_op_kind_t proto_op_kind(proto_op_t op)
+{
+    return (unsigned)op < PROTO_OP__COUNT ? proto_ops[op].kind : PROTO_KIND_NONE;
 }
 
 unsigned char proto__field_first[PROTO__FIELD_INDEX_LEN][32];

@@ -149,11 +149,23 @@ typedef struct proto_member {
     bool required;
 } proto_member_t;
 
-/** One op: its wire name, its members in the order their errors win, and
- * whether it runs on a worker (false: the loop thread answers it). */
+/** What an op acts on, which decides how the server applies it. */
+typedef enum proto_op_kind {
+    PROTO_KIND_NONE = 0,  /* no op */
+    PROTO_KIND_OPEN,      /* opens a session under its id (start) */
+    PROTO_KIND_SESSION,   /* acts on an open session, after its earlier requests */
+    PROTO_KIND_STATELESS, /* no session: a slot borrowed for the call alone */
+    PROTO_KIND_BARRIER,   /* answered once every earlier line of its connection is */
+    PROTO_KIND_CONN,      /* about the connection itself (auth) */
+} proto_op_kind_t;
+
+/** One op: its wire name, what it acts on, its members in the order their
+ * errors win, and whether it runs on a worker (false: the loop thread
+ * answers it). */
 typedef struct proto_op_def {
     const char *name;
     unsigned char len;
+    proto_op_kind_t kind;
     bool on_worker;
     unsigned char nmembers;
     proto_member_t members[PROTO_OP_MEMBERS_MAX];
@@ -165,6 +177,8 @@ extern const proto_field_def_t proto_fields[PROTO_FIELD__COUNT];
 
 /** Whether `op` runs on a worker; false for PROTO_OP_NONE or out of range. */
 bool proto_op_on_worker(proto_op_t op);
+/** What `op` acts on; PROTO_KIND_NONE for PROTO_OP_NONE or out of range. */
+proto_op_kind_t proto_op_kind(proto_op_t op);
 
 /** Installs proto/'s cJSON allocation hooks (see above) once per process;
  * later calls do nothing.  proto_request_parse() calls it itself; a program

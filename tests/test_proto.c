@@ -592,6 +592,16 @@ START_TEST(test_op_table)
     proto_request_init(&r);
     for (int k = 0; k <= PROTO_OP__COUNT; k++)
         ck_assert_int_eq(proto_op_on_worker((proto_op_t)k), k < PROTO_OP__COUNT && on_worker[k]);
+    /* What each op acts on decides how the server applies it. */
+    static const proto_op_kind_t kind[PROTO_OP__COUNT] = {
+        [PROTO_OP_START] = PROTO_KIND_OPEN,         [PROTO_OP_STEP] = PROTO_KIND_SESSION,
+        [PROTO_OP_FINISH] = PROTO_KIND_SESSION,     [PROTO_OP_LOGITS] = PROTO_KIND_STATELESS,
+        [PROTO_OP_GENERATE] = PROTO_KIND_STATELESS, [PROTO_OP_STATS] = PROTO_KIND_BARRIER,
+        [PROTO_OP_AUTH] = PROTO_KIND_CONN,
+    };
+    for (int k = 0; k <= PROTO_OP__COUNT; k++)
+        ck_assert_int_eq(proto_op_kind((proto_op_t)k),
+                         k < PROTO_OP__COUNT ? kind[k] : PROTO_KIND_NONE);
     for (int k = PROTO_OP_NONE + 1; k < PROTO_OP__COUNT; k++) {
         const proto_op_def_t *d = &proto_ops[k];
         ck_assert_str_eq(proto_op_name((proto_op_t)k), d->name);
@@ -606,7 +616,8 @@ START_TEST(test_op_table)
                              SLOTD_EBAD_REQUEST);
             if (m == 0)
                 ck_assert_str_eq(e.message, want);
-            ck_assert_int_eq(proto__request_parse_flat(line, strlen(line), &r, &e), PROTO__DECLINED);
+            ck_assert_int_eq(proto__request_parse_flat(line, strlen(line), &r, &e),
+                             PROTO__DECLINED);
             if (m == 0 && d->members[m].required) {
                 snprintf(line, sizeof(line), "{\"op\":\"%s\"}", d->name);
                 ck_assert_int_eq(parse(line, &r, &e), SLOTD_EBAD_REQUEST);
