@@ -78,15 +78,6 @@ const char *proto_op_name(proto_op_t op)
     return proto_ops[op].name;
 }
 
-bool proto_op_on_worker(proto_op_t op)
-{
-    return (unsigned)op < PROTO_OP__COUNT && proto_ops[op].on_worker;
-}
-
-proto_op_kind_t proto_op_kind(proto_op_t op)
-{
-    return (unsigned)op < PROTO_OP__COUNT ? proto_ops[op].kind : PROTO_KIND_NONE;
-}
 
 unsigned char proto__field_first[PROTO__FIELD_INDEX_LEN][32];
 unsigned char proto__field_next[PROTO_FIELD__COUNT];

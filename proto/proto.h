@@ -176,9 +176,17 @@ extern const proto_op_def_t proto_ops[PROTO_OP__COUNT];
 extern const proto_field_def_t proto_fields[PROTO_FIELD__COUNT];
 
 /** Whether `op` runs on a worker; false for PROTO_OP_NONE or out of range. */
-bool proto_op_on_worker(proto_op_t op);
-/** What `op` acts on; PROTO_KIND_NONE for PROTO_OP_NONE or out of range. */
-proto_op_kind_t proto_op_kind(proto_op_t op);
+static inline bool proto_op_on_worker(proto_op_t op)
+{
+    return (unsigned)op < PROTO_OP__COUNT && proto_ops[op].on_worker;
+}
+
+/** What `op` acts on; PROTO_KIND_NONE for PROTO_OP_NONE or out of range.
+ * Inline: the server asks it of every line. */
+static inline proto_op_kind_t proto_op_kind(proto_op_t op)
+{
+    return (unsigned)op < PROTO_OP__COUNT ? proto_ops[op].kind : PROTO_KIND_NONE;
+}
 
 /** Installs proto/'s cJSON allocation hooks (see above) once per process;
  * later calls do nothing.  proto_request_parse() calls it itself; a program

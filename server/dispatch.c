@@ -359,7 +359,7 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
 
         if (rc != SLOTD_OK)
             return rc == ROOM_DEFERRED ? SLOTD_OK : rc;
-        (void)session__share_charge(c, sess, m, r->rq.n, false, false, err); /* checked above */
+        session__share_add(c, sess, m, r->rq.n); /* room_check() admitted it */
         req_count_need(c, r, bytes, slots);
     }
     session__enqueue(sess, r);
@@ -510,10 +510,10 @@ int dispatch__on_line(void *arg, const char *line, size_t len)
         metrics_count_request(r->rq.op);
     else
         r->uncounted = true;
-    if (proto_op_kind(r->rq.op) == PROTO_KIND_CONN && rc == SLOTD_OK) {
+    if (r->rq.op == PROTO_OP_AUTH && rc == SLOTD_OK) {
         if (!req_auth(c, r))
             return SLOTD_ENOMEM;
-    } else if (proto_op_kind(r->rq.op) != PROTO_KIND_CONN && !c->authed &&
+    } else if (r->rq.op != PROTO_OP_AUTH && !c->authed &&
                c->server->cfg->auth_token_len > 0) {
         slotd_error_set(&err, SLOTD_EAUTH_REQUIRED,
                         "authenticate first: {\"op\":\"auth\",\"token\":\"...\"}");

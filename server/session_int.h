@@ -40,6 +40,17 @@ void session__lru_remove(server_t *s, session_t *sess);
  * set in `err`. */
 int session__share_charge(conn_t *c, session_t *sess, const model_t *m, uint64_t entries,
                           bool start, bool new_session, slotd_error_t *err);
+/** Charges `sess` with what a step of `entries` positions of `m`, which
+ * session__share_charge() has admitted, adds to its connection's share.
+ * Inline: every step does it. */
+static inline void session__share_add(conn_t *c, session_t *sess, const model_t *m,
+                                      uint64_t entries)
+{
+    uint64_t need = m == NULL ? 0 : entries * model_entry_size(m);
+
+    sess->charged += need;
+    c->share_bytes += need;
+}
 /** Gives back what `r` (a start or step of `sess`, which failed or never
  * ran) had charged to its connection's share. */
 void session__give_back(session_t *sess, const req_t *r);
