@@ -1,7 +1,7 @@
 /*
  * model.c: the family-independent half of the model interface.
  *
- * It owns the preset table (one row per preset, MODEL__PRESETS), model
+ * It owns the preset table (made from MODEL__PRESETS, model.h), model
  * creation in two parts (the shape and block plan, then the weights) and
  * destruction, the accessors and counters, the validation of requests
  * (model_check_prompt(), model_check_generate()), the stateless operations
@@ -38,17 +38,7 @@ _Static_assert(offsetof(model_block_t, data) == MODEL_BLOCK_HEADER,
  * exactly 16 / c blocks of c positions with at most 15 x 64 bytes left over
  * (the pool sizes its pages so, cache/pool.c); few sizes, so few classes.
  */
-/* The presets, one row each: name, family, V, d, L, max_ctx, seed, the
- * candidate capacities.  Everything else about a preset (its entry in
- * model_presets(), model_preset_name(), the configuration's list of names)
- * derives from this list, so adding a preset is adding a row (and counting
- * it in MODEL_NPRESETS, model.h, which the compiler checks). */
-#define MODEL__PRESETS(X)                                                                          \
-    X("hash", MODEL_FAMILY_HASH, 1000, 0, 1, 4096, 0, {6, 14, 30, 62, 126, 254, 510})              \
-    X("tiny", MODEL_FAMILY_ATTN, 6, 8, 2, 8, 1, {1, 2, 4, 8})                                      \
-    X("small", MODEL_FAMILY_ATTN, 512, 64, 4, 1024, 2, {1, 2, 4, 8, 16})                           \
-    X("base", MODEL_FAMILY_ATTN, 4096, 256, 8, 4096, 3, {1, 2, 4, 8, 16})
-
+/* The presets: MODEL__PRESETS, model.h. */
 #define PRESET_ROW(name, ...) {name, __VA_ARGS__},
 static const model__shape_t presets[] = {MODEL__PRESETS(PRESET_ROW)};
 #undef PRESET_ROW
@@ -60,7 +50,7 @@ static const char preset_names[] = MODEL__PRESETS(PRESET_NAME);
 #undef PRESET_NAME
 
 #define NPRESETS (sizeof(presets) / sizeof(presets[0]))
-_Static_assert(NPRESETS == MODEL_NPRESETS, "MODEL_NPRESETS (model.h) counts the presets");
+_Static_assert(NPRESETS == MODEL_NPRESETS, "MODEL_NPRESETS counts the rows");
 
 static uint64_t plan_round(uint64_t n)
 {

@@ -93,9 +93,21 @@ bool model_built(const model_t *m);
  * all.  No call may be running on it. */
 void model_destroy(model_t *m);
 
-/** How many presets there are (the rows of model.c's preset table; the
- * compiler checks the count), for tables indexed as model_preset_name(). */
-#define MODEL_NPRESETS 4
+/* The presets, one row each: name, family, V, d, L, max_ctx, seed, the
+ * candidate capacities.  Everything else about a preset (its entry in
+ * model_presets(), model_preset_name(), the configuration's list of names)
+ * derives from this list (core/model.c), so adding a preset is adding a
+ * row.  The capacities are model.c's block plan candidates. */
+#define MODEL__PRESETS(X)                                                                          \
+    X("hash", MODEL_FAMILY_HASH, 1000, 0, 1, 4096, 0, {6, 14, 30, 62, 126, 254, 510})              \
+    X("tiny", MODEL_FAMILY_ATTN, 6, 8, 2, 8, 1, {1, 2, 4, 8})                                      \
+    X("small", MODEL_FAMILY_ATTN, 512, 64, 4, 1024, 2, {1, 2, 4, 8, 16})                           \
+    X("base", MODEL_FAMILY_ATTN, 4096, 256, 8, 4096, 3, {1, 2, 4, 8, 16})
+
+#define MODEL__PRESET_ONE(name, ...) +1
+/** How many presets there are (the rows of MODEL__PRESETS), for tables
+ * indexed as model_preset_name(). */
+#define MODEL_NPRESETS (0 MODEL__PRESETS(MODEL__PRESET_ONE))
 
 /** The preset names, comma separated, in table order:
  * "hash,tiny,small,base".  Static. */
