@@ -34,6 +34,7 @@
 #include "bench.h"
 #include "ref.h"
 #include "scan.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -44,8 +45,6 @@
 
 #include <cjson/cJSON.h>
 #include <uv.h>
-
-#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 #define READ_MIN_ROOM 16384u
 #define READ_MAX_LINE (64u << 20) /* a reply longer than this is a protocol error */
