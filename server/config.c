@@ -107,6 +107,8 @@ static const option_t options[] = {
      "yes: refuse a non-loopback --listen or --admin-listen without a token (yes)"},
     {"max-batch", OPT_UINT, 1, MODEL_BATCH_MAX, FIELD(max_batch),
      "single steps of one model a worker runs as one batch, 1 for none (32)"},
+    {"batch-us", OPT_UINT, 0, 10000000, FIELD(batch_us),
+     "estimated microseconds a batch may take, so other clients wait about one; 0 for no bound (4000)"},
 #if SLOTD_FAULT_INJECTION
     {"fault-corrupt-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_corrupt_after),
      "test build: damage the slot of the N-th step job (0, off)"},
@@ -248,6 +250,7 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     cfg->wedge_timeout = 10;
     cfg->reply_hold_us = 100;
     cfg->max_batch = 32;
+    cfg->batch_us = 4000;
     cfg->nmodels = 2;
     strcpy(cfg->models[0], "tiny");
     strcpy(cfg->models[1], "hash");

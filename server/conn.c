@@ -159,6 +159,8 @@ static void req_submit(req_t *r)
     } else {
         memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));
     }
+    r->job.flow = &c->flow;
+    worker_job_set_cost(&r->job, job_cost(c->server, r));
     r->state = REQ_RUNNING;
     c->reserved += r->reply_bound;
     c->refs++;
@@ -1443,6 +1445,7 @@ void conn_accept(server_t *s, int fd)
     c->server = s;
     c->refs = 1;
     c->serial = ++s->next_serial;
+    worker_flow_init(&c->flow);
     proto_framer_init(&c->framer, s->cfg->max_line);
     proto_buf_init(&c->out);
     proto_buf_init(&c->wbuf);

@@ -83,6 +83,76 @@ static void job_fault_after_step(server_t *s, req_t *r)
 #define JOB_FAULT_AFTER_STEP(s, r) ((void)0)
 #endif
 
+/* ---- Costs (worker.h: worker_job_set_cost()) ----
+ *
+ * A job's cost is its estimated run time: positions times its model's
+ * running mean per position, measured by the workers as they run jobs,
+ * plus JOB_COST_FIXED_NS for what any job costs (its hand-offs, its
+ * reply).  The means are relaxed atomics, one writer at a time in the
+ * common case; a lost update only delays the mean by one job. */
+#define JOB_COST_FIXED_NS 1000u
+
+/* The measured times of model `m`; NULL for a model not loaded. */
+static job_costs_t *costs_of(const server_t *s, const model_t *m)
+{
+    for (size_t i = 0; i < s->nmodels; i++)
+        if (s->models[i] == m)
+            return (job_costs_t *)&s->costs[i];
+    return NULL;
+}
+
+/* Adds `ns` per position to the running mean *mean, over about its last
+ * eight measurements; the first sets it. */
+static void cost_note(_Atomic uint64_t *mean, uint64_t ns)
+{
+    uint64_t m = atomic_load_explicit(mean, memory_order_relaxed);
+
+    atomic_store_explicit(mean, m == 0 ? ns + 1 : m - m / 8 + ns / 8, memory_order_relaxed);
+}
+
+uint64_t job_cost(const server_t *s, const req_t *r)
+{
+    const model_t *m = r->rq.op == PROTO_OP_STEP ? r->session->cs.model : r->model;
+    const job_costs_t *c = costs_of(s, m);
+    uint64_t step, prefill, n;
+
+    if (c == NULL)
+        return JOB_COST_FIXED_NS;
+    step = atomic_load_explicit(&c->step_ns, memory_order_relaxed);
+    prefill = atomic_load_explicit(&c->prefill_ns, memory_order_relaxed);
+    switch (r->rq.op) {
+    case PROTO_OP_STEP:
+        return JOB_COST_FIXED_NS + (uint64_t)r->rq.n * step;
+    case PROTO_OP_GENERATE:
+        /* Without the cache every step runs its whole prefix again. */
+        n = (uint64_t)r->rq.steps;
+        return JOB_COST_FIXED_NS + r->rq.ntokens * prefill +
+               n * (r->rq.use_cache ? step : (r->rq.ntokens + n) * prefill);
+    default: /* start, logits: a prompt */
+        return JOB_COST_FIXED_NS + r->rq.ntokens * prefill;
+    }
+}
+
+/* Notes the time of a job that ran alone, `ns`, in its model's means. */
+static void cost_measured(server_t *s, const req_t *r, uint64_t ns)
+{
+    job_costs_t *c;
+
+    switch (r->rq.op) {
+    case PROTO_OP_STEP:
+        if (r->rc == SLOTD_OK && r->rq.n > 0 && (c = costs_of(s, r->cs.model)) != NULL)
+            cost_note(&c->step_ns, ns / r->rq.n);
+        break;
+    case PROTO_OP_START:
+    case PROTO_OP_LOGITS:
+        if (r->rc == SLOTD_OK && r->rq.ntokens > 0 && (c = costs_of(s, r->model)) != NULL)
+            cost_note(&c->prefill_ns, ns / r->rq.ntokens);
+        break;
+    default:
+        break;
+    }
+}
+
 static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 {
     cache_owner_t owner;
@@ -309,6 +379,12 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
     for (size_t i = 0; i < n; i++)
         if (ran[i])
             metrics_observe_step(worker_index(w), now - worker_job_start(w), now);
+    /* Each step's share of the batch's time. */
+    if (k > 0) {
+        job_costs_t *c = costs_of(s, m);
+        if (c != NULL)
+            cost_note(&c->step_ns, (now - worker_job_start(w)) / k);
+    }
 }
 
 void job_run(worker_t *w, worker_job_t *job, void *arg)
@@ -354,8 +430,10 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
             rc = SLOTD_ENOMEM;
     }
     r->rc = rc;
-    if (r->rq.op == PROTO_OP_STEP) {
+    {
         uint64_t now = uv_hrtime();
-        metrics_observe_step(worker_index(w), now - worker_job_start(w), now);
+        if (r->rq.op == PROTO_OP_STEP)
+            metrics_observe_step(worker_index(w), now - worker_job_start(w), now);
+        cost_measured(s, r, now - worker_job_start(w));
     }
 }

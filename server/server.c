@@ -94,8 +94,8 @@ req_t *server_req_get(server_t *s)
     return r;
 }
 
-_Static_assert(offsetof(req_t, job) == 0 && sizeof(worker_job_t) <= SERVER_REQ_ALIGN,
-               "a request's job is its first line");
+_Static_assert(offsetof(req_t, job) == 0 && offsetof(worker_job_t, flow) <= SERVER_REQ_ALIGN,
+               "what a worker reads of a request's job under the lock is its first line");
 
 /* server_req_put() clears a record around its request. */
 _Static_assert(offsetof(req_t, rq) < offsetof(req_t, model) &&
@@ -840,6 +840,7 @@ static int start_workers(server_t *s)
     wc.group = job_group;
     wc.run_batch = job_run_batch;
     wc.max_batch = s->cfg->max_batch;
+    wc.batch_ns = (uint64_t)s->cfg->batch_us * 1000u;
     wc.record_bytes = sizeof(req_t);
     wc.done = job_done_cb;
     wc.arg = s;

@@ -175,6 +175,7 @@ struct conn {
     uv_shutdown_t shutdown_req; /* the lingering close's shutdown(SHUT_WR) */
     server_t *server;
     uint64_t serial;               /* pool owner key; never reused */
+    worker_flow_t flow;            /* the workers' (worker.h): its jobs' fair share */
     unsigned refs;                 /* the handle until its close callback, plus one per job out */
     conn_t *prev, *next;           /* server->conns while open */
     conn_t *dirty_next;            /* server->dirty while `dirty` */
@@ -215,6 +216,14 @@ struct conn {
     bool authed;             /* presented the --auth-token-file token */
 };
 
+/** A model's measured times, for the cost of its jobs (job.c): running
+ * means in nanoseconds per position, written by the workers, read by the
+ * loop as it submits. */
+typedef struct job_costs {
+    _Atomic uint64_t step_ns;    /* a step's, in a batch or alone */
+    _Atomic uint64_t prefill_ns; /* a prompt position's (start, logits) */
+} job_costs_t;
+
 /** The daemon.  One, owned by server_run(). */
 struct server {
     const server_config_t *cfg;
@@ -248,6 +257,7 @@ struct server {
     cache_pool_t *pool;     /* immutable pointer: workers read it */
     audit_t *audit;         /* immutable pointer; NULL when --audit-rate is 0 */
     model_t *models[CONFIG_MAX_MODELS];
+    job_costs_t costs[CONFIG_MAX_MODELS]; /* models[i]'s measured times (job.c) */
     size_t nmodels;
     const model_t *default_model;
     uint64_t start_ns; /* uv_hrtime() at start-up */
@@ -351,6 +361,11 @@ void conn_linger_end(conn_t *c);
 int req_set_error(req_t *r, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ---- job.c ---- */
+
+/** The estimated run time of `r`'s job in nanoseconds, from its op, its
+ * counts and its model's measured times: its cost for the workers'
+ * fairness and batch bound (worker_job_set_cost()).  Loop thread. */
+uint64_t job_cost(const server_t *s, const req_t *r);
 
 /** The worker side of a job: runs the model call of `job` (a req_t) and
  * formats its reply into the record.  `arg` is the server_t. */

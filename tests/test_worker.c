@@ -101,7 +101,7 @@ static void done_cb(worker_job_t *job, void *arg)
 static worker_pool_t *pool_new_wake(uv_loop_t *loop, unsigned threads, uint64_t wake_ns)
 {
     worker_pool_config_t cfg = {threads, 64,      16,   16, run_cb, done_cb, NULL, wake_ns,
-                                sizeof(test_job_t), NULL, NULL, 0};
+                                sizeof(test_job_t), NULL, NULL, 0, 0};
     worker_pool_t *wp = NULL;
 
     atomic_store(&started, 0);
@@ -622,7 +622,7 @@ START_TEST(test_batches_exactly_once)
      * once and completed once, or given back and never run. */
     uv_loop_t loop;
     worker_pool_config_t cfg = {3, 64, 16, 16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
-                                group_cb, run_batch_cb, BATCH_MAX};
+                                group_cb, run_batch_cb, BATCH_MAX, 0};
     worker_pool_t *wp = NULL;
     test_job_t *jobs = calloc(NSTRESS, sizeof(*jobs));
     worker_batch_t back = WORKER_BATCH_INIT;
@@ -647,6 +647,169 @@ START_TEST(test_batches_exactly_once)
         ck_assert_int_eq(atomic_load(&jobs[i].ran), jobs[i].index == -1 ? 0 : 1);
         ck_assert_int_eq(jobs[i].done_order > 0, jobs[i].index != -1);
     }
+    free(jobs);
+}
+END_TEST
+
+/* Holds the only worker of `wp` in job x (gated) so that what is
+ * submitted next queues, all of it, before anything runs. */
+static void hold_worker(worker_pool_t *wp, test_job_t *x)
+{
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    atomic_store(&gated_index, x->index);
+    worker_batch_push(&b, &x->job);
+    worker_pool_submit(wp, &b);
+    while (atomic_load(&started) == 0)
+        sleep_ms(1);
+}
+
+/* Fairness between flows (worker.c, "Fairness"): flow A queues 300 jobs,
+ * then flow B 3 of the same cost; B's run among the first, interleaved
+ * with A's, and each flow's run in the order submitted. */
+START_TEST(test_flows_fair)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 1);
+    test_job_t *jobs = calloc(304, sizeof(*jobs));
+    worker_flow_t fa, fb;
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    worker_flow_init(&fa);
+    worker_flow_init(&fb);
+    jobs[0].index = 0;
+    hold_worker(wp, &jobs[0]);
+    for (int i = 1; i < 304; i++) {
+        jobs[i].index = i;
+        jobs[i].job.flow = i <= 300 ? &fa : &fb;
+        worker_job_set_cost(&jobs[i].job, 1000);
+        worker_batch_push(&b, &jobs[i].job);
+    }
+    worker_pool_submit(wp, &b);
+    atomic_store(&gate_open, 1);
+    while (done_count < 304)
+        uv_run(&loop, UV_RUN_ONCE);
+    /* X, then A and B alternating until B is done: B's k-th job is at
+     * most the 2k + 3rd to complete. */
+    for (int k = 0; k < 3; k++)
+        ck_assert_int_le(jobs[301 + k].done_order, 2 * (k + 1) + 2);
+    for (int i = 2; i < 304; i++)
+        if (i != 301)
+            ck_assert_int_gt(jobs[i].done_order, jobs[i - 1].done_order);
+    ck_assert_uint_eq(worker_flow_served(&fa), 300 * 1000);
+    ck_assert_uint_eq(worker_flow_served(&fb), 3 * 1000);
+    pool_end(&loop, wp);
+    free(jobs);
+}
+END_TEST
+
+/* A cost is kept to about 0.1 %, never as 0 when it was not. */
+START_TEST(test_cost_kept)
+{
+    worker_job_t j;
+    uint64_t v[] = {0, 1, 2047, 2048, 2049, 4095, 100000, 123456789, UINT64_C(1) << 40};
+
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        uint64_t got;
+        worker_job_set_cost(&j, v[i]);
+        got = worker_job_cost(&j);
+        ck_assert_uint_eq(got == 0, v[i] == 0);
+        ck_assert_msg((double)got >= (double)v[i] * 0.999 && (double)got <= (double)v[i] * 1.001,
+                      "%llu kept as %llu", (unsigned long long)v[i], (unsigned long long)got);
+    }
+    worker_job_set_cost(&j, UINT64_MAX); /* saturates */
+    ck_assert_uint_gt(worker_job_cost(&j), UINT64_C(1) << 40);
+}
+END_TEST
+
+/* take_back with several flows: every job, each flow's in the order
+ * submitted. */
+START_TEST(test_take_back_flows)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 1);
+    test_job_t jobs[21];
+    worker_flow_t f[3];
+    worker_batch_t b = WORKER_BATCH_INIT, back = WORKER_BATCH_INIT;
+    int last[3] = {0, 0, 0};
+
+    memset(jobs, 0, sizeof(jobs));
+    for (int k = 0; k < 3; k++)
+        worker_flow_init(&f[k]);
+    hold_worker(wp, &jobs[0]);
+    for (int i = 1; i < 21; i++) {
+        jobs[i].index = i;
+        jobs[i].job.flow = &f[(i * 7) % 3];
+        worker_job_set_cost(&jobs[i].job, (uint64_t)i * 10);
+        worker_batch_push(&b, &jobs[i].job);
+    }
+    worker_pool_submit(wp, &b);
+    worker_pool_take_back(wp, &back);
+    ck_assert_uint_eq(back.n, 20);
+    for (worker_job_t *j = back.head; j != NULL; j = j->next) {
+        test_job_t *t = (test_job_t *)j;
+        int k = (t->index * 7) % 3;
+        ck_assert_int_gt(t->index, last[k]);
+        last[k] = t->index;
+    }
+    atomic_store(&gate_open, 1);
+    pool_end(&loop, wp);
+    for (int i = 1; i < 21; i++)
+        ck_assert_int_eq(atomic_load(&jobs[i].ran), 0);
+}
+END_TEST
+
+static _Atomic int max_batch_seen;
+
+static void run_batch_max_cb(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
+{
+    int seen = atomic_load(&max_batch_seen);
+
+    while ((int)n > seen && !atomic_compare_exchange_weak(&max_batch_seen, &seen, (int)n))
+        ;
+    for (size_t i = 0; i < n; i++)
+        run_cb(w, jobs[i], arg);
+}
+
+/* Batches within batch_ns, filled fairly: jobs of cost 1000 with a bound
+ * of 3000 make batches of 3 at most; the one job of flow B, queued after
+ * 60 of flow A, joins the first batch. */
+START_TEST(test_batch_bound_fair)
+{
+    uv_loop_t loop;
+    worker_pool_config_t cfg = {1, 64, 16, 16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
+                                group_cb, run_batch_max_cb, BATCH_MAX, 3000};
+    worker_pool_t *wp = NULL;
+    test_job_t *jobs = calloc(62, sizeof(*jobs));
+    worker_flow_t fa, fb;
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    atomic_store(&started, 0);
+    atomic_store(&gate_open, 0);
+    atomic_store(&rendezvous, 0);
+    atomic_store(&max_batch_seen, 0);
+    done_count = 0;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
+    worker_flow_init(&fa);
+    worker_flow_init(&fb);
+    jobs[0].index = 0; /* kind 0: runs alone */
+    hold_worker(wp, &jobs[0]);
+    for (int i = 1; i < 62; i++) {
+        jobs[i].index = 3 * i + 1; /* kind 1: batches */
+        jobs[i].job.flow = i < 61 ? &fa : &fb;
+        worker_job_set_cost(&jobs[i].job, 1000);
+        worker_batch_push(&b, &jobs[i].job);
+    }
+    worker_pool_submit(wp, &b);
+    atomic_store(&gate_open, 1);
+    while (done_count < 62)
+        uv_run(&loop, UV_RUN_ONCE);
+    ck_assert_int_eq(atomic_load(&max_batch_seen), 3);
+    ck_assert_int_le(jobs[61].done_order, 4);
+    for (int i = 2; i < 61; i++)
+        ck_assert_int_gt(jobs[i].done_order, jobs[i - 1].done_order);
+    pool_end(&loop, wp);
     free(jobs);
 }
 END_TEST
@@ -711,6 +874,10 @@ static Suite *suite(void)
     tcase_add_test(tc, test_costly_jobs_wake_another);
     tcase_add_test(tc, test_long_job_nudges_sleeper);
     tcase_add_test(tc, test_stuck_batch_before_queue);
+    tcase_add_test(tc, test_flows_fair);
+    tcase_add_test(tc, test_cost_kept);
+    tcase_add_test(tc, test_take_back_flows);
+    tcase_add_test(tc, test_batch_bound_fair);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     return s;
