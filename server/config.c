@@ -108,7 +108,8 @@ static const option_t options[] = {
     {"max-batch", OPT_UINT, 1, MODEL_BATCH_MAX, FIELD(max_batch),
      "single steps of one model a worker runs as one batch, 1 for none (32)"},
     {"batch-us", OPT_UINT, 0, 10000000, FIELD(batch_us),
-     "estimated microseconds a batch may take, so other clients wait about one; 0 for no bound (4000)"},
+     "estimated microseconds a batch may take, so other clients wait about one; 0 for no bound "
+     "(4000)"},
 #if SLOTD_FAULT_INJECTION
     {"fault-corrupt-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_corrupt_after),
      "test build: damage the slot of the N-th step job (0, off)"},
