@@ -80,6 +80,7 @@ struct worker {
     uint8_t local_lines[WORKER_TAKE_MAX][WORKER_HINTS];
     unsigned back; /* queue_lock: take_back's cursor in `local` */
     worker_job_t **batch; /* owned; pool->max_batch: the jobs of the batch running */
+    bool requeue;         /* worker_job_requeue() on batch[0], the current job */
 
     uv_sem_t wake;          /* the worker sleeps on it; posted once per wake-up */
     bool asleep;            /* queue_lock: on the sleepers stack, not yet woken */
@@ -558,11 +559,59 @@ static size_t gather(worker_t *w, worker_job_t *first)
     return n;
 }
 
+/* Pushes jobs[0 .. n-1] on the completion stack in that order, with one
+ * exchange, linked so that the drain, which reverses the stack, sees them
+ * in that order.  Worker w. */
+static void push_done(worker_pool_t *wp, worker_job_t **jobs, size_t n)
+{
+    worker_job_t *top;
+
+    for (size_t k = 0; k + 1 < n; k++)
+        jobs[k + 1]->next = jobs[k];
+    top = atomic_load_explicit(&wp->done_top, memory_order_relaxed);
+    do
+        jobs[0]->next = top;
+    while (!atomic_compare_exchange_weak_explicit(&wp->done_top, &top, jobs[n - 1],
+                                                  memory_order_acq_rel, memory_order_relaxed));
+    if (top == NULL)
+        uv_async_send(&wp->async);
+}
+
+void worker_job_handoff(worker_t *w, worker_job_t *done, worker_job_t *next)
+{
+    assert(w->batch[0] == done);
+    done->_early = true;
+    w->batch[0] = next;
+    push_done(w->pool, &done, 1);
+    atomic_store_explicit(&w->job_start, uv_hrtime(), memory_order_relaxed);
+}
+
+void worker_job_requeue(worker_t *w)
+{
+    w->requeue = true;
+}
+
+/* Puts the current job back in its flow's queue (worker_job_requeue()).
+ * Worker w. */
+static void requeue(worker_t *w)
+{
+    worker_pool_t *wp = w->pool;
+    worker_t *wake;
+
+    w->requeue = false;
+    pthread_mutex_lock(&wp->queue_lock);
+    do_enqueue(wp, w->batch[0]);
+    wake = do_pick_sleeper(wp, wp->queued);
+    pthread_mutex_unlock(&wp->queue_lock);
+    if (wake != NULL)
+        uv_sem_post(&wake->wake);
+}
+
 static void *worker_main(void *arg)
 {
     worker_t *w = arg;
     worker_pool_t *wp = w->pool;
-    worker_job_t *job, *top;
+    worker_job_t *job;
     uint64_t t0, last = 0; /* when the job before began, if this one follows it at once */
     size_t n = 1, last_n = 1;
 
@@ -595,18 +644,13 @@ static void *worker_main(void *arg)
         buf_trim((void **)&w->tokens, &w->tokens_len, wp->tokens_cap, sizeof(uint32_t));
         buf_trim((void **)&w->logits, &w->logits_len, wp->logits_cap, sizeof(double));
 
-        /* The batch's jobs go on the stack in batch order, one exchange:
-         * linked so that the drain, which reverses the stack, sees them in
-         * that order. */
-        for (size_t k = 0; k + 1 < n; k++)
-            w->batch[k + 1]->next = w->batch[k];
-        top = atomic_load_explicit(&wp->done_top, memory_order_relaxed);
-        do
-            w->batch[0]->next = top;
-        while (!atomic_compare_exchange_weak_explicit(&wp->done_top, &top, w->batch[n - 1],
-                                                      memory_order_acq_rel, memory_order_relaxed));
-        if (top == NULL)
-            uv_async_send(&wp->async);
+        /* The batch's jobs go on the stack in batch order, one exchange;
+         * a single job may have become another (a chain), or go back to
+         * its flow. */
+        if (n == 1 && w->requeue)
+            requeue(w);
+        else
+            push_done(wp, w->batch, n);
     }
     return NULL;
 }
@@ -625,8 +669,12 @@ static void drain_completions(worker_pool_t *wp)
     }
     for (job = first; job != NULL; job = next) {
         next = job->next;
-        assert(wp->outstanding > 0);
-        wp->outstanding--;
+        if (job->_early) { /* a chain's: the chain counts once */
+            job->_early = false;
+        } else {
+            assert(wp->outstanding > 0);
+            wp->outstanding--;
+        }
         wp->done(job, wp->arg);
     }
 }

@@ -37,6 +37,8 @@ typedef struct test_job {
     pthread_t thread;
     int done_order;
     bool slow; /* sleeps a little, so that other workers get their share */
+    struct test_job *chain_next; /* chain_run_cb: the job it goes on with */
+    bool requeue_after;          /* chain_run_cb: requeue the rest after this one */
 } test_job_t;
 
 /* Shared with the run callback. */
@@ -814,6 +816,77 @@ START_TEST(test_batch_bound_fair)
 }
 END_TEST
 
+/* A run that goes on along t->chain_next (worker.h, "Chains"). */
+static void chain_run_cb(worker_t *w, worker_job_t *job, void *arg)
+{
+    test_job_t *t = (test_job_t *)job;
+
+    for (;;) {
+        run_cb(w, &t->job, arg);
+        if (t->chain_next == NULL)
+            return;
+        worker_job_handoff(w, &t->job, &t->chain_next->job);
+        if (t->requeue_after) {
+            worker_job_requeue(w);
+            return;
+        }
+        t = t->chain_next;
+    }
+}
+
+/* A chain of ten jobs, submitted as one, requeued after its fifth: each
+ * job is run and completed once, in chain order; a job of another flow
+ * queued after the chain runs when the chain goes back to its flow; the
+ * pool counts the chain as one job out. */
+START_TEST(test_chain_handoff_requeue)
+{
+    uv_loop_t loop;
+    worker_pool_config_t cfg = {1, 64, 16, 16, chain_run_cb, done_cb, NULL, 0, sizeof(test_job_t),
+                                NULL, NULL, 0, 0};
+    worker_pool_t *wp = NULL;
+    test_job_t jobs[12];
+    worker_flow_t fa, fb;
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    memset(jobs, 0, sizeof(jobs));
+    atomic_store(&started, 0);
+    atomic_store(&gate_open, 0);
+    atomic_store(&rendezvous, 0);
+    done_count = 0;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
+    worker_flow_init(&fa);
+    worker_flow_init(&fb);
+    hold_worker(wp, &jobs[0]);
+    for (int i = 1; i <= 10; i++) {
+        jobs[i].index = i;
+        jobs[i].chain_next = i < 10 ? &jobs[i + 1] : NULL;
+        jobs[i].job.flow = &fa;
+    }
+    jobs[5].requeue_after = true;
+    worker_job_set_cost(&jobs[1].job, 1000);
+    jobs[11].index = 11;
+    jobs[11].job.flow = &fb;
+    worker_job_set_cost(&jobs[11].job, 1000);
+    worker_batch_push(&b, &jobs[1].job);
+    worker_batch_push(&b, &jobs[11].job);
+    worker_pool_submit(wp, &b);
+    ck_assert_uint_eq(worker_pool_pending(wp), 3);
+    atomic_store(&gate_open, 1);
+    while (done_count < 12)
+        uv_run(&loop, UV_RUN_ONCE);
+    for (int i = 1; i <= 5; i++)
+        ck_assert_int_eq(jobs[i].done_order, i + 1);
+    ck_assert_int_eq(jobs[11].done_order, 7);
+    for (int i = 6; i <= 10; i++)
+        ck_assert_int_eq(jobs[i].done_order, i + 2);
+    for (int i = 0; i < 12; i++)
+        ck_assert_int_eq(atomic_load(&jobs[i].ran), 1);
+    ck_assert_uint_eq(worker_pool_pending(wp), 0);
+    pool_end(&loop, wp);
+}
+END_TEST
+
 /* Hints are prefetched, never read: jobs whose hints name memory that
  * faults on any access (mapped with no access, then unmapped, and NULL)
  * run and complete as any other. */
@@ -878,6 +951,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_cost_kept);
     tcase_add_test(tc, test_take_back_flows);
     tcase_add_test(tc, test_batch_bound_fair);
+    tcase_add_test(tc, test_chain_handoff_requeue);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     return s;
