@@ -144,6 +144,81 @@ _Static_assert(WORKER_HINTS == CACHE_HINTS, "a session's hint fills a job's");
 _Static_assert(sizeof(((cache_owner_t *)0)->id) == sizeof(((proto_request_t *)0)->id),
                "a session's owner holds any id");
 
+static size_t conn_unwritten(conn_t *c);
+static bool conn_may_run(conn_t *c, size_t bound);
+
+/* ---- Coalesced runs (docs/design.md, "Scheduler") ----
+ *
+ * A step submitted while more steps of its session wait right behind it
+ * in the session's FIFO takes them along: they are linked to it
+ * (chain_next) and leave the FIFO as jobs out (REQ_RUNNING, reserved,
+ * counted in refs and in the steps out), as far as the output bound lets
+ * each run.  The worker runs them back to back and hands each back as it
+ * is answered (job.c: job_run()).  So conn_job_done() sees a chain's steps
+ * come back one by one: a step that succeeded with a successor leaves the
+ * successor as the session's running request; one that did not, or was
+ * canceled or taken back, brings its unrun successors back to the front
+ * of the FIFO (chain_return()), where they wait as before. */
+#define CONN_CHAIN_MAX 256
+
+static void req_chain(req_t *r)
+{
+    conn_t *c = r->conn;
+    session_t *sess = r->session;
+    req_t *tail = r, *q;
+
+    for (size_t n = 1; n < CONN_CHAIN_MAX && !c->server->draining && c->park_head == NULL &&
+                       (q = sess->fifo_head) != NULL && q->rq.op == PROTO_OP_STEP;
+         n++) {
+        q->reply_bound = req_reply_bound(q);
+        if (!conn_may_run(c, q->reply_bound))
+            break;
+        sess->fifo_head = q->session_next;
+        if (sess->fifo_head == NULL)
+            sess->fifo_tail = NULL;
+        q->session_next = NULL;
+        q->chain_next = NULL;
+        q->job.flow = &c->flow;
+        q->state = REQ_RUNNING;
+        c->reserved += q->reply_bound;
+        c->refs++;
+        metrics_step_out();
+        tail->chain_next = q;
+        tail = q;
+    }
+}
+
+/* `r` came back unanswered or failed: its successors in the chain did not
+ * run.  They go back to the front of the session's FIFO, in order (or, the
+ * connection closed, are freed). */
+static void chain_return(req_t *r)
+{
+    conn_t *c = r->conn;
+    session_t *sess = r->session;
+    req_t *q = r->chain_next, *next, **link = &sess->fifo_head, *last = NULL;
+
+    r->chain_next = NULL;
+    for (; q != NULL; q = next) {
+        next = q->chain_next;
+        q->chain_next = NULL;
+        metrics_step_back();
+        assert(c->refs > 1); /* r's own ref stays */
+        c->refs--;
+        if (c->closed) {
+            server_req_put(c->server, q);
+            continue;
+        }
+        c->reserved -= q->reply_bound;
+        q->state = REQ_WAITING;
+        q->session_next = *link;
+        *link = q;
+        link = &q->session_next;
+        last = q;
+    }
+    if (last != NULL && last->session_next == NULL)
+        sess->fifo_tail = last;
+}
+
 /* Sends `r`'s job to the workers at the end of this loop turn. */
 static void req_submit(req_t *r)
 {
@@ -160,10 +235,14 @@ static void req_submit(req_t *r)
         memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));
     }
     r->job.flow = &c->flow;
-    worker_job_set_cost(&r->job, job_cost(c->server, r));
     r->state = REQ_RUNNING;
     c->reserved += r->reply_bound;
     c->refs++;
+    r->chain_next = NULL;
+    if (r->session != NULL && r->rq.op == PROTO_OP_STEP)
+        req_chain(r);
+    worker_job_set_cost(&r->job, r->chain_next != NULL ? job_chain_cost(c->server, r)
+                                                       : job_cost(c->server, r));
     server_submit(c->server, r);
 }
 
@@ -1337,6 +1416,8 @@ void conn_job_done(req_t *r)
 
     if (!c->closed)
         c->reserved -= r->reply_bound;
+    if (r->chain_next != NULL && r->rc != SLOTD_OK)
+        chain_return(r);
     /* Refused for room while an earlier line has yet to take effect, which
      * may make room: not answered, but run again once they all have. */
     if (r->rc == SLOTD_ECACHE_FULL && !c->closed && !s->draining && earlier_pending(c, r)) {
@@ -1378,15 +1459,16 @@ void conn_job_done(req_t *r)
         conn_close(c);
     }
     if (sess != NULL)
-        sess->running = NULL;
+        sess->running = r->chain_next; /* a chain's next step runs on */
+    r->chain_next = NULL;
 
     if (c->closed) {
-        if (sess != NULL)
+        if (sess != NULL && sess->running == NULL)
             session_discard(sess); /* conn_close() unmapped it */
         server_req_put(s, r);
     } else {
         req_done(r);
-        if (sess != NULL)
+        if (sess != NULL && sess->running == NULL)
             session_kick(sess);
         conn_advance(c);
         conn_update(c);

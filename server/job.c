@@ -291,7 +291,8 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 
 /* Whether step job `cand` may join the batch `first` leads (worker.h's
  * group callback): both single steps (n = 1) of sessions of one model whose
- * batch calls share the weights (model_batch_shares()), not canceled.
+ * batch calls share the weights (model_batch_shares()), not canceled, and
+ * neither the head of a chain (job_run() runs those).
  * Reads only what the loop set before submitting: op, n and the session's
  * model in `cs`, and the atomic `canceled`. */
 bool job_group(const worker_job_t *first, const worker_job_t *cand, void *arg)
@@ -299,13 +300,14 @@ bool job_group(const worker_job_t *first, const worker_job_t *cand, void *arg)
     const req_t *f = container_of(first, req_t, job), *c;
 
     (void)arg;
-    if (f->rq.op != PROTO_OP_STEP || f->rq.n != 1 || !model_batch_shares(f->cs.model))
+    if (f->rq.op != PROTO_OP_STEP || f->rq.n != 1 || !model_batch_shares(f->cs.model) ||
+        f->chain_next != NULL)
         return false;
     if (cand == NULL)
         return true;
     c = container_of(cand, req_t, job);
     return c->rq.op == PROTO_OP_STEP && c->rq.n == 1 && c->cs.model == f->cs.model &&
-           !atomic_load_explicit(&c->canceled, memory_order_relaxed);
+           c->chain_next == NULL && !atomic_load_explicit(&c->canceled, memory_order_relaxed);
 }
 
 /* The wire reply of a step job that ended with rc (job_run()'s rule). */
@@ -387,10 +389,9 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
     }
 }
 
-void job_run(worker_t *w, worker_job_t *job, void *arg)
+/* job_run() of one request. */
+static void run_one(server_t *s, worker_t *w, req_t *r)
 {
-    server_t *s = arg;
-    req_t *r = container_of(job, req_t, job);
     slotd_error_t err;
     int rc;
 
@@ -435,5 +436,54 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
         if (r->rq.op == PROTO_OP_STEP)
             metrics_observe_step(worker_index(w), now - worker_job_start(w), now);
         cost_measured(s, r, now - worker_job_start(w));
+    }
+}
+
+/* The cost of the chain from `r` on (conn.c links the steps of one
+ * session), counted to the slice at most: what a worker runs of it before
+ * it goes back to its flow. */
+static uint64_t chain_cost(const server_t *s, const req_t *r, const model_t *m, uint64_t slice)
+{
+    const job_costs_t *c = costs_of(s, m);
+    uint64_t step = c != NULL ? atomic_load_explicit(&c->step_ns, memory_order_relaxed) : 0;
+    uint64_t sum = 0;
+
+    for (; r != NULL && (slice == 0 || sum < slice); r = r->chain_next)
+        sum += JOB_COST_FIXED_NS + (uint64_t)r->rq.n * step;
+    return slice > 0 && sum > slice ? slice : sum;
+}
+
+uint64_t job_chain_cost(const server_t *s, const req_t *r)
+{
+    return chain_cost(s, r, r->session->cs.model, (uint64_t)s->cfg->batch_us * 1000u);
+}
+
+/* A chain (conn.c: steps of one session queued behind each other) runs
+ * step after step in this one job: each step's record goes back to the
+ * loop as soon as it is answered (worker_job_handoff()), the next starting
+ * from the state it left.  It stops at the first step that does not
+ * succeed (or is canceled), the rest going back with it unrun; and at the
+ * end of a slice of --batch-us the rest goes back to its connection's flow
+ * (worker_job_requeue()), so that other connections get their turn. */
+void job_run(worker_t *w, worker_job_t *job, void *arg)
+{
+    server_t *s = arg;
+    req_t *r = container_of(job, req_t, job);
+    uint64_t slice = (uint64_t)s->cfg->batch_us * 1000u, begin = worker_job_start(w);
+
+    for (;;) {
+        req_t *next = r->chain_next;
+        run_one(s, w, r);
+        if (next == NULL || r->rc != SLOTD_OK)
+            return;
+        next->cs = r->cs;
+        next->toks = r->toks; /* the job's until it comes back */
+        worker_job_handoff(w, &r->job, &next->job);
+        if (slice > 0 && worker_job_start(w) - begin >= slice) {
+            worker_job_set_cost(&next->job, chain_cost(s, next, next->cs.model, slice));
+            worker_job_requeue(w);
+            return;
+        }
+        r = next;
     }
 }

@@ -102,6 +102,7 @@ struct req {
     proto_request_t rq;   /* owns tag and tokens */
     const model_t *model; /* start, logits, generate */
     uint64_t owner_key;   /* the connection's serial number */
+    req_t *chain_next;    /* a step: the next step of its session run in the same job (conn.c) */
 
     /* The job's result: written by its worker while REQ_RUNNING, by the
      * loop thread otherwise. */
@@ -366,6 +367,10 @@ int req_set_error(req_t *r, int code, const char *fmt, ...) __attribute__((forma
  * counts and its model's measured times: its cost for the workers'
  * fairness and batch bound (worker_job_set_cost()).  Loop thread. */
 uint64_t job_cost(const server_t *s, const req_t *r);
+
+/** The cost of the chain of steps from `r` on (r->chain_next), up to one
+ * slice of --batch-us: what a worker runs of it at once.  Loop thread. */
+uint64_t job_chain_cost(const server_t *s, const req_t *r);
 
 /** The worker side of a job: runs the model call of `job` (a req_t) and
  * formats its reply into the record.  `arg` is the server_t. */
