@@ -401,6 +401,14 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
         r->rc = SLOTD_ESHUTTING_DOWN; /* the connection is gone: nobody reads it */
         return;
     }
+    if (atomic_load_explicit(&s->stop_jobs, memory_order_relaxed)) {
+        /* A drain began before this job did: not run, as if taken back. */
+        slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+        r->reply.len = 0;
+        r->rc = proto_reply_error(&r->reply, r->rq.tag, &err) == SLOTD_OK ? SLOTD_ESHUTTING_DOWN
+                                                                          : SLOTD_ENOMEM;
+        return;
+    }
     atomic_store_explicit(&r->started, true, memory_order_relaxed);
     JOB_FAULT_POINT(s, r);
 

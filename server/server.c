@@ -742,7 +742,9 @@ static void server_drain(server_t *s)
     s->drain_deadline = uv_now(&s->loop) + (uint64_t)s->cfg->shutdown_timeout * 1000;
     linger_cap(s);
 
-    /* Jobs no worker has started: this turn's batch and the queue. */
+    /* Jobs no worker has started: this turn's batch and the queue; and
+     * whatever a worker has yet to begin, a chain's next steps included. */
+    atomic_store_explicit(&s->stop_jobs, true, memory_order_relaxed);
     back = s->batch;
     s->batch = (worker_batch_t)WORKER_BATCH_INIT;
     worker_pool_take_back(s->workers, &back);

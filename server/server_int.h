@@ -282,6 +282,10 @@ struct server {
      * sat unused all along, and the trim timer frees them. */
     size_t low_free_reqs, low_free_sessions;
     bool draining;
+    /* Set by the loop at the start of a drain: a job a worker has not begun
+     * yet (a chain's next step, or one claimed just before the take-back)
+     * is answered shutting_down instead of run (job.c). */
+    _Atomic bool stop_jobs;
     bool finished; /* every handle closed or closing */
 
     char readbuf[SERVER_READ_BUF]; /* reads are synchronous on the loop: one buffer */

@@ -388,6 +388,46 @@ START_TEST(test_chain_cache_full)
 }
 END_TEST
 
+/* A drain in the middle of a run: of 30 pipelined `base` steps run as
+ * one chain, the third wedges its worker (job 4); SIGTERM releases it and
+ * it is answered, and the 27 steps after it, never begun, are answered
+ * shutting_down, in order, before the connection closes. */
+START_TEST(test_chain_drain)
+{
+    itest_daemon_t *d;
+    itest_conn_t *c;
+    cJSON *r;
+
+    if (!have_fault_hooks()) {
+        fprintf(stderr, "test_chain_drain: no fault hooks, skipped\n");
+        return;
+    }
+    d = itest_daemon_start("--models", "tiny,base", "--threads", "1", "--batch-us", "0",
+                           "--fault-wedge-after", "4", NULL);
+    c = itest_connect(d);
+    send_pipelined(c, "{\"op\":\"start\",\"id\":\"b\",\"model\":\"base\",\"prompt\":[5]}\n",
+                   "{\"op\":\"step\",\"id\":\"b\",\"n\":1}\n", 30, NULL);
+    for (int k = 0; k < 3; k++) { /* the start and two steps; the third wedges */
+        r = itest_read_reply(c);
+        itest_expect_ok(r);
+        cJSON_Delete(r);
+    }
+    ck_assert_int_eq(itest_metric(d, "slotd_steps_in_flight"), 28);
+    itest_daemon_signal(d, SIGTERM);
+    r = itest_read_reply(c);
+    ck_assert_int_eq(itest_int(r, "entries"), 4);
+    cJSON_Delete(r);
+    for (int k = 0; k < 27; k++) {
+        r = itest_read_reply(c);
+        ck_assert_msg(itest_is_error(r, "shutting_down"), "step %d: %s", k + 4, itest_last_line(c));
+        cJSON_Delete(r);
+    }
+    ck_assert(itest_expect_closed(c, itest_scale_ms(10000)));
+    ck_assert_int_eq(itest_daemon_wait(d, itest_scale_ms(10000)), 0);
+    itest_close(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_sched");
@@ -399,5 +439,6 @@ int main(void)
     itest_add(s, "chain_disconnect", test_chain_disconnect);
     itest_add(s, "chain_finish_and_context_full", test_chain_finish_and_context_full);
     itest_add(s, "chain_cache_full", test_chain_cache_full);
+    itest_add(s, "chain_drain", test_chain_drain);
     return itest_main(s);
 }
