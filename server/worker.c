@@ -426,6 +426,7 @@ static worker_job_t *take_jobs(worker_t *w)
     worker_pool_t *wp = w->pool;
     worker_t *wake = NULL;
     worker_job_t *job;
+    uint64_t sum;
     size_t n;
 
     pthread_mutex_lock(&wp->queue_lock);
@@ -461,8 +462,13 @@ static worker_job_t *take_jobs(worker_t *w)
     n = (wp->queued + wp->nworkers - 1) / wp->nworkers;
     if (n > WORKER_TAKE_MAX)
         n = WORKER_TAKE_MAX;
-    for (w->nlocal = 0; w->nlocal < n; w->nlocal++) {
+    /* Within batch_ns of work too, so that the worker is back at the
+     * queue, where another flow's job may wait, after about one batch. */
+    for (w->nlocal = 0, sum = 0; w->nlocal < n; w->nlocal++) {
+        if (w->nlocal > 0 && wp->batch_ns > 0 && sum >= wp->batch_ns)
+            break;
         job = do_dequeue(wp, do_next_flow(wp));
+        sum += worker_job_cost(job);
         w->local[w->nlocal] = job;
         w->local_seq[w->nlocal] = ++wp->taken;
         memcpy(w->local_hint[w->nlocal], job->hint, sizeof(job->hint));
