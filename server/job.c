@@ -482,9 +482,23 @@ static uint64_t chain_cost(const server_t *s, const req_t *r, const model_t *m, 
     return slice > 0 && sum > slice ? slice : sum;
 }
 
+/* A chain's slice: JOB_CHAIN_SLICE_NS, or --batch-us if less; none with
+ * --batch-us 0.  Shorter than a batch: a chain shares no weights, and what
+ * it saves, a loop round trip of some microseconds per step, half a
+ * millisecond already saves for all but a few steps, while a light
+ * request waits for the slice of the chain ahead of it. */
+#define JOB_CHAIN_SLICE_NS 500000u
+
+static uint64_t chain_slice(const server_t *s)
+{
+    uint64_t batch = (uint64_t)s->cfg->batch_us * 1000u;
+
+    return batch < JOB_CHAIN_SLICE_NS ? batch : JOB_CHAIN_SLICE_NS;
+}
+
 uint64_t job_chain_cost(const server_t *s, const req_t *r)
 {
-    return chain_cost(s, r, r->session->cs.model, (uint64_t)s->cfg->batch_us * 1000u);
+    return chain_cost(s, r, r->session->cs.model, chain_slice(s));
 }
 
 /* A chain (conn.c: steps of one session queued behind each other) runs
@@ -492,13 +506,13 @@ uint64_t job_chain_cost(const server_t *s, const req_t *r)
  * loop as soon as it is answered (worker_job_handoff()), the next starting
  * from the state it left.  It stops at the first step that does not
  * succeed (or is canceled), the rest going back with it unrun; and at the
- * end of a slice of --batch-us the rest goes back to its connection's flow
- * (worker_job_requeue()), so that other connections get their turn. */
+ * end of its slice (chain_slice()) the rest goes back to its connection's
+ * flow (worker_job_requeue()), so that other connections get their turn. */
 void job_run(worker_t *w, worker_job_t *job, void *arg)
 {
     server_t *s = arg;
     req_t *r = container_of(job, req_t, job);
-    uint64_t slice = (uint64_t)s->cfg->batch_us * 1000u, begin = worker_job_start(w);
+    uint64_t slice = chain_slice(s), begin = worker_job_start(w);
 
     for (;;) {
         req_t *next = r->chain_next;

@@ -373,7 +373,8 @@ int req_set_error(req_t *r, int code, const char *fmt, ...) __attribute__((forma
 uint64_t job_cost(const server_t *s, const req_t *r);
 
 /** The cost of the chain of steps from `r` on (r->chain_next), up to one
- * slice of --batch-us: what a worker runs of it at once.  Loop thread. */
+ * slice (job.c: chain_slice()): what a worker runs of it at once.  Loop
+ * thread. */
 uint64_t job_chain_cost(const server_t *s, const req_t *r);
 
 /** The worker side of a job: runs the model call of `job` (a req_t) and
