@@ -118,12 +118,16 @@ static job_costs_t *costs_of(const server_t *s, const model_t *m)
 }
 
 /* Adds `ns` per position to the running mean *mean, over about its last
- * eight measurements; the first sets it. */
+ * eight measurements; the first sets it.  A mean that moves by less than
+ * a sixteenth is not written: every worker and the loop read it, and a
+ * store per microsecond job would bounce its line between their cores. */
 static void cost_note(_Atomic uint64_t *mean, uint64_t ns)
 {
     uint64_t m = atomic_load_explicit(mean, memory_order_relaxed);
+    uint64_t next = m == 0 ? ns + 1 : m - m / 8 + ns / 8;
 
-    atomic_store_explicit(mean, m == 0 ? ns + 1 : m - m / 8 + ns / 8, memory_order_relaxed);
+    if (m == 0 || (next > m ? next - m : m - next) > m / 16)
+        atomic_store_explicit(mean, next, memory_order_relaxed);
 }
 
 uint64_t job_cost(const server_t *s, const req_t *r)

@@ -43,7 +43,7 @@
 #define WORKER_LINE 64
 
 /* The most jobs a worker takes per queue_lock acquisition. */
-#define WORKER_TAKE_MAX 8u
+#define WORKER_TAKE_MAX 16u
 
 /* The most queued jobs a worker looks at for its batch per gathering:
  * jobs the group callback turns down are passed over, but not without
@@ -463,16 +463,31 @@ static worker_job_t *take_jobs(worker_t *w)
     if (n > WORKER_TAKE_MAX)
         n = WORKER_TAKE_MAX;
     /* Within batch_ns of work too, so that the worker is back at the
-     * queue, where another flow's job may wait, after about one batch. */
-    for (w->nlocal = 0, sum = 0; w->nlocal < n; w->nlocal++) {
+     * queue, where another flow's job may wait, after about one batch.
+     * The jobs of one flow are taken in a run and charged at once: one
+     * operation of the scheduler's heap per run, not per job. */
+    for (w->nlocal = 0, sum = 0; w->nlocal < n;) {
+        worker_flow_t *f = do_next_flow(wp);
+        uint64_t run = 0;
+        unsigned first = w->nlocal;
         if (w->nlocal > 0 && wp->batch_ns > 0 && sum >= wp->batch_ns)
             break;
-        job = do_dequeue(wp, do_next_flow(wp));
-        sum += worker_job_cost(job);
-        w->local[w->nlocal] = job;
-        w->local_seq[w->nlocal] = ++wp->taken;
-        memcpy(w->local_hint[w->nlocal], job->hint, sizeof(job->hint));
-        memcpy(w->local_lines[w->nlocal], job->hint_lines, sizeof(job->hint_lines));
+        do {
+            job = f->_head;
+            f->_head = job->next;
+            run += worker_job_cost(job);
+            w->local[w->nlocal] = job;
+            w->local_seq[w->nlocal] = ++wp->taken;
+            memcpy(w->local_hint[w->nlocal], job->hint, sizeof(job->hint));
+            memcpy(w->local_lines[w->nlocal], job->hint_lines, sizeof(job->hint_lines));
+            w->nlocal++;
+        } while (w->nlocal < n && f->_head != NULL &&
+                 (wp->batch_ns == 0 || sum + run < wp->batch_ns));
+        if (f->_head == NULL)
+            f->_tail = NULL;
+        sched_serve(&wp->sched, run, f->_head != NULL);
+        wp->queued -= w->nlocal - first;
+        sum += run;
     }
     atomic_store_explicit(&w->claim, 1, memory_order_relaxed);
     wake = do_pick_sleeper(wp, wp->queued + w->nlocal - 1);
