@@ -57,7 +57,7 @@ typedef struct cache_pool_config {
      * depends on how freed blocks left pages partly used; with F >= 2 the
      * arena holds F x (the budget's pages + one per size class), and only
      * the bytes and slots refuse until fragmentation wastes about (F - 1)
-     * budgets (pool.c, Accounting). */
+     * budgets (docs/design.md, Accounting). */
     unsigned arena_factor;
 } cache_pool_config_t;
 
@@ -77,10 +77,11 @@ typedef struct cache_handle {
 } cache_handle_t;
 
 /** Where a slot's memory was, for a caller that will prefetch it before
- * the slot's next use: up to CACHE_HINTS ranges, each `lines[i]` 64-byte
- * lines from addr[i] (0 lines: unused).  A plain value and a hint only:
- * nothing may read through it, as the slot may have changed, or been
- * released, by the time it is used; a prefetch never faults. */
+ * the slot's next use: up to CACHE_HINTS ranges, each `lines[i]` cache
+ * lines (SLOTD_CACHE_LINE bytes, core/util.h) from addr[i] (0 lines:
+ * unused).  A plain value and a hint only: nothing may read through it,
+ * as the slot may have changed, or been released, by the time it is used;
+ * a prefetch never faults. */
 #define CACHE_HINTS 6
 
 typedef struct cache_hint {

@@ -1,5 +1,5 @@
 /*
- * pool_impl.h: what pool.c shares with the cache tests and nobody else.
+ * pool_impl.h: what the pool's files share with the cache tests and nobody else.
  *
  * The pool's layout constants, the debug poison, an allocator hook for
  * testing allocation failure, and read-only views of the page bookkeeping
@@ -13,11 +13,12 @@
 #include <stdint.h>
 
 #include "cache/pool.h"
+#include "core/util.h"
 
 /* Every object (block or state) starts on a multiple of this. */
-#define CACHE__ALIGN 64
+#define CACHE__ALIGN SLOTD_CACHE_LINE
 
-/* A page is the smallest multiple of the largest page unit (pool.c,
+/* A page is the smallest multiple of the largest page unit (slab.c,
  * cache__page_unit()) or state that reaches this. */
 #define CACHE__PAGE_MIN ((size_t)64 * 1024)
 

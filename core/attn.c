@@ -167,23 +167,24 @@ static void attend_factors(double *restrict s, size_t n)
     }
 }
 
-/* One attention row of layer `l` over positions 0 .. n-1 of the chain from
- * `block`: writes a[0 .. d-1].  `s` has room for n doubles.  The dot
- * products and the sum of values are the kernels' (kern.h: each s[r] and
- * each a[j] one sum, in its order, whatever the variant); s[r] is then
- * multiplied by 1 / sqrt(d), as docs/models.md writes it. */
-static void attend(const model_t *m, const model_block_t *block, uint32_t n, uint32_t l,
-                   const double *restrict q, double *restrict s, double *restrict a)
+/* One attention row of layer `l` over positions 0 .. n-1 of the chain
+ * `bl` (its first nbl blocks, kern.h): writes a[0 .. d-1].  `s` has room
+ * for n doubles.  The dot products and the sum of values are the kernels'
+ * (kern.h: each s[r] and each a[j] one sum, in its order, whatever the
+ * variant); s[r] is then multiplied by 1 / sqrt(d), as docs/models.md
+ * writes it. */
+static void attend(const model_t *m, const model_block_t *const *bl, size_t nbl, uint32_t n,
+                   uint32_t l, const double *restrict q, double *restrict s, double *restrict a)
 {
     const model__kern_t *k = model__kern();
     const double inv_sqrt_d = m->inv_sqrt_d;
 
-    k->scores(q, block, n, l, m->shape.d, s);
+    k->scores(q, bl, nbl, n, l, m->shape.d, s);
     for (size_t r = 0; r < n; r++) {
         s[r] = s[r] * inv_sqrt_d;
     }
     attend_factors(s, n);
-    k->mix(s, block, n, l, m->shape.d, a);
+    k->mix(s, bl, nbl, n, l, m->shape.d, a);
 }
 
 /* Keeps `best` the index of the largest logit seen, the lowest on a tie:
@@ -412,6 +413,7 @@ static void attn_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scr
     double *data = (double *)(void *)kv->tail->data;
     const double *emb = m->emb + (size_t)token * d, *pos = m->pos + (size_t)p * d;
     double *state = kv->state;
+    const model_block_t *head = kv->head;
 
     for (size_t i = 0; i < d; i++) {
         x[i] = emb[i] + pos[i];
@@ -428,7 +430,7 @@ static void attn_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scr
         for (size_t j = 0; j < d; j++) {
             kt[j * per + slot] = k[j];
         }
-        attend(m, kv->head, p + 1, l, q, s, a);
+        attend(m, &head, 1, p + 1, l, q, s, a);
         matvec(a, wo, o, d, d);
         for (size_t j = 0; j < d; j++) {
             x[j] = x[j] + o[j];
@@ -498,14 +500,24 @@ static uint32_t attn_pick(const model_t *m, const model_kv_t *kv, double *logits
  *
  * Batch scratch (batch_scratch_doubles()): X, Q, K, Vv, A, O, each nb rows
  * of d (one row per position), then the scores s (max_ctx), then a strip of
- * PICK_STRIP logits per sequence for model_pick_batch().
+ * PICK_STRIP logits per sequence for model_pick_batch(), then BATCH_BL
+ * block addresses per sequence: the first blocks of its chain, collected
+ * once for the whole batch (kern.h).  Every layer's attention walks each
+ * chain again, and by the next layer the batch's keys and values have
+ * pushed the headers out of the caches: walked by `next`, each header
+ * waits for the one before; by address, they load side by side, and the
+ * next sequence's are prefetched while one attends.
  */
 #define PICK_STRIP 64
+#define BATCH_BL 64
 
-/* One position of a batch: the chain it attends over, the block and slot
- * its entry goes to, and the position. */
+_Static_assert(sizeof(void *) <= sizeof(double), "a block address fits a double's room");
+
+/* One position of a batch: the chain it attends over (its first nbl
+ * blocks, kern.h), the block and slot its entry goes to, and the position. */
 typedef struct batch_item {
-    const model_block_t *head;
+    const model_block_t *const *bl;
+    size_t nbl;
     model_block_t *blk;
     uint32_t slot;
     uint32_t p;
@@ -513,7 +525,28 @@ typedef struct batch_item {
 
 static size_t batch_scratch_doubles(const model_t *m, size_t nb)
 {
-    return 6 * nb * m->shape.d + m->shape.max_ctx + nb * PICK_STRIP;
+    return 6 * nb * m->shape.d + m->shape.max_ctx + nb * PICK_STRIP + nb * BATCH_BL;
+}
+
+/* The block addresses of a batch's scratch: BATCH_BL for each of nb. */
+static const model_block_t **batch_bl(const model_t *m, size_t nb, void *scratch)
+{
+    return (const model_block_t **)(void *)((double *)scratch + 6 * nb * m->shape.d +
+                                            m->shape.max_ctx + nb * PICK_STRIP);
+}
+
+/* Writes to bl the first blocks of the chain from `head` that hold
+ * positions 0 .. n-1, at most BATCH_BL; returns how many (>= 1). */
+static size_t collect_blocks(const model_block_t *head, uint32_t n, const model_block_t **bl)
+{
+    size_t k = 0;
+    uint32_t held = 0;
+
+    for (const model_block_t *b = head; k < BATCH_BL && (k == 0 || held < n); b = b->next) {
+        bl[k++] = b;
+        held += b->capacity;
+    }
+    return k;
 }
 
 /* Runs tokens[b] at it[b] for b < nb: writes each entry and leaves each
@@ -549,7 +582,12 @@ static void batch_positions(const model_t *m, const batch_item_t *it, const uint
             memcpy(kt + per * d + slot * d, Vv + b * d, d * sizeof(double));
         }
         for (size_t b = 0; b < nb; b++) {
-            attend(m, it[b].head, it[b].p + 1, l, Q + b * d, s, A + b * d);
+            if (b + 1 < nb && it[b + 1].bl != it[b].bl) {
+                for (size_t i = 0; i < it[b + 1].nbl; i++) {
+                    __builtin_prefetch(it[b + 1].bl[i]);
+                }
+            }
+            attend(m, it[b].bl, it[b].nbl, it[b].p + 1, l, Q + b * d, s, A + b * d);
         }
         mm(A, d, nb, wo, d, d, 0, d, O, d);
         for (size_t i = 0; i < nb * d; i++) {
@@ -564,9 +602,11 @@ static void attn_run_batch(const model_t *m, model_kv_t *const *kv, const uint32
     const size_t d = m->shape.d;
     batch_item_t it[MODEL_BATCH_MAX] = {{0}}; /* all written before use; gcc cannot tell */
     double *X = scratch;
+    const model_block_t **bl = batch_bl(m, nb, scratch);
 
     for (size_t b = 0; b < nb; b++) {
-        it[b].head = kv[b]->head;
+        it[b].bl = bl + b * BATCH_BL;
+        it[b].nbl = collect_blocks(kv[b]->head, kv[b]->len + 1, bl + b * BATCH_BL);
         it[b].blk = kv[b]->tail;
         it[b].p = kv[b]->len;
         it[b].slot = model__block_slot(kv[b]->tail, kv[b]->len);
@@ -590,13 +630,16 @@ static void attn_prefill(const model_t *m, model_kv_t *kv, const uint32_t *token
         size_t nb = n - done < MODEL_BATCH_MAX ? n - done : MODEL_BATCH_MAX;
         model_block_t *blk = kv->tail;
         uint32_t p = kv->len, slot = model__block_slot(blk, p);
+        const model_block_t **bl = batch_bl(m, nb, scratch);
+        const size_t nbl = collect_blocks(kv->head, p + (uint32_t)nb, bl);
 
         for (size_t b = 0; b < nb; b++, p++, slot++) {
             if (slot == blk->capacity) {
                 blk = blk->next;
                 slot = 0;
             }
-            it[b].head = kv->head;
+            it[b].bl = bl;
+            it[b].nbl = nbl;
             it[b].blk = blk;
             it[b].p = p;
             it[b].slot = slot;

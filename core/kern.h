@@ -21,17 +21,21 @@
 typedef void (*model__mm_fn)(const double *x, size_t ldx, size_t nb, const double *w, size_t ldw,
                              size_t rows, size_t c0, size_t c1, double *out, size_t ldo);
 
+/* A chain as the attention kernels walk it: its first nbl (>= 1) blocks
+ * in order, bl[0] the head; past bl[nbl - 1] the chain goes on through
+ * `next`.  With the blocks' addresses known up front, their headers load
+ * side by side rather than one `next` after another. */
+
 /* An attention row's dot products: s[r] = sum over j < d ascending of
- * q[j] * K[r][j], for r < n, K being layer l's keys of the chain from `b`
+ * q[j] * K[r][j], for r < n, K being layer l's keys of the chain `bl`
  * (attn.c's block layout: Kt, d rows of the block's capacity, then V). */
-typedef void (*model__scores_fn)(const double *q, const model_block_t *b, size_t n, size_t l,
-                                 size_t d, double *s);
+typedef void (*model__scores_fn)(const double *q, const model_block_t *const *bl, size_t nbl,
+                                 size_t n, size_t l, size_t d, double *s);
 
 /* An attention row's sum of values: a[j] = sum over r < n ascending of
- * f[r] * V[r][j], for j < d, V being layer l's values of the chain from
- * `b`. */
-typedef void (*model__mix_fn)(const double *f, const model_block_t *b, size_t n, size_t l,
-                              size_t d, double *a);
+ * f[r] * V[r][j], for j < d, V being layer l's values of the chain `bl`. */
+typedef void (*model__mix_fn)(const double *f, const model_block_t *const *bl, size_t nbl, size_t n,
+                              size_t l, size_t d, double *a);
 
 typedef struct model__kern {
     const char *name; /* "scalar", "avx2", "avx512" */

@@ -8,8 +8,9 @@
  *     when it can and copying only a line split across reads;
  *   - proto_request_parse(), which parses one line (the usual requests in
  *     one pass of its own, any other line with cJSON) and validates the op
- *     and every field's type and range (range against a model, such
- *     as a token below V, is the caller's: see model_check_prompt()); and
+ *     and every field's type and range by the op table, proto_ops[] and
+ *     proto_fields[] (range against a model, such as a token below V, is
+ *     the caller's: see model_check_prompt()); and
  *     the proto_reply_*() writers, each appending exactly one line.
  *
  * Memory: for a line the one-pass reader leaves to cJSON,
@@ -96,6 +97,74 @@ typedef enum proto_op {
 
 /** The op's wire name ("start", ...); "none" for PROTO_OP_NONE.  Static. */
 const char *proto_op_name(proto_op_t op);
+
+/* ---- The op table (ops.c): what every op takes, one row each ---- */
+
+/** The members a request may carry; the first value of each counts. */
+typedef enum proto_field {
+    PROTO_FIELD_TAG,
+    PROTO_FIELD_OP,
+    PROTO_FIELD_ID,
+    PROTO_FIELD_MODEL,
+    PROTO_FIELD_PROMPT,
+    PROTO_FIELD_TOKENS,
+    PROTO_FIELD_N,
+    PROTO_FIELD_STEPS,
+    PROTO_FIELD_USE_CACHE,
+    PROTO_FIELD_TOKEN,
+    PROTO_FIELD__COUNT
+} proto_field_t;
+
+/** A member's type, which names its validator (see rules.c). */
+typedef enum proto_type {
+    PROTO_TYPE_TAG,   /* a string or an integer, kept as JSON text */
+    PROTO_TYPE_OP,    /* a string naming a row of proto_ops[] */
+    PROTO_TYPE_NAME,  /* a string of 1..hi bytes of [A-Za-z0-9_.:-], copied */
+    PROTO_TYPE_BYTES, /* a string of lo..hi bytes, malloc'd */
+    PROTO_TYPE_INTS,  /* a non-empty array of integers, malloc'd */
+    PROTO_TYPE_INT,   /* an integer from lo to hi */
+    PROTO_TYPE_BOOL
+} proto_type_t;
+
+/** One member: its wire name, its validator and limits, where its value
+ * goes in proto_request_t, and the words of its errors, which read
+ * "<op>: `<name>` <must>" (or <missing>, when it is required and absent;
+ * NULL: <must> again). */
+typedef struct proto_field_def {
+    const char *name;
+    unsigned char len;
+    proto_type_t type;
+    int64_t lo, hi;
+    size_t at;           /* offsetof(proto_request_t, ...) of the value */
+    size_t at_len;       /* BYTES, INTS: offsetof the size_t count */
+    unsigned char width; /* INT: sizeof the value (4: uint32_t, 8: int64_t) */
+    const char *must;
+    const char *missing;
+} proto_field_def_t;
+
+#define PROTO_OP_MEMBERS_MAX 4
+
+typedef struct proto_member {
+    proto_field_t field;
+    bool required;
+} proto_member_t;
+
+/** One op: its wire name, its members in the order their errors win, and
+ * whether it runs on a worker (false: the loop thread answers it). */
+typedef struct proto_op_def {
+    const char *name;
+    unsigned char len;
+    bool on_worker;
+    unsigned char nmembers;
+    proto_member_t members[PROTO_OP_MEMBERS_MAX];
+} proto_op_def_t;
+
+/** Indexed by proto_op_t (row PROTO_OP_NONE is no op) and proto_field_t. */
+extern const proto_op_def_t proto_ops[PROTO_OP__COUNT];
+extern const proto_field_def_t proto_fields[PROTO_FIELD__COUNT];
+
+/** Whether `op` runs on a worker; false for PROTO_OP_NONE or out of range. */
+bool proto_op_on_worker(proto_op_t op);
 
 /** Installs proto/'s cJSON allocation hooks (see above) once per process;
  * later calls do nothing.  proto_request_parse() calls it itself; a program

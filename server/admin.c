@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/util.h"
 #include "server/admin_http.h"
 
 #define ADMIN_MAX_CONNS 64
@@ -47,8 +48,6 @@
 #define ADMIN_READ_SIZE 65536
 #define ADMIN_LINGER_MS 2000
 #define ADMIN_SWEEP_MS 1000
-
-#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 typedef enum conn_state {
     CONN_OPEN,    /* reading requests */

@@ -1,6 +1,8 @@
 /*
- * inspect.c: GET /sessions, the list of live sessions for an operator
- * hunting a leak or a stuck client (llama.cpp's server has /slots).
+ * inspect.c: what the daemon shows of itself: the figures of the stats op
+ * and of the admin port (inspect__stats()), and GET /sessions, the list of
+ * live sessions for an operator hunting a leak or a stuck client
+ * (llama.cpp's server has /slots).
  *
  * Owns nothing past one call: it walks every open connection and every
  * session record on it that the client can still name (in its map),
@@ -32,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server_int.h"
+#include "inspect_int.h"
 
 typedef struct listed {
     const session_t *sess;
@@ -57,7 +59,7 @@ static const model_t *session_model(const session_t *sess)
     return sess->fifo_head != NULL ? sess->fifo_head->model : NULL;
 }
 
-int server_list_sessions(server_t *s, size_t limit, proto_buf_t *out)
+int inspect__sessions(server_t *s, size_t limit, proto_buf_t *out)
 {
     size_t n = 0, cap = s->admitted + 1, npeers = s->nconns + 1, k = 0;
     listed_t *v = malloc(cap * sizeof(*v));
@@ -103,7 +105,7 @@ int server_list_sessions(server_t *s, size_t limit, proto_buf_t *out)
         const session_t *sess = v[i].sess;
         const model_t *m = session_model(sess);
         size_t outstanding = 0;
-        /* The running request and the steps chained to it (conn.c). */
+        /* The running request and the steps chained to it (launch.c). */
         for (const req_t *r = sess->running; r != NULL; r = r->chain_next)
             outstanding++;
         for (const req_t *r = sess->fifo_head; r != NULL; r = r->session_next)
@@ -131,4 +133,33 @@ int server_list_sessions(server_t *s, size_t limit, proto_buf_t *out)
     free(v);
     free(peers);
     return rc;
+}
+
+/* ---- The stats op ---- */
+
+void inspect__stats(server_t *s, proto_stats_t *st)
+{
+    cache_pool_stats_t ps;
+
+    memset(st, 0, sizeof(*st));
+    cache_pool_stats(s->pool, &ps);
+    for (size_t i = 0; i < s->nmodels; i++) {
+        st->g_calls += model_g_calls(s->models[i]);
+        st->rows += model_rows(s->models[i]);
+    }
+    st->cache_entries = ps.entries;
+    st->live_sessions = s->live_sessions;
+    st->connections = s->nconns;
+    st->requests_total = metrics_requests_total();
+    st->errors_total = metrics_errors_total();
+    st->pool_bytes_total = ps.bytes_capacity;
+    st->pool_bytes_used = ps.bytes_used;
+    st->pool_slots_total = ps.max_slots;
+    st->pool_slots_used = ps.live_slots;
+    st->released_finish = metrics_released(METRICS_RELEASE_FINISH);
+    st->released_disconnect = metrics_released(METRICS_RELEASE_DISCONNECT);
+    st->released_idle = metrics_released(METRICS_RELEASE_IDLE);
+    st->released_shutdown = metrics_released(METRICS_RELEASE_SHUTDOWN);
+    st->uptime_seconds = (uv_hrtime() - s->start_ns) / 1000000000u;
+    st->threads = s->cfg->threads;
 }

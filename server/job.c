@@ -19,8 +19,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "job_int.h"
 #include "log.h"
-#include "server_int.h"
 
 #if SLOTD_FAULT_INJECTION
 
@@ -409,6 +409,16 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
     }
 }
 
+/* The run function of each op that runs on a worker (proto_ops[op].on_worker
+ * in proto/ops.c): adding such an op adds its row here. */
+typedef int (*job_run_fn)(server_t *s, worker_t *w, req_t *r, slotd_error_t *err);
+static const job_run_fn job_runs[PROTO_OP__COUNT] = {
+    [PROTO_OP_START] = run_start,
+    [PROTO_OP_STEP] = run_step,
+    [PROTO_OP_LOGITS] = run_logits,
+    [PROTO_OP_GENERATE] = run_generate,
+};
+
 /* job_run() of one request. */
 static void run_one(server_t *s, worker_t *w, req_t *r)
 {
@@ -437,23 +447,11 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
     if (cpu_timed)
         cpu0 = thread_cpu_ns();
 
-    switch (r->rq.op) {
-    case PROTO_OP_START:
-        rc = run_start(s, w, r, &err);
-        break;
-    case PROTO_OP_STEP:
-        rc = run_step(s, w, r, &err);
-        break;
-    case PROTO_OP_LOGITS:
-        rc = run_logits(s, w, r, &err);
-        break;
-    case PROTO_OP_GENERATE:
-        rc = run_generate(s, w, r, &err);
-        break;
-    default:
-        rc = SLOTD_EINVAL; /* only these four ops are ever submitted */
-        break;
-    }
+    assert(proto_op_on_worker(r->rq.op) && job_runs[r->rq.op] != NULL);
+    if ((unsigned)r->rq.op < PROTO_OP__COUNT && job_runs[r->rq.op] != NULL)
+        rc = job_runs[r->rq.op](s, w, r, &err);
+    else
+        rc = SLOTD_EINVAL; /* only ops with proto_ops[op].on_worker are submitted */
 
     /* A wire error gets its reply here; an internal one (no memory, a
      * stale handle) reaches no client: the loop thread closes the
@@ -472,7 +470,7 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
     }
 }
 
-/* The cost of the chain from `r` on (conn.c links the steps of one
+/* The cost of the chain from `r` on (launch.c links the steps of one
  * session), counted to the slice at most: what a worker runs of it before
  * it goes back to its flow. */
 static uint64_t chain_cost(const server_t *s, const req_t *r, const model_t *m, uint64_t slice)
@@ -505,7 +503,7 @@ uint64_t job_chain_cost(const server_t *s, const req_t *r)
     return chain_cost(s, r, r->session->cs.model, chain_slice(s));
 }
 
-/* A chain (conn.c: steps of one session queued behind each other) runs
+/* A chain (launch.c: steps of one session queued behind each other) runs
  * step after step in this one job: each step's record goes back to the
  * loop as soon as it is answered (worker_job_handoff()), the next starting
  * from the state it left.  It stops at the first step that does not

@@ -1,31 +1,25 @@
 /*
- * metrics.c: the daemon's process-wide counters, the step latency
- * histogram, and their Prometheus text exposition (format 0.0.4).
+ * metrics.c: the storage, counting, reading and Prometheus text rendering
+ * (format 0.0.4) of every metric of METRICS_MAP (metrics.h), all generated
+ * from that list, plus the time of the last completed step and the
+ * daemon's start time.
  *
- * This file owns one static set of counters: requests by op (PROTO_OP_NONE
- * counts lines that had no valid op and is rendered as op="invalid"), error
- * replies by position in SLOTD_ERRNO_MAP, released sessions by reason, cache
- * audits and divergences, refused connections, failed accepts, connections
- * closed for --conn-timeout, the step requests out with the workers, and a
- * fixed-bucket histogram
- * of step request latencies with the time of the last completed step.
+ * This file owns one static set of counters and gauges (`m`) and
+ * METRICS_SHARDS copies of every histogram (`shards`).  The label sets a
+ * metric can carry are METRICS_LABEL_SETS below; the histogram bucket sets
+ * METRICS_BUCKET_SETS.
  *
- * DESIGN.  Every counter is a C11 atomic updated and read with relaxed
- * ordering; there is no lock.  The loop thread counts requests, errors,
- * releases and refused connections; worker threads call
- * metrics_observe_step() and count audits and divergences; readers
- * (metrics_render() and the accessors, on the loop thread) see each value
- * whole but may see a mix of values from either side of a concurrent
- * update.  The histogram keeps per-bucket (non-cumulative) counts and
- * derives both the cumulative buckets and _count from one read of them, so a
- * rendering is always self-consistent (+Inf bucket == _count) even while
- * workers are observing; only _sum may be a step ahead or behind.
- *
- * The histogram is kept in METRICS_SHARDS copies, each on cache lines of
- * its own, and each worker observes into the copy of its number: with one
- * copy, every step moved the same lines between the workers' cores (perf
- * showed metrics_observe_step at about 2 % of the daemon at pipeline 16).
- * Readers add the copies up.
+ * DESIGN.  Every value is a C11 atomic updated and read with relaxed
+ * ordering; there is no lock.  Any thread counts; readers (metrics_render()
+ * and the accessors, on the loop thread) see each value whole but may see
+ * a mix of values from either side of a concurrent update.  A histogram
+ * keeps per-bucket (non-cumulative) counts and derives both the cumulative
+ * buckets and _count from one read of them, so a rendering is always
+ * self-consistent (+Inf bucket == _count) even while workers observe; only
+ * _sum may be a step ahead or behind.  Each histogram copy sits on cache
+ * lines of its own and each worker observes into the copy of its number,
+ * so workers do not move the same lines between cores (docs/design.md,
+ * "Metrics").
  */
 #include "metrics.h"
 
@@ -36,55 +30,63 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/util.h"
 #include "procstat.h"
 
-/* Upper bounds of the histogram buckets, in nanoseconds, with their `le`
+/* ---- Bucket sets ---- */
+
+/* Upper bounds of the step latency buckets, in nanoseconds, with their `le`
  * labels spelled exactly; an implicit +Inf bucket follows.  In a Release
  * build a `hash` step takes 50 to 250 ns, a `tiny` one 250 ns to 1 us, a
  * `small` one 25 to 100 us, a `base` one of 500 tokens 2 s: 1-2.5-5 per
  * decade from 25 ns to 10 s resolves each (bench/RESULTS.md). */
-#define METRICS_BUCKETS(XX)                                                                        \
-    XX(25u, "2.5e-08")                                                                             \
-    XX(50u, "5e-08")                                                                               \
-    XX(100u, "1e-07")                                                                              \
-    XX(250u, "2.5e-07")                                                                            \
-    XX(500u, "5e-07")                                                                              \
-    XX(1000u, "1e-06")                                                                             \
-    XX(2500u, "2.5e-06")                                                                           \
-    XX(5000u, "5e-06")                                                                             \
-    XX(10000u, "1e-05")                                                                            \
-    XX(25000u, "2.5e-05")                                                                          \
-    XX(50000u, "5e-05")                                                                            \
-    XX(100000u, "0.0001")                                                                          \
-    XX(250000u, "0.00025")                                                                         \
-    XX(500000u, "0.0005")                                                                          \
-    XX(1000000u, "0.001")                                                                          \
-    XX(2500000u, "0.0025")                                                                         \
-    XX(5000000u, "0.005")                                                                          \
-    XX(10000000u, "0.01")                                                                          \
-    XX(25000000u, "0.025")                                                                         \
-    XX(50000000u, "0.05")                                                                          \
-    XX(100000000u, "0.1")                                                                          \
-    XX(250000000u, "0.25")                                                                         \
-    XX(500000000u, "0.5")                                                                          \
-    XX(1000000000u, "1")                                                                           \
-    XX(2500000000u, "2.5")                                                                         \
-    XX(5000000000u, "5")                                                                           \
-    XX(10000000000u, "10")
+#define METRICS_BUCKETS_seconds(BOUND)                                                             \
+    BOUND(25u, "2.5e-08")                                                                          \
+    BOUND(50u, "5e-08")                                                                            \
+    BOUND(100u, "1e-07")                                                                           \
+    BOUND(250u, "2.5e-07")                                                                         \
+    BOUND(500u, "5e-07")                                                                           \
+    BOUND(1000u, "1e-06")                                                                          \
+    BOUND(2500u, "2.5e-06")                                                                        \
+    BOUND(5000u, "5e-06")                                                                          \
+    BOUND(10000u, "1e-05")                                                                         \
+    BOUND(25000u, "2.5e-05")                                                                       \
+    BOUND(50000u, "5e-05")                                                                         \
+    BOUND(100000u, "0.0001")                                                                       \
+    BOUND(250000u, "0.00025")                                                                      \
+    BOUND(500000u, "0.0005")                                                                       \
+    BOUND(1000000u, "0.001")                                                                       \
+    BOUND(2500000u, "0.0025")                                                                      \
+    BOUND(5000000u, "0.005")                                                                       \
+    BOUND(10000000u, "0.01")                                                                       \
+    BOUND(25000000u, "0.025")                                                                      \
+    BOUND(50000000u, "0.05")                                                                       \
+    BOUND(100000000u, "0.1")                                                                       \
+    BOUND(250000000u, "0.25")                                                                      \
+    BOUND(500000000u, "0.5")                                                                       \
+    BOUND(1000000000u, "1")                                                                        \
+    BOUND(2500000000u, "2.5")                                                                      \
+    BOUND(5000000000u, "5")                                                                        \
+    BOUND(10000000000u, "10")
 
-static const uint64_t bucket_ns[] = {
-#define XX(ns, label) (uint64_t)(ns),
-    METRICS_BUCKETS(XX)
+/* Every bucket set: its name (METRICS_BUCKETS_<name> lists its bounds) and
+ * the divisor from an observed value to the unit rendered (1e9: ns to
+ * seconds; 1: render counts as they are). */
+#define METRICS_BUCKET_SETS(XX) XX(seconds, 1e9)
+
+#define BOUND_NS(ns, label) (uint64_t)(ns),
+#define BOUND_LABEL(ns, label) label,
+#define XX(set, scale)                                                                             \
+    static const uint64_t bounds_##set[] = {METRICS_BUCKETS_##set(BOUND_NS)};                      \
+    static const char *const le_##set[] = {METRICS_BUCKETS_##set(BOUND_LABEL)};                    \
+    enum { NB_##set = sizeof(bounds_##set) / sizeof(bounds_##set[0]) };                            \
+    static const double scale_##set = (scale);
+METRICS_BUCKET_SETS(XX)
 #undef XX
-};
+#undef BOUND_NS
+#undef BOUND_LABEL
 
-static const char *const bucket_label[] = {
-#define XX(ns, label) label,
-    METRICS_BUCKETS(XX)
-#undef XX
-};
-
-#define NBUCKETS (sizeof(bucket_ns) / sizeof(bucket_ns[0]))
+/* ---- Label sets ---- */
 
 /* Each code's position in SLOTD_ERRNO_MAP, whatever the numbering. */
 enum error_pos {
@@ -108,79 +110,16 @@ static const char *const release_name[METRICS_RELEASE__COUNT] = {
     [METRICS_RELEASE_SHUTDOWN] = "shutdown",
 };
 
-/* One copy of the step histogram (see DESIGN). */
-typedef struct step_shard {
-    /* buckets[i] counts observations in (bucket_ns[i-1], bucket_ns[i]];
-     * buckets[NBUCKETS] those above the last bound. */
-    _Alignas(64) _Atomic uint64_t buckets[NBUCKETS + 1];
-    _Atomic uint64_t sum_ns;
-    _Atomic uint64_t last_step_ns;
-} step_shard_t;
+static const char *const close_name[METRICS_CLOSE__COUNT] = {
+    [METRICS_CLOSE_TIMEOUT] = "timeout",
+};
 
-#define METRICS_SHARDS 16
-
-static struct {
-    _Atomic uint64_t start_ns;
-    _Atomic uint64_t requests[PROTO_OP__COUNT];
-    _Atomic uint64_t errors[NERRORS];
-    _Atomic uint64_t released[METRICS_RELEASE__COUNT];
-    _Atomic uint64_t divergence;
-    _Atomic uint64_t audits;
-    _Atomic uint64_t batches;       /* batches of two steps or more run */
-    _Atomic uint64_t batched_steps; /* the steps in them */
-    _Atomic uint64_t refused;
-    _Atomic uint64_t accept_errors;
-    _Atomic uint64_t conn_timeouts;
-    _Atomic uint64_t auth_failures;
-    _Atomic uint64_t socket_reads;
-    _Atomic uint64_t socket_writes;
-    _Atomic uint64_t steps_out; /* handed to the workers, not back yet */
-    step_shard_t steps[METRICS_SHARDS];
-} m;
-
-/* metrics_process_figures(); set before any thread renders. */
-static bool process_figures = true;
-
-#define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
-#define STORE(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
-#define BUMP(x, v) atomic_fetch_add_explicit(&(x), (v), memory_order_relaxed)
-
-void metrics_init(uint64_t now_ns)
+static size_t index_op(proto_op_t op)
 {
-    STORE(m.start_ns, now_ns);
-    for (size_t i = 0; i < PROTO_OP__COUNT; i++)
-        STORE(m.requests[i], 0);
-    for (size_t i = 0; i < NERRORS; i++)
-        STORE(m.errors[i], 0);
-    for (size_t i = 0; i < METRICS_RELEASE__COUNT; i++)
-        STORE(m.released[i], 0);
-    STORE(m.divergence, 0);
-    STORE(m.audits, 0);
-    STORE(m.batches, 0);
-    STORE(m.batched_steps, 0);
-    STORE(m.refused, 0);
-    STORE(m.accept_errors, 0);
-    STORE(m.conn_timeouts, 0);
-    STORE(m.auth_failures, 0);
-    STORE(m.socket_reads, 0);
-    STORE(m.socket_writes, 0);
-    STORE(m.steps_out, 0);
-    for (size_t k = 0; k < METRICS_SHARDS; k++) {
-        for (size_t i = 0; i <= NBUCKETS; i++)
-            STORE(m.steps[k].buckets[i], 0);
-        STORE(m.steps[k].sum_ns, 0);
-        STORE(m.steps[k].last_step_ns, 0);
-    }
+    return (unsigned)op < PROTO_OP__COUNT ? (size_t)op : PROTO_OP_NONE;
 }
 
-void metrics_count_request(proto_op_t op)
-{
-    if ((unsigned)op >= PROTO_OP__COUNT)
-        op = PROTO_OP_NONE;
-    BUMP(m.requests[op], 1);
-}
-
-static enum error_pos error_pos(int code)
+static size_t index_code(int code)
 {
     switch (code) {
 #define XX(name, wire, desc)                                                                       \
@@ -195,175 +134,100 @@ static enum error_pos error_pos(int code)
     }
 }
 
-void metrics_count_error(int code)
+static const char *name_op(size_t i)
 {
-    BUMP(m.errors[error_pos(code)], 1);
+    return i == PROTO_OP_NONE ? "invalid" : proto_op_name((proto_op_t)i);
 }
 
-void metrics_count_release(metrics_release_t why)
+static const char *name_code(size_t i)
 {
-    if ((unsigned)why >= METRICS_RELEASE__COUNT)
-        return;
-    BUMP(m.released[why], 1);
+    return error_wire[i];
 }
 
-void metrics_count_divergence(void)
+static const char *name_release(size_t i)
 {
-    BUMP(m.divergence, 1);
+    return release_name[i];
 }
 
-void metrics_count_audit(void)
+static const char *name_close(size_t i)
 {
-    BUMP(m.audits, 1);
+    return close_name[i];
 }
 
-void metrics_count_batch(uint64_t steps)
-{
-    BUMP(m.batches, 1);
-    BUMP(m.batched_steps, steps);
-}
+/* Every label set: its name, the label's key, how many values it has and
+ * the value at an index; INDEX_<set>(label) gives the index of a label
+ * argument (the count or beyond: not counted).  Samples whose values are
+ * spelled alike are rendered as one, summed (several error codes share
+ * "internal"). */
+#define METRICS_LABEL_SETS(XX)                                                                     \
+    XX(NONE, NULL, 1, NULL)                                                                        \
+    XX(op, "op", PROTO_OP__COUNT, name_op)                                                         \
+    XX(code, "code", NERRORS, name_code)                                                           \
+    XX(release, "reason", METRICS_RELEASE__COUNT, name_release)                                    \
+    XX(close, "reason", METRICS_CLOSE__COUNT, name_close)
 
-void metrics_count_refused(void)
-{
-    BUMP(m.refused, 1);
-}
+#define INDEX_NONE(label) ((size_t)0)
+#define INDEX_op(label) index_op(label)
+#define INDEX_code(label) index_code(label)
+#define INDEX_release(label) ((size_t)(unsigned)(label))
+#define INDEX_close(label) ((size_t)(unsigned)(label))
 
-void metrics_count_accept_error(void)
-{
-    BUMP(m.accept_errors, 1);
-}
+#define XX(set, key, count, name)                                                                  \
+    enum { NL_##set = (count) };                                                                   \
+    static const char *const key_##set = key;                                                      \
+    static const char *(*const lname_##set)(size_t) = name;
+METRICS_LABEL_SETS(XX)
+#undef XX
 
-void metrics_count_conn_timeout(void)
-{
-    BUMP(m.conn_timeouts, 1);
-}
+/* ---- Storage ---- */
 
-void metrics_count_auth_failure(void)
-{
-    BUMP(m.auth_failures, 1);
-}
+#define METRICS_SHARDS 16
 
-uint64_t metrics_auth_failures_total(void)
-{
-    return LOAD(m.auth_failures);
-}
+/* One copy of every histogram: buckets[l][i] counts observations with
+ * label l in (bound[i-1], bound[i]]; buckets[l][NB] those above the last
+ * bound. */
+typedef struct metrics_shard {
+    _Alignas(SLOTD_CACHE_LINE) _Atomic uint64_t last_step_ns;
+#define SHARD_HISTOGRAM(stem, labels, arg)                                                         \
+    struct {                                                                                       \
+        _Atomic uint64_t buckets[NL_##labels][NB_##arg + 1];                                       \
+        _Atomic uint64_t sum[NL_##labels];                                                         \
+    } stem;
+#define SHARD_COUNTER(stem, labels, arg)
+#define SHARD_GAUGE(stem, labels, arg)
+#define SHARD_STAT_GAUGE(stem, labels, arg)
+#define SHARD_STAT_COUNTER(stem, labels, arg)
+#define SHARD_DERIVED_GAUGE(stem, labels, arg)
+#define XX(kind, stem, labels, arg, name, help) SHARD_##kind(stem, labels, arg)
+    METRICS_MAP(XX)
+#undef XX
+} metrics_shard_t;
 
-void metrics_count_socket_read(void)
-{
-    BUMP(m.socket_reads, 1);
-}
+static struct {
+    _Atomic uint64_t start_ns;
+#define FIELD_COUNTER(stem, labels) _Atomic uint64_t stem[NL_##labels];
+#define FIELD_GAUGE(stem, labels) _Atomic uint64_t stem[NL_##labels];
+#define FIELD_HISTOGRAM(stem, labels)
+#define FIELD_STAT_GAUGE(stem, labels)
+#define FIELD_STAT_COUNTER(stem, labels)
+#define FIELD_DERIVED_GAUGE(stem, labels)
+#define XX(kind, stem, labels, arg, name, help) FIELD_##kind(stem, labels)
+    METRICS_MAP(XX)
+#undef XX
+} m;
 
-void metrics_count_socket_write(void)
-{
-    BUMP(m.socket_writes, 1);
-}
+static metrics_shard_t shards[METRICS_SHARDS];
 
-void metrics_step_out(void)
-{
-    BUMP(m.steps_out, 1);
-}
+/* metrics_process_figures(); set before any thread renders. */
+static bool process_figures = true;
 
-void metrics_step_back(void)
-{
-    atomic_fetch_sub_explicit(&m.steps_out, 1, memory_order_relaxed);
-}
-
-void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
-{
-    step_shard_t *h = &m.steps[shard % METRICS_SHARDS];
-    size_t i = 0;
-    while (i < NBUCKETS && duration_ns > bucket_ns[i])
-        i++;
-    BUMP(h->buckets[i], 1);
-    BUMP(h->sum_ns, duration_ns);
-
-    /* Keep the latest stamp when workers sharing a copy finish out of
-     * order. */
-    uint64_t last = LOAD(h->last_step_ns);
-    while (last < now_ns &&
-           !atomic_compare_exchange_weak_explicit(&h->last_step_ns, &last, now_ns,
-                                                  memory_order_relaxed, memory_order_relaxed)) {
-    }
-}
-
-uint64_t metrics_requests_total(void)
-{
-    uint64_t n = 0;
-    for (size_t i = 0; i < PROTO_OP__COUNT; i++)
-        n += LOAD(m.requests[i]);
-    return n;
-}
-
-uint64_t metrics_errors_total(void)
-{
-    uint64_t n = 0;
-    for (size_t i = 0; i < NERRORS; i++)
-        n += LOAD(m.errors[i]);
-    return n;
-}
-
-uint64_t metrics_released(metrics_release_t why)
-{
-    if ((unsigned)why >= METRICS_RELEASE__COUNT)
-        return 0;
-    return LOAD(m.released[why]);
-}
-
-uint64_t metrics_divergence_total(void)
-{
-    return LOAD(m.divergence);
-}
-
-uint64_t metrics_audits_total(void)
-{
-    return LOAD(m.audits);
-}
-
-uint64_t metrics_batches_total(void)
-{
-    return LOAD(m.batches);
-}
-
-uint64_t metrics_batched_steps_total(void)
-{
-    return LOAD(m.batched_steps);
-}
-
-uint64_t metrics_refused_total(void)
-{
-    return LOAD(m.refused);
-}
-
-uint64_t metrics_accept_errors_total(void)
-{
-    return LOAD(m.accept_errors);
-}
-
-uint64_t metrics_conn_timeouts_total(void)
-{
-    return LOAD(m.conn_timeouts);
-}
-
-uint64_t metrics_socket_reads_total(void)
-{
-    return LOAD(m.socket_reads);
-}
-
-uint64_t metrics_socket_writes_total(void)
-{
-    return LOAD(m.socket_writes);
-}
-
-uint64_t metrics_last_step_ns(void)
-{
-    uint64_t last = 0;
-    for (size_t k = 0; k < METRICS_SHARDS; k++) {
-        uint64_t t = LOAD(m.steps[k].last_step_ns);
-        if (t > last)
-            last = t;
-    }
-    return last;
-}
+#define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
+#define STORE(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
+#define BUMP(x, v) atomic_fetch_add_explicit(&(x), (v), memory_order_relaxed)
+#define DROP(x, v) atomic_fetch_sub_explicit(&(x), (v), memory_order_relaxed)
+#define ZERO(arr)                                                                                  \
+    for (size_t z_ = 0; z_ < sizeof(arr) / sizeof((arr)[0]); z_++)                                 \
+    STORE((arr)[z_], 0)
 
 /* ---- Rendering ---- */
 
@@ -380,19 +244,6 @@ __attribute__((format(printf, 2, 3))) static int put(proto_buf_t *b, const char 
     return proto_buf_append(b, tmp, (size_t)n);
 }
 
-static int family(proto_buf_t *b, const char *name, const char *type, const char *help)
-{
-    return put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-static int simple(proto_buf_t *b, const char *name, const char *type, const char *help, uint64_t v)
-{
-    int rc = family(b, name, type, help);
-    if (rc == SLOTD_OK)
-        rc = put(b, "%s %" PRIu64 "\n", name, v);
-    return rc;
-}
-
 static double seconds(uint64_t ns)
 {
     return (double)ns / 1e9;
@@ -405,146 +256,283 @@ static double seconds(uint64_t ns)
             return rc_;                                                                            \
     } while (0)
 
-static int render_requests(proto_buf_t *b)
+/* Whether the label value at `i` is spelled as one before it (its sample
+ * was then rendered with that one's). */
+static bool seen_before(const char *(*lname)(size_t), size_t i)
 {
-    TRY(family(b, "slotd_requests_total", "counter",
-               "Request lines by op; op=\"invalid\" counts lines with no valid op."));
-    for (size_t i = 0; i < PROTO_OP__COUNT; i++) {
-        const char *op = i == PROTO_OP_NONE ? "invalid" : proto_op_name((proto_op_t)i);
-        TRY(put(b, "slotd_requests_total{op=\"%s\"} %" PRIu64 "\n", op, LOAD(m.requests[i])));
-    }
-    return SLOTD_OK;
+    for (size_t j = 0; j < i; j++)
+        if (strcmp(lname(j), lname(i)) == 0)
+            return true;
+    return false;
 }
 
-static int render_errors(proto_buf_t *b)
+/* The samples of a counter or gauge: one per distinct label value, in
+ * list order, summing the indexes that share it. */
+static int render_values(proto_buf_t *b, const char *name, const _Atomic uint64_t *v, size_t n,
+                         const char *key, const char *(*lname)(size_t))
 {
-    TRY(family(b, "slotd_errors_total", "counter", "Error replies sent, by wire error code."));
-    /* One sample per distinct wire code, in list order, summing the
-     * indexes that share it. */
-    for (size_t i = 0; i < NERRORS; i++) {
-        bool seen = false;
-        for (size_t j = 0; j < i && !seen; j++)
-            seen = strcmp(error_wire[j], error_wire[i]) == 0;
-        if (seen)
+    if (key == NULL)
+        return put(b, "%s %" PRIu64 "\n", name, LOAD(v[0]));
+    for (size_t i = 0; i < n; i++) {
+        if (seen_before(lname, i))
             continue;
-        uint64_t n = 0;
-        for (size_t j = i; j < NERRORS; j++)
-            if (strcmp(error_wire[j], error_wire[i]) == 0)
-                n += LOAD(m.errors[j]);
-        TRY(put(b, "slotd_errors_total{code=\"%s\"} %" PRIu64 "\n", error_wire[i], n));
+        uint64_t sum = 0;
+        for (size_t j = i; j < n; j++)
+            if (strcmp(lname(j), lname(i)) == 0)
+                sum += LOAD(v[j]);
+        TRY(put(b, "%s{%s=\"%s\"} %" PRIu64 "\n", name, key, lname(i), sum));
     }
     return SLOTD_OK;
 }
 
-static int render_histogram(proto_buf_t *b)
+/* The samples of one label value of a histogram: `counts` holds nb + 1
+ * per-bucket counts summed over the copies; `lab` is "" or `key="value",`. */
+static int render_buckets(proto_buf_t *b, const char *name, const char *lab, const uint64_t *counts,
+                          const char *const *le, size_t nb, uint64_t sum, double scale)
 {
-    uint64_t counts[NBUCKETS + 1] = {0}, sum_ns = 0;
-    for (size_t k = 0; k < METRICS_SHARDS; k++) {
-        for (size_t i = 0; i <= NBUCKETS; i++)
-            counts[i] += LOAD(m.steps[k].buckets[i]);
-        sum_ns += LOAD(m.steps[k].sum_ns);
-    }
-
-    TRY(family(b, "slotd_step_seconds", "histogram",
-               "Latency of step requests (one observation per request, whatever its n)."));
     uint64_t cum = 0;
-    for (size_t i = 0; i < NBUCKETS; i++) {
+    for (size_t i = 0; i < nb; i++) {
         cum += counts[i];
-        TRY(put(b, "slotd_step_seconds_bucket{le=\"%s\"} %" PRIu64 "\n", bucket_label[i], cum));
+        TRY(put(b, "%s_bucket{%sle=\"%s\"} %" PRIu64 "\n", name, lab, le[i], cum));
     }
-    cum += counts[NBUCKETS];
-    TRY(put(b, "slotd_step_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", cum));
-    TRY(put(b, "slotd_step_seconds_sum %.9f\n", seconds(sum_ns)));
-    TRY(put(b, "slotd_step_seconds_count %" PRIu64 "\n", cum));
-    return SLOTD_OK;
+    cum += counts[nb];
+    TRY(put(b, "%s_bucket{%sle=\"+Inf\"} %" PRIu64 "\n", name, lab, cum));
+    /* `lab` ends in a comma; the _sum and _count labels do not. */
+    int ll = *lab ? (int)strlen(lab) - 1 : 0;
+    const char *open = *lab ? "{" : "", *close = *lab ? "}" : "";
+    if (scale == 1)
+        TRY(put(b, "%s_sum%s%.*s%s %" PRIu64 "\n", name, open, ll, lab, close, sum));
+    else
+        TRY(put(b, "%s_sum%s%.*s%s %.9f\n", name, open, ll, lab, close, (double)sum / scale));
+    return put(b, "%s_count%s%.*s%s %" PRIu64 "\n", name, open, ll, lab, close, cum);
 }
 
-int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns)
+/* ---- Counting and reading, generated ---- */
+
+#define DEF_COUNTER(stem, labels, arg)                                                             \
+    void metrics_count_##stem##_n(uint64_t n METRICS_LABEL_PARAMC_##labels)                        \
+    {                                                                                              \
+        size_t i_ = INDEX_##labels(label);                                                         \
+        if (i_ < NL_##labels)                                                                      \
+            BUMP(m.stem[i_], n);                                                                   \
+    }                                                                                              \
+    void metrics_count_##stem(METRICS_LABEL_PARAM_##labels)                                        \
+    {                                                                                              \
+        size_t i_ = INDEX_##labels(label);                                                         \
+        if (i_ < NL_##labels)                                                                      \
+            BUMP(m.stem[i_], 1);                                                                   \
+    }                                                                                              \
+    DEF_READERS(stem, labels)
+
+#define DEF_GAUGE(stem, labels, arg)                                                               \
+    void metrics_##stem##_inc(METRICS_LABEL_PARAM_##labels)                                        \
+    {                                                                                              \
+        size_t i_ = INDEX_##labels(label);                                                         \
+        if (i_ < NL_##labels)                                                                      \
+            BUMP(m.stem[i_], 1);                                                                   \
+    }                                                                                              \
+    void metrics_##stem##_dec(METRICS_LABEL_PARAM_##labels)                                        \
+    {                                                                                              \
+        size_t i_ = INDEX_##labels(label);                                                         \
+        if (i_ < NL_##labels)                                                                      \
+            DROP(m.stem[i_], 1);                                                                   \
+    }                                                                                              \
+    void metrics_##stem##_set(uint64_t v METRICS_LABEL_PARAMC_##labels)                            \
+    {                                                                                              \
+        size_t i_ = INDEX_##labels(label);                                                         \
+        if (i_ < NL_##labels)                                                                      \
+            STORE(m.stem[i_], v);                                                                  \
+    }                                                                                              \
+    DEF_READERS(stem, labels)
+
+#define DEF_READERS(stem, labels)                                                                  \
+    uint64_t metrics_##stem##_value(void)                                                          \
+    {                                                                                              \
+        uint64_t n_ = 0;                                                                           \
+        for (size_t i_ = 0; i_ < NL_##labels; i_++)                                                \
+            n_ += LOAD(m.stem[i_]);                                                                \
+        return n_;                                                                                 \
+    }                                                                                              \
+    uint64_t metrics_##stem##_value_at(METRICS_LABEL_PARAM_##labels)                               \
+    {                                                                                              \
+        size_t i_ = INDEX_##labels(label);                                                         \
+        return i_ < NL_##labels ? LOAD(m.stem[i_]) : 0;                                            \
+    }
+
+/* The histogram's readers count observations; the bucket search is the
+ * linear scan of a few dozen bounds, cheaper than the step it times. */
+#define DEF_HISTOGRAM(stem, labels, arg)                                                           \
+    void metrics_observe_##stem(unsigned shard, uint64_t v METRICS_LABEL_PARAMC_##labels)          \
+    {                                                                                              \
+        size_t l_ = INDEX_##labels(label);                                                         \
+        if (l_ >= NL_##labels)                                                                     \
+            return;                                                                                \
+        metrics_shard_t *s_ = &shards[shard % METRICS_SHARDS];                                     \
+        size_t i_ = 0;                                                                             \
+        while (i_ < NB_##arg && v > bounds_##arg[i_])                                              \
+            i_++;                                                                                  \
+        BUMP(s_->stem.buckets[l_][i_], 1);                                                         \
+        BUMP(s_->stem.sum[l_], v);                                                                 \
+    }                                                                                              \
+    static uint64_t stem##_count(size_t l)                                                         \
+    {                                                                                              \
+        uint64_t n_ = 0;                                                                           \
+        for (size_t k_ = 0; k_ < METRICS_SHARDS; k_++)                                             \
+            for (size_t i_ = 0; i_ <= NB_##arg; i_++)                                              \
+                n_ += LOAD(shards[k_].stem.buckets[l][i_]);                                        \
+        return n_;                                                                                 \
+    }                                                                                              \
+    uint64_t metrics_##stem##_value(void)                                                          \
+    {                                                                                              \
+        uint64_t n_ = 0;                                                                           \
+        for (size_t l_ = 0; l_ < NL_##labels; l_++)                                                \
+            n_ += stem##_count(l_);                                                                \
+        return n_;                                                                                 \
+    }                                                                                              \
+    uint64_t metrics_##stem##_value_at(METRICS_LABEL_PARAM_##labels)                               \
+    {                                                                                              \
+        size_t l_ = INDEX_##labels(label);                                                         \
+        return l_ < NL_##labels ? stem##_count(l_) : 0;                                            \
+    }                                                                                              \
+    static int render_##stem(proto_buf_t *b, const char *name)                                     \
+    {                                                                                              \
+        for (size_t l_ = 0; l_ < NL_##labels; l_++) {                                              \
+            uint64_t counts_[NB_##arg + 1] = {0}, sum_ = 0;                                        \
+            for (size_t k_ = 0; k_ < METRICS_SHARDS; k_++) {                                       \
+                for (size_t i_ = 0; i_ <= NB_##arg; i_++)                                          \
+                    counts_[i_] += LOAD(shards[k_].stem.buckets[l_][i_]);                          \
+                sum_ += LOAD(shards[k_].stem.sum[l_]);                                             \
+            }                                                                                      \
+            char lab_[128] = "";                                                                   \
+            if (key_##labels != NULL)                                                              \
+                snprintf(lab_, sizeof(lab_), "%s=\"%s\",", key_##labels, lname_##labels(l_));      \
+            TRY(render_buckets(b, name, lab_, counts_, le_##arg, NB_##arg, sum_, scale_##arg));    \
+        }                                                                                          \
+        return SLOTD_OK;                                                                           \
+    }
+
+#define DEF_STAT_GAUGE(stem, labels, arg)
+#define DEF_STAT_COUNTER(stem, labels, arg)
+#define DEF_DERIVED_GAUGE(stem, labels, arg)
+
+#define XX(kind, stem, labels, arg, name, help) DEF_##kind(stem, labels, arg)
+METRICS_MAP(XX)
+#undef XX
+
+void metrics_init(uint64_t now_ns)
 {
-    uint64_t bytes_free =
-        st->pool_bytes_total > st->pool_bytes_used ? st->pool_bytes_total - st->pool_bytes_used : 0;
-    uint64_t slots_free =
-        st->pool_slots_total > st->pool_slots_used ? st->pool_slots_total - st->pool_slots_used : 0;
+    STORE(m.start_ns, now_ns);
+#define INIT_COUNTER(stem, labels) ZERO(m.stem);
+#define INIT_GAUGE(stem, labels) ZERO(m.stem);
+#define INIT_HISTOGRAM(stem, labels)                                                               \
+    for (size_t k_ = 0; k_ < METRICS_SHARDS; k_++) {                                               \
+        for (size_t l_ = 0; l_ < NL_##labels; l_++)                                                \
+            ZERO(shards[k_].stem.buckets[l_]);                                                     \
+        ZERO(shards[k_].stem.sum);                                                                 \
+    }
+#define INIT_STAT_GAUGE(stem, labels)
+#define INIT_STAT_COUNTER(stem, labels)
+#define INIT_DERIVED_GAUGE(stem, labels)
+#define XX(kind, stem, labels, arg, name, help) INIT_##kind(stem, labels)
+    METRICS_MAP(XX)
+#undef XX
+    for (size_t k = 0; k < METRICS_SHARDS; k++)
+        STORE(shards[k].last_step_ns, 0);
+}
 
-    TRY(simple(out, "slotd_cache_entries", "gauge", "Entries held by all live cache slots.",
-               st->cache_entries));
-    TRY(simple(out, "slotd_live_sessions", "gauge", "Live sessions across all connections.",
-               st->live_sessions));
+void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
+{
+    metrics_observe_step_seconds(shard, duration_ns);
 
-    TRY(family(out, "slotd_pool_bytes", "gauge", "Cache pool bytes by state."));
-    TRY(put(out, "slotd_pool_bytes{state=\"used\"} %" PRIu64 "\n", st->pool_bytes_used));
-    TRY(put(out, "slotd_pool_bytes{state=\"free\"} %" PRIu64 "\n", bytes_free));
-    TRY(family(out, "slotd_pool_slots", "gauge", "Cache pool slots by state."));
-    TRY(put(out, "slotd_pool_slots{state=\"used\"} %" PRIu64 "\n", st->pool_slots_used));
-    TRY(put(out, "slotd_pool_slots{state=\"free\"} %" PRIu64 "\n", slots_free));
+    /* Keep the latest stamp when workers sharing a copy finish out of
+     * order. */
+    metrics_shard_t *s = &shards[shard % METRICS_SHARDS];
+    uint64_t last = LOAD(s->last_step_ns);
+    while (last < now_ns &&
+           !atomic_compare_exchange_weak_explicit(&s->last_step_ns, &last, now_ns,
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+    }
+}
 
-    TRY(simple(out, "slotd_g_calls_total", "counter",
-               "Calls of g by hash models, prefill and stateless ops included.", st->g_calls));
-    TRY(simple(out, "slotd_attention_rows_total", "counter",
-               "Attention rows computed by attn models, prefill and stateless ops included.",
-               st->rows));
-    TRY(simple(out, "slotd_connections", "gauge", "Open session port connections.",
-               st->connections));
-    TRY(simple(out, "slotd_connections_refused_total", "counter",
-               "Connections turned away with too_many_connections (--max-connections).",
-               LOAD(m.refused)));
-    TRY(simple(out, "slotd_accept_errors_total", "counter",
-               "Failed accepts on the session port: no file descriptor (or memory) left.",
-               LOAD(m.accept_errors)));
-    TRY(family(out, "slotd_connections_closed_total", "counter",
-               "Session connections closed by the daemon, by reason."));
-    TRY(put(out, "slotd_connections_closed_total{reason=\"timeout\"} %" PRIu64 "\n",
-            LOAD(m.conn_timeouts)));
-    TRY(simple(out, "slotd_auth_failures_total", "counter",
-               "Wrong tokens presented: auth ops on the session port, Bearer tokens on the "
-               "admin port.",
-               LOAD(m.auth_failures)));
-    TRY(simple(out, "slotd_socket_reads_total", "counter",
-               "Reads that took request bytes from session connections.", LOAD(m.socket_reads)));
-    TRY(simple(out, "slotd_socket_writes_total", "counter",
-               "Writes of replies begun on session connections (one write attempt each; what "
-               "a full socket does not take is written later and not counted again).",
-               LOAD(m.socket_writes)));
+uint64_t metrics_last_step_ns(void)
+{
+    uint64_t last = 0;
+    for (size_t k = 0; k < METRICS_SHARDS; k++) {
+        uint64_t t = LOAD(shards[k].last_step_ns);
+        if (t > last)
+            last = t;
+    }
+    return last;
+}
 
-    TRY(render_requests(out));
-    TRY(render_errors(out));
+#define RENDER_COUNTER(stem, labels, arg, name)                                                    \
+    render_values(b, name, m.stem, NL_##labels, key_##labels, lname_##labels)
+#define RENDER_GAUGE RENDER_COUNTER
+#define RENDER_HISTOGRAM(stem, labels, arg, name) render_##stem(b, name)
+#define RENDER_STAT_GAUGE(stem, labels, arg, name)                                                 \
+    put(b, "%s %" PRIu64 "\n", name, (uint64_t)st->arg)
+#define RENDER_STAT_COUNTER RENDER_STAT_GAUGE
+#define RENDER_DERIVED_GAUGE(stem, labels, arg, name) arg(b, name, st, now_ns)
 
-    TRY(family(out, "slotd_sessions_released_total", "counter", "Sessions released, by reason."));
-    for (size_t i = 0; i < METRICS_RELEASE__COUNT; i++)
-        TRY(put(out, "slotd_sessions_released_total{reason=\"%s\"} %" PRIu64 "\n", release_name[i],
-                LOAD(m.released[i])));
+#define TYPE_COUNTER "counter"
+#define TYPE_GAUGE "gauge"
+#define TYPE_HISTOGRAM "histogram"
+#define TYPE_STAT_GAUGE "gauge"
+#define TYPE_STAT_COUNTER "counter"
+#define TYPE_DERIVED_GAUGE "gauge"
 
-    TRY(simple(out, "slotd_cache_divergence_total", "counter",
-               "Cached decodes found to diverge from the uncached result.", LOAD(m.divergence)));
-    TRY(simple(out, "slotd_cache_audits_total", "counter",
-               "Step requests recomputed without the cache and compared (--audit-rate).",
-               LOAD(m.audits)));
-    TRY(simple(out, "slotd_step_batches_total", "counter",
-               "Batches of two or more single steps of one model run as one (--max-batch).",
-               LOAD(m.batches)));
-    TRY(simple(out, "slotd_batched_steps_total", "counter",
-               "Steps that ran in such batches.", LOAD(m.batched_steps)));
+/* The DERIVED_GAUGE renderers: the samples of family `name`. */
 
-    TRY(render_histogram(out));
-    TRY(simple(out, "slotd_steps_in_flight", "gauge",
-               "Step requests handed to the workers and not back yet: queued or running.",
-               LOAD(m.steps_out)));
+/* A family by state: used, and free as total - used (0 when figures read
+ * at different instants give more used than total). */
+static int used_and_free(proto_buf_t *b, const char *name, uint64_t used, uint64_t total)
+{
+    TRY(put(b, "%s{state=\"used\"} %" PRIu64 "\n", name, used));
+    return put(b, "%s{state=\"free\"} %" PRIu64 "\n", name, total > used ? total - used : 0);
+}
 
-    /* Before the first completed step there is no age to report: the family
-     * is announced but has no sample, so an alert on it stays quiet on an
-     * idle daemon, and absent() tells "never stepped" apart. */
-    TRY(family(out, "slotd_last_step_age_seconds", "gauge",
-               "Seconds since the last completed step; no sample before the first step."));
+static int render_pool_bytes(proto_buf_t *b, const char *name, const proto_stats_t *st,
+                             uint64_t now_ns)
+{
+    (void)now_ns;
+    return used_and_free(b, name, st->pool_bytes_used, st->pool_bytes_total);
+}
+
+static int render_pool_slots(proto_buf_t *b, const char *name, const proto_stats_t *st,
+                             uint64_t now_ns)
+{
+    (void)now_ns;
+    return used_and_free(b, name, st->pool_slots_used, st->pool_slots_total);
+}
+
+/* Before the first completed step there is no age to report: the family is
+ * announced but has no sample, so an alert on it stays quiet on an idle
+ * daemon, and absent() tells "never stepped" apart. */
+static int render_last_step_age(proto_buf_t *b, const char *name, const proto_stats_t *st,
+                                uint64_t now_ns)
+{
+    (void)st;
     uint64_t last = metrics_last_step_ns();
-    if (last != 0)
-        TRY(put(out, "slotd_last_step_age_seconds %.9f\n",
-                seconds(now_ns > last ? now_ns - last : 0)));
+    if (last == 0)
+        return SLOTD_OK;
+    return put(b, "%s %.9f\n", name, seconds(now_ns > last ? now_ns - last : 0));
+}
 
+static int render_uptime(proto_buf_t *b, const char *name, const proto_stats_t *st, uint64_t now_ns)
+{
+    (void)st;
     uint64_t start = LOAD(m.start_ns);
-    TRY(family(out, "slotd_uptime_seconds", "gauge", "Seconds since the daemon started."));
-    TRY(put(out, "slotd_uptime_seconds %.9f\n", seconds(now_ns > start ? now_ns - start : 0)));
-    TRY(simple(out, "slotd_threads", "gauge", "Worker threads.", st->threads));
-    return procstat_render(out, process_figures);
+    return put(b, "%s %.9f\n", name, seconds(now_ns > start ? now_ns - start : 0));
+}
+
+int metrics_render(proto_buf_t *b, const proto_stats_t *st, uint64_t now_ns)
+{
+#define XX(kind, stem, labels, arg, name, help)                                                    \
+    TRY(put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, TYPE_##kind));                    \
+    TRY(RENDER_##kind(stem, labels, arg, name));
+    METRICS_MAP(XX)
+#undef XX
+    return procstat_render(b, process_figures);
 }
 
 void metrics_process_figures(bool on)

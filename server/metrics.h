@@ -1,16 +1,33 @@
 /*
- * metrics.h: the daemon's counters, its step latency histogram, and their
- * Prometheus text rendering.
+ * metrics.h: the daemon's metrics as one list, METRICS_MAP, from which
+ * metrics.c generates the storage, the counting and reading functions and
+ * the Prometheus text rendering (format 0.0.4), in list order.
  *
- * DESIGN.  One process-wide set of counters, all C11 atomics with relaxed
- * ordering: the loop thread counts requests, errors, releases, refused
- * connections, failed accepts, connections closed for their timeout and
- * the steps out with the workers;
- * worker threads record step latencies, the time of their last completed
- * step, audits, divergences and batches.
- * Readers (the stats op, the admin port) read them on the loop thread
- * without a lock; a reading may mix counts from either side of a concurrent
- * update, never a torn value.
+ * ADDING A METRIC.  Add one line to METRICS_MAP below and call the function
+ * the line generates where the event happens.  A line is
+ * XX(kind, stem, labels, arg, "name", "help") and generates, for `stem`:
+ *   COUNTER    metrics_count_<stem>(label), metrics_count_<stem>_n(n, label),
+ *              metrics_<stem>_value() (the sum over labels) and
+ *              metrics_<stem>_value_at(label);
+ *   GAUGE      metrics_<stem>_inc(label), metrics_<stem>_dec(label),
+ *              metrics_<stem>_set(v, label) and the two readers;
+ *   HISTOGRAM  metrics_observe_<stem>(shard, v, label) into the bucket set
+ *              `arg` (metrics.c: METRICS_BUCKET_SETS) and the two readers
+ *              (counts of observations); `shard` picks a per-thread copy;
+ *   STAT_GAUGE, STAT_COUNTER  rendered from the proto_stats_t field `arg`;
+ *   DERIVED_GAUGE  rendered by the function `arg` in metrics.c.
+ * `labels` is NONE (the functions then take no label) or a label set of
+ * METRICS_LABEL_SETS in metrics.c (op, code, release, close); a new set is
+ * one line there plus its two METRICS_LABEL_PARAM macros here.
+ *
+ * DESIGN.  Counters and gauges are C11 atomics updated and read with
+ * relaxed ordering, no lock; histograms are kept in METRICS_SHARDS copies
+ * on cache lines of their own and readers add the copies up (see
+ * docs/design.md, "Metrics").  The loop thread counts requests, errors,
+ * releases, connections and steps out; workers observe step latencies and
+ * count audits, divergences and batches.  Readers run on the loop thread;
+ * a reading may mix counts from either side of a concurrent update, never
+ * a torn value.
  */
 #ifndef SLOTD_SERVER_METRICS_H
 #define SLOTD_SERVER_METRICS_H
@@ -28,69 +45,167 @@ typedef enum metrics_release {
     METRICS_RELEASE__COUNT
 } metrics_release_t;
 
-/** Resets every counter; `now_ns` is the monotonic start time.  Call once at
+typedef enum metrics_close {
+    METRICS_CLOSE_TIMEOUT = 0, /* --conn-timeout */
+    METRICS_CLOSE__COUNT
+} metrics_close_t;
+
+/* The label argument of each label set's functions: _PARAM alone, _PARAMC
+ * after other parameters. */
+#define METRICS_LABEL_PARAM_NONE void
+#define METRICS_LABEL_PARAMC_NONE
+#define METRICS_LABEL_PARAM_op proto_op_t label /* PROTO_OP_NONE: op="invalid" */
+#define METRICS_LABEL_PARAMC_op , proto_op_t label
+#define METRICS_LABEL_PARAM_code int label /* a SLOTD_E* code (core/error.h) */
+#define METRICS_LABEL_PARAMC_code , int label
+#define METRICS_LABEL_PARAM_release metrics_release_t label
+#define METRICS_LABEL_PARAMC_release , metrics_release_t label
+#define METRICS_LABEL_PARAM_close metrics_close_t label
+#define METRICS_LABEL_PARAMC_close , metrics_close_t label
+
+/* Every metric, in rendering order.  Names, types, help texts and labels
+ * are part of the operator contract (docs/operations.md, deploy/ alerts). */
+#define METRICS_MAP(XX)                                                                            \
+    XX(STAT_GAUGE, cache_entries, NONE, cache_entries, "slotd_cache_entries",                      \
+       "Entries held by all live cache slots.")                                                    \
+    XX(STAT_GAUGE, live_sessions, NONE, live_sessions, "slotd_live_sessions",                      \
+       "Live sessions across all connections.")                                                    \
+    XX(DERIVED_GAUGE, pool_bytes, NONE, render_pool_bytes, "slotd_pool_bytes",                     \
+       "Cache pool bytes by state.")                                                               \
+    XX(DERIVED_GAUGE, pool_slots, NONE, render_pool_slots, "slotd_pool_slots",                     \
+       "Cache pool slots by state.")                                                               \
+    XX(STAT_COUNTER, g_calls, NONE, g_calls, "slotd_g_calls_total",                                \
+       "Calls of g by hash models, prefill and stateless ops included.")                           \
+    XX(STAT_COUNTER, rows, NONE, rows, "slotd_attention_rows_total",                               \
+       "Attention rows computed by attn models, prefill and stateless ops included.")              \
+    XX(STAT_GAUGE, connections, NONE, connections, "slotd_connections",                            \
+       "Open session port connections.")                                                           \
+    XX(COUNTER, refused, NONE, _, "slotd_connections_refused_total",                               \
+       "Connections turned away with too_many_connections (--max-connections).")                   \
+    XX(COUNTER, accept_error, NONE, _, "slotd_accept_errors_total",                                \
+       "Failed accepts on the session port: no file descriptor (or memory) left.")                 \
+    XX(COUNTER, conn_closed, close, _, "slotd_connections_closed_total",                           \
+       "Session connections closed by the daemon, by reason.")                                     \
+    XX(COUNTER, auth_failure, NONE, _, "slotd_auth_failures_total",                                \
+       "Wrong tokens presented: auth ops on the session port, Bearer tokens on the admin port.")   \
+    XX(COUNTER, socket_read, NONE, _, "slotd_socket_reads_total",                                  \
+       "Reads that took request bytes from session connections.")                                  \
+    XX(COUNTER, socket_write, NONE, _, "slotd_socket_writes_total",                                \
+       "Writes of replies begun on session connections (one write attempt each; what a full "      \
+       "socket does not take is written later and not counted again).")                            \
+    XX(COUNTER, request, op, _, "slotd_requests_total",                                            \
+       "Request lines by op; op=\"invalid\" counts lines with no valid op.")                       \
+    XX(COUNTER, error, code, _, "slotd_errors_total", "Error replies sent, by wire error code.")   \
+    XX(COUNTER, release, release, _, "slotd_sessions_released_total",                              \
+       "Sessions released, by reason.")                                                            \
+    XX(COUNTER, divergence, NONE, _, "slotd_cache_divergence_total",                               \
+       "Cached decodes found to diverge from the uncached result.")                                \
+    XX(COUNTER, audit, NONE, _, "slotd_cache_audits_total",                                        \
+       "Step requests recomputed without the cache and compared (--audit-rate).")                  \
+    XX(COUNTER, step_batch, NONE, _, "slotd_step_batches_total",                                   \
+       "Batches of two or more single steps of one model run as one (--max-batch).")               \
+    XX(COUNTER, batched_step, NONE, _, "slotd_batched_steps_total",                                \
+       "Steps that ran in such batches.")                                                          \
+    XX(HISTOGRAM, step_seconds, NONE, seconds, "slotd_step_seconds",                               \
+       "Latency of step requests (one observation per request, whatever its n).")                  \
+    XX(GAUGE, steps_in_flight, NONE, _, "slotd_steps_in_flight",                                   \
+       "Step requests handed to the workers and not back yet: queued or running.")                 \
+    XX(DERIVED_GAUGE, last_step_age, NONE, render_last_step_age, "slotd_last_step_age_seconds",    \
+       "Seconds since the last completed step; no sample before the first step.")                  \
+    XX(DERIVED_GAUGE, uptime, NONE, render_uptime, "slotd_uptime_seconds",                         \
+       "Seconds since the daemon started.")                                                        \
+    XX(STAT_GAUGE, threads, NONE, threads, "slotd_threads", "Worker threads.")
+
+/* The declarations each kind generates (see ADDING A METRIC).  Any thread
+ * may count; the readers are for the loop thread and tests. */
+#define METRICS__DECL_COUNTER(stem, labels)                                                        \
+    void metrics_count_##stem(METRICS_LABEL_PARAM_##labels);                                       \
+    void metrics_count_##stem##_n(uint64_t n METRICS_LABEL_PARAMC_##labels);                       \
+    uint64_t metrics_##stem##_value(void);                                                         \
+    uint64_t metrics_##stem##_value_at(METRICS_LABEL_PARAM_##labels);
+#define METRICS__DECL_GAUGE(stem, labels)                                                          \
+    void metrics_##stem##_inc(METRICS_LABEL_PARAM_##labels);                                       \
+    void metrics_##stem##_dec(METRICS_LABEL_PARAM_##labels);                                       \
+    void metrics_##stem##_set(uint64_t v METRICS_LABEL_PARAMC_##labels);                           \
+    uint64_t metrics_##stem##_value(void);                                                         \
+    uint64_t metrics_##stem##_value_at(METRICS_LABEL_PARAM_##labels);
+#define METRICS__DECL_HISTOGRAM(stem, labels)                                                      \
+    void metrics_observe_##stem(unsigned shard, uint64_t v METRICS_LABEL_PARAMC_##labels);         \
+    uint64_t metrics_##stem##_value(void);                                                         \
+    uint64_t metrics_##stem##_value_at(METRICS_LABEL_PARAM_##labels);
+#define METRICS__DECL_STAT_GAUGE(stem, labels)
+#define METRICS__DECL_STAT_COUNTER(stem, labels)
+#define METRICS__DECL_DERIVED_GAUGE(stem, labels)
+
+#define XX(kind, stem, labels, arg, name, help) METRICS__DECL_##kind(stem, labels)
+METRICS_MAP(XX)
+#undef XX
+
+/** Resets every metric; `now_ns` is the monotonic start time.  Call once at
  * start-up, before any thread runs. */
 void metrics_init(uint64_t now_ns);
 
-void metrics_count_request(proto_op_t op);
-/** Counts one error reply with wire code of `code` (see core/error.h). */
-void metrics_count_error(int code);
-void metrics_count_release(metrics_release_t why);
-void metrics_count_divergence(void);
-/** Counts one step request recomputed by the cache audit.  Any thread. */
-void metrics_count_audit(void);
+/** Records one model request's latency (a step request, whatever its n)
+ * in slotd_step_seconds and stamps `now_ns` as the time of the last
+ * completed step.  Any thread; `shard` picks the copy of the histogram it
+ * goes to (any number does): give each thread its own, such as its worker
+ * number, and threads do not share the histogram's cache lines. */
+void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns);
+
+/** Monotonic ns of the last completed step; 0 if none yet. */
+uint64_t metrics_last_step_ns(void);
+
+/* Names the callers have always used, over the generated functions. */
+
 /** Counts one batch of `steps` (>= 2) steps run as one.  Any thread. */
-void metrics_count_batch(uint64_t steps);
-/** Counts one connection turned away with too_many_connections. */
-void metrics_count_refused(void);
-/** Counts one failed accept on the session port (no descriptor or no
- * memory left). */
-void metrics_count_accept_error(void);
+static inline void metrics_count_batch(uint64_t steps)
+{
+    metrics_count_step_batch();
+    metrics_count_batched_step_n(steps);
+}
+
 /** Counts one connection closed for --conn-timeout. */
-void metrics_count_conn_timeout(void);
-/** Counts one wrong token presented, on either port. */
-void metrics_count_auth_failure(void);
-uint64_t metrics_auth_failures_total(void);
-/** Counts one read that took bytes from a session connection. */
-void metrics_count_socket_read(void);
-/** Counts one write of replies begun on a session connection. */
-void metrics_count_socket_write(void);
+static inline void metrics_count_conn_timeout(void)
+{
+    metrics_count_conn_closed(METRICS_CLOSE_TIMEOUT);
+}
 
 /** Counts one step request handed to the workers, and one back from them
  * (run, or taken back unrun by a drain): their difference is the gauge
  * slotd_steps_in_flight.  Loop thread. */
-void metrics_step_out(void);
-void metrics_step_back(void);
+static inline void metrics_step_out(void)
+{
+    metrics_steps_in_flight_inc();
+}
 
-/** Records one model request's latency (a step request, whatever its n)
- * and stamps `now_ns` as the time of the last completed step.  Any thread;
- * `shard` picks the copy of the histogram it goes to (any number does):
- * give each thread its own, such as its worker number, and threads do not
- * share the histogram's cache lines. */
-void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns);
+static inline void metrics_step_back(void)
+{
+    metrics_steps_in_flight_dec();
+}
 
-uint64_t metrics_requests_total(void);
-uint64_t metrics_errors_total(void);
-uint64_t metrics_released(metrics_release_t why);
-uint64_t metrics_divergence_total(void);
-uint64_t metrics_audits_total(void);
-uint64_t metrics_batches_total(void);
-uint64_t metrics_batched_steps_total(void);
-uint64_t metrics_refused_total(void);
-uint64_t metrics_accept_errors_total(void);
-uint64_t metrics_conn_timeouts_total(void);
-uint64_t metrics_socket_reads_total(void);
-uint64_t metrics_socket_writes_total(void);
-/** Monotonic ns of the last completed step; 0 if none yet. */
-uint64_t metrics_last_step_ns(void);
+static inline uint64_t metrics_requests_total(void)
+{
+    return metrics_request_value();
+}
+
+static inline uint64_t metrics_errors_total(void)
+{
+    return metrics_error_value();
+}
+
+static inline uint64_t metrics_released(metrics_release_t why)
+{
+    return metrics_release_value_at(why);
+}
 
 /** Whether metrics_render() appends the process_* families (procstat.h),
  * which change from one rendering to the next; on unless a test that
  * compares renderings turns it off.  Call before any thread renders. */
 void metrics_process_figures(bool on);
 
-/** Appends the Prometheus text exposition (format 0.0.4) of `st` and of
- * every counter and the histogram.  `now_ns` is the monotonic time now. */
+/** Appends the Prometheus text exposition (format 0.0.4) of every metric
+ * in METRICS_MAP, the figures of `st` included, then the process_*
+ * families.  `now_ns` is the monotonic time now. */
 int metrics_render(proto_buf_t *out, const proto_stats_t *st, uint64_t now_ns);
 
 #endif

@@ -2,17 +2,18 @@
  * server.c: the daemon's life, from start-up to the end of a drain.  It
  * owns the loop and every handle that is not a connection's (listener,
  * signals, timers, the end-of-turn check, the admin port), the models, the
- * slot pool and the worker pool; and the free lists of request and session
- * records, this turn's batch of jobs and of connections to write, and the
- * idle list of sessions.  With --audit-rate above 0 it also owns the audit
+ * slot pool and the worker pool; and this turn's batch of jobs and of
+ * connections to write.  With --audit-rate above 0 it also owns the audit
  * (audit.h), created with the workers and freed after they are joined.
+ * It sits on top of the other files of server/: it calls them, they reach
+ * it only through conn_hooks_t.freed (docs/design.md, "server/ layout").
  *
  * DESIGN.  Everything here runs on the loop thread, so nothing here takes
  * a lock; the workers see only the request records submitted to them (see
  * job.c) and the immutable pointers of this struct (`pool`).  One
  * uv_check_t at the end of every loop turn starts the turn's writes and
- * submits its jobs in one batch.  Idle sessions, quiet connections and
- * lingering ones wait on deadline-ordered lists with one timer each.  The
+ * submits its jobs in one batch.  The trim timer sheds the free lists of
+ * records (req.c, session.c) that sat unused for a period.  The
  * session port is accepted by hand, with a reserve descriptor for running
  * out.  SIGTERM or SIGINT starts a drain; test builds
  * (SLOTD_FAULT_INJECTION) add a SIGUSR1 handle that releases a worker
@@ -36,29 +37,20 @@
 
 #include <malloc.h>
 
+#include "admin.h"
+#include "conn_int.h"
+#include "dispatch_int.h"
+#include "inspect_int.h"
+#include "job_int.h"
 #include "log.h"
-#include "server_int.h"
-
-/* Records kept for reuse at most; beyond, they go back to malloc. */
-#define MAX_FREE_REQS 16384
-#define MAX_FREE_SESSIONS 16384
-/* A record's reply buffer larger than this is not kept for reuse, nor any
- * once the kept buffers add up to MAX_KEPT_REPLIES: the free list holds at
- * most 16 MiB of reply buffers, whatever replies were once written. */
-#define MAX_KEPT_REPLY (64u << 10)
-#define MAX_KEPT_REPLIES ((size_t)16 << 20)
+#include "req_int.h"
+#include "session_int.h"
 
 /* Accepting: connections taken per wake-up at most (the socket is polled
  * level-triggered: the rest come on the next turn); the least time between
  * two warnings about failed accepts; the pause when no descriptor is left
  * even to turn a connection away. */
 #define ACCEPT_BATCH 64
-/* A request record's alignment, a cache line, and its size rounded up
- * to it for aligned_alloc(). */
-#define SERVER_REQ_ALIGN 64
-#define SERVER_REQ_BYTES                                                                           \
-    ((sizeof(req_t) + SERVER_REQ_ALIGN - 1) / SERVER_REQ_ALIGN * SERVER_REQ_ALIGN)
-
 #define ACCEPT_WARN_MS 10000
 #define ACCEPT_PAUSE_MS 100
 
@@ -68,147 +60,13 @@
 #define TRIM_MS 1000
 #define TRIM_KEEP_BYTES ((uint64_t)4 << 20)
 
-/* ---- Free lists ---- */
-
-req_t *server_req_get(server_t *s)
-{
-    req_t *r = s->free_reqs;
-
-    if (r != NULL) {
-        s->free_reqs = r->order_next;
-        s->nfree_reqs--;
-        s->free_reply_bytes -= r->reply.cap;
-        if (s->nfree_reqs < s->low_free_reqs)
-            s->low_free_reqs = s->nfree_reqs;
-    } else {
-        /* Line-aligned, so that the job (and its hints) is the one line a
-         * worker reads under the queue's lock (worker.c, Prefetching). */
-        r = aligned_alloc(SERVER_REQ_ALIGN, SERVER_REQ_BYTES);
-        if (r == NULL)
-            return NULL;
-        memset(r, 0, sizeof(*r));
-        proto_request_init(&r->rq);
-        proto_buf_init(&r->reply);
-    }
-    r->order_next = NULL;
-    return r;
-}
-
-_Static_assert(offsetof(req_t, job) == 0 && offsetof(worker_job_t, flow) <= SERVER_REQ_ALIGN,
-               "what a worker reads of a request's job under the lock is its first line");
-
-/* server_req_put() clears a record around its request. */
-_Static_assert(offsetof(req_t, rq) < offsetof(req_t, model) &&
-                   offsetof(req_t, model) < offsetof(req_t, reply) &&
-                   offsetof(req_t, reply) < offsetof(req_t, canceled),
-               "req_t: rq, then model .. rc, then reply, then canceled");
-
-void server_req_put(server_t *s, req_t *r)
-{
-    proto_buf_t reply = r->reply;
-
-    proto_request_free(&r->rq); /* which leaves it as proto_request_init() does */
-    if (s->nfree_reqs >= MAX_FREE_REQS) {
-        proto_buf_free(&reply);
-        free(r);
-        return;
-    }
-    if (reply.cap > MAX_KEPT_REPLY || s->free_reply_bytes + reply.cap > MAX_KEPT_REPLIES) {
-        proto_buf_free(&reply);
-        proto_buf_init(&reply);
-    }
-    s->free_reply_bytes += reply.cap;
-    reply.len = 0;
-    /* Zero what comes before and after the request, which is clean
-     * already: a record is taken and given back for every line, and the
-     * request is most of it. */
-    memset(r, 0, offsetof(req_t, rq));
-    memset((char *)r + offsetof(req_t, model), 0, offsetof(req_t, reply) - offsetof(req_t, model));
-    r->reply = reply;
-    atomic_store_explicit(&r->canceled, false, memory_order_relaxed);
-    atomic_store_explicit(&r->started, false, memory_order_relaxed);
-    r->order_next = s->free_reqs;
-    s->free_reqs = r;
-    s->nfree_reqs++;
-}
-
-session_t *server_session_get(server_t *s)
-{
-    session_t *sess = s->free_sessions;
-
-    if (sess == NULL)
-        return calloc(1, sizeof(*sess));
-    s->free_sessions = sess->next;
-    s->nfree_sessions--;
-    if (s->nfree_sessions < s->low_free_sessions)
-        s->low_free_sessions = s->nfree_sessions;
-    memset(sess, 0, sizeof(*sess));
-    return sess;
-}
-
-void server_session_put(server_t *s, session_t *sess)
-{
-    audit_tokens_free(&sess->toks); /* released with its slot already, but never leaked */
-    if (s->nfree_sessions >= MAX_FREE_SESSIONS) {
-        free(sess);
-        return;
-    }
-    sess->next = s->free_sessions;
-    s->free_sessions = sess;
-    s->nfree_sessions++;
-}
-
-/* Frees `nreqs` records of the request free list and `nsessions` of the
- * session one (at most what they hold). */
-static void free_lists_shed(server_t *s, size_t nreqs, size_t nsessions)
-{
-    for (; nreqs > 0 && s->free_reqs != NULL; nreqs--) {
-        req_t *r = s->free_reqs;
-        s->free_reqs = r->order_next;
-        s->nfree_reqs--;
-        s->free_reply_bytes -= r->reply.cap;
-        proto_buf_free(&r->reply);
-        free(r);
-    }
-    for (; nsessions > 0 && s->free_sessions != NULL; nsessions--) {
-        session_t *sess = s->free_sessions;
-        s->free_sessions = sess->next;
-        s->nfree_sessions--;
-        free(sess);
-    }
-    s->low_free_reqs = s->nfree_reqs;
-    s->low_free_sessions = s->nfree_sessions;
-}
-
-static void free_lists_clear(server_t *s)
-{
-    free_lists_shed(s, SIZE_MAX, SIZE_MAX);
-}
-
 /* ---- The end of a loop turn ---- */
 
-void server_submit(server_t *s, req_t *r)
-{
-    if (r->rq.op == PROTO_OP_STEP)
-        metrics_step_out();
-    worker_batch_push(&s->batch, &r->job);
-}
-
-/* A job is back from the workers, run or not. */
 static void server_job_back(req_t *r)
 {
     if (r->rq.op == PROTO_OP_STEP)
         metrics_step_back();
-    conn_job_done(r);
-}
-
-void server_mark_dirty(server_t *s, conn_t *c)
-{
-    if (c->dirty)
-        return;
-    c->dirty = true;
-    c->dirty_next = s->dirty;
-    s->dirty = c;
+    dispatch__job_done(r);
 }
 
 /* Only makes a loop turn: flush_check_cb() ends it. */
@@ -227,7 +85,7 @@ static void flush_check_cb(uv_check_t *h)
      * Output held back stays on the list for a later turn. */
     while ((c = s->dirty) != NULL) {
         s->dirty = c->dirty_next;
-        if (conn_hold_output(c, &now)) {
+        if (conn__hold_output(c, &now)) {
             c->dirty_next = held;
             held = c;
             if (c->held_since < first)
@@ -235,7 +93,7 @@ static void flush_check_cb(uv_check_t *h)
             continue;
         }
         c->dirty = false;
-        conn_write(c);
+        conn__write(c);
     }
     s->dirty = held;
     if (held != NULL && !uv_is_active((uv_handle_t *)&s->hold_timer)) {
@@ -259,200 +117,9 @@ static void job_done_cb(worker_job_t *job, void *arg)
     server_job_back(container_of(job, req_t, job));
 }
 
-/* ---- Idle sessions ---- */
-
-static void idle_timer_cb(uv_timer_t *h);
-
-static void idle_timer_arm(server_t *s)
-{
-    uint64_t timeout = (uint64_t)s->cfg->idle_timeout * 1000;
-    uint64_t now = uv_now(&s->loop);
-    uint64_t due;
-
-    if (s->lru_head == NULL)
-        return;
-    due = s->lru_head->idle_since + timeout;
-    uv_timer_start(&s->idle_timer, idle_timer_cb, due > now ? due - now : 0, 0);
-}
-
-void server_lru_add(server_t *s, session_t *sess)
-{
-    assert(!sess->in_lru);
-    sess->idle_since = uv_now(&s->loop);
-    sess->in_lru = true;
-    sess->lru_next = NULL;
-    sess->lru_prev = s->lru_tail;
-    if (s->lru_tail != NULL)
-        s->lru_tail->lru_next = sess;
-    else
-        s->lru_head = sess;
-    s->lru_tail = sess;
-    if (!uv_is_active((uv_handle_t *)&s->idle_timer))
-        idle_timer_arm(s);
-}
-
-void server_lru_remove(server_t *s, session_t *sess)
-{
-    assert(sess->in_lru);
-    if (sess->lru_prev != NULL)
-        sess->lru_prev->lru_next = sess->lru_next;
-    else
-        s->lru_head = sess->lru_next;
-    if (sess->lru_next != NULL)
-        sess->lru_next->lru_prev = sess->lru_prev;
-    else
-        s->lru_tail = sess->lru_prev;
-    sess->lru_prev = sess->lru_next = NULL;
-    sess->in_lru = false;
-}
-
-static void idle_timer_cb(uv_timer_t *h)
-{
-    server_t *s = container_of(h, server_t, idle_timer);
-    uint64_t timeout = (uint64_t)s->cfg->idle_timeout * 1000;
-    uint64_t now = uv_now(&s->loop);
-
-    while (s->lru_head != NULL && s->lru_head->idle_since + timeout <= now)
-        conn_expire_session(s->lru_head);
-    idle_timer_arm(s);
-}
-
-/* ---- Quiet and lingering connections ---- */
-
-static conn_list_t *wait_list(server_t *s, conn_wait_t which)
-{
-    return which == CONN_WAIT_QUIET ? &s->quiet : &s->linger;
-}
-
-static uv_timer_t *wait_timer(server_t *s, conn_wait_t which)
-{
-    return which == CONN_WAIT_QUIET ? &s->quiet_timer : &s->linger_timer;
-}
-
-static void quiet_timer_cb(uv_timer_t *h);
-static void linger_timer_cb(uv_timer_t *h);
-
-/* Sets the list's timer for its first deadline, or stops it. */
-static void wait_arm(server_t *s, conn_wait_t which)
-{
-    conn_list_t *l = wait_list(s, which);
-    uv_timer_t *t = wait_timer(s, which);
-    uint64_t now = uv_now(&s->loop);
-
-    if (l->head == NULL) {
-        uv_timer_stop(t);
-        return;
-    }
-    uv_timer_start(t, which == CONN_WAIT_QUIET ? quiet_timer_cb : linger_timer_cb,
-                   l->head->wait_until > now ? l->head->wait_until - now : 0, 0);
-}
-
-void server_wait_add(server_t *s, conn_t *c, conn_wait_t which, uint64_t until)
-{
-    conn_list_t *l = wait_list(s, which);
-
-    server_wait_remove(s, c);
-    assert(l->tail == NULL || l->tail->wait_until <= until);
-    c->wait = which;
-    c->wait_until = until;
-    c->wait_next = NULL;
-    c->wait_prev = l->tail;
-    if (l->tail != NULL)
-        l->tail->wait_next = c;
-    else
-        l->head = c;
-    l->tail = c;
-    if (l->head == c)
-        wait_arm(s, which);
-}
-
-void server_wait_remove(server_t *s, conn_t *c)
-{
-    conn_list_t *l;
-
-    if (c->wait == CONN_WAIT_NONE)
-        return;
-    l = wait_list(s, c->wait);
-    if (c->wait_prev != NULL)
-        c->wait_prev->wait_next = c->wait_next;
-    else
-        l->head = c->wait_next;
-    if (c->wait_next != NULL)
-        c->wait_next->wait_prev = c->wait_prev;
-    else
-        l->tail = c->wait_prev;
-    c->wait_prev = c->wait_next = NULL;
-    c->wait = CONN_WAIT_NONE;
-    /* The timer stays set for the old head: it rearms when it fires. */
-}
-
-/* Ends the wait of every connection on the list whose deadline passed. */
-static void wait_expire(server_t *s, conn_wait_t which)
-{
-    conn_list_t *l = wait_list(s, which);
-    uint64_t now = uv_now(&s->loop);
-    conn_t *c;
-
-    while ((c = l->head) != NULL && c->wait_until <= now) {
-        server_wait_remove(s, c);
-        if (which == CONN_WAIT_QUIET)
-            conn_expire_quiet(c);
-        else
-            conn_linger_end(c);
-    }
-    wait_arm(s, which);
-}
-
-static void quiet_timer_cb(uv_timer_t *h)
-{
-    wait_expire(container_of(h, server_t, quiet_timer), CONN_WAIT_QUIET);
-}
-
-static void linger_timer_cb(uv_timer_t *h)
-{
-    wait_expire(container_of(h, server_t, linger_timer), CONN_WAIT_LINGER);
-}
-
-/* ---- Figures for the stats op and the admin port ---- */
-
-const model_t *server_model(const server_t *s, const char *name)
-{
-    for (size_t i = 0; i < s->nmodels; i++)
-        if (strcmp(model_name(s->models[i]), name) == 0)
-            return s->models[i];
-    return NULL;
-}
-
-void server_stats(server_t *s, proto_stats_t *st)
-{
-    cache_pool_stats_t ps;
-
-    memset(st, 0, sizeof(*st));
-    cache_pool_stats(s->pool, &ps);
-    for (size_t i = 0; i < s->nmodels; i++) {
-        st->g_calls += model_g_calls(s->models[i]);
-        st->rows += model_rows(s->models[i]);
-    }
-    st->cache_entries = ps.entries;
-    st->live_sessions = s->live_sessions;
-    st->connections = s->nconns;
-    st->requests_total = metrics_requests_total();
-    st->errors_total = metrics_errors_total();
-    st->pool_bytes_total = ps.bytes_capacity;
-    st->pool_bytes_used = ps.bytes_used;
-    st->pool_slots_total = ps.max_slots;
-    st->pool_slots_used = ps.live_slots;
-    st->released_finish = metrics_released(METRICS_RELEASE_FINISH);
-    st->released_disconnect = metrics_released(METRICS_RELEASE_DISCONNECT);
-    st->released_idle = metrics_released(METRICS_RELEASE_IDLE);
-    st->released_shutdown = metrics_released(METRICS_RELEASE_SHUTDOWN);
-    st->uptime_seconds = (uv_hrtime() - s->start_ns) / 1000000000u;
-    st->threads = s->cfg->threads;
-}
-
 static void admin_stats_cb(void *arg, proto_stats_t *out)
 {
-    server_stats(arg, out);
+    inspect__stats(arg, out);
 }
 
 static void trim_timer_cb(uv_timer_t *h)
@@ -465,14 +132,15 @@ static void trim_timer_cb(uv_timer_t *h)
     (void)cache_pool_trim(s->pool, keep < TRIM_KEEP_BYTES ? keep : TRIM_KEEP_BYTES);
     /* Records no request needed for a whole period go back to malloc, and
      * malloc gives what it then holds free back to the kernel. */
-    free_lists_shed(s, s->low_free_reqs, s->low_free_sessions);
+    req__shed(s, s->low_free_reqs);
+    session__shed(s, s->low_free_sessions);
     if (shed)
         malloc_trim(0);
 }
 
 static int admin_sessions_cb(void *arg, size_t limit, proto_buf_t *out)
 {
-    return server_list_sessions(arg, limit, out);
+    return inspect__sessions(arg, limit, out);
 }
 
 static bool admin_healthy_cb(void *arg, const char **why)
@@ -556,9 +224,9 @@ static accept_outcome_t accept_failed(server_t *s, int err)
     accept_err = errno;
     if (fd >= 0) {
         accept_count(s, err);
-        conn_turn_away(fd, err == ENOMEM || err == ENOBUFS
-                               ? "the daemon is out of memory"
-                               : "the daemon is out of file descriptors");
+        conn__turn_away(fd, err == ENOMEM || err == ENOBUFS
+                                ? "the daemon is out of memory"
+                                : "the daemon is out of file descriptors");
     }
     s->reserve_fd = reserve_open();
     if (s->reserve_fd < 0)
@@ -581,7 +249,7 @@ static void listen_cb(uv_poll_t *h, int status, int events)
     for (int i = 0; i < ACCEPT_BATCH && !s->draining; i++) {
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) {
-            conn_accept(s, fd);
+            conn__accept(s, fd);
             continue;
         }
         switch (errno) {
@@ -672,7 +340,8 @@ static void server_finish(server_t *s)
     close_quietly((uv_handle_t *)&s->trim_timer);
 }
 
-void server_conn_freed(server_t *s)
+/* conn_hooks_t.freed: a connection struct was freed. */
+static void server_conn_freed(server_t *s)
 {
     if (s->draining && s->nconns_alive == 0) {
         log_info("shutdown: every connection closed");
@@ -689,38 +358,6 @@ static void shutdown_timer_cb(uv_timer_t *h)
     _exit(1);
 }
 
-/* The latest a drain lets a lingering close go on: a little before
- * --shutdown-timeout. */
-static uint64_t linger_cap_ms(const server_t *s)
-{
-    uint64_t timeout = (uint64_t)s->cfg->shutdown_timeout * 1000;
-    uint64_t spare = timeout / 4 < 500 ? timeout / 4 : 500;
-
-    return s->drain_deadline - spare;
-}
-
-uint64_t server_linger_until(server_t *s)
-{
-    uint64_t until = uv_now(&s->loop) + CONN_LINGER_MS;
-
-    if (s->draining && until > linger_cap_ms(s))
-        until = linger_cap_ms(s);
-    return until;
-}
-
-/* A drain began: no lingering close may outlast it (server_linger_until()
- * caps the ones that begin later the same way).  The cap is the same for
- * every one, so the list stays in deadline order. */
-static void linger_cap(server_t *s)
-{
-    uint64_t cap = linger_cap_ms(s);
-
-    for (conn_t *c = s->linger.head; c != NULL; c = c->wait_next)
-        if (c->wait_until > cap)
-            c->wait_until = cap;
-    wait_arm(s, CONN_WAIT_LINGER);
-}
-
 static void server_drain(server_t *s)
 {
     worker_batch_t back = WORKER_BATCH_INIT;
@@ -735,12 +372,12 @@ static void server_drain(server_t *s)
     uv_timer_stop(&s->accept_timer);
     uv_timer_stop(&s->idle_timer);
     uv_timer_stop(&s->quiet_timer);
-    while (s->quiet.head != NULL) /* a drain closes them anyway */
-        server_wait_remove(s, s->quiet.head);
+    while (!TAILQ_EMPTY(&s->quiet)) /* a drain closes them anyway */
+        conn__wait_remove(s, TAILQ_FIRST(&s->quiet));
     uv_timer_start(&s->shutdown_timer, shutdown_timer_cb, (uint64_t)s->cfg->shutdown_timeout * 1000,
                    0);
     s->drain_deadline = uv_now(&s->loop) + (uint64_t)s->cfg->shutdown_timeout * 1000;
-    linger_cap(s);
+    conn__linger_cap(s);
 
     /* Jobs no worker has started: this turn's batch and the queue; and
      * whatever a worker has yet to begin, a chain's next steps included. */
@@ -754,13 +391,13 @@ static void server_drain(server_t *s)
     for (job = back.head; job != NULL; job = next) {
         req_t *r = container_of(job, req_t, job);
         next = job->next;
-        if (req_set_error(r, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG) != SLOTD_OK)
+        if (req__set_error(r, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG) != SLOTD_OK)
             r->rc = SLOTD_ENOMEM; /* closes the connection */
         server_job_back(r);
     }
     for (c = s->conns; c != NULL; c = cnext) {
         cnext = c->next;
-        conn_drain(c);
+        dispatch__drain(c);
     }
     server_conn_freed(s); /* maybe nothing was open */
 }
@@ -796,7 +433,7 @@ static int load_models(server_t *s)
                  model_vocab(m), model_max_ctx(m), model_entry_size(m), model_scratch_size(m));
     }
     log_info("models: %s kernels, batches of up to %u steps", model_simd(), cfg->max_batch);
-    s->default_model = server_model(s, cfg->default_model);
+    s->default_model = dispatch__model(s, cfg->default_model);
     assert(s->default_model != NULL); /* config_parse() checked it */
     return SLOTD_OK;
 }
@@ -939,6 +576,14 @@ int server_run(const server_config_t *cfg)
         return 1;
     }
     s->cfg = cfg;
+    TAILQ_INIT(&s->quiet);
+    TAILQ_INIT(&s->linger);
+    TAILQ_INIT(&s->lru);
+    s->hooks.line = dispatch__on_line;
+    s->hooks.drain_line = dispatch__on_drain_line;
+    s->hooks.line_too_long = dispatch__line_too_long;
+    s->hooks.detach = session__detach;
+    s->hooks.freed = server_conn_freed;
     s->start_ns = uv_hrtime();
     metrics_init(s->start_ns);
     log_info("slotd %s starting: %u worker threads, %" PRIu64 " MiB pool, at most %u sessions "
@@ -1037,7 +682,8 @@ done:
         cache_pool_destroy(s->pool);
     for (size_t i = 0; i < s->nmodels; i++)
         model_destroy(s->models[i]);
-    free_lists_clear(s);
+    req__shed(s, SIZE_MAX);
+    session__shed(s, SIZE_MAX);
 fail_loop:
     free(s);
     return rc != 0 ? 1 : 0;

@@ -1,7 +1,9 @@
 /*
- * server_int.h: what the files of server/ share and nothing else uses: the
- * daemon's state, a connection, a session record and a request record, and
- * the functions server.c, conn.c and job.c call on one another.
+ * server_int.h: the records the files of server/ share and nothing else
+ * uses: the daemon's state, a connection, a session record and a request
+ * record.  The functions each file offers the others are in its own
+ * narrow header (req_int.h, session_int.h, ...; docs/design.md, "server/
+ * layout").
  *
  * Everything here belongs to the loop thread, except a request record
  * while its job is with the workers (state REQ_RUNNING, submitted): then
@@ -18,25 +20,20 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "admin.h"
 #include "audit.h"
-#include "cache/pool.h"
 #include "cache/session.h"
 #include "config.h"
-#include "core/model.h"
+#include "core/util.h"
 #include "metrics.h"
-#include "proto/proto.h"
 #include "session_map.h"
 #include "worker.h"
-
-#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 
 /* A connection stops being read while it has this many requests waiting
  * for their reply, or this many reply bytes not yet written; it is read
  * again once both are below half.  The byte bound also holds its jobs
  * back: a job is submitted only while the connection's unwritten bytes,
  * plus the replies its running jobs may still produce (an upper bound per
- * job, conn.c: req_reply_bound()), plus the job's own, stay within it (or
+ * job, launch.c: req_reply_bound()), plus the job's own, stay within it (or
  * when nothing is unwritten and nothing runs, so that one job larger than
  * the bound still runs). */
 #define CONN_MAX_OUTSTANDING 1024
@@ -51,7 +48,7 @@
 #define CONN_LINGER_MS 2000
 #define CONN_LINGER_MAX_BYTES (32u << 20)
 
-/* Holding replies (conn_hold_output()): a connection's new output waits
+/* Holding replies (conn__hold_output()): a connection's new output waits
  * for more of its jobs out for at most --reply-hold-us, and only while it
  * is below this many bytes. */
 #define CONN_HOLD_MAX_BYTES (16u << 10)
@@ -61,6 +58,7 @@
 /* The message of every shutting_down reply. */
 #define SERVER_SHUTTING_DOWN_MSG "the daemon is shutting down"
 
+typedef struct admin admin_t;
 typedef struct server server_t;
 typedef struct conn conn_t;
 typedef struct session session_t;
@@ -73,13 +71,13 @@ typedef enum req_state {
     REQ_PARKED,  /* a job held back by its connection's output bound (conn->park_head) */
     REQ_RUNNING, /* a job: in the batch, the workers' queue, or running */
     REQ_DONE,    /* `reply` holds its line */
-    REQ_DEFER,   /* waits for its connection's earlier lines (conn.c, Pipelined order) */
+    REQ_DEFER,   /* waits for its connection's earlier lines (dispatch.c, Pipelined order) */
 } req_state_t;
 
 /** A request record: one line read, from parse until its reply is copied
  * to the connection's output.  Taken from the server's free list by
- * server_req_get() and given back by server_req_put(), which frees what
- * the parsed request owns. */
+ * req__get() and given back by req__put(), which frees what the parsed
+ * request owns. */
 struct req {
     worker_job_t job; /* the pool's while REQ_RUNNING */
 
@@ -98,11 +96,11 @@ struct req {
     req_state_t state;
 
     /* The job's input: set by the loop before submit, read-only after.
-     * server_req_put() relies on the order of `rq`, `model` and `reply`. */
+     * req__put() relies on the order of `rq`, `model` and `reply`. */
     proto_request_t rq;   /* owns tag and tokens */
     const model_t *model; /* start, logits, generate */
     uint64_t owner_key;   /* the connection's serial number */
-    req_t *chain_next;    /* a step: the next step of its session run in the same job (conn.c) */
+    req_t *chain_next;    /* a step: the next step of its session run in the same job (launch.c) */
 
     /* The job's result: written by its worker while REQ_RUNNING, by the
      * loop thread otherwise. */
@@ -120,7 +118,7 @@ struct req {
 
 /** A session record: one start on one connection, from its parse until
  * its last queued request has run and its slot is released.  Freed by
- * server_session_put().
+ * session__put().
  *
  * Laid out for a step, which with 100,000 live sessions finds its record
  * out of cache: what every step reads or writes on the loop thread comes
@@ -135,7 +133,7 @@ struct session {
     conn_t *conn;
     req_t *fifo_head, *fifo_tail;   /* requests waiting to run, in order */
     req_t *running;                 /* the request whose job is out, or NULL */
-    session_t *lru_prev, *lru_next; /* server->lru while in_lru */
+    TAILQ_ENTRY(session) lru;       /* server->lru while in_lru */
     uint64_t idle_since;            /* uv_now() when it went idle */
     bool in_map;                    /* the id names it: steps and finish can still reach it */
     bool has_slot;                  /* its start succeeded and it was not released yet */
@@ -148,12 +146,12 @@ struct session {
     session_map_node_t node;        /* id: cs.owner.id; linked in conn->map while in_map */
     session_t *prev, *next;         /* conn->sessions: every record of the connection */
 
-    /* GET /sessions and the connection's share (conn.c). */
+    /* GET /sessions and the connection's share (session.c). */
     uint64_t born;    /* uv_now() when its start was read */
     uint64_t charged; /* its part of conn->share_bytes while in_map */
 };
 
-/** Which timed list of the server a connection is on (conn->wait_next). */
+/** Which timed list of the server a connection is on (conn->wait_link). */
 typedef enum conn_wait {
     CONN_WAIT_NONE = 0,
     CONN_WAIT_QUIET,  /* server->quiet: nothing to do, closed after --conn-timeout */
@@ -161,11 +159,9 @@ typedef enum conn_wait {
 } conn_wait_t;
 
 /** A list of connections in the order their deadlines fall (loop thread). */
-typedef struct conn_list {
-    conn_t *head, *tail;
-} conn_list_t;
+typedef TAILQ_HEAD(conn_list, conn) conn_list_t;
 
-/** One session connection.  Allocated on accept; freed by conn_unref()
+/** One session connection.  Allocated on accept; freed by conn__unref()
  * when both the handle's close callback has run and no job of the
  * connection is out (`refs`).  Once closed it no longer serves, but its
  * handle may stay open for a lingering close (on server->linger) until the
@@ -180,7 +176,7 @@ struct conn {
     unsigned refs;                 /* the handle until its close callback, plus one per job out */
     conn_t *prev, *next;           /* server->conns while open */
     conn_t *dirty_next;            /* server->dirty while `dirty` */
-    conn_t *wait_prev, *wait_next; /* the server's list named by `wait` */
+    TAILQ_ENTRY(conn) wait_link;   /* the server's list named by `wait` */
     uint64_t wait_until;           /* uv_now() deadline on that list */
     conn_wait_t wait;
     proto_framer_t framer;
@@ -196,7 +192,7 @@ struct conn {
     uint64_t pending_slots;         /* need_slots likewise */
     uint64_t next_seq;              /* seq of the next line read */
     size_t linger_bytes;            /* input discarded while lingering */
-    size_t drain_left;              /* a drain: input bytes still to read and answer (conn_drain()) */
+    size_t drain_left;              /* a drain: input bytes still to read and answer (conn.c) */
     proto_buf_t out;                /* replies for the next write */
     proto_buf_t wbuf;               /* the bytes of the write in flight */
     uint64_t held_since;            /* uv_hrtime() `out` was first held back; 0 when not */
@@ -211,7 +207,7 @@ struct conn {
     bool handle_closing; /* uv_close() called */
 
     /* Its share of the pool (--max-sessions-per-connection,
-     * --max-connection-share) and its auth (conn.c). */
+     * --max-connection-share, session.c) and its auth (dispatch.c). */
     uint32_t share_sessions; /* its sessions in its map */
     uint64_t share_bytes;    /* the pool bytes they hold, or will once their requests run */
     bool authed;             /* presented the --auth-token-file token */
@@ -225,9 +221,21 @@ typedef struct job_costs {
     _Atomic uint64_t prefill_ns; /* a prompt position's (start, logits) */
 } job_costs_t;
 
+/** What conn.c calls in the files above it, through pointers so that the
+ * calls between the files of server/ go one way (docs/design.md, "server/
+ * layout").  Set by server_run(). */
+typedef struct conn_hooks {
+    proto_line_cb line;               /* dispatch.c: a line read; `arg` is the conn_t */
+    proto_line_cb drain_line;         /* dispatch.c: a line read in a drain */
+    void (*line_too_long)(conn_t *c); /* dispatch.c: answers it; the input ends */
+    void (*detach)(conn_t *c);        /* session.c: a closing connection's requests, sessions */
+    void (*freed)(server_t *s);       /* server.c: a connection struct was freed */
+} conn_hooks_t;
+
 /** The daemon.  One, owned by server_run(). */
 struct server {
     const server_config_t *cfg;
+    conn_hooks_t hooks;
     uv_loop_t loop;
     /* The session port's listening socket, accepted from by hand (server.c:
      * listen_cb) so that running out of descriptors is seen, counted and
@@ -251,7 +259,7 @@ struct server {
     conn_list_t linger;      /* CONN_WAIT_LINGER, by deadline */
     uint64_t drain_deadline; /* uv_now() at which a drain overruns --shutdown-timeout */
     uv_check_t flush_check;  /* end of each loop turn: write, then submit the batch */
-    uv_timer_t hold_timer;   /* a turn for output held back (conn_hold_output()) */
+    uv_timer_t hold_timer;   /* a turn for output held back (conn__hold_output()) */
     uv_timer_t trim_timer;   /* gives free pool pages back to the kernel (cache_pool_trim()) */
     admin_t *admin;
     worker_pool_t *workers; /* NULL once closed */
@@ -272,7 +280,7 @@ struct server {
     uint64_t next_serial;
     size_t admitted;                /* session records in some connection's map */
     size_t live_sessions;           /* session records holding a slot */
-    session_t *lru_head, *lru_tail; /* idle sessions, oldest first */
+    TAILQ_HEAD(, session) lru;      /* idle sessions, oldest first (session.c) */
     req_t *free_reqs;
     size_t nfree_reqs;
     size_t free_reply_bytes; /* capacity of the reply buffers the free list keeps */
@@ -290,107 +298,5 @@ struct server {
 
     char readbuf[SERVER_READ_BUF]; /* reads are synchronous on the loop: one buffer */
 };
-
-/* ---- server.c ---- */
-
-/** A clean request record, or NULL (ENOMEM). */
-req_t *server_req_get(server_t *s);
-/** Takes the record back, freeing what its request owns. */
-void server_req_put(server_t *s, req_t *r);
-/** A zeroed session record, or NULL (ENOMEM). */
-session_t *server_session_get(server_t *s);
-void server_session_put(server_t *s, session_t *sess);
-/** Adds the job of `r` to this loop turn's batch. */
-void server_submit(server_t *s, req_t *r);
-/** Has `c` written at the end of this loop turn. */
-void server_mark_dirty(server_t *s, conn_t *c);
-/** Puts an idle session at the young end of the idle list. */
-void server_lru_add(server_t *s, session_t *sess);
-void server_lru_remove(server_t *s, session_t *sess);
-/** The loaded model called `name`, or NULL. */
-const model_t *server_model(const server_t *s, const char *name);
-/** Fills the stats object. */
-void server_stats(server_t *s, proto_stats_t *st);
-/** Called when a connection struct has been freed. */
-void server_conn_freed(server_t *s);
-/** Puts `c` on the timed list `which` with deadline `until` (uv_now() ms),
- * which must not be earlier than that of any connection already on it;
- * takes it off whatever list it was on first. */
-void server_wait_add(server_t *s, conn_t *c, conn_wait_t which, uint64_t until);
-/** Takes `c` off its timed list, if it is on one. */
-void server_wait_remove(server_t *s, conn_t *c);
-/** The deadline of a lingering close that begins now: CONN_LINGER_MS from
- * now, or sooner in a drain, so as to end before --shutdown-timeout. */
-uint64_t server_linger_until(server_t *s);
-
-/* ---- inspect.c ---- */
-
-/** Appends the JSON body of GET /sessions: the total of live sessions and
- * the `limit` largest (see inspect.c).  SLOTD_OK or SLOTD_ENOMEM. */
-int server_list_sessions(server_t *s, size_t limit, proto_buf_t *out);
-
-/* ---- conn.c ---- */
-
-/** Serves the connection accepted on descriptor `fd` (non-blocking), or
- * turns it away when the connection limit is reached.  Takes ownership
- * of `fd`. */
-void conn_accept(server_t *s, int fd);
-/** Writes one too_many_connections line saying `why` to the fresh socket
- * `fd` (best effort) and closes it. */
-void conn_turn_away(int fd, const char *why);
-/** Takes back a job that came back from the workers (or was taken back
- * unstarted, with its result set by req_set_error()). */
-void conn_job_done(req_t *r);
-/** Whether the end of this loop turn should leave `c`'s new output for a
- * later turn rather than write it: true while more of its jobs are out
- * (their replies would follow in a write of their own), since less than
- * --reply-hold-us ago and below CONN_HOLD_MAX_BYTES, so that a pipelining
- * client's replies leave together.  *now_ns is the turn's uv_hrtime(), 0
- * until someone needs it: read here only for a connection that may be
- * held, so a turn with none reads no clock.  The caller keeps `c` dirty,
- * and makes sure of another turn within the time left. */
-bool conn_hold_output(conn_t *c, uint64_t *now_ns);
-/** Starts the write of whatever `c` has accumulated. */
-void conn_write(conn_t *c);
-/** Shutdown: stops reading `c`, answers its waiting requests with
- * shutting_down, and closes it once the running ones are answered. */
-void conn_drain(conn_t *c);
-/** Releases an idle session whose time is up. */
-void conn_expire_session(session_t *sess);
-/** Closes a connection that has been quiet past --conn-timeout. */
-void conn_expire_quiet(conn_t *c);
-/** Ends the lingering close of `c`: closes its handle. */
-void conn_linger_end(conn_t *c);
-/** Sets `r`'s result to the error `code` with `message`, as its reply.
- * Returns SLOTD_OK or SLOTD_ENOMEM. */
-int req_set_error(req_t *r, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-/* ---- job.c ---- */
-
-/** The estimated run time of `r`'s job in nanoseconds, from its op, its
- * counts and its model's measured times: its cost for the workers'
- * fairness and batch bound (worker_job_set_cost()).  Loop thread. */
-uint64_t job_cost(const server_t *s, const req_t *r);
-
-/** The cost of the chain of steps from `r` on (r->chain_next), up to one
- * slice (job.c: chain_slice()): what a worker runs of it at once.  Loop
- * thread. */
-uint64_t job_chain_cost(const server_t *s, const req_t *r);
-
-/** The worker side of a job: runs the model call of `job` (a req_t) and
- * formats its reply into the record.  `arg` is the server_t. */
-void job_run(worker_t *w, worker_job_t *job, void *arg);
-
-/** The pool's batch callbacks (worker.h): whether `cand` may join the
- * batch `first` leads (single steps of one batching model), and the run of
- * such a batch, each job answered and counted as job_run() would. */
-bool job_group(const worker_job_t *first, const worker_job_t *cand, void *arg);
-void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg);
-
-#if SLOTD_FAULT_INJECTION
-/** Test builds only: lets a job wedged by --fault-wedge-after go on (and
- * any later one through at once).  Any thread. */
-void job_fault_release(void);
-#endif
 
 #endif

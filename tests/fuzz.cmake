@@ -30,12 +30,15 @@ if(SLOTD_FUZZ)
   if(SANITIZER STREQUAL "thread")
     message(FATAL_ERROR "SLOTD_FUZZ=ON builds with ASan; it cannot be combined with SANITIZER=thread")
   endif()
+  # Every source of slotd_proto (proto/CMakeLists.txt), instrumented here.
+  get_target_property(_fuzz_proto_names slotd_proto SOURCES)
+  list(TRANSFORM _fuzz_proto_names PREPEND ${PROJECT_SOURCE_DIR}/proto/
+       OUTPUT_VARIABLE _fuzz_proto_sources)
   set(_fuzz_flags -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
                   -fno-omit-frame-pointer)
   foreach(harness ${SLOTD_FUZZ_HARNESSES})
     add_executable(fuzz_${harness} fuzz/fuzz_${harness}.c
-                   ${PROJECT_SOURCE_DIR}/proto/buf.c ${PROJECT_SOURCE_DIR}/proto/framer.c
-                   ${PROJECT_SOURCE_DIR}/proto/request.c ${PROJECT_SOURCE_DIR}/proto/reply.c
+                   ${_fuzz_proto_sources}
                    ${PROJECT_SOURCE_DIR}/core/error.c)
     target_include_directories(fuzz_${harness} PRIVATE ${PROJECT_SOURCE_DIR})
     target_compile_options(fuzz_${harness} PRIVATE ${_fuzz_flags})

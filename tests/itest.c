@@ -1431,6 +1431,18 @@ cJSON *itest_admin_stats(const itest_daemon_t *d)
     return st;
 }
 
+int64_t itest_await_metric(const itest_daemon_t *d, const char *name, int64_t min, int timeout_ms)
+{
+    int64_t deadline = itest_now_ms() + itest_scale_ms(timeout_ms);
+    int64_t v;
+    while ((v = itest_metric(d, name)) < min) {
+        ck_assert_msg(itest_now_ms() < deadline, "%s stayed at %lld < %lld for %d ms", name,
+                      (long long)v, (long long)min, itest_scale_ms(timeout_ms));
+        itest_sleep_ms(5);
+    }
+    return v;
+}
+
 cJSON *itest_await_drained(itest_conn_t *c, int timeout_ms)
 {
     int64_t deadline = itest_now_ms() + itest_scale_ms(timeout_ms);

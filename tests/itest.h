@@ -114,6 +114,12 @@ bool itest_daemon_alive(itest_daemon_t *d);
  * fails the test if the sample is missing or negative. */
 int64_t itest_metric(const itest_daemon_t *d, const char *name);
 
+/** Waits until itest_metric(d, name) is at least `min`, polling; fails the
+ * test if it is not within `timeout_ms` (multiplied by itest_time_scale()).
+ * `name` may carry labels spelled as rendered: `slotd_x{op="step"}`.
+ * Returns the value seen. */
+int64_t itest_await_metric(const itest_daemon_t *d, const char *name, int64_t min, int timeout_ms);
+
 /** Prints the daemon's log on stderr, framed, with `why` as a heading,
  * followed by any other log in its directory (a wrapper's). */
 void itest_daemon_print_log(const itest_daemon_t *d, const char *why);

@@ -27,40 +27,9 @@
 
 #include "core/model.h"
 #include "core/model_impl.h"
+#include "test_model_util.h"
 
 static bool heavy;
-
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-    rng_state += UINT64_C(0x9E3779B97F4A7C15);
-    return model__mix64(rng_state);
-}
-
-static uint32_t rng_below(uint32_t n)
-{
-    return (uint32_t)(rng_next() % n);
-}
-
-/* A double in [-1, 1). */
-static double rng_double(void)
-{
-    return 2.0 * ((double)(rng_next() >> 11) * 0x1p-53) - 1.0;
-}
-
-static model_t *create(const char *preset)
-{
-    model_t *m = NULL;
-
-    ck_assert_int_eq(model_create(preset, &m), SLOTD_OK);
-    return m;
-}
-
-static uint64_t work(const model_t *m)
-{
-    return model_family(m) == MODEL_FAMILY_HASH ? model_g_calls(m) : model_rows(m);
-}
 
 /* Points kv->tail at the block holding position kv->len (NULL if none). */
 static void set_tail(model_kv_t *kv)

@@ -1,5 +1,5 @@
 /*
- * test_cache.c: the Check suite of the slot pool (cache/pool.c).
+ * test_cache.c: the Check suite of the slot pool (cache/pool.h).
  *
  * It holds the pool to pool.h with real models ("hash", "tiny", "small"):
  * empty slots, exact growth by blocks, tails at block boundaries, every byte

@@ -645,13 +645,30 @@ class Term:
 PROMPT = rb"slotd> "
 
 
-def run_pty(d, work):
-    hist = os.path.join(work, "hist")
+def pty_env(work, hist, **extra):
+    """The environment of slotd-cli at a terminal: a clean one with HOME,
+    TERM, the history file and the sanitizers' options passed through."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TERM": "xterm", "HOME": work,
            "SLOTD_HISTFILE": hist}
     for k in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", "LSAN_OPTIONS"):
         if k in os.environ:
             env[k] = os.environ[k]
+    env.update(extra)
+    return env
+
+
+def read_saved(path):
+    """The text of a history file, or "" if there is none."""
+    try:
+        with open(path, encoding="latin-1") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def run_pty(d, work):
+    hist = os.path.join(work, "hist")
+    env = pty_env(work, hist)
 
     t = Term(d, env)
     check("a prompt 'slotd> '", t.prompt() is not None, t.text())
@@ -696,10 +713,7 @@ def run_pty(d, work):
     t.send("quit\r")
     rc = t.wait_exit()
     check("quit: exit 0 (errors at the prompt do not count)", rc == 0, "exit %r" % rc)
-    try:
-        saved = open(hist, encoding="latin-1").read()
-    except OSError:
-        saved = ""
+    saved = read_saved(hist)
     check("history saved in $SLOTD_HISTFILE", "bogus" in saved and "finish" in saved, repr(saved))
     check("history file mode 0600", os.path.exists(hist) and (os.stat(hist).st_mode & 0o777) == 0o600)
 
@@ -741,11 +755,7 @@ def run_pty(d, work):
 def run_auth_pty(plain, work):
     d, token, path = auth_daemon(work)
     hist = os.path.join(work, "hist-auth")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TERM": "xterm", "HOME": work,
-           "SLOTD_HISTFILE": hist, "NO_COLOR": "1"}
-    for k in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", "LSAN_OPTIONS"):
-        if k in os.environ:
-            env[k] = os.environ[k]
+    env = pty_env(work, hist, NO_COLOR="1")
     try:
         t = Term(d, env)
         t.prompt()
@@ -769,10 +779,7 @@ def run_auth_pty(plain, work):
         t.send("\x1b[Bquit\r")
         rc = t.wait_exit()
         check("quit: exit 0", rc == 0, "exit %r" % rc)
-        try:
-            saved = open(hist, encoding="latin-1").read()
-        except OSError:
-            saved = ""
+        saved = read_saved(hist)
         check("the history has stats, but no auth line and not the token",
               "stats" in saved and token not in saved and "auth" not in saved.lower(), repr(saved))
 

@@ -260,65 +260,72 @@ static void rmtree(const char *dir)
     ck_assert_int_eq(system(cmd), 0);
 }
 
-START_TEST(test_cgroup_v2)
+/* A cgroup layout under a fresh root: the process's cgroup file ("self")
+ * and the files below the root, with the limits they must give. */
+static const struct cgroup_case {
+    const char *what;
+    const char *self;
+    struct {
+        const char *dir, *name, *text;
+    } files[4];
+    unsigned cpus;
+    uint64_t memory_mb;
+} cgroup_cases[] = {
+    {"v2",
+     "0::/svc/slotd.service\n",
+     {{"svc/slotd.service", "cpu.max", "150000 100000\n"},
+      {"svc/slotd.service", "memory.max", "536870912\n"}},
+     2, /* 1.5 CPUs, rounded up */
+     512},
+    {"v2 without limits",
+     "0::/svc/slotd.service\n",
+     {{"svc/slotd.service", "cpu.max", "max 100000\n"},
+      {"svc/slotd.service", "memory.max", "max\n"}},
+     0,
+     0},
+    /* A container: its cgroup is the root of the mounted hierarchy. */
+    {"v2 at the root",
+     "0::/\n",
+     {{".", "cpu.max", "100000 100000\n"}, {".", "memory.max", "134217728\n"}},
+     1,
+     128},
+    {"v1",
+     "4:memory:/box\n3:cpuset:/\n1:cpu,cpuacct:/box\n0::/\n",
+     {{"memory/box", "memory.limit_in_bytes", "1073741824\n"},
+      {"cpu/box", "cpu.cfs_quota_us", "300000\n"},
+      {"cpu/box", "cpu.cfs_period_us", "100000\n"}},
+     3,
+     1024},
+    /* v1's "no limit": a quota of -1, a huge memory limit. */
+    {"v1 without limits",
+     "4:memory:/box\n3:cpuset:/\n1:cpu,cpuacct:/box\n0::/\n",
+     {{"memory/box", "memory.limit_in_bytes", "9223372036854771712\n"},
+      {"cpu/box", "cpu.cfs_quota_us", "-1\n"},
+      {"cpu/box", "cpu.cfs_period_us", "100000\n"}},
+     0,
+     0},
+};
+
+START_TEST(test_cgroup)
 {
+    const struct cgroup_case *cc = &cgroup_cases[_i];
     char root[] = "/tmp/slotd-cgroup.XXXXXX", dir[256], file[256];
     config_limits_t lim;
 
     ck_assert_ptr_nonnull(mkdtemp(root));
     snprintf(file, sizeof(file), "%s/self", root);
-    put(root, "self", "0::/svc/slotd.service\n");
-    snprintf(dir, sizeof(dir), "%s/svc/slotd.service", root);
-    put(dir, "cpu.max", "150000 100000\n");
-    put(dir, "memory.max", "536870912\n");
+    put(root, "self", cc->self);
+    for (size_t i = 0; i < sizeof(cc->files) / sizeof(cc->files[0]) && cc->files[i].dir; i++) {
+        snprintf(dir, sizeof(dir), "%s/%s", root, cc->files[i].dir);
+        put(dir, cc->files[i].name, cc->files[i].text);
+    }
     config_cgroup_limits(file, root, &lim);
-    ck_assert_uint_eq(lim.cpus, 2); /* 1.5 CPUs, rounded up */
-    ck_assert_uint_eq(lim.memory_mb, 512);
-
-    put(dir, "cpu.max", "max 100000\n");
-    put(dir, "memory.max", "max\n");
-    config_cgroup_limits(file, root, &lim);
-    ck_assert_uint_eq(lim.cpus, 0);
-    ck_assert_uint_eq(lim.memory_mb, 0);
-
-    /* A container: its cgroup is the root of the mounted hierarchy. */
-    put(root, "self", "0::/\n");
-    put(root, "cpu.max", "100000 100000\n");
-    put(root, "memory.max", "134217728\n");
-    config_cgroup_limits(file, root, &lim);
-    ck_assert_uint_eq(lim.cpus, 1);
-    ck_assert_uint_eq(lim.memory_mb, 128);
+    ck_assert_msg(lim.cpus == cc->cpus, "%s: %u CPUs", cc->what, lim.cpus);
+    ck_assert_msg(lim.memory_mb == cc->memory_mb, "%s: %llu MiB", cc->what,
+                  (unsigned long long)lim.memory_mb);
 
     /* Nothing readable: no limits. */
     config_cgroup_limits("/nonexistent/cgroup", root, &lim);
-    ck_assert_uint_eq(lim.cpus, 0);
-    ck_assert_uint_eq(lim.memory_mb, 0);
-    rmtree(root);
-}
-END_TEST
-
-START_TEST(test_cgroup_v1)
-{
-    char root[] = "/tmp/slotd-cgroup.XXXXXX", dir[256], file[256];
-    config_limits_t lim;
-
-    ck_assert_ptr_nonnull(mkdtemp(root));
-    snprintf(file, sizeof(file), "%s/self", root);
-    put(root, "self", "4:memory:/box\n3:cpuset:/\n1:cpu,cpuacct:/box\n0::/\n");
-    snprintf(dir, sizeof(dir), "%s/memory/box", root);
-    put(dir, "memory.limit_in_bytes", "1073741824\n");
-    snprintf(dir, sizeof(dir), "%s/cpu/box", root);
-    put(dir, "cpu.cfs_quota_us", "300000\n");
-    put(dir, "cpu.cfs_period_us", "100000\n");
-    config_cgroup_limits(file, root, &lim);
-    ck_assert_uint_eq(lim.cpus, 3);
-    ck_assert_uint_eq(lim.memory_mb, 1024);
-
-    /* v1's "no limit": a quota of -1, a huge memory limit. */
-    put(dir, "cpu.cfs_quota_us", "-1\n");
-    snprintf(dir, sizeof(dir), "%s/memory/box", root);
-    put(dir, "memory.limit_in_bytes", "9223372036854771712\n");
-    config_cgroup_limits(file, root, &lim);
     ck_assert_uint_eq(lim.cpus, 0);
     ck_assert_uint_eq(lim.memory_mb, 0);
     rmtree(root);
@@ -552,8 +559,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_protected_mode);
     tcase_add_test(tc, test_environment);
     tcase_add_test(tc, test_bad_environment);
-    tcase_add_test(tc, test_cgroup_v2);
-    tcase_add_test(tc, test_cgroup_v1);
+    tcase_add_loop_test(tc, test_cgroup, 0, (int)(sizeof(cgroup_cases) / sizeof(cgroup_cases[0])));
     tcase_add_test(tc, test_defaults_follow_limits);
     tcase_add_loop_test(tc, test_bad_values, 0, (int)(sizeof(bad) / sizeof(bad[0])));
     tcase_add_test(tc, test_help_version);

@@ -18,35 +18,7 @@
 
 #include "core/model.h"
 #include "core/model_impl.h"
-
-/* A small deterministic generator for the random cases. */
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-    rng_state += UINT64_C(0x9E3779B97F4A7C15);
-    return model__mix64(rng_state);
-}
-
-static uint32_t rng_below(uint32_t n)
-{
-    return (uint32_t)(rng_next() % n);
-}
-
-static model_t *create(const char *preset)
-{
-    model_t *m = NULL;
-
-    ck_assert_int_eq(model_create(preset, &m), SLOTD_OK);
-    ck_assert_ptr_nonnull(m);
-    return m;
-}
-
-/* The work counter of the family: g calls for hash, rows for attn. */
-static uint64_t work_counter(const model_t *m)
-{
-    return model_family(m) == MODEL_FAMILY_HASH ? model_g_calls(m) : model_rows(m);
-}
+#include "test_model_util.h"
 
 /* ---- Golden values ---- */
 
@@ -173,9 +145,9 @@ START_TEST(test_accessors)
         {"hash", MODEL_FAMILY_HASH, 1000, 4096, 1, 254, 8, 8, 0},
         {"tiny", MODEL_FAMILY_ATTN, 6, 8, 2, 2, 2 * 2 * 8 * 8, 8 * 8, (5 * 8 + 8) * 8},
         {"small", MODEL_FAMILY_ATTN, 512, 1024, 4, 16, 2 * 4 * 64 * 8, 64 * 8,
-         (6 * 64 * 64 + 1024 + 64 * 64) * 8},
+         (6 * 64 * 64 + 1024 + 64 * 64 + 64 * 64) * 8},
         {"base", MODEL_FAMILY_ATTN, 4096, 4096, 8, 16, 2 * 8 * 256 * 8, 256 * 8,
-         (6 * 64 * 256 + 4096 + 64 * 64) * 8},
+         (6 * 64 * 256 + 4096 + 64 * 64 + 64 * 64) * 8},
     };
     model_t *m = NULL;
 
@@ -229,21 +201,21 @@ START_TEST(test_rows_formulas)
                 for (int64_t k = 0; k < steps; k++) {
                     sum += n + (uint64_t)k;
                 }
-                before = work_counter(m);
+                before = work(m);
                 rows = 12345;
                 ck_assert_int_eq(
                     model_generate(m, tok, n, steps, true, NULL, NULL, out, logits, &rows, NULL),
                     SLOTD_OK);
                 ck_assert_uint_eq(rows, steps == 0 ? 0 : l * (n + (uint64_t)steps - 1));
-                ck_assert_uint_eq(work_counter(m) - before, rows);
+                ck_assert_uint_eq(work(m) - before, rows);
 
-                before = work_counter(m);
+                before = work(m);
                 rows = 12345;
                 ck_assert_int_eq(
                     model_generate(m, tok, n, steps, false, NULL, NULL, out, logits, &rows, NULL),
                     SLOTD_OK);
                 ck_assert_uint_eq(rows, l * sum);
-                ck_assert_uint_eq(work_counter(m) - before, rows);
+                ck_assert_uint_eq(work(m) - before, rows);
                 for (size_t k = 0; k < n; k++) {
                     ck_assert_uint_eq(out[k], (uint32_t)tok[k]);
                 }
@@ -369,7 +341,7 @@ static void compare_case(const model_t *m, size_t n, int64_t steps)
     for (size_t i = 0; i < n; i++) {
         tok[i] = rng_below((uint32_t)v);
     }
-    before = work_counter(m);
+    before = work(m);
     ck_assert_int_eq(model_generate(m, tok, n, steps, true, NULL, NULL, out_c, lg_c, &rows_c, NULL),
                      SLOTD_OK);
     ck_assert_int_eq(
@@ -377,7 +349,7 @@ static void compare_case(const model_t *m, size_t n, int64_t steps)
     ck_assert_int_eq(model_kv_heap_alloc(m, (uint32_t)total, &kv), SLOTD_OK);
     ck_assert_int_eq(
         model_generate(m, tok, n, steps, true, &kv, scratch, out_k, lg_k, &rows_k, NULL), SLOTD_OK);
-    ck_assert_uint_eq(work_counter(m) - before, rows_c + rows_u + rows_k);
+    ck_assert_uint_eq(work(m) - before, rows_c + rows_u + rows_k);
     ck_assert_uint_eq(rows_k, rows_c);
     ck_assert_uint_eq(kv.len, steps == 0 ? 0 : total - 1);
     model_kv_heap_free(&kv);
@@ -911,11 +883,11 @@ START_TEST(test_alloc_failure)
                 }
                 ck_assert_int_eq(rc, SLOTD_ENOMEM);
                 ck_assert_int_eq(err.code, SLOTD_ENOMEM);
-                ck_assert_uint_eq(work_counter(m), 0);
+                ck_assert_uint_eq(work(m), 0);
             }
             model__alloc_fail_in = 0;
             ck_assert_int_gt(k, 1);
-            ck_assert_uint_eq(work_counter(m), rows);
+            ck_assert_uint_eq(work(m), rows);
             model_destroy(m);
             ck_assert_int_eq(model_create(names[i], &m), SLOTD_OK);
         }

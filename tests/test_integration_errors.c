@@ -315,19 +315,20 @@ START_TEST(test_too_long)
 {
     itest_daemon_t *d = itest_daemon_start(NULL);
     itest_conn_t *c = itest_connect(d);
-    expect_err(c, "{\"op\":\"start\",\"id\":\"a\",\"prompt\":[0,1,2,3,4,5,0,1,2]}", NULL,
-               "too_long", "length");
-    expect_err(c, "{\"op\":\"logits\",\"tokens\":[0,1,2,3,4,5,0,1,2]}", NULL, "too_long", "length");
-    expect_err(c, "{\"op\":\"generate\",\"tokens\":[0,1,2,3,4],\"steps\":4}", NULL, "too_long",
-               "length");
-    expect_err(c,
-               "{\"op\":\"generate\",\"tokens\":[0,1,2,3,4,5,0,1],\"steps\":1,\"use_cache\":true}",
-               NULL, "too_long", "length");
-    expect_err(c, "{\"op\":\"generate\",\"tokens\":[0],\"steps\":8}", NULL, "too_long", "length");
-    expect_err(c, "{\"op\":\"generate\",\"tokens\":[0],\"steps\":1000000}", NULL, "too_long",
-               "length");
-    expect_err(c, "{\"tag\":\"t\",\"op\":\"generate\",\"tokens\":[0],\"steps\":8}", "\"t\"",
-               "too_long", "length");
+    /* tiny: max_ctx 8. */
+    static const struct {
+        const char *line, *tag;
+    } over[] = {
+        {"{\"op\":\"start\",\"id\":\"a\",\"prompt\":[0,1,2,3,4,5,0,1,2]}", NULL},
+        {"{\"op\":\"logits\",\"tokens\":[0,1,2,3,4,5,0,1,2]}", NULL},
+        {"{\"op\":\"generate\",\"tokens\":[0,1,2,3,4],\"steps\":4}", NULL},
+        {"{\"op\":\"generate\",\"tokens\":[0,1,2,3,4,5,0,1],\"steps\":1,\"use_cache\":true}", NULL},
+        {"{\"op\":\"generate\",\"tokens\":[0],\"steps\":8}", NULL},
+        {"{\"op\":\"generate\",\"tokens\":[0],\"steps\":1000000}", NULL},
+        {"{\"tag\":\"t\",\"op\":\"generate\",\"tokens\":[0],\"steps\":8}", "\"t\""},
+    };
+    for (size_t i = 0; i < sizeof(over) / sizeof(over[0]); i++)
+        expect_err(c, over[i].line, over[i].tag, "too_long", "length");
 
     /* The boundaries themselves are fine. */
     cJSON *r = itest_rpc(c, "{\"op\":\"generate\",\"tokens\":[0],\"steps\":7,\"use_cache\":true}");

@@ -280,7 +280,7 @@ START_TEST(test_refused_counted)
     itest_conn_t *c = NULL;
 
     /* The start-up probe may hold the one place for a moment. */
-    for (int tries = 0; c == NULL && tries < 100; tries++) {
+    for (int tries = 0; c == NULL && tries < itest_scale_ms(2000) / 20; tries++) {
         c = itest_connect(d);
         cJSON *r = itest_rpc(c, "{\"op\":\"stats\"}");
         if (itest_is_error(r, "too_many_connections")) {

@@ -202,30 +202,40 @@ START_TEST(test_health_while_draining)
         t[i] = (i * 37) % 512;
     }
     char *arr = itest_json_tokens(t, (size_t)heavy);
+    const char *generates = "slotd_requests_total{op=\"generate\"}";
+    int64_t before = itest_metric(d, generates);
     ck_assert(itest_sendf(c,
                           "{\"op\":\"generate\",\"model\":\"small\",\"tokens\":%s,\"steps\":%d,"
                           "\"tag\":\"heavy\"}\n{\"op\":\"stats\",\"tag\":\"next\"}\n",
                           arr, heavy));
     free(arr);
     free(t);
-    itest_sleep_ms(200);
+    /* The daemon has taken the heavy request in before it is told to stop. */
+    itest_await_metric(d, generates, before + 1, ITEST_REPLY_MS);
     itest_daemon_signal(d, SIGTERM);
-    itest_sleep_ms(300);
 
-    /* While the heavy reply is owed, the daemon is draining. */
-    itest_http_t during;
+    /* While the heavy reply is owed, the daemon is draining: /health turns
+     * to 503 once it has seen the signal. */
+    itest_http_t during = {0};
     const char *get = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    bool answered = itest_http_raw(d->admin_port, get, strlen(get), &during);
     struct pollfd pfd = {.fd = itest_conn_fd(c), .events = POLLIN};
-    bool reply_came = poll(&pfd, 1, 0) > 0;
+    bool answered = false, reply_came = false;
+    for (int64_t deadline = itest_now_ms() + ITEST_REPLY_MS;;) {
+        itest_http_free(&during);
+        answered = itest_http_raw(d->admin_port, get, strlen(get), &during);
+        reply_came = poll(&pfd, 1, 0) > 0;
+        if (reply_came || (answered && during.status != 200) || itest_now_ms() >= deadline)
+            break;
+        itest_sleep_ms(5);
+    }
     if (!reply_came) {
         ck_assert_msg(answered, "GET /health got no answer while draining");
         ck_assert_msg(during.status == 503, "GET /health while draining: %d, not 503",
                       during.status);
     } else {
         fprintf(stderr,
-                "health while draining: the heavy request (%d tokens) finished within "
-                "0.5 s; drain not observed\n",
+                "health while draining: the heavy request (%d tokens) finished before "
+                "/health turned to 503; drain not observed\n",
                 heavy);
     }
     itest_http_free(&during);

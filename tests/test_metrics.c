@@ -87,6 +87,14 @@ static void fill(void)
         metrics_count_socket_read();
     for (int i = 0; i < 4; i++)
         metrics_count_socket_write();
+    metrics_count_batch(5);
+    metrics_count_batch(3);
+    for (int i = 0; i < 6; i++)
+        metrics_count_accept_error();
+    for (int i = 0; i < 7; i++)
+        metrics_count_conn_timeout();
+    for (int i = 0; i < 8; i++)
+        metrics_count_auth_failure();
     for (size_t i = 0; i < NOBSERVED; i++)
         metrics_observe_step((unsigned)i * 7, observed[i], 90 * SEC - i); /* out of order stamps, several copies */
 }
@@ -245,25 +253,34 @@ START_TEST(test_stats_figures)
 {
     fill();
     char *t = render(&known_stats, 100 * SEC);
-    ck_assert(has_line(t, "slotd_cache_entries 7"));
-    ck_assert(has_line(t, "slotd_live_sessions 3"));
-    ck_assert(has_line(t, "slotd_g_calls_total 120"));
-    ck_assert(has_line(t, "slotd_attention_rows_total 456"));
-    ck_assert(has_line(t, "slotd_connections 2"));
-    ck_assert(has_line(t, "slotd_pool_bytes{state=\"used\"} 4096"));
-    ck_assert(has_line(t, "slotd_pool_bytes{state=\"free\"} 1044480"));
-    ck_assert(has_line(t, "slotd_pool_slots{state=\"used\"} 3"));
-    ck_assert(has_line(t, "slotd_pool_slots{state=\"free\"} 13"));
-    ck_assert(has_line(t, "slotd_threads 4"));
-    ck_assert(has_line(t, "slotd_cache_divergence_total 1"));
-    ck_assert(has_line(t, "slotd_cache_audits_total 2"));
-    ck_assert(has_line(t, "slotd_connections_refused_total 3"));
-    ck_assert_uint_eq(metrics_audits_total(), 2);
-    ck_assert_uint_eq(metrics_refused_total(), 3);
-    ck_assert(has_line(t, "slotd_socket_reads_total 5"));
-    ck_assert(has_line(t, "slotd_socket_writes_total 4"));
-    ck_assert_uint_eq(metrics_socket_reads_total(), 5);
-    ck_assert_uint_eq(metrics_socket_writes_total(), 4);
+    static const char *const lines[] = {
+        "slotd_cache_entries 7",
+        "slotd_live_sessions 3",
+        "slotd_g_calls_total 120",
+        "slotd_attention_rows_total 456",
+        "slotd_connections 2",
+        "slotd_pool_bytes{state=\"used\"} 4096",
+        "slotd_pool_bytes{state=\"free\"} 1044480",
+        "slotd_pool_slots{state=\"used\"} 3",
+        "slotd_pool_slots{state=\"free\"} 13",
+        "slotd_threads 4",
+        "slotd_cache_divergence_total 1",
+        "slotd_cache_audits_total 2",
+        "slotd_connections_refused_total 3",
+        "slotd_socket_reads_total 5",
+        "slotd_socket_writes_total 4",
+        "slotd_step_batches_total 2",
+        "slotd_batched_steps_total 8",
+        "slotd_accept_errors_total 6",
+        "slotd_connections_closed_total{reason=\"timeout\"} 7",
+        "slotd_auth_failures_total 8",
+    };
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+        ck_assert_msg(has_line(t, lines[i]), "missing '%s'", lines[i]);
+    ck_assert_uint_eq(metrics_audit_value(), 2);
+    ck_assert_uint_eq(metrics_refused_value(), 3);
+    ck_assert_uint_eq(metrics_socket_read_value(), 5);
+    ck_assert_uint_eq(metrics_socket_write_value(), 4);
     ck_assert_double_eq_tol(sample(t, "slotd_uptime_seconds"), 99.0, 1e-9);
     free(t);
 
@@ -337,7 +354,7 @@ START_TEST(test_released_by_reason)
     ck_assert_uint_eq(metrics_released(METRICS_RELEASE_FINISH), 1);
     ck_assert_uint_eq(metrics_released(METRICS_RELEASE_IDLE), 3);
     ck_assert_uint_eq(metrics_released(METRICS_RELEASE__COUNT), 0);
-    ck_assert_uint_eq(metrics_divergence_total(), 1);
+    ck_assert_uint_eq(metrics_divergence_value(), 1);
     free(t);
 }
 END_TEST
@@ -401,8 +418,8 @@ START_TEST(test_last_step)
     metrics_init(0);
     ck_assert_uint_eq(metrics_last_step_ns(), 0);
     ck_assert_uint_eq(metrics_requests_total(), 0);
-    ck_assert_uint_eq(metrics_refused_total(), 0);
-    ck_assert_uint_eq(metrics_audits_total(), 0);
+    ck_assert_uint_eq(metrics_refused_value(), 0);
+    ck_assert_uint_eq(metrics_audit_value(), 0);
 }
 END_TEST
 

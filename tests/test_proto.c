@@ -267,62 +267,59 @@ START_TEST(test_framer_exact_limit)
 }
 END_TEST
 
+/* Lines over the limit of 8 bytes, fed in pieces: each piece's result, and
+ * the lines delivered before the error.  The framer then refuses every
+ * feed and holds no buffer. */
+static const struct too_long_case {
+    const char *what;
+    struct {
+        const char *data;
+        int rc;
+    } feeds[4];
+    const char *lines;
+} too_long_cases[] = {
+    {"max_line + 1 with a newline, refused from then on",
+     {{"a\nb\r\n123456789\nc\n", SLOTD_ELINE_TOO_LONG},
+      {"d\n", SLOTD_ELINE_TOO_LONG},
+      {"", SLOTD_ELINE_TOO_LONG}},
+     "a\nb\n"},
+    {"max_line + 1 without a newline: known at once",
+     {{"a\n123456789", SLOTD_ELINE_TOO_LONG}},
+     "a\n"},
+    {"carried across feeds: fails in the feed that passes the limit",
+     {{"a\n1234", SLOTD_OK},
+      {"5678", SLOTD_OK},
+      {"9", SLOTD_ELINE_TOO_LONG},
+      {"\n", SLOTD_ELINE_TOO_LONG}},
+     "a\n"},
+    /* A "\r" past the limit that is not followed by "\n" is line. */
+    {"a \\r past the limit, then a byte",
+     {{"12345678\r", SLOTD_OK}, {"x", SLOTD_ELINE_TOO_LONG}},
+     ""},
+    {"a \\r past the limit, then a byte and a newline",
+     {{"12345678\rx\n", SLOTD_ELINE_TOO_LONG}},
+     ""},
+    {"two \\r past the limit", {{"12345678\r\r\n", SLOTD_ELINE_TOO_LONG}}, ""},
+    {"white space counts towards the limit too", {{"         \n", SLOTD_ELINE_TOO_LONG}}, ""},
+};
+
 START_TEST(test_framer_too_long)
 {
+    const struct too_long_case *tc = &too_long_cases[_i];
     proto_framer_t f;
     collect_t c;
 
-    /* max_line + 1 with a newline. */
     proto_framer_init(&f, 8);
     collect_init(&c);
-    ck_assert_int_eq(feed_str(&f, &c, "a\nb\r\n123456789\nc\n"), SLOTD_ELINE_TOO_LONG);
-    ck_lines(&c, "a\nb\n");
-    ck_assert(f.failed);
+    for (size_t i = 0; i < sizeof(tc->feeds) / sizeof(tc->feeds[0]) && tc->feeds[i].data; i++) {
+        int rc = feed_str(&f, &c, tc->feeds[i].data);
+        ck_assert_msg(rc == tc->feeds[i].rc, "%s: feed %zu gave %d", tc->what, i, rc);
+    }
+    ck_lines(&c, tc->lines);
+    ck_assert_msg(f.failed, "%s: not failed", tc->what);
     ck_assert_ptr_null(f.buf);
-    /* Refused from now on. */
-    ck_assert_int_eq(feed_str(&f, &c, "d\n"), SLOTD_ELINE_TOO_LONG);
-    ck_assert_int_eq(feed(&f, &c, "", 0), SLOTD_ELINE_TOO_LONG);
-    ck_lines(&c, "a\nb\n");
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
-
-    /* max_line + 1 without a newline: known at once. */
-    proto_framer_init(&f, 8);
-    collect_init(&c);
-    ck_assert_int_eq(feed_str(&f, &c, "a\n123456789"), SLOTD_ELINE_TOO_LONG);
-    ck_lines(&c, "a\n");
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
-
-    /* Carried across feeds: fails in the feed that passes the limit. */
-    proto_framer_init(&f, 8);
-    collect_init(&c);
-    ck_assert_int_eq(feed_str(&f, &c, "a\n1234"), SLOTD_OK);
-    ck_assert_int_eq(feed_str(&f, &c, "5678"), SLOTD_OK);
-    ck_assert_int_eq(feed_str(&f, &c, "9"), SLOTD_ELINE_TOO_LONG);
-    ck_assert_int_eq(feed_str(&f, &c, "\n"), SLOTD_ELINE_TOO_LONG);
-    ck_lines(&c, "a\n");
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
-
-    /* A "\r" past the limit that is not followed by "\n" is line. */
-    proto_framer_init(&f, 8);
-    collect_init(&c);
-    ck_assert_int_eq(feed_str(&f, &c, "12345678\r"), SLOTD_OK);
-    ck_assert_int_eq(feed_str(&f, &c, "x"), SLOTD_ELINE_TOO_LONG);
-    proto_framer_free(&f);
-    proto_framer_init(&f, 8);
-    ck_assert_int_eq(feed_str(&f, &c, "12345678\rx\n"), SLOTD_ELINE_TOO_LONG);
-    proto_framer_free(&f);
-    proto_framer_init(&f, 8);
-    ck_assert_int_eq(feed_str(&f, &c, "12345678\r\r\n"), SLOTD_ELINE_TOO_LONG);
-    proto_framer_free(&f);
-    proto_buf_free(&c.out);
-
-    /* White space counts towards the limit too. */
-    proto_framer_init(&f, 8);
-    collect_init(&c);
-    ck_assert_int_eq(feed_str(&f, &c, "         \n"), SLOTD_ELINE_TOO_LONG);
+    ck_assert_int_eq(feed_str(&f, &c, "e\n"), SLOTD_ELINE_TOO_LONG);
+    ck_lines(&c, tc->lines);
     proto_framer_free(&f);
     proto_buf_free(&c.out);
 }
@@ -585,6 +582,52 @@ START_TEST(test_parse_ops)
     ck_assert_str_eq(proto_op_name(PROTO_OP_NONE), "none");
     ck_assert_str_eq(proto_op_name(PROTO_OP_GENERATE), "generate");
     ck_assert_str_eq(proto_op_name(PROTO_OP__COUNT), "none");
+}
+END_TEST
+
+/* The op table (proto/ops.c): every row is found by its name on both
+ * paths, a required member's absence and a wrong type name the member, and
+ * the ops that run on workers are the four with a run function in
+ * server/job.c. */
+START_TEST(test_op_table)
+{
+    static const bool on_worker[PROTO_OP__COUNT] = {
+        [PROTO_OP_START] = true,
+        [PROTO_OP_STEP] = true,
+        [PROTO_OP_LOGITS] = true,
+        [PROTO_OP_GENERATE] = true,
+    };
+    proto_request_t r;
+    slotd_error_t e;
+    char line[256], want[160];
+
+    proto_init();
+    proto_request_init(&r);
+    for (int k = 0; k <= PROTO_OP__COUNT; k++)
+        ck_assert_int_eq(proto_op_on_worker((proto_op_t)k), k < PROTO_OP__COUNT && on_worker[k]);
+    for (int k = PROTO_OP_NONE + 1; k < PROTO_OP__COUNT; k++) {
+        const proto_op_def_t *d = &proto_ops[k];
+        ck_assert_str_eq(proto_op_name((proto_op_t)k), d->name);
+        ck_assert_uint_eq(strlen(d->name), d->len);
+        ck_assert_uint_le(d->nmembers, PROTO_OP_MEMBERS_MAX);
+        for (unsigned m = 0; m < d->nmembers; m++) {
+            const proto_field_def_t *f = &proto_fields[d->members[m].field];
+            /* A wrong type (an object) names the op and the member. */
+            snprintf(line, sizeof(line), "{\"op\":\"%s\",\"%s\":{}}", d->name, f->name);
+            snprintf(want, sizeof(want), "%s: `%s` %s", d->name, f->name, f->must);
+            ck_assert_int_eq(proto__request_parse_tree(line, strlen(line), &r, &e),
+                             SLOTD_EBAD_REQUEST);
+            if (m == 0)
+                ck_assert_str_eq(e.message, want);
+            ck_assert_int_eq(proto__request_parse_flat(line, strlen(line), &r, &e), PROTO__DECLINED);
+            if (m == 0 && d->members[m].required) {
+                snprintf(line, sizeof(line), "{\"op\":\"%s\"}", d->name);
+                ck_assert_int_eq(parse(line, &r, &e), SLOTD_EBAD_REQUEST);
+                ck_assert_ptr_nonnull(strstr(e.message, f->name));
+            }
+        }
+    }
+    proto_request_free(&r);
 }
 END_TEST
 
@@ -2363,7 +2406,8 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, test_framer_byte_by_byte);
     tcase_add_test(tc, test_framer_crlf_and_blank);
     tcase_add_test(tc, test_framer_exact_limit);
-    tcase_add_test(tc, test_framer_too_long);
+    tcase_add_loop_test(tc, test_framer_too_long, 0,
+                        (int)(sizeof(too_long_cases) / sizeof(too_long_cases[0])));
     tcase_add_test(tc, test_framer_too_long_every_split);
     tcase_add_test(tc, test_framer_callback_stops);
     tcase_add_test(tc, test_framer_nomem);
@@ -2373,6 +2417,7 @@ static Suite *proto_suite(void)
     tc = tcase_create("request");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_parse_ops);
+    tcase_add_test(tc, test_op_table);
     tcase_add_test(tc, test_parse_bad_json);
     tcase_add_test(tc, test_parse_nul_and_utf8);
     tcase_add_test(tc, test_utf8_exhaustive);

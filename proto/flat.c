@@ -1,0 +1,310 @@
+/*
+ * flat.c: the one-pass path of proto_request_parse(), which reads the
+ * usual requests in one pass over the line without building a tree.
+ *
+ * It reads only what it can read exactly as the tree path does, and leaves
+ * the rest to it (declines): a member name with an escape (it might spell a
+ * known name), a known member's string with an escape, a number that is not
+ * a plain integer of at most 15 digits where an integer is read (1.0, 1e2
+ * and 16-digit literals need the exact rule of scan.c), and any line the
+ * rules (rules.c) refuse, so that error messages are made once, by the tree
+ * path.  Everything else in the line -- unknown members, later duplicates,
+ * known members the op does not use -- is only checked, with
+ * proto__scan_value() and the UTF-8 scan.  It holds no rule of a member of
+ * its own: the values it notes go through the same proto__request_check()
+ * and proto__request_store() as the tree path's.
+ *
+ * Threads: any thread; it touches only its arguments and its stack.
+ *
+ * Design: docs/design.md, "Parsing a request line".
+ */
+#include "proto/parse__internal.h"
+
+#include <stdlib.h>
+
+/* The integers of prompt and tokens arrays, read before the op is known.
+ * `v` is `local` until it outgrows it, then memory of the parse's own, from
+ * proto__realloc() and freed before the parse returns. */
+#define FLAT_LOCAL_INTS 256
+typedef struct flat_ints {
+    int64_t *v;
+    size_t n, cap;
+    int64_t local[FLAT_LOCAL_INTS];
+} flat_ints_t;
+
+/* The bytes a string holds as they are: printable ASCII and DEL, but the
+ * quote and the backslash. */
+static const unsigned char str_plain[256] = {
+    [0x20] = 1, [0x21] = 1, [0x23] = 1, [0x24] = 1, [0x25] = 1, [0x26] = 1, [0x27] = 1, [0x28] = 1,
+    [0x29] = 1, [0x2A] = 1, [0x2B] = 1, [0x2C] = 1, [0x2D] = 1, [0x2E] = 1, [0x2F] = 1, [0x30] = 1,
+    [0x31] = 1, [0x32] = 1, [0x33] = 1, [0x34] = 1, [0x35] = 1, [0x36] = 1, [0x37] = 1, [0x38] = 1,
+    [0x39] = 1, [0x3A] = 1, [0x3B] = 1, [0x3C] = 1, [0x3D] = 1, [0x3E] = 1, [0x3F] = 1, [0x40] = 1,
+    [0x41] = 1, [0x42] = 1, [0x43] = 1, [0x44] = 1, [0x45] = 1, [0x46] = 1, [0x47] = 1, [0x48] = 1,
+    [0x49] = 1, [0x4A] = 1, [0x4B] = 1, [0x4C] = 1, [0x4D] = 1, [0x4E] = 1, [0x4F] = 1, [0x50] = 1,
+    [0x51] = 1, [0x52] = 1, [0x53] = 1, [0x54] = 1, [0x55] = 1, [0x56] = 1, [0x57] = 1, [0x58] = 1,
+    [0x59] = 1, [0x5A] = 1, [0x5B] = 1, [0x5D] = 1, [0x5E] = 1, [0x5F] = 1, [0x60] = 1, [0x61] = 1,
+    [0x62] = 1, [0x63] = 1, [0x64] = 1, [0x65] = 1, [0x66] = 1, [0x67] = 1, [0x68] = 1, [0x69] = 1,
+    [0x6A] = 1, [0x6B] = 1, [0x6C] = 1, [0x6D] = 1, [0x6E] = 1, [0x6F] = 1, [0x70] = 1, [0x71] = 1,
+    [0x72] = 1, [0x73] = 1, [0x74] = 1, [0x75] = 1, [0x76] = 1, [0x77] = 1, [0x78] = 1, [0x79] = 1,
+    [0x7A] = 1, [0x7B] = 1, [0x7C] = 1, [0x7D] = 1, [0x7E] = 1, [0x7F] = 1,
+};
+
+/* At the opening quote: a string with no escape in it, whose bytes are
+ * valid UTF-8 (the check the tree path makes of the whole line first).
+ * Its bytes are [*b, *e) of the line, *high tells whether one is >= 0x80,
+ * and j->i is past the closing quote.  -1 for anything else: a backslash,
+ * a control character, ill-formed UTF-8, no closing quote. */
+static int flat_string(proto__scan_t *j, size_t *b, size_t *e, bool *high)
+{
+    const unsigned char *s = j->s;
+    size_t i = j->i + 1, n = j->n, k;
+
+    *b = i;
+    *high = false;
+    for (;;) {
+        while (i < n && str_plain[s[i]])
+            i++;
+        if (i >= n)
+            return -1;
+        if (s[i] == '"')
+            break;
+        if (s[i] < 0x80 || (k = proto__utf8_seq(s + i, n - i)) == 0)
+            return -1;
+        *high = true;
+        i += k;
+    }
+    *e = i;
+    j->i = i + 1;
+    return 0;
+}
+
+/* Any well-formed value at j->i, read by the syntax check itself (at the
+ * depth of a member of the line's object), whose strings are valid UTF-8. */
+static int flat_skip(proto__scan_t *j)
+{
+    size_t start = j->i;
+
+    if (proto__scan_value(j, 1) != 0)
+        return -1;
+    return proto__utf8_scan((const char *)j->s + start, j->i - start) == j->i - start ? 0 : -1;
+}
+
+/* At '-' or a digit.  0: a plain literal (no fraction, no exponent, at most
+ * 15 digits, so cJSON's double holds it exactly), its value in *v; 1:
+ * another well-formed literal; -1: not a number. */
+static int flat_number(proto__scan_t *j, int64_t *v)
+{
+    const unsigned char *s = j->s;
+    size_t i = j->i, n = j->n, digits;
+    bool neg = s[i] == '-';
+    uint64_t u = 0;
+
+    if (neg)
+        i++;
+    if (i >= n || !proto__is_digit(s[i]))
+        return -1;
+    digits = i;
+    if (s[i] == '0')
+        i++;
+    else
+        for (; i < n && proto__is_digit(s[i]) && i - digits < 16; i++)
+            u = u * 10 + (unsigned)(s[i] - '0');
+    if (i - digits > 15 ||
+        (i < n && (s[i] == '.' || s[i] == 'e' || s[i] == 'E' || proto__is_digit(s[i])))) {
+        /* The syntax check reads the rest. */
+        return proto__scan_number(j) == 0 ? 1 : -1;
+    }
+    j->i = i;
+    *v = neg ? -(int64_t)u : (int64_t)u;
+    return 0;
+}
+
+static int flat_push(flat_ints_t *t, int64_t v)
+{
+    if (t->n == t->cap) {
+        size_t cap = t->cap * 2;
+        int64_t *p;
+        if (cap > SIZE_MAX / sizeof(*p))
+            return -1;
+        p = proto__realloc(t->v == t->local ? NULL : t->v, cap * sizeof(*p));
+        if (p == NULL)
+            return -1;
+        if (t->v == t->local)
+            memcpy(p, t->local, t->n * sizeof(*p));
+        t->v = p;
+        t->cap = cap;
+    }
+    t->v[t->n++] = v;
+    return 0;
+}
+
+/* At the '[' of a prompt or tokens member: PROTO__INTS if it is a non-empty
+ * array of plain integer literals, which go into `t`; otherwise the array
+ * is read again as any value, PROTO__OTHER. */
+static int flat_array(proto__scan_t *j, flat_ints_t *t, proto__value_t *out)
+{
+    size_t start = j->i, first = t->n;
+    int64_t v;
+
+    j->i++;
+    for (;;) {
+        int rc;
+        proto__scan_ws(j);
+        if (j->i >= j->n || (j->s[j->i] != '-' && !proto__is_digit(j->s[j->i])))
+            goto other;
+        if ((rc = flat_number(j, &v)) < 0)
+            return -1;
+        if (rc > 0)
+            goto other;
+        if (flat_push(t, v) != 0)
+            return -1;
+        proto__scan_ws(j);
+        if (j->i < j->n && j->s[j->i] == ']')
+            break;
+        if (j->i >= j->n || j->s[j->i] != ',')
+            return -1;
+        j->i++;
+    }
+    j->i++;
+    out->kind = PROTO__INTS;
+    out->v = (int64_t)first; /* where they are in t->v */
+    out->ints = t->v + first;
+    out->n = out->bad = t->n - first;
+    return 0;
+
+other:
+    t->n = first;
+    j->i = start;
+    out->kind = PROTO__OTHER;
+    return flat_skip(j);
+}
+
+/* The first value of known member `k`, at j->i (not white space). */
+static int flat_value(proto__scan_t *j, int k, proto__value_t *out, flat_ints_t *t)
+{
+    unsigned char c = j->s[j->i];
+    size_t b, e;
+    int rc;
+
+    switch (c) {
+    case '"':
+        out->kind = PROTO__STRING;
+        if (flat_string(j, &b, &e, &out->high) != 0)
+            return -1;
+        out->s = (const char *)j->s + b;
+        out->len = e - b;
+        return 0;
+    case 't':
+        out->kind = PROTO__TRUE;
+        return proto__scan_literal(j, "true", 4);
+    case 'f':
+        out->kind = PROTO__FALSE;
+        return proto__scan_literal(j, "false", 5);
+    case '[':
+        if (proto_fields[k].type == PROTO_TYPE_INTS)
+            return flat_array(j, t, out);
+        break;
+    default:
+        if (c == '-' || proto__is_digit(c)) {
+            if ((rc = flat_number(j, &out->v)) < 0)
+                return -1;
+            out->kind = rc == 0 ? PROTO__INT : PROTO__OTHER;
+            return 0;
+        }
+        break;
+    }
+    out->kind = PROTO__OTHER;
+    return flat_skip(j);
+}
+
+/* The whole line, once: one object, every byte checked as the tree path
+ * checks it, and the first value of each known member noted in f[]. */
+static int flat_scan(proto__scan_t *j, proto__value_t *f, flat_ints_t *t)
+{
+    proto__scan_ws(j);
+    if (j->i >= j->n || j->s[j->i] != '{')
+        return -1;
+    j->i++;
+    for (;;) {
+        size_t b, e;
+        bool high;
+        int k;
+
+        proto__scan_ws(j);
+        if (j->i >= j->n || j->s[j->i] != '"' || flat_string(j, &b, &e, &high) != 0)
+            return -1;
+        k = high ? -1 : proto__field_index((const char *)j->s + b, e - b, j->n - b);
+        proto__scan_ws(j);
+        if (j->i >= j->n || j->s[j->i] != ':')
+            return -1;
+        j->i++;
+        proto__scan_ws(j);
+        if (j->i >= j->n)
+            return -1;
+        if (k >= 0 && f[k].kind == PROTO__ABSENT) {
+            if (flat_value(j, k, &f[k], t) != 0)
+                return -1;
+        } else if (flat_skip(j) != 0) {
+            return -1;
+        }
+        proto__scan_ws(j);
+        if (j->i >= j->n)
+            return -1;
+        if (j->s[j->i] == '}')
+            break;
+        if (j->s[j->i] != ',')
+            return -1;
+        j->i++;
+    }
+    j->i++;
+    proto__scan_ws(j);
+    return j->i == j->n ? 0 : -1;
+}
+
+/* The request from what flat_scan() noted, if the rules take it; the
+ * tree path has the last word on everything else. */
+static int flat_fill(proto__value_t *f, const flat_ints_t *t, proto_request_t *r,
+                     slotd_error_t *err)
+{
+    slotd_error_t e;
+    int rc;
+
+    /* Arrays point into t->local, which stays put; only memory that
+     * replaced it may have moved since. */
+    if (t->v != t->local) {
+        for (int k = 0; k < PROTO_FIELD__COUNT; k++) {
+            if (f[k].kind == PROTO__INTS)
+                f[k].ints = t->v + f[k].v;
+        }
+    }
+    /* The rules refuse a line: the tree path makes its error, from a
+     * request as it was. */
+    rc = proto__request_fill(f, NULL, r, &e);
+    if (rc == SLOTD_OK)
+        return SLOTD_OK;
+    if (rc == SLOTD_ENOMEM) {
+        *err = e;
+        return rc;
+    }
+    proto_request_free(r);
+    return PROTO__DECLINED;
+}
+
+int proto__parse_flat(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
+{
+    proto__scan_t j = {.s = (const unsigned char *)line, .n = len};
+    proto__value_t f[PROTO_FIELD__COUNT];
+    flat_ints_t t;
+    int rc = PROTO__DECLINED;
+
+    for (int k = 0; k < PROTO_FIELD__COUNT; k++)
+        f[k].kind = PROTO__ABSENT;
+    t.v = t.local;
+    t.n = 0;
+    t.cap = FLAT_LOCAL_INTS;
+    if (flat_scan(&j, f, &t) == 0)
+        rc = flat_fill(f, &t, r, err);
+    if (t.v != t.local)
+        free(t.v);
+    return rc;
+}

@@ -1,0 +1,690 @@
+/*
+ * dispatch.c: request dispatch, a line in and a job or an answer out.  It
+ * parses each line read into a request record in read order (the order
+ * FIFO), checks it (auth, the model, the map, the session limit, the
+ * connection's share, the pool's room) and applies it: to a session's FIFO
+ * (session.c), to the workers (launch.c), or answered at once; a stats
+ * waits for the head of the FIFO, with the lines after it held behind it
+ * (the barrier).  It keeps the pipelining rule (below: "Pipelined order
+ * under pressure", REQ_DEFER), takes back jobs from the workers
+ * (dispatch__job_done()), moves ready replies to the connection's output
+ * in read order (conn_advance()), and answers a drain shutting_down.
+ *
+ * DESIGN.  Loop thread only; no lock.  A record whose job is out
+ * (REQ_RUNNING) belongs to the workers until dispatch__job_done(); conn.c
+ * reaches this file only through conn_hooks_t.
+ *
+ * Design: docs/design.md, "Pipelining" and "server/ layout".
+ */
+#include "dispatch_int.h"
+
+#include <assert.h>
+#include <inttypes.h>
+#include <string.h>
+
+#include "auth.h"
+#include "conn_int.h"
+#include "inspect_int.h"
+#include "launch_int.h"
+#include "log.h"
+#include "req_int.h"
+#include "session_int.h"
+
+static bool req_apply(conn_t *c, req_t *r);
+static void release_barrier(conn_t *c, req_t *r);
+
+/* ---- Pipelined order under pressure (docs/design.md, "Pipelining") ----
+ *
+ * Lines take effect as if run one at a time in the order read.  Work for
+ * different sessions runs concurrently; only room in the pool can make
+ * the outcome depend on timing.  So a request that takes room is held
+ * back (REQ_DEFER, with the lines after it held as behind a stats)
+ * when it could take room an earlier request of its connection may still
+ * need; and a request refused for room while earlier requests of its
+ * connection have not all taken effect (a finish not yet run, a start
+ * that may fail) is not answered: it runs again once they have.  Neither
+ * costs anything while the pool has room for every request in flight. */
+
+/* Whether a line read before `r` on its connection has not taken effect. */
+static bool earlier_pending(const conn_t *c, const req_t *r)
+{
+    for (const req_t *h = c->order_head; h != r; h = h->order_next)
+        if (h->state != REQ_DONE)
+            return true;
+    return false;
+}
+
+/* An upper bound on the pool room `r` may take with model `m`: bytes of
+ * state and blocks, and slots.  The slot's chain grows from empty for a
+ * start and for the borrowed slot of logits and generate; a step of n adds
+ * at most n entries' blocks, and one more block. */
+static void req_need(const req_t *r, const model_t *m, uint64_t *bytes, uint64_t *slots)
+{
+    size_t chain = 0;
+    uint32_t positions;
+
+    switch (r->rq.op) {
+    case PROTO_OP_STEP:
+        if (r->rq.n <= 1)
+            chain = model_block_bytes(m);
+        else
+            model_chain_blocks(m, r->rq.n + model_block_positions(m), 64, &chain);
+        *bytes = chain + 64;
+        *slots = 0;
+        return;
+    case PROTO_OP_GENERATE:
+        positions = (uint32_t)(r->rq.ntokens + (size_t)r->rq.steps);
+        break;
+    default: /* start, logits */
+        positions = (uint32_t)r->rq.ntokens;
+        break;
+    }
+    model_chain_blocks(m, positions, 64, &chain);
+    *bytes = chain + model_state_size(m) + 128;
+    *slots = 1;
+}
+
+/* Whether `r`, which may take `bytes` and `slots` of the pool, must wait
+ * for the earlier lines of its connection: when the pool may not hold it
+ * and every earlier request still pending, it could take room one of them
+ * needs, which one at a time it would not have had.  A finish (no need)
+ * waits likewise while the earlier requests may not all fit: its room
+ * could let one of them succeed that one at a time would have failed. */
+static bool conn_must_wait(conn_t *c, const req_t *r, uint64_t bytes, uint64_t slots)
+{
+    uint64_t free_bytes, free_slots;
+
+    if (c->pending_bytes == 0 && c->pending_slots == 0)
+        return false;
+    cache_pool_room(c->server->pool, &free_bytes, &free_slots);
+    if (free_bytes >= c->pending_bytes + bytes && free_slots >= c->pending_slots + slots)
+        return false;
+    return earlier_pending(c, r);
+}
+
+/* `r` may take `bytes` and `slots`: pending until it is done. */
+static void req_count_need(conn_t *c, req_t *r, uint64_t bytes, uint64_t slots)
+{
+    r->need_bytes = bytes;
+    r->need_slots = (uint32_t)slots;
+    c->pending_bytes += bytes;
+    c->pending_slots += slots;
+}
+
+/* Makes `r` wait until every earlier line of its connection has taken
+ * effect: applied then (again false), or its job run again (true).  The
+ * lines read after it are held, unless a later barrier holds them already;
+ * conn_advance() resumes it when it reaches the head. */
+static void req_defer(conn_t *c, req_t *r, bool again)
+{
+    r->state = REQ_DEFER;
+    r->again = again;
+    if (c->barrier == NULL)
+        c->barrier = r;
+}
+
+/* `r`, deferred, is at the head: nothing before it is pending any more. */
+static void req_resume(conn_t *c, req_t *r)
+{
+    if (r->again) {
+        r->again = false;
+        r->rc = SLOTD_OK;
+        r->reply.len = 0;
+        launch__req(r);
+    } else {
+        r->state = REQ_NEW;
+        if (!req_apply(c, r))
+            return; /* closed */
+    }
+    release_barrier(c, r);
+}
+
+/* ---- Replies in read order ---- */
+
+/* Moves every answered record at the head of the order FIFO to `out`
+ * (answering a stats that reached the head), in order. */
+static void conn_advance(conn_t *c)
+{
+    server_t *s = c->server;
+    bool moved = false;
+    req_t *r;
+
+    while ((r = c->order_head) != NULL && !c->closed) {
+        if (r->state == REQ_DEFER) {
+            req_resume(c, r);
+            if (c->closed)
+                return;
+            continue;
+        }
+        if (r->state != REQ_DONE) {
+            proto_stats_t st;
+            int rc;
+            if (r->rq.op != PROTO_OP_STATS || r->state != REQ_WAITING)
+                break;
+            if (s->draining) {
+                rc = req__set_error(r, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+            } else {
+                inspect__stats(s, &st);
+                rc = proto_reply_stats(&r->reply, r->rq.tag, &st);
+            }
+            if (rc != SLOTD_OK)
+                goto nomem;
+            req__done(r);
+            release_barrier(c, r);
+            if (c->closed)
+                return;
+        }
+        if (proto_buf_append(&c->out, r->reply.data, r->reply.len) != SLOTD_OK)
+            goto nomem;
+        c->order_head = r->order_next;
+        if (c->order_head == NULL)
+            c->order_tail = NULL;
+        c->outstanding--;
+        c->held_bytes -= r->reply.len;
+        if (r->rc != SLOTD_OK)
+            metrics_count_error(r->rc);
+        if (c->barrier == r) /* a deferred request that a drain failed */
+            release_barrier(c, r);
+        req__put(s, r);
+        moved = true;
+    }
+    if (moved)
+        conn__mark_dirty(s, c);
+    return;
+
+nomem:
+    log_error("connection %" PRIu64 ": no memory for output; closing it", c->serial);
+    conn__close(c);
+}
+
+/* The model a start, logits or generate names (or the default one). */
+/* ---- Requests as they are read ---- */
+
+static const model_t *resolve_model(conn_t *c, req_t *r, slotd_error_t *err)
+{
+    server_t *s = c->server;
+    const model_t *m;
+
+    if (r->rq.model[0] == '\0')
+        return s->default_model;
+    m = dispatch__model(s, r->rq.model);
+    if (m == NULL)
+        slotd_error_set(err, SLOTD_EBAD_REQUEST, "model: '%s' is not loaded", r->rq.model);
+    return m;
+}
+
+#define ROOM_DEFERRED 1 /* room_check(): `r` waits (REQ_DEFER) */
+
+/* The capacity checks of a start or step of `entries` positions of `m`,
+ * in order: the connection's share (a refusal waits while an earlier line
+ * is pending, whose charge may come back), then the pool's room
+ * (conn_must_wait()).  SLOTD_OK with the room `r` may take in *bytes and
+ * *slots; ROOM_DEFERRED when `r` was deferred; or the code of the error
+ * set in `err`. */
+static int room_check(conn_t *c, req_t *r, const model_t *m, uint64_t entries, bool start,
+                      bool new_session, uint64_t *bytes, uint64_t *slots, slotd_error_t *err)
+{
+    if (session__share_charge(c, NULL, m, entries, start, new_session, err) != SLOTD_OK) {
+        if (!earlier_pending(c, r))
+            return err->code;
+        req_defer(c, r, false);
+        return ROOM_DEFERRED;
+    }
+    req_need(r, m, bytes, slots);
+    if (conn_must_wait(c, r, *bytes, *slots)) {
+        req_defer(c, r, false);
+        return ROOM_DEFERRED;
+    }
+    return SLOTD_OK;
+}
+
+/* Validates a start against the model, the map and the session limit, and
+ * queues it on a new session record.  Returns SLOTD_OK, the code of the
+ * error set in `err`, or SLOTD_ENOMEM. */
+static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
+{
+    server_t *s = c->server;
+    const model_t *m = resolve_model(c, r, err);
+    session_t *sess;
+    uint64_t bytes, slots;
+    int rc;
+
+    if (m == NULL)
+        return err->code;
+    if (model_check_prompt(m, r->rq.tokens, r->rq.ntokens, err) != SLOTD_OK)
+        return err->code;
+    sess = session__find(c, r->rq.id);
+    if (sess != NULL && sess->has_slot)
+        return slotd_error_set(err, SLOTD_EDUPLICATE_ID,
+                               "start: session '%s' is already live on this connection", r->rq.id);
+    if (sess == NULL && s->admitted >= s->cfg->max_sessions) {
+        if (earlier_pending(c, r)) { /* an earlier finish or failed start may make room */
+            req_defer(c, r, false);
+            return SLOTD_OK;
+        }
+        return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                               "start: the daemon holds %u sessions, its limit (--max-sessions)",
+                               s->cfg->max_sessions);
+    }
+    rc = room_check(c, r, m, r->rq.ntokens, true, sess == NULL, &bytes, &slots, err);
+    if (rc != SLOTD_OK)
+        return rc == ROOM_DEFERRED ? SLOTD_OK : rc;
+    r->model = m;
+    r->owner_key = c->serial;
+    if (sess != NULL) {
+        /* The id's start has not succeeded yet: this one is decided after
+         * it, duplicate_id if it succeeds, run if it fails. */
+        /* Checked above. */
+        (void)session__share_charge(c, sess, m, r->rq.ntokens, true, false, err);
+        req_count_need(c, r, bytes, slots);
+        session__enqueue(sess, r);
+        return SLOTD_OK;
+    }
+
+    sess = session__get(s);
+    if (sess == NULL)
+        return SLOTD_ENOMEM;
+    /* The id is kept once, in the owner its slot will have; the map's
+     * node points at it. */
+    sess->cs.owner.key = c->serial;
+    memcpy(sess->cs.owner.id, r->rq.id, sizeof(sess->cs.owner.id));
+    sess->node.id = sess->cs.owner.id;
+    if (session_map_insert(&c->map, &sess->node) != SLOTD_OK) {
+        session__put(s, sess);
+        return SLOTD_ENOMEM;
+    }
+    sess->in_map = true;
+    sess->born = uv_now(&s->loop);
+    s->admitted++;
+    (void)session__share_charge(c, sess, m, r->rq.ntokens, true, true, err); /* checked above */
+    c->share_sessions++;
+    sess->conn = c;
+    sess->cs.model = m; /* for the room its steps may take, before it has a slot */
+    sess->prev = NULL;
+    sess->next = c->sessions;
+    if (c->sessions != NULL)
+        c->sessions->prev = sess;
+    c->sessions = sess;
+
+    req_count_need(c, r, bytes, slots);
+    session__enqueue(sess, r);
+    return SLOTD_OK;
+}
+
+/* The session's model: its slot's, or its start's while that has not run. */
+static const model_t *session_model(const session_t *sess)
+{
+    if (sess->cs.model != NULL)
+        return sess->cs.model;
+    if (sess->running != NULL)
+        return sess->running->model;
+    return sess->fifo_head != NULL ? sess->fifo_head->model : NULL;
+}
+
+static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
+{
+    session_t *sess = session__find(c, r->rq.id);
+
+    if (sess == NULL)
+        return slotd_error_set(err, SLOTD_EUNKNOWN_ID,
+                               "%s: no live session '%s' on this connection",
+                               proto_op_name(r->rq.op), r->rq.id);
+    if (r->rq.op == PROTO_OP_FINISH) {
+        /* Its room must not reach an earlier request that may not fit
+         * without it. */
+        if (conn_must_wait(c, r, 0, 0)) {
+            req_defer(c, r, false);
+            return SLOTD_OK;
+        }
+        session__unmap(sess); /* later lines no longer see the id */
+    } else {
+        const model_t *m = session_model(sess);
+        uint64_t bytes, slots;
+        int rc = room_check(c, r, m, r->rq.n, false, false, &bytes, &slots, err);
+
+        if (rc != SLOTD_OK)
+            return rc == ROOM_DEFERRED ? SLOTD_OK : rc;
+        (void)session__share_charge(c, sess, m, r->rq.n, false, false, err); /* checked above */
+        req_count_need(c, r, bytes, slots);
+    }
+    session__enqueue(sess, r);
+    return SLOTD_OK;
+}
+
+static int read_stateless(conn_t *c, req_t *r, slotd_error_t *err)
+{
+    const model_t *m = resolve_model(c, r, err);
+    int64_t steps = r->rq.op == PROTO_OP_GENERATE ? r->rq.steps : 0;
+    uint64_t bytes, slots;
+
+    if (m == NULL)
+        return err->code;
+    if (model_family(m) != MODEL_FAMILY_ATTN)
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                               "model: '%s' is a hash model; %s needs an attn model", model_name(m),
+                               proto_op_name(r->rq.op));
+    if (model_check_generate(m, r->rq.tokens, r->rq.ntokens, steps, err) != SLOTD_OK)
+        return err->code;
+    req_need(r, m, &bytes, &slots);
+    if (conn_must_wait(c, r, bytes, slots)) {
+        req_defer(c, r, false);
+        return SLOTD_OK;
+    }
+    req_count_need(c, r, bytes, slots);
+    r->model = m;
+    launch__req(r);
+    return SLOTD_OK;
+}
+
+/* Applies a parsed request, already in the order FIFO, to the
+ * connection's state: the model's ranges, the session map, the session's
+ * FIFO or the workers.  False if the connection had to close (no memory). */
+static bool req_apply(conn_t *c, req_t *r)
+{
+    slotd_error_t err;
+    int rc = SLOTD_OK;
+
+    slotd_error_clear(&err);
+
+    switch (r->rq.op) {
+    case PROTO_OP_START:
+        rc = read_start(c, r, &err);
+        break;
+    case PROTO_OP_STEP:
+    case PROTO_OP_FINISH:
+        rc = read_session_op(c, r, &err);
+        break;
+    case PROTO_OP_LOGITS:
+    case PROTO_OP_GENERATE:
+        rc = read_stateless(c, r, &err);
+        break;
+    case PROTO_OP_STATS:
+        /* Answered at the head of the order FIFO; the lines after it wait
+         * until then, so that it shows nothing of them. */
+        r->state = REQ_WAITING;
+        c->barrier = r;
+        break;
+    default:
+        rc = slotd_error_set(&err, SLOTD_EUNKNOWN_OP, "op: not known");
+        break;
+    }
+    if (rc == SLOTD_ENOMEM) {
+        log_error("connection %" PRIu64 ": no memory for a request; closing it", c->serial);
+        conn__close(c);
+        return false;
+    }
+    return rc == SLOTD_OK || req__fail(r, &err);
+}
+
+/* If `r` is the barrier (a stats answered, a deferred request resumed or
+ * failed by a drain), lifts it: counts and applies the lines held behind
+ * it, in order, up to the next barrier. */
+static void release_barrier(conn_t *c, req_t *r)
+{
+    req_t *h;
+
+    if (c->barrier != r)
+        return;
+    c->barrier = NULL;
+    for (h = r->order_next; h != NULL && c->barrier == NULL; h = h->order_next) {
+        if (h->uncounted) {
+            h->uncounted = false;
+            metrics_count_request(h->rq.op);
+        }
+        if (h->state == REQ_HELD && !req_apply(c, h))
+            return;
+    }
+}
+
+/* An auth request: with no token set, or the right one, the connection is
+ * open from now on; a wrong one is auth_failed, counted and logged (not
+ * the token), and the connection closes after the reply.  False if the
+ * connection had to close (no memory). */
+static bool req_auth(conn_t *c, req_t *r)
+{
+    const server_config_t *cfg = c->server->cfg;
+    struct sockaddr_storage peer;
+    int plen = sizeof(peer);
+    char host[64] = "?";
+    slotd_error_t err;
+
+    if (cfg->auth_token_len == 0 ||
+        auth_equal(r->rq.token, r->rq.token_len, cfg->auth_token, cfg->auth_token_len)) {
+        c->authed = true;
+        r->rc = SLOTD_OK;
+        r->reply.len = 0;
+        if (proto_reply_auth(&r->reply, r->rq.tag) != SLOTD_OK) {
+            conn__close(c);
+            return false;
+        }
+        req__done(r);
+        return true;
+    }
+    metrics_count_auth_failure();
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &plen) == 0)
+        uv_ip_name((struct sockaddr *)&peer, host, sizeof(host));
+    log_warn("connection %" PRIu64 " from %s: auth with a wrong token; closing it", c->serial,
+             host);
+    slotd_error_set(&err, SLOTD_EAUTH_FAILED, "auth: wrong token; the connection is closed");
+    if (!req__fail(r, &err))
+        return false;
+    conn__end_input(c);
+    return true;
+}
+
+/* conn_hooks_t.line, a proto_framer_feed() callback: one complete line. */
+int dispatch__on_line(void *arg, const char *line, size_t len)
+{
+    conn_t *c = arg;
+    slotd_error_t err;
+    req_t *r;
+    int rc;
+
+    if (c->input_done) /* after auth_failed: the rest of this read is dropped */
+        return 0;
+    if ((r = req__get(c->server)) == NULL)
+        return SLOTD_ENOMEM;
+    slotd_error_clear(&err);
+    r->conn = c;
+    req__order_append(c, r);
+    rc = proto_request_parse(line, len, &r->rq, &err);
+    /* A line behind a barrier is counted when the barrier goes, so that a
+     * stats shows nothing of the lines after it. */
+    if (c->barrier == NULL)
+        metrics_count_request(r->rq.op);
+    else
+        r->uncounted = true;
+    if (r->rq.op == PROTO_OP_AUTH && rc == SLOTD_OK) {
+        if (!req_auth(c, r))
+            return SLOTD_ENOMEM;
+    } else if (r->rq.op != PROTO_OP_AUTH && !c->authed && c->server->cfg->auth_token_len > 0) {
+        slotd_error_set(&err, SLOTD_EAUTH_REQUIRED,
+                        "authenticate first: {\"op\":\"auth\",\"token\":\"...\"}");
+        if (!req__fail(r, &err))
+            return SLOTD_ENOMEM;
+    } else if (rc != SLOTD_OK) {
+        if (!req__fail(r, &err))
+            return SLOTD_ENOMEM;
+    } else if (c->barrier != NULL) {
+        r->state = REQ_HELD;
+    } else if (!req_apply(c, r)) {
+        return SLOTD_ENOMEM;
+    }
+    conn_advance(c);
+    return c->closed ? SLOTD_ENOMEM : 0;
+}
+
+/* conn_hooks_t.drain_line, a proto_framer_feed() callback in a drain: one
+ * complete line the peer had sent before it, answered shutting_down (its
+ * tag echoed if it has one). */
+int dispatch__on_drain_line(void *arg, const char *line, size_t len)
+{
+    conn_t *c = arg;
+    slotd_error_t err;
+    req_t *r = req__get(c->server);
+
+    if (r == NULL)
+        return SLOTD_ENOMEM;
+    slotd_error_clear(&err);
+    r->conn = c;
+    req__order_append(c, r);
+    (void)proto_request_parse(line, len, &r->rq, &err); /* for the op and the tag */
+    metrics_count_request(r->rq.op);
+    slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+    if (!req__fail(r, &err))
+        return SLOTD_ENOMEM;
+    conn_advance(c);
+    return c->closed ? SLOTD_ENOMEM : 0;
+}
+
+/* conn_hooks_t.line_too_long: the framer met a line longer than
+ * --max-line.  It is answered line_too_long in its place, and the input
+ * ends there (the connection closes lingering once all is answered). */
+void dispatch__line_too_long(conn_t *c)
+{
+    req_t *r = req__get(c->server);
+    log_debug("connection %" PRIu64 ": line longer than %zu bytes", c->serial, c->framer.max_line);
+    if (r == NULL) {
+        conn__close(c);
+        return;
+    }
+    r->conn = c;
+    req__order_append(c, r);
+    if (c->barrier == NULL) /* as dispatch__on_line() counts */
+        metrics_count_request(PROTO_OP_NONE);
+    else
+        r->uncounted = true;
+    if (req__set_error(r, SLOTD_ELINE_TOO_LONG, "line longer than %zu bytes", c->framer.max_line) !=
+        SLOTD_OK) {
+        conn__close(c);
+        return;
+    }
+    req__done(r);
+    c->line_too_long = true;
+    conn__end_input(c);
+    conn_advance(c);
+}
+
+/* ---- Jobs coming back ---- */
+
+void dispatch__job_done(req_t *r)
+{
+    conn_t *c = r->conn;
+    server_t *s = c->server;
+    session_t *sess = r->session;
+
+    if (!c->closed)
+        c->reserved -= r->reply_bound;
+    if (r->chain_next != NULL && r->rc != SLOTD_OK)
+        launch__chain_return(r);
+    /* Refused for room while an earlier line has yet to take effect, which
+     * may make room: not answered, but run again once they all have. */
+    if (r->rc == SLOTD_ECACHE_FULL && !c->closed && !s->draining && earlier_pending(c, r)) {
+        if (sess != NULL && r->rq.op == PROTO_OP_STEP) {
+            /* The step may have moved the audit's recording (realloc) before
+             * the pool refused it: the session keeps what the job left. */
+            sess->cs = r->cs;
+            sess->toks = r->toks;
+        }
+        req_defer(c, r, true);
+        conn__update(c);
+        conn__unref(c);
+        return;
+    }
+    /* The session takes the result first; it keeps `running` until the
+     * end, so that a close here leaves it for the code below. */
+    if (sess != NULL) {
+        assert(sess->running == r);
+        if (r->rq.op == PROTO_OP_START && r->rc == SLOTD_OK) {
+            sess->cs = r->cs;
+            sess->toks = r->toks;
+            sess->has_slot = true;
+            s->live_sessions++;
+        } else if (r->rq.op == PROTO_OP_START) {
+            /* No trace: the steps and finish queued behind it get
+             * unknown_id, a start queued behind it runs, and with nothing
+             * queued the id is free again (session.c: session_settle()). */
+            session__give_back(sess, r);
+        } else {
+            sess->cs = r->cs; /* a failed step left it as it was */
+            sess->toks = r->toks;
+            if (r->rc != SLOTD_OK)
+                session__give_back(sess, r);
+        }
+    }
+    if (!c->closed && (r->rc == SLOTD_ENOMEM || r->rc == SLOTD_ESTALE || r->rc == SLOTD_EINVAL)) {
+        log_error("connection %" PRIu64 ": %s failed: %s; closing it", c->serial,
+                  proto_op_name(r->rq.op), slotd_strerror(r->rc));
+        conn__close(c);
+    }
+    if (sess != NULL)
+        sess->running = r->chain_next; /* a chain's next step runs on */
+    r->chain_next = NULL;
+
+    if (c->closed) {
+        if (sess != NULL && sess->running == NULL)
+            session__discard(sess); /* conn__close() unmapped it */
+        req__put(s, r);
+    } else {
+        req__done(r);
+        if (sess != NULL && sess->running == NULL)
+            session__kick(sess);
+        conn_advance(c);
+        conn__update(c);
+    }
+    conn__unref(c);
+}
+
+/* ---- Drain ---- */
+
+void dispatch__drain(conn_t *c)
+{
+    session_t *sess;
+    slotd_error_t err;
+
+    if (c->closed)
+        return;
+    conn__drain_input(c);
+    slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+    for (req_t *r = c->order_head; r != NULL; r = r->order_next) {
+        if (r->state != REQ_HELD && r->state != REQ_DEFER)
+            continue;
+        if (r->session != NULL && r->session->running == r)
+            r->session->running = NULL; /* deferred after its job ran: not out */
+        if (!req__fail(r, &err))
+            return;
+    }
+    while (c->park_head != NULL) { /* never submitted */
+        req_t *r = c->park_head;
+        c->park_head = r->park_next;
+        r->park_next = NULL;
+        if (r->session != NULL && r->session->running == r)
+            r->session->running = NULL;
+        if (!req__fail(r, &err))
+            return;
+    }
+    c->park_tail = NULL;
+    for (sess = c->sessions; sess != NULL; sess = sess->next) {
+        req_t *r;
+        while ((r = sess->fifo_head) != NULL) {
+            sess->fifo_head = r->session_next;
+            if (!req__fail(r, &err))
+                return;
+        }
+        sess->fifo_tail = NULL;
+        if (sess->in_lru)
+            session__lru_remove(c->server, sess);
+    }
+    conn_advance(c);
+    conn__update(c);
+}
+
+/* ---- Models ---- */
+
+const model_t *dispatch__model(const server_t *s, const char *name)
+{
+    for (size_t i = 0; i < s->nmodels; i++)
+        if (strcmp(model_name(s->models[i]), name) == 0)
+            return s->models[i];
+    return NULL;
+}

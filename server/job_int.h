@@ -1,0 +1,37 @@
+/*
+ * job_int.h: the worker side of a job (job.c), for server.c, which hands
+ * these to the worker pool, and the cost of a job, for launch.c, which
+ * submits it.  Worker threads, as worker.h says, but the costs: the loop.
+ */
+#ifndef SLOTD_SERVER_JOB_INT_H
+#define SLOTD_SERVER_JOB_INT_H
+
+#include "server_int.h"
+
+/** The estimated run time of `r`'s job in nanoseconds, from its op, its
+ * counts and its model's measured times: its cost for the workers'
+ * fairness and batch bound (worker_job_set_cost()).  Loop thread. */
+uint64_t job_cost(const server_t *s, const req_t *r);
+
+/** The cost of the chain of steps from `r` on (r->chain_next), up to one
+ * slice (job.c: chain_slice()): what a worker runs of it at once.  Loop
+ * thread. */
+uint64_t job_chain_cost(const server_t *s, const req_t *r);
+
+/** The worker side of a job: runs the model call of `job` (a req_t) and
+ * formats its reply into the record.  `arg` is the server_t. */
+void job_run(worker_t *w, worker_job_t *job, void *arg);
+
+/** The pool's batch callbacks (worker.h): whether `cand` may join the
+ * batch `first` leads (single steps of one batching model), and the run of
+ * such a batch, each job answered and counted as job_run() would. */
+bool job_group(const worker_job_t *first, const worker_job_t *cand, void *arg);
+void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg);
+
+#if SLOTD_FAULT_INJECTION
+/** Test builds only: lets a job wedged by --fault-wedge-after go on (and
+ * any later one through at once).  Any thread. */
+void job_fault_release(void);
+#endif
+
+#endif

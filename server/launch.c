@@ -1,0 +1,230 @@
+/*
+ * launch.c: a job on its way to the workers.  It owns the output bound on
+ * jobs: the most bytes a job's reply can take (req_reply_bound()), the
+ * parked jobs of a connection whose unwritten output with the replies of
+ * its jobs out would pass CONN_MAX_PENDING_BYTES (conn->park_head, in read
+ * order), and the submit into this loop turn's batch, which server.c hands
+ * to the workers at the end of the turn.
+ *
+ * It also links the steps queued behind a step submitted into a chain
+ * that one job runs (launch__chain_return() undoes what did not run), and
+ * sets each job's flow and cost for the workers' fair queue.
+ *
+ * DESIGN.  Loop thread only; no lock.  A submitted record is the workers'
+ * (REQ_RUNNING) until it comes back to dispatch.c; its connection counts
+ * it in `refs` and its reply bound in `reserved` meanwhile.
+ *
+ * Design: docs/design.md, "Pipelining", "Scheduler" and "server/ layout".
+ */
+#include "launch_int.h"
+
+#include <assert.h>
+#include <string.h>
+
+#include "job_int.h"
+#include "req_int.h"
+
+/* Reply sizes, for the output bound.  A token prints in at most 10
+ * digits and a comma; a logit in at most 18 characters and a comma while
+ * its magnitude is below 1e9, far above any the models produce (larger
+ * ones are printed in full and may pass the bound).  REPLY_FIXED covers
+ * the members around them: id, model, entries, rows, or an error message. */
+#define REPLY_TOKEN_BYTES 11u
+#define REPLY_LOGIT_BYTES 19u
+#define REPLY_FIXED (sizeof(((slotd_error_t *)0)->message) * 6 + 256)
+
+/* The most bytes the reply of `r`'s job can take, from its op, model and
+ * counts alone, before it runs.  A step past max_ctx, which gets a short
+ * context_full, counts as that. */
+static size_t req_reply_bound(const req_t *r)
+{
+    const model_t *m = r->rq.op == PROTO_OP_STEP ? r->session->cs.model : r->model;
+    size_t tag = r->rq.tag != NULL ? strlen(r->rq.tag) : 0;
+    size_t row =
+        model_family(m) == MODEL_FAMILY_ATTN ? (size_t)model_vocab(m) * REPLY_LOGIT_BYTES + 3 : 0;
+    size_t picks = 0, tokens = 0;
+
+    switch (r->rq.op) {
+    case PROTO_OP_STEP: {
+        uint32_t have = r->session->cs.entries, max = model_max_ctx(m);
+        picks = have <= max && r->rq.n <= max - have ? r->rq.n : 0;
+        tokens = picks;
+        break;
+    }
+    case PROTO_OP_LOGITS:
+        picks = 1;
+        break;
+    case PROTO_OP_GENERATE: /* validated: tokens plus steps within max_ctx */
+        picks = (size_t)r->rq.steps;
+        tokens = r->rq.ntokens + picks;
+        break;
+    default: /* start */
+        break;
+    }
+    return REPLY_FIXED + tag + tokens * REPLY_TOKEN_BYTES + picks * row;
+}
+
+_Static_assert(WORKER_HINTS == CACHE_HINTS, "a session's hint fills a job's");
+_Static_assert(sizeof(((cache_owner_t *)0)->id) == sizeof(((proto_request_t *)0)->id),
+               "a session's owner holds any id");
+
+/* Adds the job of `r` to this loop turn's batch (server.c submits it at
+ * the end of the turn). */
+static void batch_push(server_t *s, req_t *r)
+{
+    if (r->rq.op == PROTO_OP_STEP)
+        metrics_step_out();
+    worker_batch_push(&s->batch, &r->job);
+}
+
+static bool conn_may_run(conn_t *c, size_t bound);
+
+/* ---- Coalesced runs (docs/design.md, "Scheduler") ----
+ *
+ * A step submitted while more steps of its session wait right behind it
+ * in the session's FIFO takes them along: they are linked to it
+ * (chain_next) and leave the FIFO as jobs out (REQ_RUNNING, reserved,
+ * counted in refs and in the steps out), as far as the output bound lets
+ * each run.  The worker runs them back to back and hands each back as it
+ * is answered (job.c: job_run()).  So dispatch__job_done() sees a chain's
+ * steps come back one by one: a step that succeeded with a successor
+ * leaves the successor as the session's running request; one that did
+ * not, or was canceled or taken back, brings its unrun successors back to
+ * the front of the FIFO (launch__chain_return()), where they wait as
+ * before. */
+#define LAUNCH_CHAIN_MAX 256
+
+static void req_chain(req_t *r)
+{
+    conn_t *c = r->conn;
+    session_t *sess = r->session;
+    req_t *tail = r, *q;
+
+    for (size_t n = 1; n < LAUNCH_CHAIN_MAX && !c->server->draining && c->park_head == NULL &&
+                       (q = sess->fifo_head) != NULL && q->rq.op == PROTO_OP_STEP;
+         n++) {
+        q->reply_bound = req_reply_bound(q);
+        if (!conn_may_run(c, q->reply_bound))
+            break;
+        sess->fifo_head = q->session_next;
+        if (sess->fifo_head == NULL)
+            sess->fifo_tail = NULL;
+        q->session_next = NULL;
+        q->chain_next = NULL;
+        q->job.flow = &c->flow;
+        q->state = REQ_RUNNING;
+        c->reserved += q->reply_bound;
+        c->refs++;
+        metrics_step_out();
+        tail->chain_next = q;
+        tail = q;
+    }
+}
+
+void launch__chain_return(req_t *r)
+{
+    conn_t *c = r->conn;
+    session_t *sess = r->session;
+    req_t *q = r->chain_next, *next, **link = &sess->fifo_head, *last = NULL;
+
+    r->chain_next = NULL;
+    for (; q != NULL; q = next) {
+        next = q->chain_next;
+        q->chain_next = NULL;
+        metrics_step_back();
+        assert(c->refs > 1); /* r's own ref stays */
+        c->refs--;
+        if (c->closed) {
+            req__put(c->server, q);
+            continue;
+        }
+        c->reserved -= q->reply_bound;
+        q->state = REQ_WAITING;
+        q->session_next = *link;
+        *link = q;
+        link = &q->session_next;
+        last = q;
+    }
+    if (last != NULL && last->session_next == NULL)
+        sess->fifo_tail = last;
+}
+
+/* Sends `r`'s job to the workers at the end of this loop turn. */
+static void req_submit(req_t *r)
+{
+    conn_t *c = r->conn;
+
+    if (r->session != NULL && r->rq.op == PROTO_OP_STEP) {
+        r->cs = r->session->cs;
+        r->toks = r->session->toks; /* the job's until it comes back */
+        /* Where the step will read first, as the last start or step of
+         * the session left it: the worker prefetches it (worker.h). */
+        memcpy(r->job.hint, r->cs.hint.addr, sizeof(r->job.hint));
+        memcpy(r->job.hint_lines, r->cs.hint.lines, sizeof(r->job.hint_lines));
+    } else {
+        memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));
+    }
+    r->job.flow = &c->flow;
+    r->state = REQ_RUNNING;
+    c->reserved += r->reply_bound;
+    c->refs++;
+    r->chain_next = NULL;
+    if (r->session != NULL && r->rq.op == PROTO_OP_STEP)
+        req_chain(r);
+    worker_job_set_cost(&r->job, r->chain_next != NULL ? job_chain_cost(c->server, r)
+                                                       : job_cost(c->server, r));
+    batch_push(c->server, r);
+}
+
+/* Whether a job with a reply of up to `bound` bytes may run now. */
+static bool conn_may_run(conn_t *c, size_t bound)
+{
+    size_t unwritten = launch__unwritten(c);
+
+    if (unwritten == 0 && c->reserved == 0)
+        return true;
+    return unwritten + c->held_bytes + c->reserved + bound <= CONN_MAX_PENDING_BYTES;
+}
+
+/* Submits `r`'s job, or parks it (in read order) while the connection's
+ * output is over its bound. */
+void launch__req(req_t *r)
+{
+    conn_t *c = r->conn;
+    req_t **p;
+
+    r->reply_bound = req_reply_bound(r);
+    if (c->park_head == NULL && conn_may_run(c, r->reply_bound)) {
+        req_submit(r);
+        return;
+    }
+    r->state = REQ_PARKED;
+    if (c->park_tail == NULL || c->park_tail->seq < r->seq) {
+        r->park_next = NULL;
+        if (c->park_tail != NULL)
+            c->park_tail->park_next = r;
+        else
+            c->park_head = r;
+        c->park_tail = r;
+        return;
+    }
+    /* A session's request whose turn came after later lines were parked. */
+    for (p = &c->park_head; (*p)->seq < r->seq; p = &(*p)->park_next)
+        ;
+    r->park_next = *p;
+    *p = r;
+}
+
+/* Submits the parked jobs, oldest first, while the bound allows. */
+void launch__run_parked(conn_t *c)
+{
+    req_t *r;
+
+    while ((r = c->park_head) != NULL && conn_may_run(c, r->reply_bound)) {
+        c->park_head = r->park_next;
+        if (c->park_head == NULL)
+            c->park_tail = NULL;
+        r->park_next = NULL;
+        req_submit(r);
+    }
+}

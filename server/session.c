@@ -1,0 +1,385 @@
+/*
+ * session.c: session records and their lifetimes.  It owns the free list
+ * of records; a record from its start's parse until its last request has
+ * run and its slot is released: its FIFO of requests run one at a time
+ * (session__kick()), a finish run at the FIFO's head, the release of its
+ * slot (finish, idle, the connection's close), its place in its
+ * connection's map and its charge against the connection's share of the
+ * pool; and the idle list of sessions with its timer (--idle-timeout).
+ * It also drops a closing connection's requests and sessions
+ * (session__detach(), called through conn_hooks_t).
+ *
+ * DESIGN.  Loop thread only; no lock.  While a session's request is out
+ * with the workers (`running`), the record stays even if its connection
+ * closes: dispatch.c discards it when the job comes back.
+ *
+ * Design: docs/design.md, "Sessions", "Pipelining" and "server/ layout".
+ */
+#include "session_int.h"
+
+#include <assert.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conn_int.h"
+#include "launch_int.h"
+#include "log.h"
+#include "req_int.h"
+
+/* Records kept for reuse at most; beyond, they go back to malloc. */
+#define MAX_FREE_SESSIONS 16384
+
+/* ---- Free list ---- */
+
+session_t *session__get(server_t *s)
+{
+    session_t *sess = s->free_sessions;
+
+    if (sess == NULL)
+        return calloc(1, sizeof(*sess));
+    s->free_sessions = sess->next;
+    s->nfree_sessions--;
+    if (s->nfree_sessions < s->low_free_sessions)
+        s->low_free_sessions = s->nfree_sessions;
+    memset(sess, 0, sizeof(*sess));
+    return sess;
+}
+
+void session__put(server_t *s, session_t *sess)
+{
+    audit_tokens_free(&sess->toks); /* released with its slot already, but never leaked */
+    if (s->nfree_sessions >= MAX_FREE_SESSIONS) {
+        free(sess);
+        return;
+    }
+    sess->next = s->free_sessions;
+    s->free_sessions = sess;
+    s->nfree_sessions++;
+}
+
+void session__shed(server_t *s, size_t n)
+{
+    for (; n > 0 && s->free_sessions != NULL; n--) {
+        session_t *sess = s->free_sessions;
+        s->free_sessions = sess->next;
+        s->nfree_sessions--;
+        free(sess);
+    }
+    s->low_free_sessions = s->nfree_sessions;
+}
+
+/* ---- Idle sessions ---- */
+
+static void idle_timer_cb(uv_timer_t *h);
+static void session_expire(session_t *sess);
+
+static void idle_timer_arm(server_t *s)
+{
+    uint64_t timeout = (uint64_t)s->cfg->idle_timeout * 1000;
+    uint64_t now = uv_now(&s->loop);
+    session_t *oldest = TAILQ_FIRST(&s->lru);
+    uint64_t due;
+
+    if (oldest == NULL)
+        return;
+    due = oldest->idle_since + timeout;
+    uv_timer_start(&s->idle_timer, idle_timer_cb, due > now ? due - now : 0, 0);
+}
+
+static void lru_add(server_t *s, session_t *sess)
+{
+    assert(!sess->in_lru);
+    sess->idle_since = uv_now(&s->loop);
+    sess->in_lru = true;
+    TAILQ_INSERT_TAIL(&s->lru, sess, lru);
+    if (!uv_is_active((uv_handle_t *)&s->idle_timer))
+        idle_timer_arm(s);
+}
+
+void session__lru_remove(server_t *s, session_t *sess)
+{
+    assert(sess->in_lru);
+    TAILQ_REMOVE(&s->lru, sess, lru);
+    sess->in_lru = false;
+}
+
+static void idle_timer_cb(uv_timer_t *h)
+{
+    server_t *s = container_of(h, server_t, idle_timer);
+    uint64_t timeout = (uint64_t)s->cfg->idle_timeout * 1000;
+    uint64_t now = uv_now(&s->loop);
+    session_t *sess;
+
+    while ((sess = TAILQ_FIRST(&s->lru)) != NULL && sess->idle_since + timeout <= now)
+        session_expire(sess);
+    idle_timer_arm(s);
+}
+
+/* ---- Slots, the map and the connection's share ---- */
+
+/* Gives the session's slot back to the pool, counted under `why`; the
+ * entries it held, or 0 if it held no slot. */
+static uint32_t session_release(session_t *sess, metrics_release_t why)
+{
+    server_t *s = sess->conn->server;
+    uint32_t released = 0;
+
+    if (!sess->has_slot)
+        return 0;
+    if (cache_session_finish(s->pool, &sess->cs, &released) != SLOTD_OK)
+        log_error("session '%s': release failed (stale handle)", sess->node.id);
+    sess->has_slot = false;
+    audit_tokens_free(&sess->toks);
+    s->live_sessions--;
+    metrics_count_release(why);
+    return released;
+}
+
+/* Releases the session's slot (if it holds one) for the reason its
+ * connection closed, and frees the record.  It must have no job out. */
+void session__discard(session_t *sess)
+{
+    conn_t *c = sess->conn;
+    server_t *s = c->server;
+
+    assert(sess->running == NULL && !sess->in_map && !sess->in_lru);
+    session_release(sess, c->release_reason);
+    if (sess->prev != NULL)
+        sess->prev->next = sess->next;
+    else
+        c->sessions = sess->next;
+    if (sess->next != NULL)
+        sess->next->prev = sess->prev;
+    session__put(s, sess);
+}
+
+void session__unmap(session_t *sess)
+{
+    server_t *s = sess->conn->server;
+
+    if (sess->in_lru)
+        session__lru_remove(s, sess);
+    if (sess->in_map) {
+        session_map_remove(&sess->conn->map, &sess->node);
+        sess->in_map = false;
+        s->admitted--;
+        sess->conn->share_sessions--;
+        sess->conn->share_bytes -= sess->charged;
+        sess->charged = 0;
+    }
+}
+
+/* One connection's share of the pool (--max-connection-share,
+ * --max-sessions-per-connection).  Bytes are counted as entries x entry
+ * size plus the model's state, charged when a start or step is read and
+ * given back when it fails or its session leaves the map: so a client
+ * that pipelines cannot pass its share before its requests have run. */
+int session__share_charge(conn_t *c, session_t *sess, const model_t *m, uint64_t entries,
+                          bool start, bool new_session, slotd_error_t *err)
+{
+    const server_config_t *cfg = c->server->cfg;
+    uint64_t need =
+        m == NULL ? 0 : entries * model_entry_size(m) + (start ? model_state_size(m) : 0);
+    uint64_t cap = (uint64_t)((double)(cfg->cache_mb << 20) * cfg->max_conn_share);
+    const char *op = start ? "start" : "step";
+
+    if (new_session) {
+        uint64_t most = (uint64_t)((double)cfg->max_sessions * cfg->max_conn_share);
+        if (most > cfg->max_sessions_per_conn)
+            most = cfg->max_sessions_per_conn;
+        if (c->share_sessions >= (most > 0 ? most : 1))
+            return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                                   "start: this connection's share is used up: it holds %u "
+                                   "sessions (--max-sessions-per-connection, "
+                                   "--max-connection-share)",
+                                   c->share_sessions);
+    }
+    /* A share of the whole pool is no limit of its own: the pool refuses,
+     * and says so, when the bytes run out. */
+    if (cfg->max_conn_share < 1.0 && c->share_bytes + need > cap)
+        return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                               "%s: this connection's share of the pool is used up: %" PRIu64
+                               " of its %" PRIu64 " bytes (--max-connection-share)",
+                               op, c->share_bytes, cap);
+    if (sess != NULL) {
+        sess->charged += need;
+        c->share_bytes += need;
+    }
+    return SLOTD_OK;
+}
+
+/* Gives back what `r` (a start or step of `sess`, which failed or never
+ * ran) had charged to its connection's share. */
+void session__give_back(session_t *sess, const req_t *r)
+{
+    /* A start charged its own model (a start queued behind another of the
+     * same id may name another one). */
+    const model_t *m = r->rq.op == PROTO_OP_START ? r->model : sess->cs.model;
+    uint64_t back;
+
+    if (!sess->in_map || m == NULL)
+        return; /* session__unmap() gave everything back */
+    back = r->rq.op == PROTO_OP_START
+               ? (uint64_t)r->rq.ntokens * model_entry_size(m) + model_state_size(m)
+               : (uint64_t)r->rq.n * model_entry_size(m);
+    back = back < sess->charged ? back : sess->charged;
+    sess->charged -= back;
+    sess->conn->share_bytes -= back;
+}
+
+/* ---- A connection's close ---- */
+
+/* conn_hooks_t.detach: a closing connection's requests and sessions.
+ * Drops every request not yet started, releases every session with no job
+ * out (the others when their job comes back, dispatch.c). */
+void session__detach(conn_t *c)
+{
+    server_t *s = c->server;
+    req_t *r, *rnext;
+    session_t *sess, *snext;
+
+    for (r = c->order_head; r != NULL; r = rnext) {
+        rnext = r->order_next;
+        if (r->uncounted) /* read behind a barrier that never lifted */
+            metrics_count_request(r->rq.op);
+        if (r->state == REQ_RUNNING) {
+            atomic_store_explicit(&r->canceled, true, memory_order_relaxed);
+            continue;
+        }
+        if ((r->state == REQ_PARKED || r->state == REQ_DEFER) && r->session != NULL &&
+            r->session->running == r)
+            r->session->running = NULL; /* not out */
+        req__put(s, r);
+    }
+    c->order_head = c->order_tail = NULL;
+    c->park_head = c->park_tail = NULL;
+    c->barrier = NULL;
+    c->outstanding = 0;
+    c->held_bytes = 0;
+    c->reserved = 0;
+    c->pending_bytes = 0;
+    c->pending_slots = 0;
+
+    for (sess = c->sessions; sess != NULL; sess = snext) {
+        snext = sess->next;
+        sess->fifo_head = sess->fifo_tail = NULL;
+        session__unmap(sess);
+        if (sess->running == NULL)
+            session__discard(sess);
+    }
+}
+
+/* ---- The session's FIFO ---- */
+
+/* The session has nothing queued or running: it goes on the idle list if
+ * it is live, or is freed if nothing can reach it any more. */
+static void session_settle(session_t *sess)
+{
+    conn_t *c = sess->conn;
+    server_t *s = c->server;
+
+    assert(sess->running == NULL && sess->fifo_head == NULL);
+    if (sess->in_map && !sess->has_slot) /* its starts failed: the id is free again */
+        session__unmap(sess);
+    if (!sess->in_map && !sess->has_slot)
+        session__discard(sess);
+    else if (sess->in_map && sess->has_slot && !sess->in_lru && !s->draining &&
+             s->cfg->idle_timeout > 0)
+        lru_add(s, sess);
+}
+
+/* Runs a finish that reached the front of its session's FIFO. */
+static bool session_finish(session_t *sess, req_t *r)
+{
+    uint32_t released;
+    slotd_error_t err;
+
+    if (!sess->has_slot) { /* its start failed */
+        slotd_error_set(&err, SLOTD_EUNKNOWN_ID, "finish: no live session '%s' on this connection",
+                        r->rq.id);
+        return req__fail(r, &err);
+    }
+    released = session_release(sess, METRICS_RELEASE_FINISH);
+    r->rc = SLOTD_OK;
+    if (proto_reply_finish(&r->reply, r->rq.tag, r->rq.id, released) != SLOTD_OK) {
+        log_error("connection %" PRIu64 ": no memory for a reply; closing it", sess->conn->serial);
+        conn__close(sess->conn);
+        return false;
+    }
+    req__done(r);
+    return true;
+}
+
+/* Starts the session's next requests until one is out with the workers
+ * or the FIFO is empty. */
+void session__kick(session_t *sess)
+{
+    conn_t *c = sess->conn;
+    req_t *r;
+    slotd_error_t err;
+
+    while (sess->running == NULL && (r = sess->fifo_head) != NULL) {
+        bool ok = true;
+        sess->fifo_head = r->session_next;
+        if (sess->fifo_head == NULL)
+            sess->fifo_tail = NULL;
+
+        if (c->server->draining) {
+            slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+            ok = req__fail(r, &err);
+        } else if (r->rq.op == PROTO_OP_FINISH) {
+            ok = session_finish(sess, r);
+        } else if (r->rq.op == PROTO_OP_STEP && !sess->has_slot) {
+            session__give_back(sess, r);
+            slotd_error_set(&err, SLOTD_EUNKNOWN_ID,
+                            "step: no live session '%s' on this connection", r->rq.id);
+            ok = req__fail(r, &err);
+        } else if (r->rq.op == PROTO_OP_START && sess->has_slot) { /* the one before it succeeded */
+            session__give_back(sess, r);
+            slotd_error_set(&err, SLOTD_EDUPLICATE_ID,
+                            "start: session '%s' is already live on this connection", r->rq.id);
+            ok = req__fail(r, &err);
+        } else {
+            sess->running = r;
+            launch__req(r);
+        }
+        if (!ok) /* the connection closed under us */
+            return;
+    }
+    if (sess->running == NULL)
+        session_settle(sess);
+}
+
+void session__enqueue(session_t *sess, req_t *r)
+{
+    r->session = sess;
+    r->state = REQ_WAITING;
+    r->session_next = NULL;
+    if (sess->fifo_tail != NULL)
+        sess->fifo_tail->session_next = r;
+    else
+        sess->fifo_head = r;
+    sess->fifo_tail = r;
+    if (sess->in_lru)
+        session__lru_remove(sess->conn->server, sess);
+    session__kick(sess);
+}
+
+static void session_expire(session_t *sess)
+{
+    conn_t *c = sess->conn;
+
+    log_debug("connection %" PRIu64 ": session '%s' idle for %u s, released", c->serial,
+              sess->node.id, c->server->cfg->idle_timeout);
+    session__unmap(sess);
+    session_release(sess, METRICS_RELEASE_IDLE);
+    session__discard(sess);
+    conn__update(c); /* maybe quiet now */
+}
+
+session_t *session__find(conn_t *c, const char *id)
+{
+    session_map_node_t *n = session_map_find(&c->map, id);
+    return n != NULL ? container_of(n, session_t, node) : NULL;
+}

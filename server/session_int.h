@@ -1,0 +1,51 @@
+/*
+ * session_int.h: session records (session.c), for the other files of
+ * server/.  Loop thread only.
+ */
+#ifndef SLOTD_SERVER_SESSION_INT_H
+#define SLOTD_SERVER_SESSION_INT_H
+
+#include "server_int.h"
+
+/** A zeroed session record, or NULL (ENOMEM).  The caller owns it until
+ * session__put(), or until it is linked in its connection's `sessions`:
+ * then session.c frees it (session__discard()). */
+session_t *session__get(server_t *s);
+/** Takes a record back (unlinked, its slot released). */
+void session__put(server_t *s, session_t *sess);
+/** Frees `n` records of the free list (at most what it holds), and starts
+ * counting its low mark again from what is left. */
+void session__shed(server_t *s, size_t n);
+
+/** The session record of `c` that the id names, or NULL. */
+session_t *session__find(conn_t *c, const char *id);
+/** Queues `r` at the tail of the session's FIFO and runs the FIFO. */
+void session__enqueue(session_t *sess, req_t *r);
+/** Runs the session's FIFO until a request is out with the workers or the
+ * FIFO is empty; then settles the session (idle list, or freed). */
+void session__kick(session_t *sess);
+/** Takes the session out of its connection's map and the idle list: later
+ * lines no longer see its id; its share comes back. */
+void session__unmap(session_t *sess);
+/** Releases the session's slot (if it holds one) for the reason its
+ * connection closed, and frees the record.  It must have no job out. */
+void session__discard(session_t *sess);
+/** Takes an idle session off the idle list. */
+void session__lru_remove(server_t *s, session_t *sess);
+
+/** Checks a start or step of `entries` positions of `m` against the
+ * connection's share of the pool (--max-connection-share,
+ * --max-sessions-per-connection; `new_session`: a start of an id not in
+ * the map), and with `sess` charges it.  SLOTD_OK or the code of the error
+ * set in `err`. */
+int session__share_charge(conn_t *c, session_t *sess, const model_t *m, uint64_t entries,
+                          bool start, bool new_session, slotd_error_t *err);
+/** Gives back what `r` (a start or step of `sess`, which failed or never
+ * ran) had charged to its connection's share. */
+void session__give_back(session_t *sess, const req_t *r);
+
+/** conn_hooks_t.detach: drops the requests of a closing connection not
+ * yet started and releases its sessions with no job out. */
+void session__detach(conn_t *c);
+
+#endif
