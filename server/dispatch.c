@@ -147,6 +147,7 @@ static void conn_advance(conn_t *c)
 {
     server_t *s = c->server;
     bool moved = false;
+    uint64_t now = 0; /* read once, for the first reply moved */
     req_t *r;
 
     while ((r = c->order_head) != NULL && !c->closed) {
@@ -183,6 +184,10 @@ static void conn_advance(conn_t *c)
         c->held_bytes -= r->reply.len;
         if (r->rc != SLOTD_OK)
             metrics_count_error(r->rc);
+        if (now == 0)
+            now = uv_hrtime();
+        metrics_observe_request_duration(METRICS_LOOP_SHARD, now > r->read_ns ? now - r->read_ns : 0,
+                                         r->rq.op);
         if (c->barrier == r) /* a deferred request that a drain failed */
             release_barrier(c, r);
         req__put(s, r);
@@ -486,6 +491,7 @@ int dispatch__on_line(void *arg, const char *line, size_t len)
         return SLOTD_ENOMEM;
     slotd_error_clear(&err);
     r->conn = c;
+    r->read_ns = c->read_ns;
     req__order_append(c, r);
     rc = proto_request_parse(line, len, &r->rq, &err);
     /* A line behind a barrier is counted when the barrier goes, so that a
@@ -527,6 +533,7 @@ int dispatch__on_drain_line(void *arg, const char *line, size_t len)
         return SLOTD_ENOMEM;
     slotd_error_clear(&err);
     r->conn = c;
+    r->read_ns = c->read_ns;
     req__order_append(c, r);
     (void)proto_request_parse(line, len, &r->rq, &err); /* for the op and the tag */
     metrics_count_request(r->rq.op);
@@ -549,6 +556,7 @@ void dispatch__line_too_long(conn_t *c)
         return;
     }
     r->conn = c;
+    r->read_ns = c->read_ns;
     req__order_append(c, r);
     if (c->barrier == NULL) /* as dispatch__on_line() counts */
         metrics_count_request(PROTO_OP_NONE);
@@ -575,6 +583,7 @@ void dispatch__job_done(req_t *r)
 
     if (!c->closed)
         c->reserved -= r->reply_bound;
+    metrics_job_back(atomic_load_explicit(&r->started, memory_order_relaxed));
     if (r->chain_next != NULL && r->rc != SLOTD_OK)
         launch__chain_return(r);
     /* Refused for room while an earlier line has yet to take effect, which

@@ -309,6 +309,14 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     return proto_reply_generate(&r->reply, r->rq.tag, tokens, total, logits, steps, vocab, rows);
 }
 
+/* A worker begins `r`: its wait, from its line's read, is observed. */
+static void job_begun(worker_t *w, const req_t *r)
+{
+    uint64_t t = worker_job_start(w);
+
+    metrics_observe_request_wait(worker_index(w), t > r->read_ns ? t - r->read_ns : 0, r->rq.op);
+}
+
 /* Whether step job `cand` may join the batch `first` leads (worker.h's
  * group callback): both single steps (n = 1) of sessions of one model whose
  * batch calls share the weights (model_batch_shares()), not canceled, and
@@ -370,6 +378,8 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
             r->rc = SLOTD_ESHUTTING_DOWN; /* the connection is gone: nobody reads it */
             continue;
         }
+        atomic_store_explicit(&r->started, true, memory_order_relaxed);
+        job_begun(w, r);
         JOB_FAULT_POINT(s, r);
         if (logits == NULL ||
             (s->audit != NULL && audit_tokens_reserve(&r->toks, 1) != SLOTD_OK)) {
@@ -381,8 +391,10 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
         lg[k] = logits + k * vocab;
         rs[k++] = r;
     }
-    if (k > 0)
+    if (k > 0) {
         cache_session_step_batch(s->pool, cs, k, worker_scratch(w), picks, lg, rc, err);
+        metrics_observe_batch_size(worker_index(w), k);
+    }
     if (k > 1)
         metrics_count_batch(k);
     for (size_t i = 0; i < k; i++) {
@@ -443,6 +455,9 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
         return;
     }
     atomic_store_explicit(&r->started, true, memory_order_relaxed);
+    job_begun(w, r);
+    if (r->rq.op == PROTO_OP_STEP)
+        metrics_observe_batch_size(worker_index(w), 1);
     JOB_FAULT_POINT(s, r);
     if (cpu_timed)
         cpu0 = thread_cpu_ns();

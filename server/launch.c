@@ -74,6 +74,7 @@ static void batch_push(server_t *s, req_t *r)
 {
     if (r->rq.op == PROTO_OP_STEP)
         metrics_step_out();
+    metrics_job_out();
     worker_batch_push(&s->batch, &r->job);
 }
 
@@ -116,6 +117,7 @@ static void req_chain(req_t *r)
         c->reserved += q->reply_bound;
         c->refs++;
         metrics_step_out();
+        metrics_job_out();
         tail->chain_next = q;
         tail = q;
     }
@@ -132,6 +134,7 @@ void launch__chain_return(req_t *r)
         next = q->chain_next;
         q->chain_next = NULL;
         metrics_step_back();
+        metrics_job_back(false);
         assert(c->refs > 1); /* r's own ref stays */
         c->refs--;
         if (c->closed) {

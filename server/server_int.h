@@ -101,6 +101,7 @@ struct req {
     const model_t *model; /* start, logits, generate */
     uint64_t owner_key;   /* the connection's serial number */
     req_t *chain_next;    /* a step: the next step of its session run in the same job (launch.c) */
+    uint64_t read_ns;     /* uv_hrtime() of the read its line came in (the wait metrics) */
 
     /* The job's result: written by its worker while REQ_RUNNING, by the
      * loop thread otherwise. */
@@ -172,6 +173,7 @@ struct conn {
     uv_shutdown_t shutdown_req; /* the lingering close's shutdown(SHUT_WR) */
     server_t *server;
     uint64_t serial;               /* pool owner key; never reused */
+    uint64_t read_ns;              /* uv_hrtime() of the read being framed */
     worker_flow_t flow;            /* the workers' (worker.h): its jobs' fair share */
     unsigned refs;                 /* the handle until its close callback, plus one per job out */
     conn_t *prev, *next;           /* server->conns while open */

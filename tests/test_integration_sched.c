@@ -266,6 +266,9 @@ START_TEST(test_chain_replies_before_run_ends)
         cJSON_Delete(r);
     }
     ck_assert_int_eq(itest_metric(d, "slotd_steps_in_flight"), 40);
+    /* The 11th step running, the 39 behind it in its chain waiting. */
+    ck_assert_int_eq(itest_metric(d, "slotd_requests_running"), 1);
+    ck_assert_int_eq(itest_metric(d, "slotd_requests_waiting"), 39);
     itest_daemon_signal(d, SIGUSR1);
     for (int k = 10; k < 50; k++) {
         r = itest_read_reply(c);
@@ -273,6 +276,9 @@ START_TEST(test_chain_replies_before_run_ends)
         cJSON_Delete(r);
     }
     ck_assert_int_eq(itest_metric(d, "slotd_steps_in_flight"), 0);
+    ck_assert_int_eq(itest_metric(d, "slotd_requests_running"), 0);
+    ck_assert_int_eq(itest_metric(d, "slotd_requests_waiting"), 0);
+    ck_assert_int_eq(itest_metric(d, "slotd_batch_size_count"), 50); /* each step alone */
     itest_close(c);
 }
 END_TEST
