@@ -186,8 +186,8 @@ static void conn_advance(conn_t *c)
             metrics_count_error(r->rc);
         if (now == 0)
             now = uv_hrtime();
-        metrics_observe_request_duration(METRICS_LOOP_SHARD, now > r->read_ns ? now - r->read_ns : 0,
-                                         r->rq.op);
+        metrics_observe_request_duration(METRICS_LOOP_SHARD,
+                                         now > r->read_ns ? now - r->read_ns : 0, r->rq.op);
         if (c->barrier == r) /* a deferred request that a drain failed */
             release_barrier(c, r);
         req__put(s, r);
