@@ -513,6 +513,13 @@ static uint64_t chain_slice(const server_t *s)
     return batch < JOB_CHAIN_SLICE_NS ? batch : JOB_CHAIN_SLICE_NS;
 }
 
+uint64_t job_chain_step_max(const server_t *s)
+{
+    uint64_t slice = chain_slice(s);
+
+    return slice == 0 ? UINT64_MAX : slice / 4;
+}
+
 uint64_t job_chain_cost(const server_t *s, const req_t *r)
 {
     return chain_cost(s, r, r->session->cs.model, chain_slice(s));

@@ -13,6 +13,14 @@
  * fairness and batch bound (worker_job_set_cost()).  Loop thread. */
 uint64_t job_cost(const server_t *s, const req_t *r);
 
+/** The most a step may cost (job_cost()) and still run in a chain: a
+ * quarter of a chain's slice (none with --batch-us 0).  A chain saves a
+ * loop round trip per step, some microseconds: worth it for cheap steps;
+ * a dear step (`base`) gains nothing by it, and a light request on another
+ * connection would wait for the chain's step instead of finding a worker
+ * free between two of them.  Loop thread. */
+uint64_t job_chain_step_max(const server_t *s);
+
 /** The cost of the chain of steps from `r` on (r->chain_next), up to one
  * slice (job.c: chain_slice()): what a worker runs of it at once.  Loop
  * thread. */

@@ -82,8 +82,8 @@ static bool conn_may_run(conn_t *c, size_t bound);
 
 /* ---- Coalesced runs (docs/design.md, "Scheduler") ----
  *
- * A step submitted while more steps of its session wait right behind it
- * in the session's FIFO takes them along: they are linked to it
+ * A cheap step (job_chain_step_max()) submitted while more steps of its
+ * session wait right behind it in the session's FIFO takes them along: they are linked to it
  * (chain_next) and leave the FIFO as jobs out (REQ_RUNNING, reserved,
  * counted in refs and in the steps out), as far as the output bound lets
  * each run.  The worker runs them back to back and hands each back as it
@@ -156,6 +156,7 @@ void launch__chain_return(req_t *r)
 static void req_submit(req_t *r)
 {
     conn_t *c = r->conn;
+    uint64_t cost;
 
     if (r->session != NULL && r->rq.op == PROTO_OP_STEP) {
         r->cs = r->session->cs;
@@ -172,10 +173,10 @@ static void req_submit(req_t *r)
     c->reserved += r->reply_bound;
     c->refs++;
     r->chain_next = NULL;
-    if (r->session != NULL && r->rq.op == PROTO_OP_STEP)
+    cost = job_cost(c->server, r);
+    if (r->session != NULL && r->rq.op == PROTO_OP_STEP && cost <= job_chain_step_max(c->server))
         req_chain(r);
-    worker_job_set_cost(&r->job, r->chain_next != NULL ? job_chain_cost(c->server, r)
-                                                       : job_cost(c->server, r));
+    worker_job_set_cost(&r->job, r->chain_next != NULL ? job_chain_cost(c->server, r) : cost);
     batch_push(c->server, r);
 }
 
