@@ -355,6 +355,47 @@ START_TEST(test_chain_finish_and_context_full)
 }
 END_TEST
 
+/* A stats behind a chain is a barrier still: pipelined after a start and
+ * 30 `hash` steps of one session (one chain) and before 5 more, it comes
+ * after the 30 step replies and shows the 31 entries they leave, none of
+ * the 5 after it. */
+START_TEST(test_chain_stats_barrier)
+{
+    itest_daemon_t *d = itest_daemon_start("--threads", "2", "--batch-us", "0", NULL);
+    itest_conn_t *c = itest_connect(d);
+    char *buf = malloc(64 * 40);
+    size_t len = 0;
+    cJSON *r;
+
+    len += (size_t)sprintf(buf + len, "{\"op\":\"start\",\"id\":\"h\",\"model\":\"hash\","
+                                      "\"prompt\":[1]}\n");
+    for (int k = 0; k < 35; k++) {
+        if (k == 30)
+            len += (size_t)sprintf(buf + len, "{\"op\":\"stats\"}\n");
+        len += (size_t)sprintf(buf + len, "{\"op\":\"step\",\"id\":\"h\",\"n\":1}\n");
+    }
+    ck_assert(itest_send_str(c, buf));
+    r = itest_read_reply(c);
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    for (int k = 0; k < 30; k++) {
+        r = itest_read_reply(c);
+        ck_assert_int_eq(itest_int(r, "entries"), 2 + k);
+        cJSON_Delete(r);
+    }
+    r = itest_read_reply(c);
+    ck_assert_int_eq(itest_int(r, "cache_entries"), 31);
+    cJSON_Delete(r);
+    for (int k = 30; k < 35; k++) {
+        r = itest_read_reply(c);
+        ck_assert_int_eq(itest_int(r, "entries"), 2 + k);
+        cJSON_Delete(r);
+    }
+    free(buf);
+    itest_close(c);
+}
+END_TEST
+
 /* cache_full in the middle of a run: one `small` session in a 1 MiB pool
  * pipelines 400 steps; the first ones succeed, entries growing by one,
  * and once the pool is full every later one is refused cache_full, in
@@ -446,5 +487,6 @@ int main(void)
     itest_add(s, "chain_finish_and_context_full", test_chain_finish_and_context_full);
     itest_add(s, "chain_cache_full", test_chain_cache_full);
     itest_add(s, "chain_drain", test_chain_drain);
+    itest_add(s, "chain_stats_barrier", test_chain_stats_barrier);
     return itest_main(s);
 }
