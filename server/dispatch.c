@@ -584,7 +584,7 @@ void dispatch__job_done(req_t *r)
     if (!c->closed)
         c->reserved -= r->reply_bound;
     metrics_job_back(atomic_load_explicit(&r->started, memory_order_relaxed));
-    if (r->chain_next != NULL && r->rc != SLOTD_OK)
+    if (r->chain_next != NULL && (r->rc != SLOTD_OK || r->chain_cut))
         launch__chain_return(r);
     /* Refused for room while an earlier line has yet to take effect, which
      * may make room: not answered, but run again once they all have. */

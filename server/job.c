@@ -525,6 +525,15 @@ uint64_t job_chain_cost(const server_t *s, const req_t *r)
     return chain_cost(s, r, r->session->cs.model, chain_slice(s));
 }
 
+/* Whether a step like `r` now costs more than job_chain_step_max(). */
+static bool chain_too_dear(const server_t *s, const req_t *r)
+{
+    const job_costs_t *c = costs_of(s, r->cs.model);
+    uint64_t step = c != NULL ? atomic_load_explicit(&c->step_ns, memory_order_relaxed) : 0;
+
+    return JOB_COST_FIXED_NS + (uint64_t)r->rq.n * step > job_chain_step_max(s);
+}
+
 /* A chain (launch.c: steps of one session queued behind each other) runs
  * step after step in this one job: each step's record goes back to the
  * loop as soon as it is answered (worker_job_handoff()), the next starting
@@ -543,6 +552,13 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
         run_one(s, w, r);
         if (next == NULL || r->rc != SLOTD_OK)
             return;
+        if (chain_too_dear(s, r)) {
+            /* Measured dearer than a chain is for (a chain begun before
+             * its model's steps were timed): the rest waits as one at a
+             * time. */
+            r->chain_cut = true;
+            return;
+        }
         next->cs = r->cs;
         next->toks = r->toks; /* the job's until it comes back */
         worker_job_handoff(w, &r->job, &next->job);

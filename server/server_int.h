@@ -108,6 +108,7 @@ struct req {
     cache_session_t cs;  /* start: the new session; step: in and out */
     audit_tokens_t toks; /* audit on: the session's tokens, as `cs` (start: its prompt) */
     int rc;              /* SLOTD_OK, or the code of the error in `reply` */
+    bool chain_cut;      /* ran, and its chain's later steps did not: they go back (launch.c) */
     proto_buf_t reply;   /* owned; one reply line once REQ_DONE */
 
     /* Set by the loop thread when the connection has gone: a worker that
