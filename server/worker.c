@@ -426,7 +426,7 @@ static worker_job_t *take_jobs(worker_t *w)
     worker_pool_t *wp = w->pool;
     worker_t *wake = NULL;
     worker_job_t *job;
-    uint64_t sum;
+    uint64_t sum, bound;
     size_t n;
 
     pthread_mutex_lock(&wp->queue_lock);
@@ -462,15 +462,20 @@ static worker_job_t *take_jobs(worker_t *w)
     n = (wp->queued + wp->nworkers - 1) / wp->nworkers;
     if (n > WORKER_TAKE_MAX)
         n = WORKER_TAKE_MAX;
-    /* Within batch_ns of work too, so that the worker is back at the
-     * queue, where another flow's job may wait, after about one batch.
+    /* Within `bound` of work too: the local batch saves lock round trips
+     * on cheap jobs; a job dearer than wake_ns is worth a trip of its
+     * own, and a cheap one taken behind it would wait for it even with
+     * another worker free (a gather runs the dear one as a batch first).
      * The jobs of one flow are taken in a run and charged at once: one
      * operation of the scheduler's heap per run, not per job. */
+    bound = wp->batch_ns;
+    if (wp->wake_ns > 0 && (bound == 0 || wp->wake_ns < bound))
+        bound = wp->wake_ns;
     for (w->nlocal = 0, sum = 0; w->nlocal < n;) {
         worker_flow_t *f = do_next_flow(wp);
         uint64_t run = 0;
         unsigned first = w->nlocal;
-        if (w->nlocal > 0 && wp->batch_ns > 0 && sum >= wp->batch_ns)
+        if (w->nlocal > 0 && bound > 0 && sum >= bound)
             break;
         do {
             job = f->_head;
@@ -481,8 +486,7 @@ static worker_job_t *take_jobs(worker_t *w)
             memcpy(w->local_hint[w->nlocal], job->hint, sizeof(job->hint));
             memcpy(w->local_lines[w->nlocal], job->hint_lines, sizeof(job->hint_lines));
             w->nlocal++;
-        } while (w->nlocal < n && f->_head != NULL &&
-                 (wp->batch_ns == 0 || sum + run < wp->batch_ns));
+        } while (w->nlocal < n && f->_head != NULL && (bound == 0 || sum + run < bound));
         if (f->_head == NULL)
             f->_tail = NULL;
         sched_serve(&wp->sched, run, f->_head != NULL);
