@@ -109,7 +109,7 @@ static const option_t options[] = {
      "single steps of one model a worker runs as one batch, 1 for none (32)"},
     {"batch-us", OPT_UINT, 0, 10000000, FIELD(batch_us),
      "estimated microseconds a batch may take, so other clients wait about one; 0 for no bound "
-     "(4000)"},
+     "(10000)"},
 #if SLOTD_FAULT_INJECTION
     {"fault-corrupt-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_corrupt_after),
      "test build: damage the slot of the N-th step job (0, off)"},
@@ -251,7 +251,7 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     cfg->wedge_timeout = 10;
     cfg->reply_hold_us = 100;
     cfg->max_batch = 32;
-    cfg->batch_us = 4000;
+    cfg->batch_us = 10000;
     cfg->nmodels = 2;
     strcpy(cfg->models[0], "tiny");
     strcpy(cfg->models[1], "hash");
