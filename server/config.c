@@ -112,6 +112,9 @@ static const option_t options[] = {
      "yes: refuse a non-loopback --listen or --admin-listen without a token (yes)"},
     {"max-batch", OPT_UINT, 1, MODEL_BATCH_MAX, FIELD(max_batch),
      "single steps of one model a worker runs as one batch, 1 for none (32)"},
+    {"batch-us", OPT_UINT, 0, 10000000, FIELD(batch_us),
+     "estimated microseconds a batch may take, so other clients wait about one; 0 for no bound "
+     "(10000)"},
 #if SLOTD_FAULT_INJECTION
     {"fault-corrupt-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_corrupt_after),
      "test build: damage the slot of the N-th step job (0, off)"},
@@ -255,6 +258,7 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     cfg->wedge_timeout = 10;
     cfg->reply_hold_us = 100;
     cfg->max_batch = 32;
+    cfg->batch_us = 10000;
     /* Every preset of the table (core/model.c), up to CONFIG_MAX_MODELS. */
     for (cfg->nmodels = 0;
          cfg->nmodels < CONFIG_MAX_MODELS && model_preset_name(cfg->nmodels) != NULL;

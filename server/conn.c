@@ -338,6 +338,7 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     }
 
     metrics_count_socket_read();
+    c->read_ns = uv_hrtime(); /* each line's, for slotd_request_wait_seconds */
     if (c->wait == CONN_WAIT_QUIET)
         conn__wait_remove(c->server, c); /* not quiet: conn__update() starts the clock again */
     if (c->drain_left > 0) {
@@ -414,6 +415,7 @@ void conn__accept(server_t *s, int fd)
     c->server = s;
     c->refs = 1;
     c->serial = ++s->next_serial;
+    worker_flow_init(&c->flow);
     proto_framer_init(&c->framer, s->cfg->max_line);
     proto_buf_init(&c->out);
     proto_buf_init(&c->wbuf);

@@ -152,6 +152,7 @@ static void conn_advance(conn_t *c)
 {
     server_t *s = c->server;
     bool moved = false;
+    uint64_t now = 0; /* read once, for the first reply moved */
     req_t *r;
 
     while ((r = c->order_head) != NULL && !c->closed) {
@@ -188,6 +189,10 @@ static void conn_advance(conn_t *c)
         c->held_bytes -= r->reply.len;
         if (r->rc != SLOTD_OK)
             metrics_count_error(r->rc);
+        if (now == 0)
+            now = uv_hrtime();
+        metrics_observe_request_duration(METRICS_LOOP_SHARD,
+                                         now > r->read_ns ? now - r->read_ns : 0, r->rq.op);
         if (c->barrier == r) /* a deferred request that a drain failed */
             release_barrier(c, r);
         req__put(s, r);
@@ -502,6 +507,7 @@ int dispatch__on_line(void *arg, const char *line, size_t len)
         return SLOTD_ENOMEM;
     slotd_error_clear(&err);
     r->conn = c;
+    r->read_ns = c->read_ns;
     req__order_append(c, r);
     rc = proto_request_parse(line, len, &r->rq, &err);
     /* A line behind a barrier is counted when the barrier goes, so that a
@@ -544,6 +550,7 @@ int dispatch__on_drain_line(void *arg, const char *line, size_t len)
         return SLOTD_ENOMEM;
     slotd_error_clear(&err);
     r->conn = c;
+    r->read_ns = c->read_ns;
     req__order_append(c, r);
     (void)proto_request_parse(line, len, &r->rq, &err); /* for the op and the tag */
     metrics_count_request(r->rq.op);
@@ -566,6 +573,7 @@ void dispatch__line_too_long(conn_t *c)
         return;
     }
     r->conn = c;
+    r->read_ns = c->read_ns;
     req__order_append(c, r);
     if (c->barrier == NULL) /* as dispatch__on_line() counts */
         metrics_count_request(PROTO_OP_NONE);
@@ -592,6 +600,9 @@ void dispatch__job_done(req_t *r)
 
     if (!c->closed)
         c->reserved -= r->reply_bound;
+    metrics_job_back(atomic_load_explicit(&r->started, memory_order_relaxed));
+    if (r->chain_next != NULL && (r->rc != SLOTD_OK || r->chain_cut))
+        launch__chain_return(r);
     /* Refused for room while an earlier line has yet to take effect, which
      * may make room: not answered, but run again once they all have. */
     if (r->rc == SLOTD_ECACHE_FULL && !c->closed && !s->draining && earlier_pending(c, r)) {
@@ -633,15 +644,16 @@ void dispatch__job_done(req_t *r)
         conn__close(c);
     }
     if (sess != NULL)
-        sess->running = NULL;
+        sess->running = r->chain_next; /* a chain's next step runs on */
+    r->chain_next = NULL;
 
     if (c->closed) {
-        if (sess != NULL)
+        if (sess != NULL && sess->running == NULL)
             session__discard(sess); /* conn__close() unmapped it */
         req__put(s, r);
     } else {
         req__done(r);
-        if (sess != NULL)
+        if (sess != NULL && sess->running == NULL)
             session__kick(sess);
         conn_advance(c);
         conn__update(c);

@@ -104,7 +104,10 @@ int inspect__sessions(server_t *s, size_t limit, proto_buf_t *out)
     for (size_t i = 0; i < n && i < limit && rc == SLOTD_OK; i++) {
         const session_t *sess = v[i].sess;
         const model_t *m = session_model(sess);
-        size_t outstanding = sess->running != NULL;
+        size_t outstanding = 0;
+        /* The running request and the steps chained to it (launch.c). */
+        for (const req_t *r = sess->running; r != NULL; r = r->chain_next)
+            outstanding++;
         for (const req_t *r = sess->fifo_head; r != NULL; r = r->session_next)
             outstanding++;
         bool started = sess->running != NULL &&

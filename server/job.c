@@ -17,12 +17,12 @@
 #include <assert.h>
 #include <inttypes.h>
 #include <string.h>
+#include <time.h>
 
 #include "job_int.h"
 #include "log.h"
 
 #if SLOTD_FAULT_INJECTION
-#include <time.h>
 
 /*
  * Test-only faults; see SLOTD_FAULT_INJECTION in cmake/flags.cmake.
@@ -82,6 +82,96 @@ static void job_fault_after_step(server_t *s, req_t *r)
 #define JOB_FAULT_POINT(s, r) ((void)0)
 #define JOB_FAULT_AFTER_STEP(s, r) ((void)0)
 #endif
+
+/* ---- Costs (worker.h: worker_job_set_cost()) ----
+ *
+ * A job's cost is its estimated run time: positions times its model's
+ * running mean per position, measured by the workers as they run jobs,
+ * plus JOB_COST_FIXED_NS for what any job costs (its hand-offs, its
+ * reply).  The models whose steps batch (small, base) are timed in the
+ * thread's CPU time: on a loaded machine the wall time of a batch grows
+ * with the preemptions it suffers, and a bound in wall time would shrink
+ * batches exactly when sharing the weights matters most.  tiny and hash
+ * jobs take a microsecond or less, which the CPU clock's system call
+ * would double: they are timed by the wall clock the worker reads anyway.
+ * The means are relaxed atomics, one writer at a time in the common case;
+ * a lost update only delays the mean by one job. */
+#define JOB_COST_FIXED_NS 1000u
+
+/* The calling thread's CPU time in nanoseconds. */
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The measured times of model `m`; NULL for a model not loaded. */
+static job_costs_t *costs_of(const server_t *s, const model_t *m)
+{
+    for (size_t i = 0; i < s->nmodels; i++)
+        if (s->models[i] == m)
+            return (job_costs_t *)&s->costs[i];
+    return NULL;
+}
+
+/* Adds `ns` per position to the running mean *mean, over about its last
+ * eight measurements; the first sets it.  A mean that moves by less than
+ * a sixteenth is not written: every worker and the loop read it, and a
+ * store per microsecond job would bounce its line between their cores. */
+static void cost_note(_Atomic uint64_t *mean, uint64_t ns)
+{
+    uint64_t m = atomic_load_explicit(mean, memory_order_relaxed);
+    uint64_t next = m == 0 ? ns + 1 : m - m / 8 + ns / 8;
+
+    if (m == 0 || (next > m ? next - m : m - next) > m / 16)
+        atomic_store_explicit(mean, next, memory_order_relaxed);
+}
+
+uint64_t job_cost(const server_t *s, const req_t *r)
+{
+    const model_t *m = r->rq.op == PROTO_OP_STEP ? r->session->cs.model : r->model;
+    const job_costs_t *c = costs_of(s, m);
+    uint64_t step, prefill, n;
+
+    if (c == NULL)
+        return JOB_COST_FIXED_NS;
+    step = atomic_load_explicit(&c->step_ns, memory_order_relaxed);
+    prefill = atomic_load_explicit(&c->prefill_ns, memory_order_relaxed);
+    switch (r->rq.op) {
+    case PROTO_OP_STEP:
+        return JOB_COST_FIXED_NS + (uint64_t)r->rq.n * step;
+    case PROTO_OP_GENERATE:
+        /* Without the cache every step runs its whole prefix again. */
+        n = (uint64_t)r->rq.steps;
+        return JOB_COST_FIXED_NS + r->rq.ntokens * prefill +
+               n * (r->rq.use_cache ? step : (r->rq.ntokens + n) * prefill);
+    default: /* start, logits: a prompt */
+        return JOB_COST_FIXED_NS + r->rq.ntokens * prefill;
+    }
+}
+
+/* Notes the time of a job that ran alone, `ns`, in its model's means. */
+static void cost_measured(server_t *s, const req_t *r, uint64_t ns)
+{
+    job_costs_t *c;
+
+    switch (r->rq.op) {
+    case PROTO_OP_STEP:
+        if (r->rc == SLOTD_OK && r->rq.n > 0 && (c = costs_of(s, r->cs.model)) != NULL)
+            cost_note(&c->step_ns, ns / r->rq.n);
+        break;
+    case PROTO_OP_START:
+    case PROTO_OP_LOGITS:
+        if (r->rc == SLOTD_OK && r->rq.ntokens > 0 && (c = costs_of(s, r->model)) != NULL)
+            cost_note(&c->prefill_ns, ns / r->rq.ntokens);
+        break;
+    default:
+        break;
+    }
+}
 
 static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 {
@@ -219,9 +309,18 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     return proto_reply_generate(&r->reply, r->rq.tag, tokens, total, logits, steps, vocab, rows);
 }
 
+/* A worker begins `r`: its wait, from its line's read, is observed. */
+static void job_begun(worker_t *w, const req_t *r)
+{
+    uint64_t t = worker_job_start(w);
+
+    metrics_observe_request_wait(worker_index(w), t > r->read_ns ? t - r->read_ns : 0, r->rq.op);
+}
+
 /* Whether step job `cand` may join the batch `first` leads (worker.h's
  * group callback): both single steps (n = 1) of sessions of one model whose
- * batch calls share the weights (model_batch_shares()), not canceled.
+ * batch calls share the weights (model_batch_shares()), not canceled, and
+ * neither the head of a chain (job_run() runs those).
  * Reads only what the loop set before submitting: op, n and the session's
  * model in `cs`, and the atomic `canceled`. */
 bool job_group(const worker_job_t *first, const worker_job_t *cand, void *arg)
@@ -229,13 +328,14 @@ bool job_group(const worker_job_t *first, const worker_job_t *cand, void *arg)
     const req_t *f = container_of(first, req_t, job), *c;
 
     (void)arg;
-    if (f->rq.op != PROTO_OP_STEP || f->rq.n != 1 || !model_batch_shares(f->cs.model))
+    if (f->rq.op != PROTO_OP_STEP || f->rq.n != 1 || !model_batch_shares(f->cs.model) ||
+        f->chain_next != NULL)
         return false;
     if (cand == NULL)
         return true;
     c = container_of(cand, req_t, job);
     return c->rq.op == PROTO_OP_STEP && c->rq.n == 1 && c->cs.model == f->cs.model &&
-           !atomic_load_explicit(&c->canceled, memory_order_relaxed);
+           c->chain_next == NULL && !atomic_load_explicit(&c->canceled, memory_order_relaxed);
 }
 
 /* The wire reply of a step job that ended with rc (job_run()'s rule). */
@@ -267,7 +367,7 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
     slotd_error_t err[MODEL_BATCH_MAX];
     double *logits = worker_logits(w, n * vocab);
     size_t k = 0;
-    uint64_t now;
+    uint64_t now, cpu0 = thread_cpu_ns();
 
     assert(n <= MODEL_BATCH_MAX);
     for (size_t i = 0; i < n; i++) {
@@ -278,6 +378,8 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
             r->rc = SLOTD_ESHUTTING_DOWN; /* the connection is gone: nobody reads it */
             continue;
         }
+        atomic_store_explicit(&r->started, true, memory_order_relaxed);
+        job_begun(w, r);
         JOB_FAULT_POINT(s, r);
         if (logits == NULL ||
             (s->audit != NULL && audit_tokens_reserve(&r->toks, 1) != SLOTD_OK)) {
@@ -289,8 +391,10 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
         lg[k] = logits + k * vocab;
         rs[k++] = r;
     }
-    if (k > 0)
+    if (k > 0) {
         cache_session_step_batch(s->pool, cs, k, worker_scratch(w), picks, lg, rc, err);
+        metrics_observe_batch_size(worker_index(w), k);
+    }
     if (k > 1)
         metrics_count_batch(k);
     for (size_t i = 0; i < k; i++) {
@@ -309,6 +413,12 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
     for (size_t i = 0; i < n; i++)
         if (ran[i])
             metrics_observe_step(worker_index(w), now - worker_job_start(w), now);
+    /* Each step's share of the batch's time. */
+    if (k > 0) {
+        job_costs_t *c = costs_of(s, m);
+        if (c != NULL)
+            cost_note(&c->step_ns, (thread_cpu_ns() - cpu0) / k);
+    }
 }
 
 /* The run function of each op that runs on a worker (proto_ops[op].on_worker
@@ -321,10 +431,12 @@ static const job_run_fn job_runs[PROTO_OP__COUNT] = {
     [PROTO_OP_GENERATE] = run_generate,
 };
 
-void job_run(worker_t *w, worker_job_t *job, void *arg)
+/* job_run() of one request. */
+static void run_one(server_t *s, worker_t *w, req_t *r)
 {
-    server_t *s = arg;
-    req_t *r = container_of(job, req_t, job);
+    const model_t *m = r->rq.op == PROTO_OP_STEP ? r->cs.model : r->model;
+    bool cpu_timed = m != NULL && model_batch_shares(m);
+    uint64_t cpu0 = 0;
     slotd_error_t err;
     int rc;
 
@@ -334,8 +446,21 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
         r->rc = SLOTD_ESHUTTING_DOWN; /* the connection is gone: nobody reads it */
         return;
     }
+    if (atomic_load_explicit(&s->stop_jobs, memory_order_relaxed)) {
+        /* A drain began before this job did: not run, as if taken back. */
+        slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+        r->reply.len = 0;
+        r->rc = proto_reply_error(&r->reply, r->rq.tag, &err) == SLOTD_OK ? SLOTD_ESHUTTING_DOWN
+                                                                          : SLOTD_ENOMEM;
+        return;
+    }
     atomic_store_explicit(&r->started, true, memory_order_relaxed);
+    job_begun(w, r);
+    if (r->rq.op == PROTO_OP_STEP)
+        metrics_observe_batch_size(worker_index(w), 1);
     JOB_FAULT_POINT(s, r);
+    if (cpu_timed)
+        cpu0 = thread_cpu_ns();
 
     assert(proto_op_on_worker(r->rq.op) && job_runs[r->rq.op] != NULL);
     if ((unsigned)r->rq.op < PROTO_OP__COUNT && job_runs[r->rq.op] != NULL)
@@ -352,8 +477,96 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
             rc = SLOTD_ENOMEM;
     }
     r->rc = rc;
-    if (r->rq.op == PROTO_OP_STEP) {
+    {
         uint64_t now = uv_hrtime();
-        metrics_observe_step(worker_index(w), now - worker_job_start(w), now);
+        if (r->rq.op == PROTO_OP_STEP)
+            metrics_observe_step(worker_index(w), now - worker_job_start(w), now);
+        cost_measured(s, r, cpu_timed ? thread_cpu_ns() - cpu0 : now - worker_job_start(w));
+    }
+}
+
+/* The cost of the chain from `r` on (launch.c links the steps of one
+ * session), counted to the slice at most: what a worker runs of it before
+ * it goes back to its flow. */
+static uint64_t chain_cost(const server_t *s, const req_t *r, const model_t *m, uint64_t slice)
+{
+    const job_costs_t *c = costs_of(s, m);
+    uint64_t step = c != NULL ? atomic_load_explicit(&c->step_ns, memory_order_relaxed) : 0;
+    uint64_t sum = 0;
+
+    for (; r != NULL && (slice == 0 || sum < slice); r = r->chain_next)
+        sum += JOB_COST_FIXED_NS + (uint64_t)r->rq.n * step;
+    return slice > 0 && sum > slice ? slice : sum;
+}
+
+/* A chain's slice: JOB_CHAIN_SLICE_NS, or --batch-us if less; none with
+ * --batch-us 0.  Shorter than a batch: a chain shares no weights, and what
+ * it saves, a loop round trip of some microseconds per step, half a
+ * millisecond already saves for all but a few steps, while a light
+ * request waits for the slice of the chain ahead of it. */
+#define JOB_CHAIN_SLICE_NS 500000u
+
+static uint64_t chain_slice(const server_t *s)
+{
+    uint64_t batch = (uint64_t)s->cfg->batch_us * 1000u;
+
+    return batch < JOB_CHAIN_SLICE_NS ? batch : JOB_CHAIN_SLICE_NS;
+}
+
+uint64_t job_chain_step_max(const server_t *s)
+{
+    uint64_t slice = chain_slice(s);
+
+    return slice == 0 ? UINT64_MAX : slice / 4;
+}
+
+uint64_t job_chain_cost(const server_t *s, const req_t *r)
+{
+    return chain_cost(s, r, r->session->cs.model, chain_slice(s));
+}
+
+/* Whether a step like `r` now costs more than job_chain_step_max(). */
+static bool chain_too_dear(const server_t *s, const req_t *r)
+{
+    const job_costs_t *c = costs_of(s, r->cs.model);
+    uint64_t step = c != NULL ? atomic_load_explicit(&c->step_ns, memory_order_relaxed) : 0;
+
+    return JOB_COST_FIXED_NS + (uint64_t)r->rq.n * step > job_chain_step_max(s);
+}
+
+/* A chain (launch.c: steps of one session queued behind each other) runs
+ * step after step in this one job: each step's record goes back to the
+ * loop as soon as it is answered (worker_job_handoff()), the next starting
+ * from the state it left.  It stops at the first step that does not
+ * succeed (or is canceled), the rest going back with it unrun; and at the
+ * end of its slice (chain_slice()) the rest goes back to its connection's
+ * flow (worker_job_requeue()), so that other connections get their turn. */
+void job_run(worker_t *w, worker_job_t *job, void *arg)
+{
+    server_t *s = arg;
+    req_t *r = container_of(job, req_t, job);
+    uint64_t slice = chain_slice(s), begin = worker_job_start(w);
+
+    for (;;) {
+        req_t *next = r->chain_next;
+        run_one(s, w, r);
+        if (next == NULL || r->rc != SLOTD_OK)
+            return;
+        if (chain_too_dear(s, r)) {
+            /* Measured dearer than a chain is for (a chain begun before
+             * its model's steps were timed): the rest waits as one at a
+             * time. */
+            r->chain_cut = true;
+            return;
+        }
+        next->cs = r->cs;
+        next->toks = r->toks; /* the job's until it comes back */
+        worker_job_handoff(w, &r->job, &next->job);
+        if (slice > 0 && worker_job_start(w) - begin >= slice) {
+            worker_job_set_cost(&next->job, chain_cost(s, next, next->cs.model, slice));
+            worker_job_requeue(w);
+            return;
+        }
+        r = next;
     }
 }

@@ -1,11 +1,30 @@
 /*
  * job_int.h: the worker side of a job (job.c), for server.c, which hands
- * these to the worker pool.  Worker threads, as worker.h says.
+ * these to the worker pool, and the cost of a job, for launch.c, which
+ * submits it.  Worker threads, as worker.h says, but the costs: the loop.
  */
 #ifndef SLOTD_SERVER_JOB_INT_H
 #define SLOTD_SERVER_JOB_INT_H
 
 #include "server_int.h"
+
+/** The estimated run time of `r`'s job in nanoseconds, from its op, its
+ * counts and its model's measured times: its cost for the workers'
+ * fairness and batch bound (worker_job_set_cost()).  Loop thread. */
+uint64_t job_cost(const server_t *s, const req_t *r);
+
+/** The most a step may cost (job_cost()) and still run in a chain: a
+ * quarter of a chain's slice (none with --batch-us 0).  A chain saves a
+ * loop round trip per step, some microseconds: worth it for cheap steps;
+ * a dear step (`base`) gains nothing by it, and a light request on another
+ * connection would wait for the chain's step instead of finding a worker
+ * free between two of them.  Loop thread. */
+uint64_t job_chain_step_max(const server_t *s);
+
+/** The cost of the chain of steps from `r` on (r->chain_next), up to one
+ * slice (job.c: chain_slice()): what a worker runs of it at once.  Loop
+ * thread. */
+uint64_t job_chain_cost(const server_t *s, const req_t *r);
 
 /** The worker side of a job: runs the model call of `job` (a req_t) and
  * formats its reply into the record.  `arg` is the server_t. */

@@ -6,15 +6,23 @@
  * order), and the submit into this loop turn's batch, which server.c hands
  * to the workers at the end of the turn.
  *
+ * It also links the steps queued behind a step submitted into a chain
+ * that one job runs (launch__chain_return() undoes what did not run), and
+ * sets each job's flow and cost for the workers' fair queue.
+ *
  * DESIGN.  Loop thread only; no lock.  A submitted record is the workers'
  * (REQ_RUNNING) until it comes back to dispatch.c; its connection counts
  * it in `refs` and its reply bound in `reserved` meanwhile.
  *
- * Design: docs/design.md, "Pipelining" and "server/ layout".
+ * Design: docs/design.md, "Pipelining", "Scheduler" and "server/ layout".
  */
 #include "launch_int.h"
 
+#include <assert.h>
 #include <string.h>
+
+#include "job_int.h"
+#include "req_int.h"
 
 /* Reply sizes, for the output bound.  A token prints in at most 10
  * digits and a comma; a logit in at most 18 characters and a comma while
@@ -66,13 +74,89 @@ static void batch_push(server_t *s, req_t *r)
 {
     if (r->rq.op == PROTO_OP_STEP)
         metrics_step_out();
+    metrics_job_out();
     worker_batch_push(&s->batch, &r->job);
+}
+
+static bool conn_may_run(conn_t *c, size_t bound);
+
+/* ---- Coalesced runs (docs/design.md, "Scheduler") ----
+ *
+ * A cheap step (job_chain_step_max()) submitted while more steps of its
+ * session wait right behind it in the session's FIFO takes them along: they are linked to it
+ * (chain_next) and leave the FIFO as jobs out (REQ_RUNNING, reserved,
+ * counted in refs and in the steps out), as far as the output bound lets
+ * each run.  The worker runs them back to back and hands each back as it
+ * is answered (job.c: job_run()).  So dispatch__job_done() sees a chain's
+ * steps come back one by one: a step that succeeded with a successor
+ * leaves the successor as the session's running request; one that did
+ * not, or was canceled or taken back, brings its unrun successors back to
+ * the front of the FIFO (launch__chain_return()), where they wait as
+ * before. */
+#define LAUNCH_CHAIN_MAX 256
+
+static void req_chain(req_t *r)
+{
+    conn_t *c = r->conn;
+    session_t *sess = r->session;
+    req_t *tail = r, *q;
+
+    for (size_t n = 1; n < LAUNCH_CHAIN_MAX && !c->server->draining && c->park_head == NULL &&
+                       (q = sess->fifo_head) != NULL && q->rq.op == PROTO_OP_STEP;
+         n++) {
+        q->reply_bound = req_reply_bound(q);
+        if (!conn_may_run(c, q->reply_bound))
+            break;
+        sess->fifo_head = q->session_next;
+        if (sess->fifo_head == NULL)
+            sess->fifo_tail = NULL;
+        q->session_next = NULL;
+        q->chain_next = NULL;
+        q->job.flow = &c->flow;
+        q->state = REQ_RUNNING;
+        c->reserved += q->reply_bound;
+        c->refs++;
+        metrics_step_out();
+        metrics_job_out();
+        tail->chain_next = q;
+        tail = q;
+    }
+}
+
+void launch__chain_return(req_t *r)
+{
+    conn_t *c = r->conn;
+    session_t *sess = r->session;
+    req_t *q = r->chain_next, *next, **link = &sess->fifo_head, *last = NULL;
+
+    r->chain_next = NULL;
+    for (; q != NULL; q = next) {
+        next = q->chain_next;
+        q->chain_next = NULL;
+        metrics_step_back();
+        metrics_job_back(false);
+        assert(c->refs > 1); /* r's own ref stays */
+        c->refs--;
+        if (c->closed) {
+            req__put(c->server, q);
+            continue;
+        }
+        c->reserved -= q->reply_bound;
+        q->state = REQ_WAITING;
+        q->session_next = *link;
+        *link = q;
+        link = &q->session_next;
+        last = q;
+    }
+    if (last != NULL && last->session_next == NULL)
+        sess->fifo_tail = last;
 }
 
 /* Sends `r`'s job to the workers at the end of this loop turn. */
 static void req_submit(req_t *r)
 {
     conn_t *c = r->conn;
+    uint64_t cost;
 
     if (r->session != NULL && r->rq.op == PROTO_OP_STEP) {
         r->cs = r->session->cs;
@@ -84,9 +168,15 @@ static void req_submit(req_t *r)
     } else {
         memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));
     }
+    r->job.flow = &c->flow;
     r->state = REQ_RUNNING;
     c->reserved += r->reply_bound;
     c->refs++;
+    r->chain_next = NULL;
+    cost = job_cost(c->server, r);
+    if (r->session != NULL && r->rq.op == PROTO_OP_STEP && cost <= job_chain_step_max(c->server))
+        req_chain(r);
+    worker_job_set_cost(&r->job, r->chain_next != NULL ? job_chain_cost(c->server, r) : cost);
     batch_push(c->server, r);
 }
 

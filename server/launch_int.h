@@ -11,6 +11,11 @@
  * order) while its connection's output is over its bound.  The record is
  * the workers' from its submit until it comes back. */
 void launch__req(req_t *r);
+/** `r`, a step that headed a chain (launch.c), came back failed, canceled
+ * or taken back: the steps chained after it did not run.  They go back to
+ * the front of its session's FIFO, in order, or are freed if the
+ * connection has closed. */
+void launch__chain_return(req_t *r);
 /** Submits the parked jobs of `c`, oldest first, while the bound allows. */
 void launch__run_parked(conn_t *c);
 /** Reply bytes `c` has not written yet: in `out` and in the write in

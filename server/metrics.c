@@ -73,7 +73,17 @@
 /* Every bucket set: its name (METRICS_BUCKETS_<name> lists its bounds) and
  * the divisor from an observed value to the unit rendered (1e9: ns to
  * seconds; 1: render counts as they are). */
-#define METRICS_BUCKET_SETS(XX) XX(seconds, 1e9)
+/* Batch sizes: 1 (a step alone) to MODEL_BATCH_MAX (64). */
+#define METRICS_BUCKETS_steps(BOUND)                                                               \
+    BOUND(1u, "1")                                                                                 \
+    BOUND(2u, "2")                                                                                 \
+    BOUND(4u, "4")                                                                                 \
+    BOUND(8u, "8")                                                                                 \
+    BOUND(16u, "16")                                                                               \
+    BOUND(32u, "32")                                                                               \
+    BOUND(64u, "64")
+
+#define METRICS_BUCKET_SETS(XX) XX(seconds, 1e9) XX(steps, 1)
 
 #define BOUND_NS(ns, label) (uint64_t)(ns),
 #define BOUND_LABEL(ns, label) label,
@@ -220,6 +230,14 @@ static struct {
 } m;
 
 static metrics_shard_t shards[METRICS_SHARDS];
+
+/* Jobs handed to the workers, and back begun or not (metrics_job_out()):
+ * written by the loop thread only, so on a line of their own away from
+ * what workers write. */
+static struct {
+    _Alignas(SLOTD_CACHE_LINE) _Atomic uint64_t out;
+    _Atomic uint64_t back_started, back_unstarted;
+} jobs;
 
 /* metrics_process_figures(); set before any thread renders. */
 static bool process_figures = true;
@@ -452,6 +470,9 @@ void metrics_init(uint64_t now_ns)
 #undef XX
     for (size_t k = 0; k < METRICS_SHARDS; k++)
         STORE(shards[k].last_step_ns, 0);
+    STORE(jobs.out, 0);
+    STORE(jobs.back_started, 0);
+    STORE(jobs.back_unstarted, 0);
 }
 
 void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
@@ -534,6 +555,41 @@ static int render_last_step_age(proto_buf_t *b, const char *name, const proto_st
     if (last == 0)
         return SLOTD_OK;
     return put(b, "%s %.9f\n", name, seconds(now_ns > last ? now_ns - last : 0));
+}
+
+void metrics_job_out(void)
+{
+    BUMP(jobs.out, 1);
+}
+
+void metrics_job_back(bool started)
+{
+    if (started)
+        BUMP(jobs.back_started, 1);
+    else
+        BUMP(jobs.back_unstarted, 1);
+}
+
+/* The gauges of jobs out: begun is what slotd_request_wait_seconds has
+ * observed.  The counts are read one after the other while workers count
+ * on, so a reading may be off by the jobs begun in between: clamped at 0. */
+static int render_requests_waiting(proto_buf_t *b, const char *name, const proto_stats_t *st,
+                                   uint64_t now_ns)
+{
+    (void)st;
+    (void)now_ns;
+    uint64_t begun = metrics_request_wait_value();
+    uint64_t gone = LOAD(jobs.back_unstarted) + begun, out = LOAD(jobs.out);
+    return put(b, "%s %" PRIu64 "\n", name, out > gone ? out - gone : 0);
+}
+
+static int render_requests_running(proto_buf_t *b, const char *name, const proto_stats_t *st,
+                                   uint64_t now_ns)
+{
+    (void)st;
+    (void)now_ns;
+    uint64_t back = LOAD(jobs.back_started), begun = metrics_request_wait_value();
+    return put(b, "%s %" PRIu64 "\n", name, begun > back ? begun - back : 0);
 }
 
 static int render_uptime(proto_buf_t *b, const char *name, const proto_stats_t *st, uint64_t now_ns)

@@ -117,6 +117,17 @@ typedef enum metrics_close {
        "Latency of step requests (one observation per request, whatever its n).")                  \
     XX(GAUGE, steps_in_flight, NONE, _, "slotd_steps_in_flight",                                   \
        "Step requests handed to the workers and not back yet: queued or running.")                 \
+    XX(DERIVED_GAUGE, requests_waiting, NONE, render_requests_waiting, "slotd_requests_waiting",   \
+       "Requests handed to the workers that no worker has begun: queued, or chained behind a "     \
+       "step of their session.")                                                                   \
+    XX(DERIVED_GAUGE, requests_running, NONE, render_requests_running, "slotd_requests_running",   \
+       "Requests a worker has begun and not handed back yet.")                                     \
+    XX(HISTOGRAM, request_wait, op, seconds, "slotd_request_wait_seconds",                         \
+       "Time from reading a request to a worker beginning it, by op (the ops workers run).")       \
+    XX(HISTOGRAM, request_duration, op, seconds, "slotd_request_duration_seconds",                 \
+       "Time from reading a request to its reply going to the connection's output, by op.")        \
+    XX(HISTOGRAM, batch_size, NONE, steps, "slotd_batch_size",                                     \
+       "Steps a worker ran in one pass of a model: 1 for a step run alone.")                       \
     XX(DERIVED_GAUGE, last_step_age, NONE, render_last_step_age, "slotd_last_step_age_seconds",    \
        "Seconds since the last completed step; no sample before the first step.")                  \
     XX(DERIVED_GAUGE, uptime, NONE, render_uptime, "slotd_uptime_seconds",                         \
@@ -176,6 +187,17 @@ static inline void metrics_count_conn_timeout(void)
 {
     metrics_count_conn_closed(METRICS_CLOSE_TIMEOUT);
 }
+
+/** Counts one job handed to the workers (a chain counts each step), and
+ * one back, begun (`started`) or not (taken back, canceled, or a chain's
+ * step left unrun): with the observations of slotd_request_wait_seconds,
+ * which a worker makes as it begins a job, they give the gauges
+ * slotd_requests_waiting and slotd_requests_running.  Loop thread. */
+void metrics_job_out(void);
+void metrics_job_back(bool started);
+
+/** The shard the loop thread observes into (metrics_observe_*()). */
+#define METRICS_LOOP_SHARD 15u
 
 /** Counts one step request handed to the workers, and one back from them
  * (run, or taken back unrun by a drain): their difference is the gauge

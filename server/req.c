@@ -93,8 +93,8 @@ req_t *req__get(server_t *s)
     return r;
 }
 
-_Static_assert(offsetof(req_t, job) == 0 && sizeof(worker_job_t) <= SERVER_REQ_ALIGN,
-               "a request's job is its first line");
+_Static_assert(offsetof(req_t, job) == 0 && offsetof(worker_job_t, flow) <= SERVER_REQ_ALIGN,
+               "what a worker reads of a request's job under the lock is its first line");
 
 /* req__put() clears a record around its request. */
 _Static_assert(offsetof(req_t, rq) < offsetof(req_t, model) &&

@@ -380,7 +380,9 @@ static void server_drain(server_t *s)
     s->drain_deadline = uv_now(&s->loop) + (uint64_t)s->cfg->shutdown_timeout * 1000;
     conn__linger_cap(s);
 
-    /* Jobs no worker has started: this turn's batch and the queue. */
+    /* Jobs no worker has started: this turn's batch and the queue; and
+     * whatever a worker has yet to begin, a chain's next steps included. */
+    atomic_store_explicit(&s->stop_jobs, true, memory_order_relaxed);
     back = s->batch;
     s->batch = (worker_batch_t)WORKER_BATCH_INIT;
     worker_pool_take_back(s->workers, &back);
@@ -456,6 +458,7 @@ static int start_workers(server_t *s)
     wc.group = job_group;
     wc.run_batch = job_run_batch;
     wc.max_batch = s->cfg->max_batch;
+    wc.batch_ns = (uint64_t)s->cfg->batch_us * 1000u;
     wc.record_bytes = sizeof(req_t);
     wc.done = job_done_cb;
     wc.arg = s;

@@ -101,12 +101,15 @@ struct req {
     proto_request_t rq;   /* owns tag and tokens */
     const model_t *model; /* start, logits, generate */
     uint64_t owner_key;   /* the connection's serial number */
+    req_t *chain_next;    /* a step: the next step of its session run in the same job (launch.c) */
+    uint64_t read_ns;     /* uv_hrtime() of the read its line came in (the wait metrics) */
 
     /* The job's result: written by its worker while REQ_RUNNING, by the
      * loop thread otherwise. */
     cache_session_t cs;  /* start: the new session; step: in and out */
     audit_tokens_t toks; /* audit on: the session's tokens, as `cs` (start: its prompt) */
     int rc;              /* SLOTD_OK, or the code of the error in `reply` */
+    bool chain_cut;      /* ran, and its chain's later steps did not: they go back (launch.c) */
     proto_buf_t reply;   /* owned; one reply line once REQ_DONE */
 
     /* Set by the loop thread when the connection has gone: a worker that
@@ -172,6 +175,8 @@ struct conn {
     uv_shutdown_t shutdown_req; /* the lingering close's shutdown(SHUT_WR) */
     server_t *server;
     uint64_t serial;               /* pool owner key; never reused */
+    uint64_t read_ns;              /* uv_hrtime() of the read being framed */
+    worker_flow_t flow;            /* the workers' (worker.h): its jobs' fair share */
     unsigned refs;                 /* the handle until its close callback, plus one per job out */
     conn_t *prev, *next;           /* server->conns while open */
     conn_t *dirty_next;            /* server->dirty while `dirty` */
@@ -226,6 +231,14 @@ typedef struct server_preset {
     uint64_t build_ns;  /* its duration; likewise */
 } server_preset_t;
 
+/** A model's measured times, for the cost of its jobs (job.c): running
+ * means in nanoseconds per position, written by the workers, read by the
+ * loop as it submits. */
+typedef struct job_costs {
+    _Atomic uint64_t step_ns;    /* a step's, in a batch or alone */
+    _Atomic uint64_t prefill_ns; /* a prompt position's (start, logits) */
+} job_costs_t;
+
 /** What conn.c (and models.c) call in the files above them, through
  * pointers so that the calls between the files of server/ go one way
  * (docs/design.md, "server/ layout").  Set by server_run(). */
@@ -274,6 +287,7 @@ struct server {
     cache_pool_t *pool;     /* immutable pointer: workers read it */
     audit_t *audit;         /* immutable pointer; NULL when --audit-rate is 0 */
     model_t *models[CONFIG_MAX_MODELS]; /* every --models preset, built or not (models.c) */
+    job_costs_t costs[CONFIG_MAX_MODELS]; /* models[i]'s measured times (job.c) */
     size_t nmodels;
     server_preset_t presets[CONFIG_MAX_MODELS]; /* the same, with their build state */
     const model_t *default_model;
@@ -298,6 +312,10 @@ struct server {
      * sat unused all along, and the trim timer frees them. */
     size_t low_free_reqs, low_free_sessions;
     bool draining;
+    /* Set by the loop at the start of a drain: a job a worker has not begun
+     * yet (a chain's next step, or one claimed just before the take-back)
+     * is answered shutting_down instead of run (job.c). */
+    _Atomic bool stop_jobs;
     bool finished; /* every handle closed or closing */
 
     char readbuf[SERVER_READ_BUF]; /* reads are synchronous on the loop: one buffer */

@@ -10,9 +10,14 @@
  * back.  A job belongs to the worker running it, and scratch and buffers
  * to their worker.  `outstanding` is touched by the loop thread only.
  *
- * Locks.  `queue_lock` guards the job FIFO, the `sleepers` stack, the
- * filling and emptying of each worker's local batch, the stop flag, and
- * every move of another worker's `claim`; a worker claims its own local
+ * Fairness.  Queued jobs wait in their flow's FIFO (a client's: worker.h),
+ * and the flows in sched.c's start-time fair queue: a worker takes the
+ * next job of the flow served least so far, by cost, and fills a batch
+ * the same way, within batch_ns.
+ *
+ * Locks.  `queue_lock` guards the flows and the scheduler, the
+ * `sleepers` stack, the filling and emptying of each worker's local batch,
+ * the stop flag, and every move of another worker's `claim`; a worker claims its own local
  * jobs with a compare-and-swap on `claim`, without the lock, and whoever
  * moves `claim` past a job owns it.  A sleeping worker waits on its own
  * semaphore, posted after the lock is released.  Completions go on
@@ -22,7 +27,7 @@
  * idle) for worker_pool_wedged() and worker_job_start().
  *
  * Design: docs/design.md, "The worker queue and its wake-up rule",
- * "Prefetch hints" and "Batches".
+ * "Prefetch hints", "Batches" and "Scheduler".
  */
 #include "worker.h"
 
@@ -38,7 +43,7 @@
 #define WORKER_LINE 64
 
 /* The most jobs a worker takes per queue_lock acquisition. */
-#define WORKER_TAKE_MAX 8u
+#define WORKER_TAKE_MAX 16u
 
 /* The most queued jobs a worker looks at for its batch per gathering:
  * jobs the group callback turns down are passed over, but not without
@@ -75,6 +80,7 @@ struct worker {
     uint8_t local_lines[WORKER_TAKE_MAX][WORKER_HINTS];
     unsigned back; /* queue_lock: take_back's cursor in `local` */
     worker_job_t **batch; /* owned; pool->max_batch: the jobs of the batch running */
+    bool requeue;         /* worker_job_requeue() on batch[0], the current job */
 
     uv_sem_t wake;          /* the worker sleeps on it; posted once per wake-up */
     bool asleep;            /* queue_lock: on the sleepers stack, not yet woken */
@@ -92,14 +98,15 @@ struct worker_pool {
     worker_group_cb group;         /* immutable; NULL: no batches */
     worker_run_batch_cb run_batch; /* immutable */
     size_t max_batch;              /* immutable; at least 1 */
+    uint64_t batch_ns;             /* immutable; 0: no bound */
     void *arg;
     size_t scratch_bytes, tokens_cap, logits_cap; /* immutable */
     size_t outstanding;                           /* loop thread: submitted, not yet done */
 
-    pthread_mutex_t queue_lock; /* guards the fields down to `stopping` */
-    worker_job_t *queue_head;   /* queue_lock */
-    worker_job_t *queue_tail;   /* queue_lock */
-    size_t queued;              /* queue_lock: jobs in the FIFO */
+    pthread_mutex_t queue_lock; /* guards the fields down to `stopping`, and every flow */
+    sched_t sched;              /* queue_lock: the flows with queued jobs */
+    worker_flow_t own_flow;     /* queue_lock: the flow of jobs that name none */
+    size_t queued;              /* queue_lock: jobs in the flows */
     worker_t *sleepers;         /* queue_lock: stack of workers waiting for a wake-up */
     unsigned waking;            /* queue_lock: woken, not yet back at the queue */
     unsigned nsleeping;         /* queue_lock: workers on the sleepers stack */
@@ -117,6 +124,82 @@ struct worker_pool {
     unsigned nsems;    /* workers whose `wake` is initialised */
     worker_t *workers; /* nworkers of them, owned, cache-line aligned */
 };
+
+/* A cost in 16 bits: an 11-bit mantissa shifted left by a 5-bit exponent
+ * (worker.h). */
+#define COST_MANT_BITS 11u
+#define COST_MANT_MAX ((1u << COST_MANT_BITS) - 1)
+#define COST_EXP_MAX 31u
+
+void worker_job_set_cost(worker_job_t *job, uint64_t ns)
+{
+    unsigned e = 0;
+
+    while (ns > COST_MANT_MAX && e < COST_EXP_MAX) {
+        ns = (ns >> 1) + (ns & 1); /* rounded up: a cost is never kept as 0 */
+        e++;
+    }
+    if (ns > COST_MANT_MAX)
+        ns = COST_MANT_MAX;
+    job->_cost = (uint16_t)(e << COST_MANT_BITS | ns);
+}
+
+uint64_t worker_job_cost(const worker_job_t *job)
+{
+    return (uint64_t)(job->_cost & COST_MANT_MAX) << (job->_cost >> COST_MANT_BITS);
+}
+
+void worker_flow_init(worker_flow_t *f)
+{
+    sched_flow_init(&f->_sched);
+    f->_head = f->_tail = NULL;
+}
+
+uint64_t worker_flow_served(const worker_flow_t *f)
+{
+    return sched_served(&f->_sched);
+}
+
+/* Appends `job` to its flow's queue, which becomes active if it was empty.
+ * Called with queue_lock held. */
+static void do_enqueue(worker_pool_t *wp, worker_job_t *job)
+{
+    worker_flow_t *f = job->flow != NULL ? job->flow : &wp->own_flow;
+
+    job->next = NULL;
+    if (f->_tail != NULL) {
+        f->_tail->next = job;
+    } else {
+        f->_head = job;
+        sched_activate(&wp->sched, &f->_sched);
+    }
+    f->_tail = job;
+    wp->queued++;
+}
+
+/* Takes the head of the queue of flow `f`, the one the scheduler serves
+ * next, and charges its cost.  Called with queue_lock held. */
+static worker_job_t *do_dequeue(worker_pool_t *wp, worker_flow_t *f)
+{
+    worker_job_t *job = f->_head;
+
+    assert(job != NULL && sched_peek(&wp->sched) == &f->_sched);
+    f->_head = job->next;
+    if (f->_head == NULL)
+        f->_tail = NULL;
+    sched_serve(&wp->sched, worker_job_cost(job), f->_head != NULL);
+    wp->queued--;
+    return job;
+}
+
+/* The flow the scheduler serves next; NULL if nothing is queued.  Called
+ * with queue_lock held. */
+static worker_flow_t *do_next_flow(worker_pool_t *wp)
+{
+    sched_flow_t *sf = sched_peek(&wp->sched);
+
+    return sf != NULL ? container_of(sf, worker_flow_t, _sched) : NULL;
+}
 
 void worker_batch_push(worker_batch_t *b, worker_job_t *job)
 {
@@ -343,6 +426,7 @@ static worker_job_t *take_jobs(worker_t *w)
     worker_pool_t *wp = w->pool;
     worker_t *wake = NULL;
     worker_job_t *job;
+    uint64_t sum, bound;
     size_t n;
 
     pthread_mutex_lock(&wp->queue_lock);
@@ -350,7 +434,7 @@ static worker_job_t *take_jobs(worker_t *w)
         /* Jobs in the local batch of a stuck worker were taken off the
          * queue before anything still in it: they come first, or a queue
          * the loop keeps busy would leave them there for good. */
-        if (wp->queue_head != NULL ? do_steal_stuck(w) : do_steal(w, 0)) {
+        if (wp->queued > 0 ? do_steal_stuck(w) : do_steal(w, 0)) {
             wake = do_pick_sleeper(wp, w->nlocal - 1);
             pthread_mutex_unlock(&wp->queue_lock);
             if (wake != NULL)
@@ -358,7 +442,7 @@ static worker_job_t *take_jobs(worker_t *w)
             prefetch_local(w, 1);
             return w->local[0];
         }
-        if (wp->queue_head != NULL)
+        if (wp->queued > 0)
             break;
         if (wp->stopping) { /* nothing left to run but what others hold */
             pthread_mutex_unlock(&wp->queue_lock);
@@ -378,17 +462,37 @@ static worker_job_t *take_jobs(worker_t *w)
     n = (wp->queued + wp->nworkers - 1) / wp->nworkers;
     if (n > WORKER_TAKE_MAX)
         n = WORKER_TAKE_MAX;
-    for (w->nlocal = 0; w->nlocal < n; w->nlocal++) {
-        job = wp->queue_head;
-        wp->queue_head = job->next;
-        w->local[w->nlocal] = job;
-        w->local_seq[w->nlocal] = ++wp->taken;
-        memcpy(w->local_hint[w->nlocal], job->hint, sizeof(job->hint));
-        memcpy(w->local_lines[w->nlocal], job->hint_lines, sizeof(job->hint_lines));
+    /* Within `bound` of work too: the local batch saves lock round trips
+     * on cheap jobs; a job dearer than wake_ns is worth a trip of its
+     * own, and a cheap one taken behind it would wait for it even with
+     * another worker free (a gather runs the dear one as a batch first).
+     * The jobs of one flow are taken in a run and charged at once: one
+     * operation of the scheduler's heap per run, not per job. */
+    bound = wp->batch_ns;
+    if (wp->wake_ns > 0 && (bound == 0 || wp->wake_ns < bound))
+        bound = wp->wake_ns;
+    for (w->nlocal = 0, sum = 0; w->nlocal < n;) {
+        worker_flow_t *f = do_next_flow(wp);
+        uint64_t run = 0;
+        unsigned first = w->nlocal;
+        if (w->nlocal > 0 && bound > 0 && sum >= bound)
+            break;
+        do {
+            job = f->_head;
+            f->_head = job->next;
+            run += worker_job_cost(job);
+            w->local[w->nlocal] = job;
+            w->local_seq[w->nlocal] = ++wp->taken;
+            memcpy(w->local_hint[w->nlocal], job->hint, sizeof(job->hint));
+            memcpy(w->local_lines[w->nlocal], job->hint_lines, sizeof(job->hint_lines));
+            w->nlocal++;
+        } while (w->nlocal < n && f->_head != NULL && (bound == 0 || sum + run < bound));
+        if (f->_head == NULL)
+            f->_tail = NULL;
+        sched_serve(&wp->sched, run, f->_head != NULL);
+        wp->queued -= w->nlocal - first;
+        sum += run;
     }
-    if (wp->queue_head == NULL)
-        wp->queue_tail = NULL;
-    wp->queued -= n;
     atomic_store_explicit(&w->claim, 1, memory_order_relaxed);
     wake = do_pick_sleeper(wp, wp->queued + w->nlocal - 1);
     pthread_mutex_unlock(&wp->queue_lock);
@@ -407,26 +511,40 @@ static void note_job_ns(worker_t *w, uint64_t ns)
     atomic_store_explicit(&w->job_ns, mean - mean / 8 + ns / 8, memory_order_relaxed);
 }
 
+/* Whether a job of cost `cost` fits in a batch whose jobs cost `sum`
+ * (the batch_ns bound; a sum that is still 0 admits anything). */
+static bool batch_fits(const worker_pool_t *wp, uint64_t sum, uint64_t cost)
+{
+    return wp->batch_ns == 0 || sum == 0 || sum + cost <= wp->batch_ns;
+}
+
 /* Gathers the batch that `first` (just claimed) leads into w->batch:
  * first, then the jobs the group callback admits with it, up to max_batch
- * in all: the unstarted jobs of w's local batch that follow at once
- * (claimed as claim_local() claims), then queued jobs, at most w's fair
- * share of the queue (its jobs over the workers, rounded up), looking at
- * WORKER_GATHER_SCAN at most.  Returns how many.  Worker w. */
+ * in all and while their costs fit in batch_ns: the unstarted jobs of w's
+ * local batch that follow at once (claimed as claim_local() claims), then
+ * queued jobs in the order the scheduler serves them, at most w's fair
+ * share of the queue (its jobs over the workers, rounded up), passing
+ * over the flows whose next job the callback turns down, WORKER_GATHER_SCAN
+ * at most.  Returns how many.  Worker w. */
 static size_t gather(worker_t *w, worker_job_t *first)
 {
     worker_pool_t *wp = w->pool;
-    size_t n = 1, share;
+    worker_flow_t *skipped[WORKER_GATHER_SCAN], *f;
+    size_t n = 1, share, nskip = 0;
+    uint64_t sum = worker_job_cost(first);
     unsigned i;
 
     w->batch[0] = first;
     if (wp->max_batch < 2 || !wp->group(first, NULL, wp->arg))
         return 1;
     i = atomic_load_explicit(&w->claim, memory_order_relaxed);
-    while (n < wp->max_batch && i < w->nlocal && wp->group(first, w->local[i], wp->arg)) {
+    while (n < wp->max_batch && i < w->nlocal && wp->group(first, w->local[i], wp->arg) &&
+           batch_fits(wp, sum, worker_job_cost(w->local[i]))) {
         if (atomic_compare_exchange_weak_explicit(&w->claim, &i, i + 1, memory_order_relaxed,
-                                                  memory_order_relaxed))
+                                                  memory_order_relaxed)) {
+            sum += worker_job_cost(w->local[i]);
             w->batch[n++] = w->local[i++];
+        }
     }
     if (n == wp->max_batch)
         return n;
@@ -442,34 +560,83 @@ static size_t gather(worker_t *w, worker_job_t *first)
     }
     if (share > wp->max_batch - n)
         share = wp->max_batch - n;
-    if (share > 0) {
-        worker_job_t **link = &wp->queue_head, *prev = NULL, *job;
-        size_t took = 0;
-        for (unsigned seen = 0; (job = *link) != NULL && took < share && seen < WORKER_GATHER_SCAN;
-             seen++) {
-            if (wp->group(first, job, wp->arg)) {
-                *link = job->next;
-                if (wp->queue_tail == job)
-                    wp->queue_tail = prev;
-                w->batch[n++] = job;
-                took++;
-            } else {
-                prev = job;
-                link = &job->next;
-            }
+    /* The flows least served first; one whose next job cannot join is
+     * set aside, its place kept, and put back after. */
+    for (size_t took = 0; took < share && (f = do_next_flow(wp)) != NULL;) {
+        worker_job_t *job = f->_head;
+        if (!wp->group(first, job, wp->arg)) {
+            if (nskip == WORKER_GATHER_SCAN)
+                break;
+            (void)sched_pop(&wp->sched);
+            skipped[nskip++] = f;
+            continue;
         }
-        wp->queued -= took;
-        wp->taken += took;
+        if (!batch_fits(wp, sum, worker_job_cost(job)))
+            break;
+        w->batch[n++] = do_dequeue(wp, f);
+        sum += worker_job_cost(job);
+        wp->taken++;
+        took++;
     }
+    while (nskip > 0)
+        sched_put_back(&wp->sched, &skipped[--nskip]->_sched);
     pthread_mutex_unlock(&wp->queue_lock);
     return n;
+}
+
+/* Pushes jobs[0 .. n-1] on the completion stack in that order, with one
+ * exchange, linked so that the drain, which reverses the stack, sees them
+ * in that order.  Worker w. */
+static void push_done(worker_pool_t *wp, worker_job_t **jobs, size_t n)
+{
+    worker_job_t *top;
+
+    for (size_t k = 0; k + 1 < n; k++)
+        jobs[k + 1]->next = jobs[k];
+    top = atomic_load_explicit(&wp->done_top, memory_order_relaxed);
+    do
+        jobs[0]->next = top;
+    while (!atomic_compare_exchange_weak_explicit(&wp->done_top, &top, jobs[n - 1],
+                                                  memory_order_acq_rel, memory_order_relaxed));
+    if (top == NULL)
+        uv_async_send(&wp->async);
+}
+
+void worker_job_handoff(worker_t *w, worker_job_t *done, worker_job_t *next)
+{
+    assert(w->batch[0] == done);
+    done->_early = true;
+    w->batch[0] = next;
+    push_done(w->pool, &done, 1);
+    atomic_store_explicit(&w->job_start, uv_hrtime(), memory_order_relaxed);
+}
+
+void worker_job_requeue(worker_t *w)
+{
+    w->requeue = true;
+}
+
+/* Puts the current job back in its flow's queue (worker_job_requeue()).
+ * Worker w. */
+static void requeue(worker_t *w)
+{
+    worker_pool_t *wp = w->pool;
+    worker_t *wake;
+
+    w->requeue = false;
+    pthread_mutex_lock(&wp->queue_lock);
+    do_enqueue(wp, w->batch[0]);
+    wake = do_pick_sleeper(wp, wp->queued);
+    pthread_mutex_unlock(&wp->queue_lock);
+    if (wake != NULL)
+        uv_sem_post(&wake->wake);
 }
 
 static void *worker_main(void *arg)
 {
     worker_t *w = arg;
     worker_pool_t *wp = w->pool;
-    worker_job_t *job, *top;
+    worker_job_t *job;
     uint64_t t0, last = 0; /* when the job before began, if this one follows it at once */
     size_t n = 1, last_n = 1;
 
@@ -502,18 +669,13 @@ static void *worker_main(void *arg)
         buf_trim((void **)&w->tokens, &w->tokens_len, wp->tokens_cap, sizeof(uint32_t));
         buf_trim((void **)&w->logits, &w->logits_len, wp->logits_cap, sizeof(double));
 
-        /* The batch's jobs go on the stack in batch order, one exchange:
-         * linked so that the drain, which reverses the stack, sees them in
-         * that order. */
-        for (size_t k = 0; k + 1 < n; k++)
-            w->batch[k + 1]->next = w->batch[k];
-        top = atomic_load_explicit(&wp->done_top, memory_order_relaxed);
-        do
-            w->batch[0]->next = top;
-        while (!atomic_compare_exchange_weak_explicit(&wp->done_top, &top, w->batch[n - 1],
-                                                      memory_order_acq_rel, memory_order_relaxed));
-        if (top == NULL)
-            uv_async_send(&wp->async);
+        /* The batch's jobs go on the stack in batch order, one exchange;
+         * a single job may have become another (a chain), or go back to
+         * its flow. */
+        if (n == 1 && w->requeue)
+            requeue(w);
+        else
+            push_done(wp, w->batch, n);
     }
     return NULL;
 }
@@ -532,8 +694,12 @@ static void drain_completions(worker_pool_t *wp)
     }
     for (job = first; job != NULL; job = next) {
         next = job->next;
-        assert(wp->outstanding > 0);
-        wp->outstanding--;
+        if (job->_early) { /* a chain's: the chain counts once */
+            job->_early = false;
+        } else {
+            assert(wp->outstanding > 0);
+            wp->outstanding--;
+        }
         wp->done(job, wp->arg);
     }
 }
@@ -644,6 +810,9 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
     wp->group = cfg->run_batch != NULL ? cfg->group : NULL;
     wp->run_batch = cfg->run_batch;
     wp->max_batch = cfg->max_batch > 1 && wp->group != NULL ? cfg->max_batch : 1;
+    wp->batch_ns = cfg->batch_ns;
+    sched_init(&wp->sched);
+    worker_flow_init(&wp->own_flow);
     wp->arg = cfg->arg;
     wp->wake_ns = cfg->wake_ns;
     wp->record_bytes = cfg->record_bytes;
@@ -703,12 +872,10 @@ void worker_pool_submit(worker_pool_t *wp, worker_batch_t *b)
         return;
     wp->outstanding += b->n;
     pthread_mutex_lock(&wp->queue_lock);
-    if (wp->queue_tail != NULL)
-        wp->queue_tail->next = b->head;
-    else
-        wp->queue_head = b->head;
-    wp->queue_tail = b->tail;
-    wp->queued += b->n;
+    for (worker_job_t *job = b->head, *next; job != NULL; job = next) {
+        next = job->next;
+        do_enqueue(wp, job);
+    }
     wake = do_pick_sleeper(wp, wp->queued);
     pthread_mutex_unlock(&wp->queue_lock);
     if (wake != NULL)
@@ -721,7 +888,8 @@ void worker_pool_submit(worker_pool_t *wp, worker_batch_t *b)
 
 void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out)
 {
-    worker_job_t *job;
+    worker_job_t *job = NULL, **tail = &job;
+    sched_flow_t *sf;
 
     pthread_mutex_lock(&wp->queue_lock);
     /* The unstarted jobs of the local batches first: they were taken off
@@ -747,8 +915,14 @@ void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out)
         wp->outstanding--;
         worker_batch_push(out, first->local[first->back++]);
     }
-    job = wp->queue_head;
-    wp->queue_head = wp->queue_tail = NULL;
+    /* Then every flow's queue, whole, the flows in the order they would
+     * have been served; each keeps its finish, so none gains by it. */
+    while ((sf = sched_pop(&wp->sched)) != NULL) {
+        worker_flow_t *f = container_of(sf, worker_flow_t, _sched);
+        *tail = f->_head;
+        tail = &f->_tail->next;
+        f->_head = f->_tail = NULL;
+    }
     wp->queued = 0;
     pthread_mutex_unlock(&wp->queue_lock);
 

@@ -20,22 +20,49 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "sched.h"
+
 /** Ranges of memory a job names for prefetching (worker_job_t.hint). */
 #define WORKER_HINTS 6
 
+typedef struct worker_job worker_job_t;
+
+/** A flow: the jobs of one client, queued in submission order and served
+ * fairly against the other flows (worker.c, "Fairness").  Embedded in the
+ * caller's record and initialised by worker_flow_init(); its fields are
+ * the pool's, under its lock.  The record must outlive every job naming
+ * the flow that is submitted and not yet done. */
+typedef struct worker_flow {
+    sched_flow_t _sched;
+    worker_job_t *_head, *_tail; /* its queued jobs */
+} worker_flow_t;
+
 /** Embedded in the caller's record, at its start; `next` belongs to the
- * pool or the batch the job is in.  The caller sets `hint` and
- * `hint_lines` before submitting: up to WORKER_HINTS ranges of
- * hint_lines[i] 64-byte lines from hint[i] (0: unused) that the job will
- * read.  A worker prefetches them, with the first record_bytes of the
- * record (worker_pool_config_t), while it runs the job before this one.
- * Hints only: never read through, so they may name memory that has moved
- * or been freed since (a prefetch never faults). */
-typedef struct worker_job {
+ * pool or the batch the job is in.  Before submitting, the caller sets
+ * `flow` (NULL: the pool's own flow), the cost (worker_job_set_cost()),
+ * and `hint` and `hint_lines`: up to WORKER_HINTS ranges of hint_lines[i]
+ * 64-byte lines from hint[i] (0: unused) that the job will read.  A
+ * worker prefetches them, with the first record_bytes of the record
+ * (worker_pool_config_t), while it runs the job before this one.  Hints
+ * only: never read through, so they may name memory that has moved or
+ * been freed since (a prefetch never faults).  What a worker reads under
+ * the queue's lock fills the first 64 bytes; `flow` is read on submit. */
+struct worker_job {
     struct worker_job *next;
     const void *hint[WORKER_HINTS];
     uint8_t hint_lines[WORKER_HINTS];
-} worker_job_t;
+    uint16_t _cost; /* worker_job_set_cost() */
+    worker_flow_t *flow;
+    bool _early; /* handed back by worker_job_handoff(): not counted out */
+};
+
+/** Sets the job's estimated run time, `ns` nanoseconds, which the
+ * fairness between flows and the pool's batch_ns count (0 counts as
+ * nothing).  Kept to about 0.1 %, in 16 bits. */
+void worker_job_set_cost(worker_job_t *job, uint64_t ns);
+
+/** The cost worker_job_set_cost() set, as kept. */
+uint64_t worker_job_cost(const worker_job_t *job);
 
 /** A FIFO of jobs not yet submitted (or taken back).  A plain value owned
  * by the loop thread; it does not own the jobs. */
@@ -99,7 +126,18 @@ typedef struct worker_pool_config {
     worker_group_cb group;
     worker_run_batch_cb run_batch;
     size_t max_batch;
+    /* A batch gathers jobs only while their costs add up to at most this
+     * many nanoseconds (its first job whatever its cost), so that a job of
+     * another flow waits about one batch.  0: no bound but max_batch. */
+    uint64_t batch_ns;
 } worker_pool_config_t;
+
+/** Initialises a flow (worker_flow_t). */
+void worker_flow_init(worker_flow_t *f);
+
+/** The cost served from `f` so far, in its jobs' cost units.  Any thread
+ * while no job of `f` is out; for tests. */
+uint64_t worker_flow_served(const worker_flow_t *f);
 
 /** Appends `job` to `b`. */
 void worker_batch_push(worker_batch_t *b, worker_job_t *job);
@@ -110,12 +148,15 @@ void worker_batch_push(worker_batch_t *b, worker_job_t *job);
  * a negative libuv error (UV_ENOMEM, or the thread creation failure). */
 int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_pool_t **out);
 
-/** Moves every job of `b` to the end of the queue (one lock, and one
- * signal if a worker must be woken) and empties `b`.  Loop thread. */
+/** Moves every job of `b` to the end of its flow's queue (one lock, and
+ * one signal if a worker must be woken) and empties `b`.  Workers take
+ * jobs from the flow that has been served least (worker.c, "Fairness"),
+ * each flow's in submission order.  Loop thread. */
 void worker_pool_submit(worker_pool_t *wp, worker_batch_t *b);
 
 /** Takes every job that no worker has started, queued or taken by a
- * worker but not begun, and appends it to `out`, in submission order;
+ * worker but not begun, and appends it to `out`, each flow's in
+ * submission order (those taken by workers first, in the order taken);
  * they are the caller's again and will never be run or passed to `done`.
  * Loop thread. */
 void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out);
@@ -143,6 +184,27 @@ uint64_t worker_job_start(const worker_t *w);
 /** The worker's number, 0 .. cfg.threads - 1: an index for per-worker
  * state the caller keeps (from within `run`). */
 unsigned worker_index(const worker_t *w);
+
+/* Chains.  A `run` may go on from its job to others the caller linked to
+ * it (steps of one session, say), handing each back as it finishes:
+ * worker_job_handoff() sends the finished one to `done` at once and makes
+ * the next the run's current job, the one the pool hands back when `run`
+ * returns; worker_job_requeue() instead puts the current job back in its
+ * flow's queue, to go on later (the end of a fair slice).  The jobs of a
+ * chain count as one job out: only the one submitted is counted, so the
+ * others must never be submitted themselves. */
+
+/** From within `run` (not run_batch): hands `done`, the run's current job,
+ * finished, to `done` now, and makes `next` (a job of the caller's, not
+ * submitted) the current one, started now for worker_job_start() and the
+ * wedge clock. */
+void worker_job_handoff(worker_t *w, worker_job_t *done, worker_job_t *next);
+
+/** From within `run` (not run_batch): when `run` returns, the current job
+ * goes back to the end of its flow's queue, unfinished, instead of to
+ * `done`; it is run again later (or taken back), with the cost it has
+ * then. */
+void worker_job_requeue(worker_t *w);
 
 /** The worker's scratch, cfg.scratch_bytes bytes, owned by the worker. */
 void *worker_scratch(worker_t *w);

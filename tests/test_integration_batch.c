@@ -15,7 +15,10 @@
  * With --audit-rate 1 every batched step is audited and none diverges;
  * in builds with the fault hooks, a slot damaged after a batched step is
  * caught by the audit and its client still gets the reference.  With
- * --max-batch 1 no batch runs and the answers are the same.
+ * --max-batch 1 no batch runs and the answers are the same.  Batches
+ * are bounded by --max-batch alone (--batch-us 0): in slow builds
+ * (sanitizers, audits) a step's measured time passes the time bound and
+ * would keep every batch to one step.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,7 +212,7 @@ static void run_plan(itest_daemon_t *d, bool expect_batches)
 START_TEST(test_batched_mixed_models)
 {
     itest_daemon_t *d = itest_daemon_start("--models", "tiny,hash,small,base", "--threads", "2",
-                                           "--max-batch", "64", NULL);
+                                           "--max-batch", "64", "--batch-us", "0", NULL);
     run_plan(d, true);
 }
 END_TEST
@@ -226,8 +229,9 @@ START_TEST(test_batched_audited)
 {
     /* Every step audited, batched or not: as many audits as steps (each
      * session's steps plus the starts are no audits), none diverging. */
-    itest_daemon_t *d = itest_daemon_start("--models", "tiny,hash,small,base", "--threads", "2",
-                                           "--max-batch", "8", "--audit-rate", "1", NULL);
+    itest_daemon_t *d =
+        itest_daemon_start("--models", "tiny,hash,small,base", "--threads", "2", "--max-batch", "8",
+                           "--audit-rate", "1", "--batch-us", "0", NULL);
     plan_t p;
     size_t steps;
 
@@ -251,7 +255,7 @@ START_TEST(test_batched_damage_caught)
      * gets is still the reference (step_all() checks them all). */
     itest_daemon_t *d = itest_daemon_start("--models", "tiny,hash,small,base", "--threads", "2",
                                            "--max-batch", "64", "--audit-rate", "1",
-                                           "--fault-corrupt-after", "30", NULL);
+                                           "--fault-corrupt-after", "30", "--batch-us", "0", NULL);
     plan_t p;
 
     memset(&p, 0, sizeof(p));

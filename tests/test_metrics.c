@@ -172,6 +172,11 @@ START_TEST(test_every_family)
         {"slotd_socket_writes_total", "counter"},
         {"slotd_step_seconds", "histogram"},
         {"slotd_steps_in_flight", "gauge"},
+        {"slotd_requests_waiting", "gauge"},
+        {"slotd_requests_running", "gauge"},
+        {"slotd_request_wait_seconds", "histogram"},
+        {"slotd_request_duration_seconds", "histogram"},
+        {"slotd_batch_size", "histogram"},
         {"slotd_last_step_age_seconds", "gauge"},
         {"slotd_cache_divergence_total", "counter"},
         {"slotd_cache_audits_total", "counter"},
@@ -425,6 +430,46 @@ START_TEST(test_last_step)
 }
 END_TEST
 
+/* The scheduler's figures: the gauges of jobs waiting and running, from
+ * the jobs out and back and the waits observed as workers begin them; the
+ * waits and durations by op; batch sizes in counts, not seconds. */
+START_TEST(test_requests_waiting_running)
+{
+    metrics_init(1 * SEC);
+    for (int i = 0; i < 5; i++)
+        metrics_job_out();
+    metrics_observe_request_wait(0, 2000000, PROTO_OP_STEP); /* 2 ms */
+    metrics_observe_request_wait(1, 1000, PROTO_OP_STEP);
+    metrics_observe_request_wait(1, 30000, PROTO_OP_START);
+    metrics_job_back(true);
+    metrics_job_back(false); /* taken back, never begun */
+    metrics_observe_request_duration(METRICS_LOOP_SHARD, 3000000, PROTO_OP_FINISH);
+    metrics_observe_batch_size(0, 1);
+    metrics_observe_batch_size(1, 32);
+    metrics_observe_batch_size(1, 20);
+    char *t = render(&known_stats, 2 * SEC);
+    ck_assert(has_line(t, "slotd_requests_waiting 1")); /* 5 out - 1 back unbegun - 3 begun */
+    ck_assert(has_line(t, "slotd_requests_running 2")); /* 3 begun - 1 back */
+    ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"step\"} 2"));
+    ck_assert(has_line(t, "slotd_request_wait_seconds_bucket{op=\"step\",le=\"0.001\"} 1"));
+    ck_assert(has_line(t, "slotd_request_wait_seconds_bucket{op=\"step\",le=\"0.0025\"} 2"));
+    ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"start\"} 1"));
+    ck_assert(has_line(t, "slotd_request_duration_seconds_count{op=\"finish\"} 1"));
+    ck_assert(has_line(t, "slotd_batch_size_bucket{le=\"1\"} 1"));
+    ck_assert(has_line(t, "slotd_batch_size_bucket{le=\"16\"} 1"));
+    ck_assert(has_line(t, "slotd_batch_size_bucket{le=\"32\"} 3"));
+    ck_assert(has_line(t, "slotd_batch_size_count 3"));
+    free(t);
+    metrics_job_back(true);
+    metrics_job_back(true);
+    metrics_job_back(false);
+    t = render(&known_stats, 2 * SEC);
+    ck_assert(has_line(t, "slotd_requests_waiting 0"));
+    ck_assert(has_line(t, "slotd_requests_running 0"));
+    free(t);
+}
+END_TEST
+
 START_TEST(test_steps_in_flight)
 {
     metrics_init(1 * SEC);
@@ -491,6 +536,7 @@ static Suite *metrics_suite(void)
     tcase_add_test(tc, test_histogram);
     tcase_add_test(tc, test_last_step);
     tcase_add_test(tc, test_steps_in_flight);
+    tcase_add_test(tc, test_requests_waiting_running);
     tcase_add_test(tc, test_concurrent);
     suite_add_tcase(s, tc);
     return s;

@@ -37,6 +37,8 @@ typedef struct test_job {
     pthread_t thread;
     int done_order;
     bool slow; /* sleeps a little, so that other workers get their share */
+    struct test_job *chain_next; /* chain_run_cb: the job it goes on with */
+    bool requeue_after;          /* chain_run_cb: requeue the rest after this one */
 } test_job_t;
 
 /* Shared with the run callback. */
@@ -101,7 +103,7 @@ static void done_cb(worker_job_t *job, void *arg)
 static worker_pool_t *pool_new_wake(uv_loop_t *loop, unsigned threads, uint64_t wake_ns)
 {
     worker_pool_config_t cfg = {threads, 64,      16,   16, run_cb, done_cb, NULL, wake_ns,
-                                sizeof(test_job_t), NULL, NULL, 0};
+                                sizeof(test_job_t), NULL, NULL, 0, 0};
     worker_pool_t *wp = NULL;
 
     atomic_store(&started, 0);
@@ -622,7 +624,7 @@ START_TEST(test_batches_exactly_once)
      * once and completed once, or given back and never run. */
     uv_loop_t loop;
     worker_pool_config_t cfg = {3, 64, 16, 16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
-                                group_cb, run_batch_cb, BATCH_MAX};
+                                group_cb, run_batch_cb, BATCH_MAX, 0};
     worker_pool_t *wp = NULL;
     test_job_t *jobs = calloc(NSTRESS, sizeof(*jobs));
     worker_batch_t back = WORKER_BATCH_INIT;
@@ -648,6 +650,241 @@ START_TEST(test_batches_exactly_once)
         ck_assert_int_eq(jobs[i].done_order > 0, jobs[i].index != -1);
     }
     free(jobs);
+}
+END_TEST
+
+/* Holds the only worker of `wp` in job x (gated) so that what is
+ * submitted next queues, all of it, before anything runs. */
+static void hold_worker(worker_pool_t *wp, test_job_t *x)
+{
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    atomic_store(&gated_index, x->index);
+    worker_batch_push(&b, &x->job);
+    worker_pool_submit(wp, &b);
+    while (atomic_load(&started) == 0)
+        sleep_ms(1);
+}
+
+/* Fairness between flows (worker.c, "Fairness"): flow A queues 300 jobs,
+ * then flow B 3 of the same cost; B's run among the first, interleaved
+ * with A's, and each flow's run in the order submitted. */
+START_TEST(test_flows_fair)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 1);
+    test_job_t *jobs = calloc(304, sizeof(*jobs));
+    worker_flow_t fa, fb;
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    worker_flow_init(&fa);
+    worker_flow_init(&fb);
+    jobs[0].index = 0;
+    hold_worker(wp, &jobs[0]);
+    for (int i = 1; i < 304; i++) {
+        jobs[i].index = i;
+        jobs[i].job.flow = i <= 300 ? &fa : &fb;
+        worker_job_set_cost(&jobs[i].job, 1000);
+        worker_batch_push(&b, &jobs[i].job);
+    }
+    worker_pool_submit(wp, &b);
+    atomic_store(&gate_open, 1);
+    while (done_count < 304)
+        uv_run(&loop, UV_RUN_ONCE);
+    /* X, then at most one local batch of A's (a worker takes a run of
+     * one flow's jobs at once, WORKER_TAKE_MAX 16), then B's three, long
+     * before the rest of A's. */
+    for (int k = 0; k < 3; k++)
+        ck_assert_int_le(jobs[301 + k].done_order, 1 + 16 + 3);
+    for (int i = 2; i < 304; i++)
+        if (i != 301)
+            ck_assert_int_gt(jobs[i].done_order, jobs[i - 1].done_order);
+    ck_assert_uint_eq(worker_flow_served(&fa), 300 * 1000);
+    ck_assert_uint_eq(worker_flow_served(&fb), 3 * 1000);
+    pool_end(&loop, wp);
+    free(jobs);
+}
+END_TEST
+
+/* A cost is kept to about 0.1 %, never as 0 when it was not. */
+START_TEST(test_cost_kept)
+{
+    worker_job_t j;
+    uint64_t v[] = {0, 1, 2047, 2048, 2049, 4095, 100000, 123456789, UINT64_C(1) << 40};
+
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        uint64_t got;
+        worker_job_set_cost(&j, v[i]);
+        got = worker_job_cost(&j);
+        ck_assert_uint_eq(got == 0, v[i] == 0);
+        ck_assert_msg((double)got >= (double)v[i] * 0.999 && (double)got <= (double)v[i] * 1.001,
+                      "%llu kept as %llu", (unsigned long long)v[i], (unsigned long long)got);
+    }
+    worker_job_set_cost(&j, UINT64_MAX); /* saturates */
+    ck_assert_uint_gt(worker_job_cost(&j), UINT64_C(1) << 40);
+}
+END_TEST
+
+/* take_back with several flows: every job, each flow's in the order
+ * submitted. */
+START_TEST(test_take_back_flows)
+{
+    uv_loop_t loop;
+    worker_pool_t *wp = pool_new(&loop, 1);
+    test_job_t jobs[21];
+    worker_flow_t f[3];
+    worker_batch_t b = WORKER_BATCH_INIT, back = WORKER_BATCH_INIT;
+    int last[3] = {0, 0, 0};
+
+    memset(jobs, 0, sizeof(jobs));
+    for (int k = 0; k < 3; k++)
+        worker_flow_init(&f[k]);
+    hold_worker(wp, &jobs[0]);
+    for (int i = 1; i < 21; i++) {
+        jobs[i].index = i;
+        jobs[i].job.flow = &f[(i * 7) % 3];
+        worker_job_set_cost(&jobs[i].job, (uint64_t)i * 10);
+        worker_batch_push(&b, &jobs[i].job);
+    }
+    worker_pool_submit(wp, &b);
+    worker_pool_take_back(wp, &back);
+    ck_assert_uint_eq(back.n, 20);
+    for (worker_job_t *j = back.head; j != NULL; j = j->next) {
+        test_job_t *t = (test_job_t *)j;
+        int k = (t->index * 7) % 3;
+        ck_assert_int_gt(t->index, last[k]);
+        last[k] = t->index;
+    }
+    atomic_store(&gate_open, 1);
+    pool_end(&loop, wp);
+    for (int i = 1; i < 21; i++)
+        ck_assert_int_eq(atomic_load(&jobs[i].ran), 0);
+}
+END_TEST
+
+static _Atomic int max_batch_seen;
+
+static void run_batch_max_cb(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
+{
+    int seen = atomic_load(&max_batch_seen);
+
+    while ((int)n > seen && !atomic_compare_exchange_weak(&max_batch_seen, &seen, (int)n))
+        ;
+    for (size_t i = 0; i < n; i++)
+        run_cb(w, jobs[i], arg);
+}
+
+/* Batches within batch_ns, filled fairly: jobs of cost 1000 with a bound
+ * of 3000 make batches of 3 at most; the one job of flow B, queued after
+ * 60 of flow A, runs in the second batch (the first was taken at once). */
+START_TEST(test_batch_bound_fair)
+{
+    uv_loop_t loop;
+    worker_pool_config_t cfg = {1, 64, 16, 16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
+                                group_cb, run_batch_max_cb, BATCH_MAX, 3000};
+    worker_pool_t *wp = NULL;
+    test_job_t *jobs = calloc(62, sizeof(*jobs));
+    worker_flow_t fa, fb;
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    atomic_store(&started, 0);
+    atomic_store(&gate_open, 0);
+    atomic_store(&rendezvous, 0);
+    atomic_store(&max_batch_seen, 0);
+    done_count = 0;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
+    worker_flow_init(&fa);
+    worker_flow_init(&fb);
+    jobs[0].index = 0; /* kind 0: runs alone */
+    hold_worker(wp, &jobs[0]);
+    for (int i = 1; i < 62; i++) {
+        jobs[i].index = 3 * i + 1; /* kind 1: batches */
+        jobs[i].job.flow = i < 61 ? &fa : &fb;
+        worker_job_set_cost(&jobs[i].job, 1000);
+        worker_batch_push(&b, &jobs[i].job);
+    }
+    worker_pool_submit(wp, &b);
+    atomic_store(&gate_open, 1);
+    while (done_count < 62)
+        uv_run(&loop, UV_RUN_ONCE);
+    ck_assert_int_eq(atomic_load(&max_batch_seen), 3);
+    ck_assert_int_le(jobs[61].done_order, 1 + 3 + 3);
+    for (int i = 2; i < 61; i++)
+        ck_assert_int_gt(jobs[i].done_order, jobs[i - 1].done_order);
+    pool_end(&loop, wp);
+    free(jobs);
+}
+END_TEST
+
+/* A run that goes on along t->chain_next (worker.h, "Chains"). */
+static void chain_run_cb(worker_t *w, worker_job_t *job, void *arg)
+{
+    test_job_t *t = (test_job_t *)job;
+
+    for (;;) {
+        run_cb(w, &t->job, arg);
+        if (t->chain_next == NULL)
+            return;
+        worker_job_handoff(w, &t->job, &t->chain_next->job);
+        if (t->requeue_after) {
+            worker_job_requeue(w);
+            return;
+        }
+        t = t->chain_next;
+    }
+}
+
+/* A chain of ten jobs, submitted as one, requeued after its fifth: each
+ * job is run and completed once, in chain order; a job of another flow
+ * queued after the chain runs when the chain goes back to its flow; the
+ * pool counts the chain as one job out. */
+START_TEST(test_chain_handoff_requeue)
+{
+    uv_loop_t loop;
+    worker_pool_config_t cfg = {1, 64, 16, 16, chain_run_cb, done_cb, NULL, 0, sizeof(test_job_t),
+                                NULL, NULL, 0, 0};
+    worker_pool_t *wp = NULL;
+    test_job_t jobs[12];
+    worker_flow_t fa, fb;
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    memset(jobs, 0, sizeof(jobs));
+    atomic_store(&started, 0);
+    atomic_store(&gate_open, 0);
+    atomic_store(&rendezvous, 0);
+    done_count = 0;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
+    worker_flow_init(&fa);
+    worker_flow_init(&fb);
+    hold_worker(wp, &jobs[0]);
+    for (int i = 1; i <= 10; i++) {
+        jobs[i].index = i;
+        jobs[i].chain_next = i < 10 ? &jobs[i + 1] : NULL;
+        jobs[i].job.flow = &fa;
+    }
+    jobs[5].requeue_after = true;
+    worker_job_set_cost(&jobs[1].job, 1000);
+    jobs[11].index = 11;
+    jobs[11].job.flow = &fb;
+    worker_job_set_cost(&jobs[11].job, 1000);
+    worker_batch_push(&b, &jobs[1].job);
+    worker_batch_push(&b, &jobs[11].job);
+    worker_pool_submit(wp, &b);
+    ck_assert_uint_eq(worker_pool_pending(wp), 3);
+    atomic_store(&gate_open, 1);
+    while (done_count < 12)
+        uv_run(&loop, UV_RUN_ONCE);
+    for (int i = 1; i <= 5; i++)
+        ck_assert_int_eq(jobs[i].done_order, i + 1);
+    ck_assert_int_eq(jobs[11].done_order, 7);
+    for (int i = 6; i <= 10; i++)
+        ck_assert_int_eq(jobs[i].done_order, i + 2);
+    for (int i = 0; i < 12; i++)
+        ck_assert_int_eq(atomic_load(&jobs[i].ran), 1);
+    ck_assert_uint_eq(worker_pool_pending(wp), 0);
+    pool_end(&loop, wp);
 }
 END_TEST
 
@@ -711,6 +948,11 @@ static Suite *suite(void)
     tcase_add_test(tc, test_costly_jobs_wake_another);
     tcase_add_test(tc, test_long_job_nudges_sleeper);
     tcase_add_test(tc, test_stuck_batch_before_queue);
+    tcase_add_test(tc, test_flows_fair);
+    tcase_add_test(tc, test_cost_kept);
+    tcase_add_test(tc, test_take_back_flows);
+    tcase_add_test(tc, test_batch_bound_fair);
+    tcase_add_test(tc, test_chain_handoff_requeue);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     return s;

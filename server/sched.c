@@ -1,0 +1,188 @@
+/*
+ * sched.c: start-time fair queuing over the caller's flows (see sched.h).
+ *
+ * The active flows sit in a pairing heap ordered by (start, order): an
+ * insert is one comparison, removing the least is a two-pass merge of its
+ * children, amortised O(log n), and neither allocates, so a flow joins
+ * the scheduler under the caller's lock whatever the number of flows.
+ * Flows that start exactly at the virtual time (every flow that was idle
+ * and became active, the common case with many clients each with a
+ * request or a burst at a time) wait instead in a FIFO, `_ties`, served
+ * before the heap: the heap holds only later starts (no flow starts
+ * before the virtual time, and it moves only when the FIFO is empty), so
+ * the FIFO's order is the heap's would be, at O(1) and without walking
+ * the flows' records.
+ *
+ * Virtual time counts cost units (the caller's: worker.c's jobs count
+ * estimated nanoseconds).  Every value only grows: a start is at least the
+ * virtual time, and the virtual time is the largest start served, so the
+ * 64-bit counters wrap only after centuries of nanoseconds.
+ *
+ * No lock of its own: the caller serialises every call (worker.c holds
+ * queue_lock).
+ */
+#include "sched.h"
+
+#include <assert.h>
+#include <string.h>
+
+void sched_init(sched_t *s)
+{
+    memset(s, 0, sizeof(*s));
+}
+
+void sched_flow_init(sched_flow_t *f)
+{
+    memset(f, 0, sizeof(*f));
+}
+
+/* Whether a is served before b. */
+static bool before(const sched_flow_t *a, const sched_flow_t *b)
+{
+    return a->_start < b->_start || (a->_start == b->_start && a->_order < b->_order);
+}
+
+/* The heap of two heaps (either may be NULL). */
+static sched_flow_t *meld(sched_flow_t *a, sched_flow_t *b)
+{
+    if (a == NULL)
+        return b;
+    if (b == NULL)
+        return a;
+    if (before(b, a)) {
+        sched_flow_t *t = a;
+        a = b;
+        b = t;
+    }
+    b->_sibling = a->_child;
+    a->_child = b;
+    return a;
+}
+
+/* The heap of a list of sibling heaps: melded in pairs left to right, then
+ * the pairs right to left, without recursion. */
+static sched_flow_t *merge_pairs(sched_flow_t *first)
+{
+    sched_flow_t *pairs = NULL, *a, *b, *root = NULL;
+
+    while (first != NULL) {
+        a = first;
+        b = a->_sibling;
+        first = b != NULL ? b->_sibling : NULL;
+        a->_sibling = NULL;
+        if (b != NULL)
+            b->_sibling = NULL;
+        a = meld(a, b);
+        a->_sibling = pairs; /* a stack of the pairs: the last first */
+        pairs = a;
+    }
+    while (pairs != NULL) {
+        a = pairs;
+        pairs = a->_sibling;
+        a->_sibling = NULL;
+        root = meld(root, a);
+    }
+    return root;
+}
+
+/* Makes `f` active: in the ties' FIFO if it starts at the virtual time
+ * (at its end, or with `front` at its front), else in the heap. */
+static void insert(sched_t *s, sched_flow_t *f, bool front)
+{
+    f->_child = f->_sibling = NULL;
+    f->_active = true;
+    s->_active++;
+    if (f->_start > s->_vtime) {
+        s->_root = meld(s->_root, f);
+    } else if (front) {
+        f->_sibling = s->_ties;
+        s->_ties = f;
+        if (s->_ties_tail == NULL)
+            s->_ties_tail = f;
+    } else {
+        if (s->_ties_tail != NULL)
+            s->_ties_tail->_sibling = f;
+        else
+            s->_ties = f;
+        s->_ties_tail = f;
+    }
+}
+
+/* Takes the flow served next out. */
+static sched_flow_t *remove_root(sched_t *s)
+{
+    sched_flow_t *f = s->_ties;
+
+    if (f != NULL) {
+        s->_ties = f->_sibling;
+        if (s->_ties == NULL)
+            s->_ties_tail = NULL;
+    } else if ((f = s->_root) != NULL) {
+        s->_root = merge_pairs(f->_child);
+    } else {
+        return NULL;
+    }
+    f->_child = f->_sibling = NULL;
+    f->_active = false;
+    s->_active--;
+    return f;
+}
+
+void sched_activate(sched_t *s, sched_flow_t *f)
+{
+    assert(!f->_active);
+    f->_start = f->_finish > s->_vtime ? f->_finish : s->_vtime;
+    f->_order = ++s->_order;
+    insert(s, f, false);
+}
+
+sched_flow_t *sched_peek(const sched_t *s)
+{
+    return s->_ties != NULL ? s->_ties : s->_root;
+}
+
+void sched_serve(sched_t *s, uint64_t cost, bool more)
+{
+    sched_flow_t *f = remove_root(s);
+
+    assert(f != NULL);
+    if (f->_start > s->_vtime)
+        s->_vtime = f->_start;
+    f->_finish = f->_start + cost;
+    f->_served += cost;
+    if (more) {
+        f->_start = f->_finish;
+        insert(s, f, false);
+    }
+}
+
+sched_flow_t *sched_pop(sched_t *s)
+{
+    return remove_root(s);
+}
+
+void sched_put_back(sched_t *s, sched_flow_t *f)
+{
+    assert(!f->_active);
+    insert(s, f, true);
+}
+
+size_t sched_active(const sched_t *s)
+{
+    return s->_active;
+}
+
+uint64_t sched_vtime(const sched_t *s)
+{
+    return s->_vtime;
+}
+
+uint64_t sched_served(const sched_flow_t *f)
+{
+    return f->_served;
+}
+
+bool sched_flow_active(const sched_flow_t *f)
+{
+    return f->_active;
+}
