@@ -238,6 +238,27 @@ static bool have_fault_hooks(void)
     return have;
 }
 
+/* A single-worker daemon whose job number `wedge_after` wedges, and a
+ * connection that has pipelined a `base` start of id "b" and `steps` single
+ * steps of it, which run as one chain (--batch-us 0).  NULL, with a line
+ * on stderr naming `test`, when the daemon has no fault hooks. */
+static itest_conn_t *wedged_chain(const char *test, const char *wedge_after, int steps,
+                                  itest_daemon_t **d)
+{
+    itest_conn_t *c;
+
+    if (!have_fault_hooks()) {
+        fprintf(stderr, "%s: no fault hooks, skipped\n", test);
+        return NULL;
+    }
+    *d = itest_daemon_start("--models", "tiny,base", "--threads", "1", "--batch-us", "0",
+                            "--fault-wedge-after", wedge_after, NULL);
+    c = itest_connect(*d);
+    send_pipelined(c, "{\"op\":\"start\",\"id\":\"b\",\"model\":\"base\",\"prompt\":[5]}\n",
+                   "{\"op\":\"step\",\"id\":\"b\",\"n\":1}\n", steps, NULL);
+    return c;
+}
+
 /* Each reply leaves as its step is answered, not when the run ends: of 50
  * pipelined `base` steps run as one chain, the 11th wedges the worker
  * (job 12, after the start), and the first ten replies are read while it
@@ -248,15 +269,8 @@ START_TEST(test_chain_replies_before_run_ends)
     itest_conn_t *c;
     cJSON *r;
 
-    if (!have_fault_hooks()) {
-        fprintf(stderr, "test_chain_replies_before_run_ends: no fault hooks, skipped\n");
+    if ((c = wedged_chain("test_chain_replies_before_run_ends", "12", 50, &d)) == NULL)
         return;
-    }
-    d = itest_daemon_start("--models", "tiny,base", "--threads", "1", "--batch-us", "0",
-                           "--fault-wedge-after", "12", NULL);
-    c = itest_connect(d);
-    send_pipelined(c, "{\"op\":\"start\",\"id\":\"b\",\"model\":\"base\",\"prompt\":[5]}\n",
-                   "{\"op\":\"step\",\"id\":\"b\",\"n\":1}\n", 50, NULL);
     r = itest_read_reply(c);
     itest_expect_ok(r);
     cJSON_Delete(r);
@@ -293,15 +307,8 @@ START_TEST(test_chain_disconnect)
     int64_t rows0, rows1 = -1, live = -1;
     cJSON *r;
 
-    if (!have_fault_hooks()) {
-        fprintf(stderr, "test_chain_disconnect: no fault hooks, skipped\n");
+    if ((c = wedged_chain("test_chain_disconnect", "6", 50, &d)) == NULL)
         return;
-    }
-    d = itest_daemon_start("--models", "tiny,base", "--threads", "1", "--batch-us", "0",
-                           "--fault-wedge-after", "6", NULL);
-    c = itest_connect(d);
-    send_pipelined(c, "{\"op\":\"start\",\"id\":\"b\",\"model\":\"base\",\"prompt\":[5]}\n",
-                   "{\"op\":\"step\",\"id\":\"b\",\"n\":1}\n", 50, NULL);
     for (int k = 0; k < 5; k++) { /* the start and four steps; the fifth wedges */
         r = itest_read_reply(c);
         itest_expect_ok(r);
@@ -445,15 +452,8 @@ START_TEST(test_chain_drain)
     itest_conn_t *c;
     cJSON *r;
 
-    if (!have_fault_hooks()) {
-        fprintf(stderr, "test_chain_drain: no fault hooks, skipped\n");
+    if ((c = wedged_chain("test_chain_drain", "4", 30, &d)) == NULL)
         return;
-    }
-    d = itest_daemon_start("--models", "tiny,base", "--threads", "1", "--batch-us", "0",
-                           "--fault-wedge-after", "4", NULL);
-    c = itest_connect(d);
-    send_pipelined(c, "{\"op\":\"start\",\"id\":\"b\",\"model\":\"base\",\"prompt\":[5]}\n",
-                   "{\"op\":\"step\",\"id\":\"b\",\"n\":1}\n", 30, NULL);
     for (int k = 0; k < 3; k++) { /* the start and two steps; the third wedges */
         r = itest_read_reply(c);
         itest_expect_ok(r);
