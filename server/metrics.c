@@ -72,7 +72,11 @@
 
 /* Every bucket set: its name (METRICS_BUCKETS_<name> lists its bounds) and
  * the divisor from an observed value to the unit rendered (1e9: ns to
- * seconds; 1: render counts as they are). */
+ * seconds; 1: render counts as they are).  first_<name>[k] is the first
+ * bucket whose bound is at least 2^(k-1) (0 for k = 0), so that a value
+ * of bit length k starts its search there: with bounds at least twice
+ * apart, as in both sets, one comparison at most follows.  Filled by
+ * metrics_init(); all zeros is correct too, only slower. */
 /* Batch sizes: 1 (a step alone) to MODEL_BATCH_MAX (64). */
 #define METRICS_BUCKETS_steps(BOUND)                                                               \
     BOUND(1u, "1")                                                                                 \
@@ -91,7 +95,8 @@
     static const uint64_t bounds_##set[] = {METRICS_BUCKETS_##set(BOUND_NS)};                      \
     static const char *const le_##set[] = {METRICS_BUCKETS_##set(BOUND_LABEL)};                    \
     enum { NB_##set = sizeof(bounds_##set) / sizeof(bounds_##set[0]) };                            \
-    static const double scale_##set = (scale);
+    static const double scale_##set = (scale);                                                     \
+    static uint8_t first_##set[65];
 METRICS_BUCKET_SETS(XX)
 #undef XX
 #undef BOUND_NS
@@ -392,28 +397,24 @@ static int render_buckets(proto_buf_t *b, const char *name, const char *lab, con
     }
 
 /* The histogram's readers count observations.  The bucket is the first
- * whose bound is at least the value (NB: +Inf), found by halving: every
- * request is observed two or three times, so a linear scan of a few dozen
- * bounds cost more than the rest of the observation. */
+ * whose bound is at least the value (NB: +Inf), searched from where the
+ * value's bit length puts it (first_<set>): every request is observed two
+ * to four times, and halving over a few dozen bounds cost more than the
+ * rest of the observation. */
 #define DEF_HISTOGRAM(stem, labels, arg)                                                           \
+    static inline void observe_##stem(metrics_shard_t *s_, uint64_t v, size_t l_)                  \
+    {                                                                                              \
+        size_t i_ = first_##arg[v == 0 ? 0 : 64 - __builtin_clzll(v)];                             \
+        while (i_ < NB_##arg && v > bounds_##arg[i_])                                              \
+            i_++;                                                                                  \
+        BUMP(s_->stem.buckets[l_][i_], 1);                                                         \
+        BUMP(s_->stem.sum[l_], v);                                                                 \
+    }                                                                                              \
     void metrics_observe_##stem(unsigned shard, uint64_t v METRICS_LABEL_PARAMC_##labels)          \
     {                                                                                              \
         size_t l_ = INDEX_##labels(label);                                                         \
-        if (l_ >= NL_##labels)                                                                     \
-            return;                                                                                \
-        metrics_shard_t *s_ = &shards[shard % METRICS_SHARDS];                                     \
-        size_t i_ = 0, n_ = NB_##arg;                                                              \
-        while (n_ > 0) {                                                                           \
-            size_t h_ = n_ / 2;                                                                    \
-            if (v > bounds_##arg[i_ + h_]) {                                                       \
-                i_ += h_ + 1;                                                                      \
-                n_ -= h_ + 1;                                                                      \
-            } else {                                                                               \
-                n_ = h_;                                                                           \
-            }                                                                                      \
-        }                                                                                          \
-        BUMP(s_->stem.buckets[l_][i_], 1);                                                         \
-        BUMP(s_->stem.sum[l_], v);                                                                 \
+        if (l_ < NL_##labels)                                                                      \
+            observe_##stem(&shards[shard % METRICS_SHARDS], v, l_);                                \
     }                                                                                              \
     static uint64_t stem##_count(size_t l)                                                         \
     {                                                                                              \
@@ -460,8 +461,26 @@ static int render_buckets(proto_buf_t *b, const char *name, const char *lab, con
 METRICS_MAP(XX)
 #undef XX
 
+/* Fills first[] for the bounds b[0 .. nb-1] (see first_<set>).  Writes
+ * only what differs: a later metrics_init() (tests make several) then
+ * writes nothing that a thread observing at the time could be reading. */
+static void fill_first(uint8_t first[65], const uint64_t *b, size_t nb)
+{
+    for (unsigned k = 0; k < 65; k++) {
+        uint64_t low = k == 0 ? 0 : (uint64_t)1 << (k - 1);
+        size_t i = 0;
+        while (i < nb && b[i] < low)
+            i++;
+        if (first[k] != i)
+            first[k] = (uint8_t)i;
+    }
+}
+
 void metrics_init(uint64_t now_ns)
 {
+#define XX(set, scale) fill_first(first_##set, bounds_##set, NB_##set);
+    METRICS_BUCKET_SETS(XX)
+#undef XX
     STORE(m.start_ns, now_ns);
 #define INIT_COUNTER(stem, labels) ZERO(m.stem);
 #define INIT_GAUGE(stem, labels) ZERO(m.stem);
@@ -484,18 +503,32 @@ void metrics_init(uint64_t now_ns)
     STORE(jobs.back_unstarted, 0);
 }
 
-void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
+/* Stamps `now_ns` as the last step's time in shard `s`, keeping the
+ * latest when workers sharing a copy finish out of order. */
+static void stamp_step(metrics_shard_t *s, uint64_t now_ns)
 {
-    metrics_observe_step_seconds(shard, duration_ns);
-
-    /* Keep the latest stamp when workers sharing a copy finish out of
-     * order. */
-    metrics_shard_t *s = &shards[shard % METRICS_SHARDS];
     uint64_t last = LOAD(s->last_step_ns);
     while (last < now_ns &&
            !atomic_compare_exchange_weak_explicit(&s->last_step_ns, &last, now_ns,
                                                   memory_order_relaxed, memory_order_relaxed)) {
     }
+}
+
+void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
+{
+    metrics_shard_t *s = &shards[shard % METRICS_SHARDS];
+
+    observe_step_seconds(s, duration_ns, 0);
+    stamp_step(s, now_ns);
+}
+
+void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
+{
+    metrics_shard_t *s = &shards[shard % METRICS_SHARDS];
+
+    observe_step_seconds(s, duration_ns, 0);
+    observe_batch_size(s, 1, 0);
+    stamp_step(s, now_ns);
 }
 
 uint64_t metrics_last_step_ns(void)

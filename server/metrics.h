@@ -170,6 +170,10 @@ void metrics_init(uint64_t now_ns);
  * number, and threads do not share the histogram's cache lines. */
 void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns);
 
+/** The same for a step request a worker ran alone, not in a batch: with
+ * it one observation of 1 in slotd_batch_size. */
+void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns);
+
 /** Monotonic ns of the last completed step; 0 if none yet. */
 uint64_t metrics_last_step_ns(void);
 

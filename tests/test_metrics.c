@@ -395,6 +395,79 @@ START_TEST(test_histogram)
 }
 END_TEST
 
+/* Every bucket boundary of both bucket sets, and every power of two: each
+ * value in the bucket a scan of the rendered bounds puts it in (the
+ * observation starts its search from the value's bit length). */
+static void check_placement(const char *name, double scale,
+                            void (*observe)(unsigned, uint64_t))
+{
+    char prefix[128], *t;
+    double bound[64];
+    size_t nb = 0;
+    uint64_t vals[64 * 3 + 64 * 3], nv = 0;
+
+    metrics_init(1 * SEC);
+    t = render(&known_stats, 2 * SEC);
+    /* The bounds, from the rendering: `name_bucket{le="X"}` lines. */
+    snprintf(prefix, sizeof(prefix), "%s_bucket{le=\"", name);
+    for (const char *p = strstr(t, prefix); p != NULL && nb < 64; p = strstr(p + 1, prefix)) {
+        const char *x = p + strlen(prefix);
+        if (strncmp(x, "+Inf", 4) != 0)
+            bound[nb++] = strtod(x, NULL);
+    }
+    free(t);
+    ck_assert_uint_gt(nb, 4);
+    for (size_t i = 0; i < nb; i++) {
+        uint64_t b = (uint64_t)(bound[i] * scale + 0.5);
+        vals[nv++] = b - 1;
+        vals[nv++] = b;
+        vals[nv++] = b + 1;
+    }
+    for (unsigned k = 0; k < 64; k++) {
+        vals[nv++] = ((uint64_t)1 << k) - 1;
+        vals[nv++] = (uint64_t)1 << k;
+        vals[nv++] = ((uint64_t)1 << k) + 1;
+    }
+    for (size_t i = 0; i < nv; i++)
+        observe(0, vals[i]);
+    t = render(&known_stats, 2 * SEC);
+    for (size_t i = 0; i < nb; i++) {
+        uint64_t b = (uint64_t)(bound[i] * scale + 0.5), want = 0;
+        char line[160];
+        for (size_t j = 0; j < nv; j++)
+            want += vals[j] <= b;
+        snprintf(line, sizeof(line), "%s_bucket{le=\"", name);
+        /* The i-th bound's line: found again by its position. */
+        const char *p = strstr(t, line);
+        for (size_t j = 0; j < i; j++)
+            p = strstr(p + 1, line);
+        ck_assert_ptr_nonnull(p);
+        p = strchr(p, '}');
+        ck_assert_msg(strtoull(p + 2, NULL, 10) == want, "%s: %llu at or under bound %zu, not %llu",
+                      name, strtoull(p + 2, NULL, 10), i, (unsigned long long)want);
+    }
+    snprintf(prefix, sizeof(prefix), "%s_count", name);
+    ck_assert_double_eq(sample(t, prefix), (double)nv);
+    free(t);
+}
+
+static void observe_step_seconds(unsigned shard, uint64_t v)
+{
+    metrics_observe_step_seconds(shard, v);
+}
+
+static void observe_batch_size(unsigned shard, uint64_t v)
+{
+    metrics_observe_batch_size(shard, v);
+}
+
+START_TEST(test_histogram_placement)
+{
+    check_placement("slotd_step_seconds", 1e9, observe_step_seconds);
+    check_placement("slotd_batch_size", 1, observe_batch_size);
+}
+END_TEST
+
 START_TEST(test_last_step)
 {
     metrics_init(1 * SEC);
@@ -534,6 +607,7 @@ static Suite *metrics_suite(void)
     tcase_add_test(tc, test_errors_by_code);
     tcase_add_test(tc, test_released_by_reason);
     tcase_add_test(tc, test_histogram);
+    tcase_add_test(tc, test_histogram_placement);
     tcase_add_test(tc, test_last_step);
     tcase_add_test(tc, test_steps_in_flight);
     tcase_add_test(tc, test_requests_waiting_running);
