@@ -112,6 +112,7 @@ void *model__alloc(size_t align, size_t size)
 int model_create_shape(const char *preset, model_t **out)
 {
     const model__shape_t *shape = NULL;
+    size_t row = 0;
     model_t *m;
 
     assert(out != NULL);
@@ -119,6 +120,7 @@ int model_create_shape(const char *preset, model_t **out)
     for (size_t i = 0; preset != NULL && i < NPRESETS; i++) {
         if (strcmp(presets[i].name, preset) == 0) {
             shape = &presets[i];
+            row = i;
         }
     }
     if (shape == NULL) {
@@ -131,6 +133,7 @@ int model_create_shape(const char *preset, model_t **out)
     }
     memset(m, 0, sizeof(*m));
     m->shape = *shape;
+    m->preset = row;
     m->ops = shape->family == MODEL_FAMILY_HASH ? &model__hash_ops : model__attn_ops_for(shape->d);
     atomic_init(&m->g_calls, 0);
     atomic_init(&m->rows, 0);
@@ -198,6 +201,11 @@ const char *model_preset_name(size_t i)
 const char *model_name(const model_t *m)
 {
     return m->shape.name;
+}
+
+size_t model_preset_index(const model_t *m)
+{
+    return m->preset;
 }
 
 model_family_t model_family(const model_t *m)

@@ -119,6 +119,9 @@ const char *model_preset_name(size_t i);
 
 /** The preset name, static for the model's lifetime. */
 const char *model_name(const model_t *m);
+/** Its preset's index in table order (model_preset_name(i) is its name):
+ * less than MODEL_NPRESETS, for tables kept per preset. */
+size_t model_preset_index(const model_t *m);
 model_family_t model_family(const model_t *m);
 uint32_t model_vocab(const model_t *m);
 uint32_t model_max_ctx(const model_t *m);

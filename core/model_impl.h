@@ -65,6 +65,7 @@ typedef struct model__ops {
 struct model {
     const model__ops_t *ops;
     model__shape_t shape;
+    size_t preset;       /* its row in MODEL__PRESETS, as model_preset_name() */
     size_t entry_size;   /* bytes of one position's entry */
     size_t state_size;   /* bytes of a sequence's state */
     size_t scratch_size; /* bytes of scratch a run needs */

@@ -338,7 +338,7 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     }
 
     metrics_count_socket_read();
-    c->read_ns = uv_hrtime(); /* each line's, for slotd_request_wait_seconds */
+    c->read_ns = server__turn_ns(c->server); /* each line's, for the wait metrics */
     if (c->wait == CONN_WAIT_QUIET)
         conn__wait_remove(c->server, c); /* not quiet: conn__update() starts the clock again */
     if (c->drain_left > 0) {

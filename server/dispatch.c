@@ -146,13 +146,27 @@ static void req_resume(conn_t *c, req_t *r)
 
 /* ---- Replies in read order ---- */
 
+void dispatch__observe_replies(server_t *s)
+{
+    uint64_t now;
+
+    if (s->nreplied == 0)
+        return;
+    now = uv_hrtime();
+    for (size_t i = 0; i < s->nreplied; i++) {
+        uint64_t t = s->replied[i].read_ns;
+        metrics_observe_request_duration(METRICS_LOOP_SHARD, now > t ? now - t : 0,
+                                         s->replied[i].op);
+    }
+    s->nreplied = 0;
+}
+
 /* Moves every answered record at the head of the order FIFO to `out`
  * (answering a stats that reached the head), in order. */
 static void conn_advance(conn_t *c)
 {
     server_t *s = c->server;
     bool moved = false;
-    uint64_t now = 0; /* read once, for the first reply moved */
     req_t *r;
 
     while ((r = c->order_head) != NULL && !c->closed) {
@@ -189,10 +203,10 @@ static void conn_advance(conn_t *c)
         c->held_bytes -= r->reply.len;
         if (r->rc != SLOTD_OK)
             metrics_count_error(r->rc);
-        if (now == 0)
-            now = uv_hrtime();
-        metrics_observe_request_duration(METRICS_LOOP_SHARD,
-                                         now > r->read_ns ? now - r->read_ns : 0, r->rq.op);
+        if (s->nreplied == SERVER_REPLIED_MAX)
+            dispatch__observe_replies(s);
+        s->replied[s->nreplied].read_ns = r->read_ns;
+        s->replied[s->nreplied++].op = r->rq.op;
         if (c->barrier == r) /* a deferred request that a drain failed */
             release_barrier(c, r);
         req__put(s, r);

@@ -19,6 +19,11 @@ void dispatch__line_too_long(conn_t *c);
  * unstarted, with its result set by req__set_error()): the record is the
  * loop's again. */
 void dispatch__job_done(req_t *r);
+
+/* Observes the request durations of the replies moved to output since the
+ * last call (server->replied), ending now; the loop calls it at the end of
+ * every turn. */
+void dispatch__observe_replies(server_t *s);
 /** Shutdown: stops reading `c` past what its socket holds, answers its
  * waiting requests with shutting_down, and closes it once the running
  * ones are answered. */

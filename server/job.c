@@ -87,16 +87,15 @@ static void job_fault_after_step(server_t *s, req_t *r)
  *
  * A job's cost is its estimated run time: positions times its model's
  * running mean per position, measured by the workers as they run jobs,
- * plus JOB_COST_FIXED_NS for what any job costs (its hand-offs, its
- * reply).  The models whose steps batch (small, base) are timed in the
- * thread's CPU time: on a loaded machine the wall time of a batch grows
- * with the preemptions it suffers, and a bound in wall time would shrink
+ * plus JOB_COST_FIXED_NS for what any job costs (job_int.h).  The models
+ * whose steps batch (small, base) are timed in the thread's CPU time: on
+ * a loaded machine the wall time of a batch grows with the preemptions
+ * it suffers, and a bound in wall time would shrink
  * batches exactly when sharing the weights matters most.  tiny and hash
  * jobs take a microsecond or less, which the CPU clock's system call
  * would double: they are timed by the wall clock the worker reads anyway.
  * The means are relaxed atomics, one writer at a time in the common case;
  * a lost update only delays the mean by one job. */
-#define JOB_COST_FIXED_NS 1000u
 
 /* The calling thread's CPU time in nanoseconds. */
 static uint64_t thread_cpu_ns(void)
@@ -108,13 +107,10 @@ static uint64_t thread_cpu_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* The measured times of model `m`; NULL for a model not loaded. */
+/* The measured times of model `m`'s preset; NULL for no model. */
 static job_costs_t *costs_of(const server_t *s, const model_t *m)
 {
-    for (size_t i = 0; i < s->nmodels; i++)
-        if (s->models[i] == m)
-            return (job_costs_t *)&s->costs[i];
-    return NULL;
+    return m != NULL ? (job_costs_t *)&s->costs[model_preset_index(m)] : NULL;
 }
 
 /* Adds `ns` per position to the running mean *mean, over about its last
@@ -456,8 +452,6 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
     }
     atomic_store_explicit(&r->started, true, memory_order_relaxed);
     job_begun(w, r);
-    if (r->rq.op == PROTO_OP_STEP)
-        metrics_observe_batch_size(worker_index(w), 1);
     JOB_FAULT_POINT(s, r);
     if (cpu_timed)
         cpu0 = thread_cpu_ns();
@@ -480,7 +474,7 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
     {
         uint64_t now = uv_hrtime();
         if (r->rq.op == PROTO_OP_STEP)
-            metrics_observe_step(worker_index(w), now - worker_job_start(w), now);
+            metrics_observe_step_alone(worker_index(w), now - worker_job_start(w), now);
         cost_measured(s, r, cpu_timed ? thread_cpu_ns() - cpu0 : now - worker_job_start(w));
     }
 }
@@ -499,25 +493,9 @@ static uint64_t chain_cost(const server_t *s, const req_t *r, const model_t *m, 
     return slice > 0 && sum > slice ? slice : sum;
 }
 
-/* A chain's slice: JOB_CHAIN_SLICE_NS, or --batch-us if less; none with
- * --batch-us 0.  Shorter than a batch: a chain shares no weights, and what
- * it saves, a loop round trip of some microseconds per step, half a
- * millisecond already saves for all but a few steps, while a light
- * request waits for the slice of the chain ahead of it. */
-#define JOB_CHAIN_SLICE_NS 500000u
-
 static uint64_t chain_slice(const server_t *s)
 {
-    uint64_t batch = (uint64_t)s->cfg->batch_us * 1000u;
-
-    return batch < JOB_CHAIN_SLICE_NS ? batch : JOB_CHAIN_SLICE_NS;
-}
-
-uint64_t job_chain_step_max(const server_t *s)
-{
-    uint64_t slice = chain_slice(s);
-
-    return slice == 0 ? UINT64_MAX : slice / 4;
+    return job__chain_slice(s);
 }
 
 uint64_t job_chain_cost(const server_t *s, const req_t *r)

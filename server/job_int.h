@@ -13,13 +13,45 @@
  * fairness and batch bound (worker_job_set_cost()).  Loop thread. */
 uint64_t job_cost(const server_t *s, const req_t *r);
 
+/* What any job costs besides its positions: its hand-offs, its reply. */
+#define JOB_COST_FIXED_NS 1000u
+
+/** job_cost() of a step whose r->cs is set (the submit's copy of its
+ * session's), without looking at the op: the common case, inline. */
+static inline uint64_t job__step_cost(const server_t *s, const req_t *r)
+{
+    const job_costs_t *c = &s->costs[model_preset_index(r->cs.model)];
+
+    return JOB_COST_FIXED_NS +
+           (uint64_t)r->rq.n * atomic_load_explicit(&c->step_ns, memory_order_relaxed);
+}
+
+/* A chain's slice: JOB_CHAIN_SLICE_NS, or --batch-us if less; none with
+ * --batch-us 0.  Shorter than a batch: a chain shares no weights, and what
+ * it saves, a loop round trip of some microseconds per step, half a
+ * millisecond already saves for all but a few steps, while a light
+ * request waits for the slice of the chain ahead of it. */
+#define JOB_CHAIN_SLICE_NS 500000u
+
+static inline uint64_t job__chain_slice(const server_t *s)
+{
+    uint64_t batch = (uint64_t)s->cfg->batch_us * 1000u;
+
+    return batch < JOB_CHAIN_SLICE_NS ? batch : JOB_CHAIN_SLICE_NS;
+}
+
 /** The most a step may cost (job_cost()) and still run in a chain: a
  * quarter of a chain's slice (none with --batch-us 0).  A chain saves a
  * loop round trip per step, some microseconds: worth it for cheap steps;
  * a dear step (`base`) gains nothing by it, and a light request on another
  * connection would wait for the chain's step instead of finding a worker
  * free between two of them.  Loop thread. */
-uint64_t job_chain_step_max(const server_t *s);
+static inline uint64_t job_chain_step_max(const server_t *s)
+{
+    uint64_t slice = job__chain_slice(s);
+
+    return slice == 0 ? UINT64_MAX : slice / 4;
+}
 
 /** The cost of the chain of steps from `r` on (r->chain_next), up to one
  * slice (job.c: chain_slice()): what a worker runs of it at once.  Loop

@@ -113,6 +113,7 @@ static void req_chain(req_t *r)
         q->session_next = NULL;
         q->chain_next = NULL;
         q->job.flow = &c->flow;
+        q->job.lone = r->job.lone; /* a step of the same session */
         q->state = REQ_RUNNING;
         c->reserved += q->reply_bound;
         c->refs++;
@@ -156,25 +157,31 @@ void launch__chain_return(req_t *r)
 static void req_submit(req_t *r)
 {
     conn_t *c = r->conn;
+    bool step = r->session != NULL && r->rq.op == PROTO_OP_STEP;
     uint64_t cost;
 
-    if (r->session != NULL && r->rq.op == PROTO_OP_STEP) {
+    if (step) {
         r->cs = r->session->cs;
         r->toks = r->session->toks; /* the job's until it comes back */
         /* Where the step will read first, as the last start or step of
          * the session left it: the worker prefetches it (worker.h). */
         memcpy(r->job.hint, r->cs.hint.addr, sizeof(r->job.hint));
         memcpy(r->job.hint_lines, r->cs.hint.lines, sizeof(r->job.hint_lines));
+        /* job_group() turns down every job but steps of a model whose
+         * batches share weights: the worker need not ask it about others. */
+        r->job.lone = !model_batch_shares(r->cs.model);
+        cost = job__step_cost(c->server, r);
     } else {
         memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));
+        r->job.lone = true;
+        cost = job_cost(c->server, r);
     }
     r->job.flow = &c->flow;
     r->state = REQ_RUNNING;
     c->reserved += r->reply_bound;
     c->refs++;
     r->chain_next = NULL;
-    cost = job_cost(c->server, r);
-    if (r->session != NULL && r->rq.op == PROTO_OP_STEP && cost <= job_chain_step_max(c->server))
+    if (step && cost <= job_chain_step_max(c->server))
         req_chain(r);
     worker_job_set_cost(&r->job, r->chain_next != NULL ? job_chain_cost(c->server, r) : cost);
     batch_push(c->server, r);

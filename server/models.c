@@ -37,16 +37,6 @@
 #include "core/util.h"
 #include "log.h"
 
-/* The index of `name` in the preset table (model_preset_name()). */
-static size_t preset_index(const char *name)
-{
-    size_t i = 0;
-
-    while (model_preset_name(i) != NULL && strcmp(model_preset_name(i), name) != 0)
-        i++;
-    return i;
-}
-
 /* Builds the weights of `p` and publishes them; any thread.  `delay_ms`
  * is a test build's fault (--fault-build-delay-ms), 0 otherwise. */
 static void build_now(server_preset_t *p, uint32_t delay_ms)
@@ -128,7 +118,7 @@ int models__load(server_t *s)
         s->models[s->nmodels++] = m;
         p->model = m;
         p->server = s;
-        p->index = preset_index(cfg->models[i]);
+        p->index = model_preset_index(m);
         atomic_init(&p->ready, false);
     }
     for (size_t i = 0; i < cfg->npreload; i++) {

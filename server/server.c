@@ -110,6 +110,8 @@ static void flush_check_cb(uv_check_t *h)
     }
     if (s->batch.n > 0)
         worker_pool_submit(s->workers, &s->batch);
+    dispatch__observe_replies(s);
+    s->turn_ns = 0; /* the next turn's reads read the clock again */
 }
 
 static void job_done_cb(worker_job_t *job, void *arg)

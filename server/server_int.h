@@ -253,6 +253,9 @@ typedef struct conn_hooks {
     void (*model_built)(conn_t *c, const model_t *m, int rc);
 } conn_hooks_t;
 
+/** Replies server->replied holds before they are measured early. */
+#define SERVER_REPLIED_MAX 256
+
 /** The daemon.  One, owned by server_run(). */
 struct server {
     const server_config_t *cfg;
@@ -287,7 +290,7 @@ struct server {
     cache_pool_t *pool;     /* immutable pointer: workers read it */
     audit_t *audit;         /* immutable pointer; NULL when --audit-rate is 0 */
     model_t *models[CONFIG_MAX_MODELS]; /* every --models preset, built or not (models.c) */
-    job_costs_t costs[CONFIG_MAX_MODELS]; /* models[i]'s measured times (job.c) */
+    job_costs_t costs[MODEL_NPRESETS];    /* measured times by model_preset_index() (job.c) */
     size_t nmodels;
     server_preset_t presets[CONFIG_MAX_MODELS]; /* the same, with their build state */
     const model_t *default_model;
@@ -295,6 +298,19 @@ struct server {
 
     worker_batch_t batch; /* jobs to submit at the end of this loop turn */
     conn_t *dirty;        /* connections to write at the end of this loop turn */
+    /* The loop's clock for the wait and duration metrics, read at most
+     * once or twice a turn (a clock reading costs about as much as a
+     * histogram observation): `turn_ns`, the moment the turn's first read
+     * saw input, stamps every line the turn reads (0: not read yet this
+     * turn); the replies moved to output this turn wait in `replied`
+     * until the turn's end (dispatch__observe_replies()) measures them
+     * all with one reading. */
+    uint64_t turn_ns;
+    struct server_replied {
+        uint64_t read_ns;
+        proto_op_t op;
+    } replied[SERVER_REPLIED_MAX];
+    size_t nreplied;
     conn_t *conns;        /* open connections */
     size_t nconns;        /* open connections */
     size_t nconns_alive;  /* connection structs not yet freed */
@@ -320,5 +336,14 @@ struct server {
 
     char readbuf[SERVER_READ_BUF]; /* reads are synchronous on the loop: one buffer */
 };
+
+/** The loop clock of this turn's reads (server->turn_ns), read now if
+ * this is the turn's first.  Loop thread. */
+static inline uint64_t server__turn_ns(server_t *s)
+{
+    if (s->turn_ns == 0)
+        s->turn_ns = uv_hrtime();
+    return s->turn_ns;
+}
 
 #endif

@@ -133,14 +133,24 @@ struct worker_pool {
 
 void worker_job_set_cost(worker_job_t *job, uint64_t ns)
 {
-    unsigned e = 0;
+    unsigned bits = ns == 0 ? 0 : 64u - (unsigned)__builtin_clzll(ns), e;
 
-    while (ns > COST_MANT_MAX && e < COST_EXP_MAX) {
-        ns = (ns >> 1) + (ns & 1); /* rounded up: a cost is never kept as 0 */
+    if (bits <= COST_MANT_BITS) {
+        job->_cost = (uint16_t)ns;
+        return;
+    }
+    /* ns / 2^e rounded up (a cost is never kept as 0, nor made cheaper),
+     * with e as small as keeps it in the mantissa. */
+    e = bits - COST_MANT_BITS;
+    ns = (ns >> e) + ((ns & (((uint64_t)1 << e) - 1)) != 0);
+    if (ns > COST_MANT_MAX) {
+        ns = (ns + 1) >> 1;
         e++;
     }
-    if (ns > COST_MANT_MAX)
+    if (e > COST_EXP_MAX) {
+        e = COST_EXP_MAX;
         ns = COST_MANT_MAX;
+    }
     job->_cost = (uint16_t)(e << COST_MANT_BITS | ns);
 }
 
@@ -659,7 +669,12 @@ static void *worker_main(void *arg)
         last = t0;
 
         atomic_store_explicit(&w->job_start, t0, memory_order_relaxed);
-        n = gather(w, job);
+        if (job->lone) {
+            w->batch[0] = job;
+            n = 1;
+        } else {
+            n = gather(w, job);
+        }
         if (n == 1)
             wp->run(w, job, wp->arg);
         else

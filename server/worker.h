@@ -53,6 +53,7 @@ struct worker_job {
     uint8_t hint_lines[WORKER_HINTS];
     uint16_t _cost; /* worker_job_set_cost() */
     worker_flow_t *flow;
+    bool lone;   /* the caller's: never leads a batch (the group callback is not asked) */
     bool _early; /* handed back by worker_job_handoff(): not counted out */
 };
 

@@ -720,6 +720,18 @@ START_TEST(test_cost_kept)
         ck_assert_msg((double)got >= (double)v[i] * 0.999 && (double)got <= (double)v[i] * 1.001,
                       "%llu kept as %llu", (unsigned long long)v[i], (unsigned long long)got);
     }
+    /* Around every power of two the exponent reaches: never less than
+     * the cost, never as much as 0.1 % more. */
+    for (unsigned k = 0; k < 42; k++)
+        for (int d = -1; d <= 1; d++) {
+            uint64_t c = (UINT64_C(1) << k) + (uint64_t)(int64_t)d, got;
+            if (c == 0)
+                continue;
+            worker_job_set_cost(&j, c);
+            got = worker_job_cost(&j);
+            ck_assert_msg(got >= c && (double)got <= (double)c * 1.001, "%llu kept as %llu",
+                          (unsigned long long)c, (unsigned long long)got);
+        }
     worker_job_set_cost(&j, UINT64_MAX); /* saturates */
     ck_assert_uint_gt(worker_job_cost(&j), UINT64_C(1) << 40);
 }
