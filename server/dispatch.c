@@ -148,16 +148,10 @@ static void req_resume(conn_t *c, req_t *r)
 
 void dispatch__observe_replies(server_t *s)
 {
-    uint64_t now;
-
     if (s->nreplied == 0)
         return;
-    now = uv_hrtime();
-    for (size_t i = 0; i < s->nreplied; i++) {
-        uint64_t t = s->replied[i].read_ns;
-        metrics_observe_request_duration(METRICS_LOOP_SHARD, now > t ? now - t : 0,
-                                         s->replied[i].op);
-    }
+    metrics_observe_request_durations(METRICS_LOOP_SHARD, uv_hrtime(), s->replied_ns,
+                                      s->replied_op, s->nreplied);
     s->nreplied = 0;
 }
 
@@ -205,8 +199,8 @@ static void conn_advance(conn_t *c)
             metrics_count_error(r->rc);
         if (s->nreplied == SERVER_REPLIED_MAX)
             dispatch__observe_replies(s);
-        s->replied[s->nreplied].read_ns = r->read_ns;
-        s->replied[s->nreplied++].op = r->rq.op;
+        s->replied_ns[s->nreplied] = r->read_ns;
+        s->replied_op[s->nreplied++] = r->rq.op;
         if (c->barrier == r) /* a deferred request that a drain failed */
             release_barrier(c, r);
         req__put(s, r);

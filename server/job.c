@@ -117,13 +117,27 @@ static job_costs_t *costs_of(const server_t *s, const model_t *m)
  * eight measurements; the first sets it.  A mean that moves by less than
  * a sixteenth is not written: every worker and the loop read it, and a
  * store per microsecond job would bounce its line between their cores. */
-static void cost_note(_Atomic uint64_t *mean, uint64_t ns)
+static bool cost_note(_Atomic uint64_t *mean, uint64_t ns)
 {
     uint64_t m = atomic_load_explicit(mean, memory_order_relaxed);
     uint64_t next = m == 0 ? ns + 1 : m - m / 8 + ns / 8;
 
-    if (m == 0 || (next > m ? next - m : m - next) > m / 16)
-        atomic_store_explicit(mean, next, memory_order_relaxed);
+    if (m != 0 && (next > m ? next - m : m - next) <= m / 16)
+        return false;
+    atomic_store_explicit(mean, next, memory_order_relaxed);
+    return true;
+}
+
+/* cost_note() of a step's time per position, with the encoded cost of a
+ * one-position step kept beside the mean (job__step_cost_code()). */
+static void cost_note_step(job_costs_t *c, uint64_t ns)
+{
+    if (cost_note(&c->step_ns, ns))
+        atomic_store_explicit(
+            &c->step1_code,
+            worker_cost_code(JOB_COST_FIXED_NS +
+                             atomic_load_explicit(&c->step_ns, memory_order_relaxed)),
+            memory_order_relaxed);
 }
 
 uint64_t job_cost(const server_t *s, const req_t *r)
@@ -138,7 +152,7 @@ uint64_t job_cost(const server_t *s, const req_t *r)
     prefill = atomic_load_explicit(&c->prefill_ns, memory_order_relaxed);
     switch (r->rq.op) {
     case PROTO_OP_STEP:
-        return JOB_COST_FIXED_NS + (uint64_t)r->rq.n * step;
+        return job__step_cost(c, r->rq.n);
     case PROTO_OP_GENERATE:
         /* Without the cache every step runs its whole prefix again. */
         n = (uint64_t)r->rq.steps;
@@ -157,7 +171,7 @@ static void cost_measured(server_t *s, const req_t *r, uint64_t ns)
     switch (r->rq.op) {
     case PROTO_OP_STEP:
         if (r->rc == SLOTD_OK && r->rq.n > 0 && (c = costs_of(s, r->cs.model)) != NULL)
-            cost_note(&c->step_ns, ns / r->rq.n);
+            cost_note_step(c, r->rq.n == 1 ? ns : ns / r->rq.n); /* no division, mostly */
         break;
     case PROTO_OP_START:
     case PROTO_OP_LOGITS:
@@ -413,7 +427,7 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
     if (k > 0) {
         job_costs_t *c = costs_of(s, m);
         if (c != NULL)
-            cost_note(&c->step_ns, (thread_cpu_ns() - cpu0) / k);
+            cost_note_step(c, (thread_cpu_ns() - cpu0) / k);
     }
 }
 

@@ -16,14 +16,26 @@ uint64_t job_cost(const server_t *s, const req_t *r);
 /* What any job costs besides its positions: its hand-offs, its reply. */
 #define JOB_COST_FIXED_NS 1000u
 
-/** job_cost() of a step whose r->cs is set (the submit's copy of its
- * session's), without looking at the op: the common case, inline. */
-static inline uint64_t job__step_cost(const server_t *s, const req_t *r)
+/** The measured times of model `m` (not NULL).  Loop thread. */
+static inline const job_costs_t *job__costs(const server_t *s, const model_t *m)
 {
-    const job_costs_t *c = &s->costs[model_preset_index(r->cs.model)];
+    return &s->costs[model_preset_index(m)];
+}
 
-    return JOB_COST_FIXED_NS +
-           (uint64_t)r->rq.n * atomic_load_explicit(&c->step_ns, memory_order_relaxed);
+/** job_cost() of a step of `n` positions of a model with times `c`,
+ * without looking at the op: the common case, inline.  Loop thread. */
+static inline uint64_t job__step_cost(const job_costs_t *c, uint32_t n)
+{
+    return JOB_COST_FIXED_NS + (uint64_t)n * atomic_load_explicit(&c->step_ns, memory_order_relaxed);
+}
+
+/** The cost of a step of one position encoded (worker_cost_code()), as
+ * the workers keep it beside the mean: set on a job without encoding
+ * again.  0 until the first step is timed.  It may lag step_ns by an
+ * update that raced with another: an estimate either way.  Loop thread. */
+static inline uint16_t job__step1_code(const job_costs_t *c)
+{
+    return atomic_load_explicit(&c->step1_code, memory_order_relaxed);
 }
 
 /* A chain's slice: JOB_CHAIN_SLICE_NS, or --batch-us if less; none with

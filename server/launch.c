@@ -154,11 +154,13 @@ void launch__chain_return(req_t *r)
 }
 
 /* Sends `r`'s job to the workers at the end of this loop turn. */
-static void req_submit(req_t *r)
+static inline void req_submit(req_t *r)
 {
     conn_t *c = r->conn;
     bool step = r->session != NULL && r->rq.op == PROTO_OP_STEP;
+    const job_costs_t *jc = NULL;
     uint64_t cost;
+    uint16_t code;
 
     if (step) {
         r->cs = r->session->cs;
@@ -170,7 +172,8 @@ static void req_submit(req_t *r)
         /* job_group() turns down every job but steps of a model whose
          * batches share weights: the worker need not ask it about others. */
         r->job.lone = !model_batch_shares(r->cs.model);
-        cost = job__step_cost(c->server, r);
+        jc = job__costs(c->server, r->cs.model);
+        cost = job__step_cost(jc, r->rq.n);
     } else {
         memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));
         r->job.lone = true;
@@ -181,9 +184,14 @@ static void req_submit(req_t *r)
     c->reserved += r->reply_bound;
     c->refs++;
     r->chain_next = NULL;
-    if (step && cost <= job_chain_step_max(c->server))
+    if (step && r->session->fifo_head != NULL && cost <= job_chain_step_max(c->server))
         req_chain(r);
-    worker_job_set_cost(&r->job, r->chain_next != NULL ? job_chain_cost(c->server, r) : cost);
+    if (r->chain_next != NULL)
+        worker_job_set_cost(&r->job, job_chain_cost(c->server, r));
+    else if (jc != NULL && r->rq.n == 1 && (code = job__step1_code(jc)) != 0)
+        worker_job_set_cost_code(&r->job, code); /* = worker_job_set_cost(cost), encoded */
+    else
+        worker_job_set_cost(&r->job, cost);
     batch_push(c->server, r);
 }
 

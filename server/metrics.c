@@ -531,6 +531,18 @@ void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t n
     stamp_step(s, now_ns);
 }
 
+void metrics_observe_request_durations(unsigned shard, uint64_t now_ns, const uint64_t *read_ns,
+                                       const proto_op_t *ops, size_t n)
+{
+    metrics_shard_t *s = &shards[shard % METRICS_SHARDS];
+
+    for (size_t i = 0; i < n; i++) {
+        size_t l = index_op(ops[i]);
+        if (l < NL_op)
+            observe_request_duration(s, now_ns > read_ns[i] ? now_ns - read_ns[i] : 0, l);
+    }
+}
+
 uint64_t metrics_last_step_ns(void)
 {
     uint64_t last = 0;

@@ -174,6 +174,12 @@ void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
  * it one observation of 1 in slotd_batch_size. */
 void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns);
 
+/** Observes n request durations in slotd_request_duration_seconds, each
+ * from read_ns[i] to now_ns, with op label ops[i]: the loop thread's
+ * replies of one turn at once (dispatch.c).  Any thread, as above. */
+void metrics_observe_request_durations(unsigned shard, uint64_t now_ns, const uint64_t *read_ns,
+                                       const proto_op_t *ops, size_t n);
+
 /** Monotonic ns of the last completed step; 0 if none yet. */
 uint64_t metrics_last_step_ns(void);
 

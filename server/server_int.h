@@ -237,6 +237,7 @@ typedef struct server_preset {
 typedef struct job_costs {
     _Atomic uint64_t step_ns;    /* a step's, in a batch or alone */
     _Atomic uint64_t prefill_ns; /* a prompt position's (start, logits) */
+    _Atomic uint16_t step1_code; /* worker_cost_code() of a step of n = 1; 0 until step_ns is */
 } job_costs_t;
 
 /** What conn.c (and models.c) call in the files above them, through
@@ -306,10 +307,8 @@ struct server {
      * until the turn's end (dispatch__observe_replies()) measures them
      * all with one reading. */
     uint64_t turn_ns;
-    struct server_replied {
-        uint64_t read_ns;
-        proto_op_t op;
-    } replied[SERVER_REPLIED_MAX];
+    uint64_t replied_ns[SERVER_REPLIED_MAX];   /* their lines' read_ns */
+    proto_op_t replied_op[SERVER_REPLIED_MAX]; /* and ops */
     size_t nreplied;
     conn_t *conns;        /* open connections */
     size_t nconns;        /* open connections */

@@ -133,12 +133,15 @@ struct worker_pool {
 
 void worker_job_set_cost(worker_job_t *job, uint64_t ns)
 {
+    job->_cost = worker_cost_code(ns);
+}
+
+uint16_t worker_cost_code(uint64_t ns)
+{
     unsigned bits = ns == 0 ? 0 : 64u - (unsigned)__builtin_clzll(ns), e;
 
-    if (bits <= COST_MANT_BITS) {
-        job->_cost = (uint16_t)ns;
-        return;
-    }
+    if (bits <= COST_MANT_BITS)
+        return (uint16_t)ns;
     /* ns / 2^e rounded up (a cost is never kept as 0, nor made cheaper),
      * with e as small as keeps it in the mantissa. */
     e = bits - COST_MANT_BITS;
@@ -151,7 +154,7 @@ void worker_job_set_cost(worker_job_t *job, uint64_t ns)
         e = COST_EXP_MAX;
         ns = COST_MANT_MAX;
     }
-    job->_cost = (uint16_t)(e << COST_MANT_BITS | ns);
+    return (uint16_t)(e << COST_MANT_BITS | ns);
 }
 
 uint64_t worker_job_cost(const worker_job_t *job)

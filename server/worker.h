@@ -65,6 +65,16 @@ void worker_job_set_cost(worker_job_t *job, uint64_t ns);
 /** The cost worker_job_set_cost() set, as kept. */
 uint64_t worker_job_cost(const worker_job_t *job);
 
+/** The 16-bit form worker_job_set_cost() keeps `ns` in (never 0 for a
+ * cost that is not): for a caller that gives many jobs one cost, encoded
+ * once, with worker_job_set_cost_code(). */
+uint16_t worker_cost_code(uint64_t ns);
+
+static inline void worker_job_set_cost_code(worker_job_t *job, uint16_t code)
+{
+    job->_cost = code;
+}
+
 /** A FIFO of jobs not yet submitted (or taken back).  A plain value owned
  * by the loop thread; it does not own the jobs. */
 typedef struct worker_batch {

@@ -468,6 +468,28 @@ START_TEST(test_histogram_placement)
 }
 END_TEST
 
+/* The loop's replies of one turn, observed at once: each from its read,
+ * by its op; an op outside the table counts as invalid. */
+START_TEST(test_request_durations)
+{
+    const uint64_t read[] = {1 * SEC, 2 * SEC - 1000, 2 * SEC + 5, 2 * SEC - 30};
+    const proto_op_t ops[] = {PROTO_OP_STEP, PROTO_OP_FINISH, PROTO_OP_STEP, (proto_op_t)999};
+
+    metrics_init(1 * SEC);
+    metrics_observe_request_durations(METRICS_LOOP_SHARD, 2 * SEC, read, ops, 4);
+    char *t = render(&known_stats, 2 * SEC);
+    ck_assert(has_line(t, "slotd_request_duration_seconds_count{op=\"step\"} 2"));
+    /* 1 s, and 0 for a read stamped after the end (clamped, not wrapped) */
+    ck_assert(has_line(t, "slotd_request_duration_seconds_bucket{op=\"step\",le=\"2.5e-08\"} 1"));
+    ck_assert(has_line(t, "slotd_request_duration_seconds_bucket{op=\"step\",le=\"0.5\"} 1"));
+    ck_assert(has_line(t, "slotd_request_duration_seconds_bucket{op=\"step\",le=\"1\"} 2"));
+    ck_assert(has_line(t, "slotd_request_duration_seconds_bucket{op=\"finish\",le=\"5e-07\"} 0"));
+    ck_assert(has_line(t, "slotd_request_duration_seconds_bucket{op=\"finish\",le=\"1e-06\"} 1"));
+    ck_assert(has_line(t, "slotd_request_duration_seconds_count{op=\"invalid\"} 1"));
+    free(t);
+}
+END_TEST
+
 START_TEST(test_last_step)
 {
     metrics_init(1 * SEC);
@@ -608,6 +630,7 @@ static Suite *metrics_suite(void)
     tcase_add_test(tc, test_released_by_reason);
     tcase_add_test(tc, test_histogram);
     tcase_add_test(tc, test_histogram_placement);
+    tcase_add_test(tc, test_request_durations);
     tcase_add_test(tc, test_last_step);
     tcase_add_test(tc, test_steps_in_flight);
     tcase_add_test(tc, test_requests_waiting_running);

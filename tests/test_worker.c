@@ -731,6 +731,9 @@ START_TEST(test_cost_kept)
             got = worker_job_cost(&j);
             ck_assert_msg(got >= c && (double)got <= (double)c * 1.001, "%llu kept as %llu",
                           (unsigned long long)c, (unsigned long long)got);
+            /* The same, encoded once and set as a code. */
+            worker_job_set_cost_code(&j, worker_cost_code(c));
+            ck_assert_uint_eq(worker_job_cost(&j), got);
         }
     worker_job_set_cost(&j, UINT64_MAX); /* saturates */
     ck_assert_uint_gt(worker_job_cost(&j), UINT64_C(1) << 40);
