@@ -11,7 +11,12 @@
  * before the heap: the heap holds only later starts (no flow starts
  * before the virtual time, and it moves only when the FIFO is empty), so
  * the FIFO's order is the heap's would be, at O(1) and without walking
- * the flows' records.
+ * the flows' records.  A later start that sorts after every flow of the
+ * second FIFO, `_run`, joins it instead of the heap (each client with a
+ * request at a time: they come back in about the order they were served,
+ * their starts one job later), and the next flow is the lesser of that
+ * FIFO's head and the heap's root: in order, in O(1), as long as the
+ * flows come back in order.
  *
  * Virtual time counts cost units (the caller's: worker.c's jobs count
  * estimated nanoseconds).  Every value only grows: a start is at least the
@@ -93,7 +98,14 @@ static void insert(sched_t *s, sched_flow_t *f, bool front)
     f->_active = true;
     s->_active++;
     if (f->_start > s->_vtime) {
-        s->_root = meld(s->_root, f);
+        if (s->_run_tail == NULL) {
+            s->_run = s->_run_tail = f;
+        } else if (before(s->_run_tail, f)) {
+            s->_run_tail->_sibling = f;
+            s->_run_tail = f;
+        } else {
+            s->_root = meld(s->_root, f);
+        }
     } else if (front) {
         f->_sibling = s->_ties;
         s->_ties = f;
@@ -108,6 +120,13 @@ static void insert(sched_t *s, sched_flow_t *f, bool front)
     }
 }
 
+/* Whether the run's head, not the heap's root, is served next (the ties'
+ * FIFO being empty). */
+static bool run_first(const sched_t *s)
+{
+    return s->_run != NULL && (s->_root == NULL || before(s->_run, s->_root));
+}
+
 /* Takes the flow served next out. */
 static sched_flow_t *remove_root(sched_t *s)
 {
@@ -117,6 +136,11 @@ static sched_flow_t *remove_root(sched_t *s)
         s->_ties = f->_sibling;
         if (s->_ties == NULL)
             s->_ties_tail = NULL;
+    } else if (run_first(s)) {
+        f = s->_run;
+        s->_run = f->_sibling;
+        if (s->_run == NULL)
+            s->_run_tail = NULL;
     } else if ((f = s->_root) != NULL) {
         s->_root = merge_pairs(f->_child);
     } else {
@@ -138,7 +162,9 @@ void sched_activate(sched_t *s, sched_flow_t *f)
 
 sched_flow_t *sched_peek(const sched_t *s)
 {
-    return s->_ties != NULL ? s->_ties : s->_root;
+    if (s->_ties != NULL)
+        return s->_ties;
+    return run_first(s) ? s->_run : s->_root;
 }
 
 void sched_serve(sched_t *s, uint64_t cost, bool more)

@@ -29,13 +29,14 @@ typedef struct sched_flow {
     uint64_t _finish; /* the virtual finish of the last job served */
     uint64_t _order;  /* while active: ties between equal starts go to the older */
     uint64_t _served; /* the cost of every job served */
-    struct sched_flow *_child, *_sibling; /* the pairing heap (_sibling: or the ties' FIFO) */
+    struct sched_flow *_child, *_sibling; /* the pairing heap (_sibling: or a FIFO's link) */
     bool _active;
 } sched_flow_t;
 
 /** The scheduler: a value owned by its user. */
 typedef struct sched {
     sched_flow_t *_root;              /* active flows starting after the virtual time */
+    sched_flow_t *_run, *_run_tail;   /* more of them, sorted as they came (sched.c) */
     sched_flow_t *_ties, *_ties_tail; /* active flows starting at it, in order */
     uint64_t _vtime;                  /* the start of the job last served */
     uint64_t _order;                  /* activations so far */

@@ -276,6 +276,51 @@ START_TEST(test_random_churn)
 }
 END_TEST
 
+/* Many clients with one request at a time (the spread sessions of a
+ * load generator): each flow comes back as soon as it is served, so the
+ * flows mostly return in order and skip the heap (sched.c).  At every step
+ * the flow served has the least start of all; with equal costs the flows
+ * take turns, each once per round; with random costs (returning out of
+ * order, through the heap) the service stays within 10 % of equal. */
+#define RR_FLOWS 64
+START_TEST(test_one_at_a_time)
+{
+    static flow_t fl[RR_FLOWS];
+    sched_t s;
+    uint64_t lo = UINT64_MAX, hi = 0;
+
+    flows_init(&s, fl, RR_FLOWS);
+    for (int i = 0; i < RR_FLOWS; i++) {
+        fl[i].cost = 100;
+        fl[i].random = _i == 1;
+        fl[i].left = 1;
+        sched_activate(&s, &fl[i].f);
+    }
+    for (long k = 0; k < 200000; k++) {
+        const sched_flow_t *least = sched_peek(&s);
+        flow_t *served;
+        for (int i = 0; i < RR_FLOWS; i++)
+            if (sched_flow_active(&fl[i].f) && fl[i].f._start < least->_start)
+                ck_abort_msg("flow %d starts before the one served", i);
+        served = serve_one(&s);
+        if (_i == 0 && k % RR_FLOWS == RR_FLOWS - 1)
+            for (int i = 0; i < RR_FLOWS; i++)
+                if (fl[i].jobs != (uint64_t)(k / RR_FLOWS + 1))
+                    ck_abort_msg("round %ld: flow %d served %llu times", k / RR_FLOWS, i,
+                                 (unsigned long long)fl[i].jobs);
+        served->left = 1; /* its client sends the next request */
+        sched_activate(&s, &served->f);
+    }
+    for (int i = 0; i < RR_FLOWS; i++) {
+        uint64_t v = sched_served(&fl[i].f);
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    ck_assert_msg((double)hi <= (double)lo * 1.1, "shares %llu .. %llu", (unsigned long long)lo,
+                  (unsigned long long)hi);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("sched");
@@ -286,6 +331,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_debt_kept);
     tcase_add_test(tc, test_ties_and_put_back);
     tcase_add_test(tc, test_random_churn);
+    tcase_add_loop_test(tc, test_one_at_a_time, 0, 2);
     tcase_set_timeout(tc, 120);
     suite_add_tcase(s, tc);
     return s;
