@@ -285,14 +285,23 @@ double *worker_logits(worker_t *w, size_t n)
  * reads nor faults.  Worker w. */
 static void prefetch_local(const worker_t *w, unsigned i)
 {
+    const char *rec;
+    size_t bytes;
+
     if (i >= w->nlocal)
         return;
+    /* Bounds and addresses in locals: read once, not at every turn of
+     * the loops. */
+    rec = (const char *)w->local[i];
+    bytes = w->pool->record_bytes;
     /* The job's first line is the one take_jobs() read. */
-    for (size_t off = WORKER_LINE; off < w->pool->record_bytes; off += WORKER_LINE)
-        __builtin_prefetch((const char *)w->local[i] + off);
-    for (unsigned h = 0; h < WORKER_HINTS; h++)
-        for (unsigned l = 0; l < w->local_lines[i][h]; l++)
-            __builtin_prefetch((const char *)w->local_hint[i][h] + (size_t)l * WORKER_LINE);
+    for (size_t off = WORKER_LINE; off < bytes; off += WORKER_LINE)
+        __builtin_prefetch(rec + off);
+    for (unsigned h = 0; h < WORKER_HINTS; h++) {
+        const char *p = w->local_hint[i][h];
+        for (unsigned l = w->local_lines[i][h]; l > 0; l--, p += WORKER_LINE)
+            __builtin_prefetch(p);
+    }
 }
 
 /* Claims the next job of w's local batch, and prefetches for the one
