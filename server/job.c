@@ -130,7 +130,7 @@ static bool cost_note(_Atomic uint64_t *mean, uint64_t ns)
 
 /* cost_note() of a step's time per position, with the encoded cost of a
  * one-position step kept beside the mean (job__step_cost_code()). */
-static void cost_note_step(job_costs_t *c, uint64_t ns)
+static inline void cost_note_step(job_costs_t *c, uint64_t ns)
 {
     if (cost_note(&c->step_ns, ns))
         atomic_store_explicit(
@@ -319,12 +319,11 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     return proto_reply_generate(&r->reply, r->rq.tag, tokens, total, logits, steps, vocab, rows);
 }
 
-/* A worker begins `r`: its wait, from its line's read, is observed. */
-static void job_begun(worker_t *w, const req_t *r)
+/* Worker `shard` begins `r` at `t` (its job's start): its wait, from its
+ * line's read, is observed. */
+static void job_begun(unsigned shard, uint64_t t, const req_t *r)
 {
-    uint64_t t = worker_job_start(w);
-
-    metrics_observe_request_wait(worker_index(w), t > r->read_ns ? t - r->read_ns : 0, r->rq.op);
+    metrics_observe_request_wait(shard, t > r->read_ns ? t - r->read_ns : 0, r->rq.op);
 }
 
 /* Whether step job `cand` may join the batch `first` leads (worker.h's
@@ -389,7 +388,7 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
             continue;
         }
         atomic_store_explicit(&r->started, true, memory_order_relaxed);
-        job_begun(w, r);
+        job_begun(worker_index(w), worker_job_start(w), r);
         JOB_FAULT_POINT(s, r);
         if (logits == NULL ||
             (s->audit != NULL && audit_tokens_reserve(&r->toks, 1) != SLOTD_OK)) {
@@ -446,7 +445,8 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
 {
     const model_t *m = r->rq.op == PROTO_OP_STEP ? r->cs.model : r->model;
     bool cpu_timed = m != NULL && model_batch_shares(m);
-    uint64_t cpu0 = 0;
+    uint64_t cpu0 = 0, t0 = worker_job_start(w); /* this step's start, in a chain */
+    unsigned shard = worker_index(w);
     slotd_error_t err;
     int rc;
 
@@ -465,7 +465,7 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
         return;
     }
     atomic_store_explicit(&r->started, true, memory_order_relaxed);
-    job_begun(w, r);
+    job_begun(shard, t0, r);
     JOB_FAULT_POINT(s, r);
     if (cpu_timed)
         cpu0 = thread_cpu_ns();
@@ -488,8 +488,8 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
     {
         uint64_t now = uv_hrtime();
         if (r->rq.op == PROTO_OP_STEP)
-            metrics_observe_step_alone(worker_index(w), now - worker_job_start(w), now);
-        cost_measured(s, r, cpu_timed ? thread_cpu_ns() - cpu0 : now - worker_job_start(w));
+            metrics_observe_step_alone(shard, now - t0, now);
+        cost_measured(s, r, cpu_timed ? thread_cpu_ns() - cpu0 : now - t0);
     }
 }
 
