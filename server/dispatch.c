@@ -541,7 +541,10 @@ int dispatch__on_line(void *arg, const char *line, size_t len)
     } else if (!req_apply(c, r)) {
         return SLOTD_ENOMEM;
     }
-    conn_advance(c);
+    /* Nothing moves while the oldest line's job is out (most lines, when
+     * the connection pipelines). */
+    if (c->order_head != NULL && c->order_head->state != REQ_RUNNING)
+        conn_advance(c);
     return c->closed ? SLOTD_ENOMEM : 0;
 }
 

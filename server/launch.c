@@ -169,10 +169,10 @@ static inline void req_submit(req_t *r)
          * the session left it: the worker prefetches it (worker.h). */
         memcpy(r->job.hint, r->cs.hint.addr, sizeof(r->job.hint));
         memcpy(r->job.hint_lines, r->cs.hint.lines, sizeof(r->job.hint_lines));
+        jc = job__costs(c->server, r->cs.model);
         /* job_group() turns down every job but steps of a model whose
          * batches share weights: the worker need not ask it about others. */
-        r->job.lone = !model_batch_shares(r->cs.model);
-        jc = job__costs(c->server, r->cs.model);
+        r->job.lone = jc->lone;
         cost = job__step_cost(jc, r->rq.n);
     } else {
         memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));

@@ -119,6 +119,7 @@ int models__load(server_t *s)
         p->model = m;
         p->server = s;
         p->index = model_preset_index(m);
+        s->costs[p->index].lone = !model_batch_shares(m); /* known from the shape */
         atomic_init(&p->ready, false);
     }
     for (size_t i = 0; i < cfg->npreload; i++) {

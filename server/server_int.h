@@ -238,6 +238,7 @@ typedef struct job_costs {
     _Atomic uint64_t step_ns;    /* a step's, in a batch or alone */
     _Atomic uint64_t prefill_ns; /* a prompt position's (start, logits) */
     _Atomic uint16_t step1_code; /* worker_cost_code() of a step of n = 1; 0 until step_ns is */
+    bool lone;                   /* its steps never batch (!model_batch_shares()); set at load */
 } job_costs_t;
 
 /** What conn.c (and models.c) call in the files above them, through
