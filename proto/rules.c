@@ -37,7 +37,7 @@ static bool name_copy(char *out, const char *s, size_t n, size_t max)
     }
     for (size_t k = 0; k < n; k++) {
         if (!name_chars[(unsigned char)s[k]]) {
-            out[0] = '\0';
+            memset(out, 0, k); /* as it was: proto_request_free() clears up to the NUL */
             return false;
         }
         out[k] = s[k];
@@ -288,10 +288,36 @@ void proto_request_init(proto_request_t *r)
     r->n = 1;
 }
 
+/* Only proto__request_fill() writes a request, and it stores nothing but
+ * the tag before r->op is set, and the name members (id, model) with
+ * name_copy(), which leaves every byte past the name's NUL 0.  So a request
+ * with no op holds at most a tag, and a name is cleared up to its NUL: a
+ * step's request is put back with a few stores rather than all of it.  A
+ * new member of proto_request_t is put back here too. */
 void proto_request_free(proto_request_t *r)
 {
-    free(r->tag);
-    free(r->tokens);
-    free(r->token);
-    proto_request_init(r);
+    if (r->tag != NULL) {
+        free(r->tag);
+        r->tag = NULL;
+    }
+    if (r->op == PROTO_OP_NONE)
+        return;
+    if (r->tokens != NULL) {
+        free(r->tokens);
+        r->tokens = NULL;
+    }
+    if (r->token != NULL) {
+        free(r->token);
+        r->token = NULL;
+    }
+    for (char *c = r->id; *c != '\0'; c++)
+        *c = '\0';
+    for (char *c = r->model; *c != '\0'; c++)
+        *c = '\0';
+    r->ntokens = 0;
+    r->token_len = 0;
+    r->steps = 0;
+    r->use_cache = false;
+    r->n = 1;
+    r->op = PROTO_OP_NONE;
 }
