@@ -246,7 +246,7 @@ static inline int flat_key_fast(const unsigned char *s, size_t i, size_t n, size
     if (z == 0)
         return -1;
     len = (size_t)__builtin_ctzll(z) >> 3;
-    if (len == 0 || (k = proto__field_first[len][s[i + 1] & 31]) == 0 ||
+    if (len == 0 || (k = proto__field_first[len][w & 31]) == 0 ||
         (w & proto__name_mask[len]) != proto__field_word[k - 1])
         return -1;
     *end = i + len + 2;
@@ -293,14 +293,46 @@ static int flat_scan(proto__scan_t *j, proto__value_t *f, flat_ints_t *t)
         i = flat_ws(s, i + 1, n);
         if (i >= n)
             return -1;
-        j->i = i;
         if (k >= 0 && f[k].kind == PROTO__ABSENT) {
-            if (flat_value(j, k, &f[k], t) != 0)
+            proto__value_t *v = &f[k];
+            size_t q = i + 1;
+
+            /* The usual values, read here as flat_value() would read
+             * them: a string of printable ASCII with no escape, a positive
+             * plain integer.  Anything else, from the start, by it. */
+            if (s[i] == '"') {
+                while (q < n && str_plain[s[q]])
+                    q++;
+                if (q < n && s[q] == '"') {
+                    v->kind = PROTO__STRING;
+                    v->high = false;
+                    v->s = (const char *)s + i + 1;
+                    v->len = q - i - 1;
+                    i = q + 1;
+                    goto next;
+                }
+            } else if (s[i] >= '1' && s[i] <= '9') {
+                uint64_t u = (unsigned)(s[i] - '0');
+                for (; q < n && proto__is_digit(s[q]) && q - i < 16; q++)
+                    u = u * 10 + (unsigned)(s[q] - '0');
+                if (q - i <= 15 && (q >= n || (s[q] != '.' && s[q] != 'e' && s[q] != 'E' &&
+                                               !proto__is_digit(s[q])))) {
+                    v->kind = PROTO__INT;
+                    v->v = (int64_t)u;
+                    i = q;
+                    goto next;
+                }
+            }
+            j->i = i;
+            if (flat_value(j, k, v, t) != 0)
                 return -1;
-        } else if (flat_skip(j) != 0) {
-            return -1;
+        } else {
+            j->i = i;
+            if (flat_skip(j) != 0)
+                return -1;
         }
         i = j->i;
+    next:
         if (i < n && s[i] != ',' && s[i] != '}')
             i = flat_ws(s, i, n);
         if (i >= n)
