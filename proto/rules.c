@@ -46,22 +46,20 @@ static bool name_copy(char *out, const char *s, size_t n, size_t max)
     return true;
 }
 
-/* Writes `v` in decimal to `out` (24 bytes); returns the length. */
-static size_t fmt_i64(char *out, int64_t v)
+/* Writes `v` in decimal to end at `end` (with 20 bytes before it); returns
+ * where it starts. */
+static char *fmt_i64(char *end, int64_t v)
 {
-    char d[20];
-    size_t nd = 0, o = 0;
     uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    char *p = end;
 
     do {
-        d[nd++] = (char)('0' + u % 10);
+        *--p = (char)('0' + u % 10);
         u /= 10;
     } while (u > 0);
     if (v < 0)
-        out[o++] = '-';
-    while (nd > 0)
-        out[o++] = d[--nd];
-    return o;
+        *--p = '-';
+    return p;
 }
 
 /* A malloc'd, NUL-terminated copy of `n` bytes of `s`, quoted when `quote`. */
@@ -85,9 +83,9 @@ static char *tag_text(const char *s, size_t n, bool quote)
 /* An integer tag's JSON text into r->tag.  SLOTD_OK or SLOTD_ENOMEM. */
 static int tag_from_int(proto_request_t *r, int64_t v)
 {
-    char num[24];
+    char num[24], *p = fmt_i64(num + sizeof(num), v);
 
-    r->tag = tag_text(num, fmt_i64(num, v), false);
+    r->tag = tag_text(p, (size_t)(num + sizeof(num) - p), false);
     return r->tag != NULL ? SLOTD_OK : SLOTD_ENOMEM;
 }
 
@@ -288,6 +286,22 @@ void proto_request_init(proto_request_t *r)
     r->n = 1;
 }
 
+/* Zeroes a name of a request (`size` bytes) that name_copy() wrote, 16
+ * bytes at a time up to the block that holds its NUL: every byte past the
+ * NUL is 0 already. */
+static inline void name_clear(char *c, size_t size)
+{
+    size_t k = 0;
+
+    for (; k + 16 <= size; k += 16) {
+        bool done = c[k + 15] == '\0';
+        memset(c + k, 0, 16);
+        if (done)
+            return;
+    }
+    memset(c + k, 0, size - k);
+}
+
 /* Only proto__request_fill() writes a request, and it stores nothing but
  * the tag before r->op is set, and the name members (id, model) with
  * name_copy(), which leaves every byte past the name's NUL 0.  So a request
@@ -310,10 +324,8 @@ void proto_request_free(proto_request_t *r)
         free(r->token);
         r->token = NULL;
     }
-    for (char *c = r->id; *c != '\0'; c++)
-        *c = '\0';
-    for (char *c = r->model; *c != '\0'; c++)
-        *c = '\0';
+    name_clear(r->id, sizeof(r->id));
+    name_clear(r->model, sizeof(r->model));
     r->ntokens = 0;
     r->token_len = 0;
     r->steps = 0;
