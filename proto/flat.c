@@ -11,8 +11,16 @@
  * path.  Everything else in the line -- unknown members, later duplicates,
  * known members the op does not use -- is only checked, with
  * proto__scan_value() and the UTF-8 scan.  It holds no rule of a member of
- * its own: the values it notes go through the same proto__request_check()
- * and proto__request_store() as the tree path's.
+ * its own: the values it notes go through the same proto__request_fill()
+ * as the tree path's.
+ *
+ * Cost (it runs on the loop thread for every request): the place in the
+ * line is a local; white space is skipped only where the next byte is not
+ * the one expected; a member name that is one of the table's, spelled out,
+ * is found with one load of the 8 bytes after its quote; and the usual
+ * values (a printable ASCII string, a positive plain integer) are read in
+ * the main loop.  Whatever those fast reads do not take is read again from
+ * its start by the general readers, so they decide nothing of their own.
  *
  * Threads: any thread; it touches only its arguments and its stack.
  *
@@ -217,48 +225,133 @@ static int flat_value(proto__scan_t *j, int k, proto__value_t *out, flat_ints_t 
     return flat_skip(j);
 }
 
+/* Past the JSON white space at s[i] (most lines have none). */
+static inline size_t flat_ws(const unsigned char *s, size_t i, size_t n)
+{
+    while (i < n && s[i] <= ' ' && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+        i++;
+    return i;
+}
+
+/* At the opening quote of a member name at s[i]: the known member it names
+ * when the name is one of the table's spelled out (no escape), read with
+ * one load of the 8 bytes after the quote, with *end past its closing
+ * quote; -1 when that load cannot tell (a longer name, an unknown one, an
+ * escape, too few bytes left), and the caller reads the name byte by byte. */
+static inline int flat_key_fast(const unsigned char *s, size_t i, size_t n, size_t *end)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint64_t ones = 0x0101010101010101u;
+    uint64_t w, z;
+    size_t len;
+    unsigned k;
+
+    if (n - i < 9)
+        return -1;
+    memcpy(&w, s + i + 1, 8);
+    z = w ^ (ones * '"');
+    z = (z - ones) & ~z & (ones * 0x80); /* the first quote's byte, exactly */
+    if (z == 0)
+        return -1;
+    len = (size_t)__builtin_ctzll(z) >> 3;
+    if (len == 0 || (k = proto__field_first[len][w & 31]) == 0 ||
+        (w & proto__name_mask[len]) != proto__field_word[k - 1])
+        return -1;
+    *end = i + len + 2;
+    return (int)k - 1;
+#else
+    (void)s, (void)i, (void)n, (void)end;
+    return -1;
+#endif
+}
+
 /* The whole line, once: one object, every byte checked as the tree path
- * checks it, and the first value of each known member noted in f[]. */
+ * checks it, and the first value of each known member noted in f[].  The
+ * place in the line is kept in `i` and handed to the readers in j->i. */
 static int flat_scan(proto__scan_t *j, proto__value_t *f, flat_ints_t *t)
 {
-    proto__scan_ws(j);
-    if (j->i >= j->n || j->s[j->i] != '{')
+    const unsigned char *s = j->s;
+    size_t n = j->n, i = flat_ws(s, 0, n);
+
+    if (i >= n || s[i] != '{')
         return -1;
-    j->i++;
+    i++;
     for (;;) {
         size_t b, e;
         bool high;
         int k;
 
-        proto__scan_ws(j);
-        if (j->i >= j->n || j->s[j->i] != '"' || flat_string(j, &b, &e, &high) != 0)
+        if (i < n && s[i] != '"')
+            i = flat_ws(s, i, n);
+        if (i >= n || s[i] != '"')
             return -1;
-        k = high ? -1 : proto__field_index((const char *)j->s + b, e - b, j->n - b);
-        proto__scan_ws(j);
-        if (j->i >= j->n || j->s[j->i] != ':')
+        if ((k = flat_key_fast(s, i, n, &e)) >= 0) {
+            i = e;
+        } else {
+            j->i = i;
+            if (flat_string(j, &b, &e, &high) != 0)
+                return -1;
+            i = j->i;
+            k = high ? -1 : proto__field_index((const char *)s + b, e - b, n - b);
+        }
+        if (i < n && s[i] != ':')
+            i = flat_ws(s, i, n);
+        if (i >= n || s[i] != ':')
             return -1;
-        j->i++;
-        proto__scan_ws(j);
-        if (j->i >= j->n)
+        i = flat_ws(s, i + 1, n);
+        if (i >= n)
             return -1;
         if (k >= 0 && f[k].kind == PROTO__ABSENT) {
-            if (flat_value(j, k, &f[k], t) != 0)
+            proto__value_t *v = &f[k];
+            size_t q = i + 1;
+
+            /* The usual values, read here as flat_value() would read
+             * them: a string of printable ASCII with no escape, a positive
+             * plain integer.  Anything else, from the start, by it. */
+            if (s[i] == '"') {
+                while (q < n && str_plain[s[q]])
+                    q++;
+                if (q < n && s[q] == '"') {
+                    v->kind = PROTO__STRING;
+                    v->high = false;
+                    v->s = (const char *)s + i + 1;
+                    v->len = q - i - 1;
+                    i = q + 1;
+                    goto next;
+                }
+            } else if (s[i] >= '1' && s[i] <= '9') {
+                uint64_t u = (unsigned)(s[i] - '0');
+                for (; q < n && proto__is_digit(s[q]) && q - i < 16; q++)
+                    u = u * 10 + (unsigned)(s[q] - '0');
+                if (q - i <= 15 && (q >= n || (s[q] != '.' && s[q] != 'e' && s[q] != 'E' &&
+                                               !proto__is_digit(s[q])))) {
+                    v->kind = PROTO__INT;
+                    v->v = (int64_t)u;
+                    i = q;
+                    goto next;
+                }
+            }
+            j->i = i;
+            if (flat_value(j, k, v, t) != 0)
                 return -1;
-        } else if (flat_skip(j) != 0) {
-            return -1;
+        } else {
+            j->i = i;
+            if (flat_skip(j) != 0)
+                return -1;
         }
-        proto__scan_ws(j);
-        if (j->i >= j->n)
+        i = j->i;
+    next:
+        if (i < n && s[i] != ',' && s[i] != '}')
+            i = flat_ws(s, i, n);
+        if (i >= n)
             return -1;
-        if (j->s[j->i] == '}')
+        if (s[i] == '}')
             break;
-        if (j->s[j->i] != ',')
+        if (s[i] != ',')
             return -1;
-        j->i++;
+        i++;
     }
-    j->i++;
-    proto__scan_ws(j);
-    return j->i == j->n ? 0 : -1;
+    return flat_ws(s, i + 1, n) == n ? 0 : -1;
 }
 
 /* The request from what flat_scan() noted, if the rules take it; the

@@ -185,6 +185,16 @@ static inline proto_op_t proto__op_lookup(const char *s, size_t n)
     for (k = proto__op_first[n][s[0] & 31]; k != 0; k = proto__op_next[k]) {
         const char *name = proto_ops[k].name;
         size_t i = 0;
+        if (n >= 4 && n <= 8) { /* two loads of 4 bytes, which may overlap */
+            uint32_t a, b, c, d;
+            memcpy(&a, s, 4);
+            memcpy(&b, name, 4);
+            memcpy(&c, s + n - 4, 4);
+            memcpy(&d, name + n - 4, 4);
+            if (a == b && c == d)
+                return (proto_op_t)k;
+            continue;
+        }
         while (i < n && s[i] == name[i])
             i++;
         if (i == n)

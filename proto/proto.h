@@ -216,7 +216,9 @@ typedef struct proto_request {
 
 void proto_request_init(proto_request_t *r);
 /** Frees what `r` owns and leaves it as proto_request_init() does (the
- * server's request free list relies on this). */
+ * server's request free list relies on this), on a request that only
+ * proto_request_init() and proto_request_parse() wrote: it puts back only
+ * the tag and the members of r->op's row, all a parse can have stored. */
 void proto_request_free(proto_request_t *r);
 
 /** Parses and validates one line into `r` (initialised).  Errors, the first

@@ -37,7 +37,7 @@ static bool name_copy(char *out, const char *s, size_t n, size_t max)
     }
     for (size_t k = 0; k < n; k++) {
         if (!name_chars[(unsigned char)s[k]]) {
-            out[0] = '\0';
+            memset(out, 0, k); /* as it was: proto_request_free() clears up to the NUL */
             return false;
         }
         out[k] = s[k];
@@ -46,22 +46,20 @@ static bool name_copy(char *out, const char *s, size_t n, size_t max)
     return true;
 }
 
-/* Writes `v` in decimal to `out` (24 bytes); returns the length. */
-static size_t fmt_i64(char *out, int64_t v)
+/* Writes `v` in decimal to end at `end` (with 20 bytes before it); returns
+ * where it starts. */
+static char *fmt_i64(char *end, int64_t v)
 {
-    char d[20];
-    size_t nd = 0, o = 0;
     uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    char *p = end;
 
     do {
-        d[nd++] = (char)('0' + u % 10);
+        *--p = (char)('0' + u % 10);
         u /= 10;
     } while (u > 0);
     if (v < 0)
-        out[o++] = '-';
-    while (nd > 0)
-        out[o++] = d[--nd];
-    return o;
+        *--p = '-';
+    return p;
 }
 
 /* A malloc'd, NUL-terminated copy of `n` bytes of `s`, quoted when `quote`. */
@@ -85,9 +83,9 @@ static char *tag_text(const char *s, size_t n, bool quote)
 /* An integer tag's JSON text into r->tag.  SLOTD_OK or SLOTD_ENOMEM. */
 static int tag_from_int(proto_request_t *r, int64_t v)
 {
-    char num[24];
+    char num[24], *p = fmt_i64(num + sizeof(num), v);
 
-    r->tag = tag_text(num, fmt_i64(num, v), false);
+    r->tag = tag_text(p, (size_t)(num + sizeof(num) - p), false);
     return r->tag != NULL ? SLOTD_OK : SLOTD_ENOMEM;
 }
 
@@ -288,10 +286,50 @@ void proto_request_init(proto_request_t *r)
     r->n = 1;
 }
 
+/* Zeroes a name of a request (`size` bytes) that name_copy() wrote, 16
+ * bytes at a time up to the block that holds its NUL: every byte past the
+ * NUL is 0 already. */
+static inline void name_clear(char *c, size_t size)
+{
+    size_t k = 0;
+
+    for (; k + 16 <= size; k += 16) {
+        bool done = c[k + 15] == '\0';
+        memset(c + k, 0, 16);
+        if (done)
+            return;
+    }
+    memset(c + k, 0, size - k);
+}
+
+/* Only proto__request_fill() writes a request, and it stores nothing but
+ * the tag before r->op is set, and the name members (id, model) with
+ * name_copy(), which leaves every byte past the name's NUL 0.  So a request
+ * with no op holds at most a tag, and a name is cleared up to its NUL: a
+ * step's request is put back with a few stores rather than all of it.  A
+ * new member of proto_request_t is put back here too. */
 void proto_request_free(proto_request_t *r)
 {
-    free(r->tag);
-    free(r->tokens);
-    free(r->token);
-    proto_request_init(r);
+    if (r->tag != NULL) {
+        free(r->tag);
+        r->tag = NULL;
+    }
+    if (r->op == PROTO_OP_NONE)
+        return;
+    if (r->tokens != NULL) {
+        free(r->tokens);
+        r->tokens = NULL;
+    }
+    if (r->token != NULL) {
+        free(r->token);
+        r->token = NULL;
+    }
+    name_clear(r->id, sizeof(r->id));
+    name_clear(r->model, sizeof(r->model));
+    r->ntokens = 0;
+    r->token_len = 0;
+    r->steps = 0;
+    r->use_cache = false;
+    r->n = 1;
+    r->op = PROTO_OP_NONE;
 }

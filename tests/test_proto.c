@@ -1652,6 +1652,29 @@ START_TEST(test_parse_paths_agree)
         {"{\"op\":\"logits\",\"tokens\":[1],\"model\":\"012345678901234567890123456789012\"}",
          DECLINED},
         {"{\"op\":\"finish\",\"id\":\"\"}", DECLINED},
+        /* Member names the one-pass path finds with one load of 8 bytes,
+         * and those it reads byte by byte: near the end of the line, longer,
+         * or only like a known one. */
+        {"{\"op\":\"step\",\"idd\":\"b\",\"i\":1,\"tags\":2,\"o\":3,\"id\":\"a\"}", TAKEN},
+        {"{\"op\":\"generate\",\"use_cac\":1,\"tokens\":[1],\"token\":\"x\",\"steps\":1,"
+         "\"use_cache\":true}",
+         TAKEN},
+        {"{\"op\":\"auth\",\"tokens\":[1],\"token\":\"s e\\\"c\"}", DECLINED},
+        {"{\"op\":\"auth\",\"tokens\":[1],\"token\":\"s\xc3\xa9" "c\"}", TAKEN},
+        {"{\"id\":\"a\",\"op\":\"step\",\"n\":1}", TAKEN},
+        {"{\"id\":\"a\",\"op\":\"step\",\"n\":1", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a", DECLINED},
+        {"{\"op\":\"step\",\"i\\u0064\":\"a\"}", DECLINED},
+        /* Values read in the main loop, and those left to flat_value(). */
+        {"{\"op\":\"stats\",\"tag\":\"ab\xc3\xa9\"}", TAKEN},
+        {"{\"op\":\"stats\",\"tag\":\"ab\\n\"}", DECLINED},
+        {"{\"op\":\"stats\",\"tag\":1234567890123456}", DECLINED},
+        {"{\"op\":\"stats\",\"tag\":12e1}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":2E0}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":2 }", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":999999999999999}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":-3}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":\"3\"}", DECLINED},
         /* The line as a whole. */
         {"{}", DECLINED},
         {"{\"op\":\"stats\"} x", DECLINED},
@@ -1714,6 +1737,50 @@ static char *plain_start(size_t n)
     strcpy(p, "],\"x\":1.5e0}");
     return line;
 }
+
+/* proto_request_free() puts back only what a parse can have stored: after
+ * any line, by any path, and after a run of lines through one request, the
+ * request is byte for byte as proto_request_init() leaves it. */
+START_TEST(test_request_free_restores)
+{
+    static const char *const lines[] = {
+        "{\"op\":\"start\",\"id\":\"abcdef\",\"model\":\"tiny\",\"prompt\":[1,2],\"tag\":\"t\"}",
+        "{\"op\":\"start\",\"id\":\"abc!\",\"prompt\":[1]}",
+        "{\"op\":\"start\",\"id\":\"abc\",\"model\":\"ti!ny\",\"prompt\":[1]}",
+        "{\"op\":\"start\",\"id\":\"abc\",\"model\":\"tiny\",\"prompt\":[1,2.5]}",
+        "{\"op\":\"step\",\"id\":\"s1\",\"n\":7,\"tag\":3}",
+        "{\"op\":\"step\",\"id\":\"s1\",\"n\":0}",
+        "{\"op\":\"finish\",\"id\":\"0123456789012345678901234567890123456789\"}",
+        "{\"op\":\"generate\",\"tokens\":[1],\"steps\":5,\"use_cache\":true,\"model\":\"m\"}",
+        "{\"op\":\"generate\",\"tokens\":[1],\"steps\":5,\"use_cache\":1}",
+        "{\"op\":\"logits\",\"tokens\":[1,2],\"model\":\"m.1\"}",
+        "{\"op\":\"auth\",\"token\":\"secret\"}",
+        "{\"op\":\"auth\",\"token\":\"\"}",
+        "{\"op\":\"stats\",\"tag\":\"x\"}",
+        "{\"op\":\"bogus\",\"tag\":\"x\"}",
+        "{\"op\":\"step\",\"id\":\"a\"} x",
+    };
+    int (*const paths[])(const char *, size_t, proto_request_t *, slotd_error_t *) = {
+        proto_request_parse, proto__request_parse_tree, proto__request_parse_flat};
+    proto_request_t blank, r, run;
+    slotd_error_t e;
+
+    proto_request_init(&blank);
+    proto_request_init(&run);
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+        for (size_t p = 0; p < sizeof(paths) / sizeof(paths[0]); p++) {
+            proto_request_init(&r);
+            (void)paths[p](lines[i], strlen(lines[i]), &r, &e);
+            proto_request_free(&r);
+            if (memcmp(&r, &blank, sizeof(r)) != 0)
+                ck_abort_msg("%s: path %zu: the freed request is not blank", lines[i], p);
+        }
+        (void)proto_request_parse(lines[i], strlen(lines[i]), &run, &e);
+    }
+    proto_request_free(&run);
+    ck_assert(memcmp(&run, &blank, sizeof(run)) == 0);
+}
+END_TEST
 
 /* Long prompts: more integers than the one-pass path keeps at hand. */
 START_TEST(test_parse_flat_long)
@@ -2434,6 +2501,7 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, test_parse_flat_common);
     tcase_add_test(tc, test_parse_paths_agree);
     tcase_add_test(tc, test_parse_flat_long);
+    tcase_add_test(tc, test_request_free_restores);
     tcase_add_test(tc, test_parse_flat_nomem);
     suite_add_tcase(s, tc);
 
