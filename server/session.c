@@ -378,8 +378,8 @@ static void session_expire(session_t *sess)
     conn__update(c); /* maybe quiet now */
 }
 
-session_t *session__find(conn_t *c, const char *id)
+session_t *session__find(conn_t *c, const char id[PROTO_ID_MAX + 1])
 {
-    session_map_node_t *n = session_map_find(&c->map, id);
+    session_map_node_t *n = session_map_find_idbuf(&c->map, id);
     return n != NULL ? container_of(n, session_t, node) : NULL;
 }

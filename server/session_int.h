@@ -17,8 +17,9 @@ void session__put(server_t *s, session_t *sess);
  * counting its low mark again from what is left. */
 void session__shed(server_t *s, size_t n);
 
-/** The session record of `c` that the id names, or NULL. */
-session_t *session__find(conn_t *c, const char *id);
+/** The session record of `c` that the id names, or NULL.  `id` is a
+ * parsed request's (rq.id: every byte initialised, past its NUL too). */
+session_t *session__find(conn_t *c, const char id[PROTO_ID_MAX + 1]);
 /** Queues `r` at the tail of the session's FIFO and runs the FIFO. */
 void session__enqueue(session_t *sess, req_t *r);
 /** Runs the session's FIFO until a request is out with the workers or the
