@@ -20,8 +20,6 @@ void session__shed(server_t *s, size_t n);
 /** The session record of `c` that the id names, or NULL.  `id` is a
  * parsed request's (rq.id: every byte initialised, past its NUL too). */
 session_t *session__find(conn_t *c, const char id[PROTO_ID_MAX + 1]);
-/** Queues `r` at the tail of the session's FIFO and runs the FIFO. */
-void session__enqueue(session_t *sess, req_t *r);
 /** Runs the session's FIFO until a request is out with the workers or the
  * FIFO is empty; then settles the session (idle list, or freed). */
 void session__kick(session_t *sess);
@@ -34,13 +32,59 @@ void session__discard(session_t *sess);
 /** Takes an idle session off the idle list. */
 void session__lru_remove(server_t *s, session_t *sess);
 
+/** Queues `r` at the tail of the session's FIFO and runs the FIFO.
+ * Inline: every start, step and finish is queued. */
+static inline void session__enqueue(session_t *sess, req_t *r)
+{
+    r->session = sess;
+    r->state = REQ_WAITING;
+    r->session_next = NULL;
+    if (sess->fifo_tail != NULL)
+        sess->fifo_tail->session_next = r;
+    else
+        sess->fifo_head = r;
+    sess->fifo_tail = r;
+    if (sess->in_lru)
+        session__lru_remove(sess->conn->server, sess);
+    session__kick(sess);
+}
+
+/** The connection share's bound in bytes (--max-connection-share of
+ * --cache-mb); no bound of its own when the share is the whole pool. */
+static inline uint64_t session__share_cap(const server_config_t *cfg)
+{
+    return (uint64_t)((double)(cfg->cache_mb << 20) * cfg->max_conn_share);
+}
+
+/** session__share_charge() in full: its admission of a new session, its
+ * refusals with their messages. */
+int session__share_charge_full(conn_t *c, session_t *sess, const model_t *m, uint64_t entries,
+                               bool start, bool new_session, slotd_error_t *err);
+
 /** Checks a start or step of `entries` positions of `m` against the
  * connection's share of the pool (--max-connection-share,
  * --max-sessions-per-connection; `new_session`: a start of an id not in
  * the map), and with `sess` charges it.  SLOTD_OK or the code of the error
- * set in `err`. */
-int session__share_charge(conn_t *c, session_t *sess, const model_t *m, uint64_t entries,
-                          bool start, bool new_session, slotd_error_t *err);
+ * set in `err`.  Inline for what every step asks, the bytes admitted; the
+ * rest in session__share_charge_full(). */
+static inline int session__share_charge(conn_t *c, session_t *sess, const model_t *m,
+                                        uint64_t entries, bool start, bool new_session,
+                                        slotd_error_t *err)
+{
+    const server_config_t *cfg = c->server->cfg;
+    uint64_t need;
+
+    if (new_session || m == NULL)
+        return session__share_charge_full(c, sess, m, entries, start, new_session, err);
+    need = entries * model_entry_size(m) + (start ? model_state_size(m) : 0);
+    if (cfg->max_conn_share < 1.0 && c->share_bytes + need > session__share_cap(cfg))
+        return session__share_charge_full(c, sess, m, entries, start, new_session, err);
+    if (sess != NULL) {
+        sess->charged += need;
+        c->share_bytes += need;
+    }
+    return SLOTD_OK;
+}
 /** Charges `sess` with what a step of `entries` positions of `m`, which
  * session__share_charge() has admitted, adds to its connection's share.
  * Inline: every step does it. */
