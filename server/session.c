@@ -277,9 +277,7 @@ void session__detach(conn_t *c)
 
 /* ---- The session's FIFO ---- */
 
-/* The session has nothing queued or running: it goes on the idle list if
- * it is live, or is freed if nothing can reach it any more. */
-static void session_settle(session_t *sess)
+void session__settle(session_t *sess)
 {
     server_t *s = sess->conn->server;
 
@@ -320,7 +318,7 @@ static bool session_finish(session_t *sess, req_t *r)
 /* Answers `r`, taken from the head of the session's FIFO, which does not
  * run as a job: a drain, a finish, a step with no live session, a start
  * of an id already live.  False if the connection closed (no memory).  Out
- * of line: session__kick() stays small for the jobs, most requests. */
+ * of line: session__run_fifo() stays small for the jobs, most requests. */
 static __attribute__((noinline)) bool session_answer(session_t *sess, req_t *r)
 {
     slotd_error_t err;
@@ -345,7 +343,7 @@ static __attribute__((noinline)) bool session_answer(session_t *sess, req_t *r)
 
 /* Starts the session's next requests until one is out with the workers
  * or the FIFO is empty. */
-void session__kick(session_t *sess)
+void session__run_fifo(session_t *sess)
 {
     req_t *r;
 
@@ -353,9 +351,7 @@ void session__kick(session_t *sess)
         sess->fifo_head = r->session_next;
         if (sess->fifo_head == NULL)
             sess->fifo_tail = NULL;
-        if (!sess->conn->server->draining && r->rq.op != PROTO_OP_FINISH &&
-            !(r->rq.op == PROTO_OP_STEP && !sess->has_slot) &&
-            !(r->rq.op == PROTO_OP_START && sess->has_slot)) {
+        if (session__runs(sess, r)) {
             sess->running = r;
             launch__req(r);
         } else if (!session_answer(sess, r)) {
@@ -363,7 +359,7 @@ void session__kick(session_t *sess)
         }
     }
     if (sess->running == NULL)
-        session_settle(sess);
+        session__settle(sess);
 }
 
 static void session_expire(session_t *sess)

@@ -5,6 +5,7 @@
 #ifndef SLOTD_SERVER_SESSION_INT_H
 #define SLOTD_SERVER_SESSION_INT_H
 
+#include "launch_int.h"
 #include "server_int.h"
 
 /** A zeroed session record, or NULL (ENOMEM).  The caller owns it until
@@ -20,9 +21,21 @@ void session__shed(server_t *s, size_t n);
 /** The session record of `c` that the id names, or NULL.  `id` is a
  * parsed request's (rq.id: every byte initialised, past its NUL too). */
 session_t *session__find(conn_t *c, const char id[PROTO_ID_MAX + 1]);
+/** session__kick() with requests queued: runs them. */
+void session__run_fifo(session_t *sess);
+/** session__kick() with nothing queued or running: the session goes on
+ * the idle list if it is live, or is freed if nothing can reach it. */
+void session__settle(session_t *sess);
 /** Runs the session's FIFO until a request is out with the workers or the
- * FIFO is empty; then settles the session (idle list, or freed). */
-void session__kick(session_t *sess);
+ * FIFO is empty; then settles the session (idle list, or freed).  Inline:
+ * as a step's job comes back its session has mostly nothing queued. */
+static inline void session__kick(session_t *sess)
+{
+    if (sess->running == NULL && sess->fifo_head == NULL)
+        session__settle(sess);
+    else
+        session__run_fifo(sess);
+}
 /** Takes the session out of its connection's map and the idle list: later
  * lines no longer see its id; its share comes back. */
 void session__unmap(session_t *sess);
@@ -32,20 +45,37 @@ void session__discard(session_t *sess);
 /** Takes an idle session off the idle list. */
 void session__lru_remove(server_t *s, session_t *sess);
 
+/** Whether `r`, at the head of its session's FIFO, runs as a job: a
+ * start of an id not live (yet), a step of a live session, no drain.
+ * session.c answers the others in the FIFO's order. */
+static inline bool session__runs(const session_t *sess, const req_t *r)
+{
+    return !sess->conn->server->draining && r->rq.op != PROTO_OP_FINISH &&
+           !(r->rq.op == PROTO_OP_STEP && !sess->has_slot) &&
+           !(r->rq.op == PROTO_OP_START && sess->has_slot);
+}
+
 /** Queues `r` at the tail of the session's FIFO and runs the FIFO.
- * Inline: every start, step and finish is queued. */
+ * Inline: every start, step and finish is queued, and most find their
+ * session idle with nothing queued: they go to launch__req() at once, as
+ * session__kick() would send them. */
 static inline void session__enqueue(session_t *sess, req_t *r)
 {
     r->session = sess;
     r->state = REQ_WAITING;
     r->session_next = NULL;
+    if (sess->in_lru)
+        session__lru_remove(sess->conn->server, sess);
+    if (sess->running == NULL && sess->fifo_head == NULL && session__runs(sess, r)) {
+        sess->running = r;
+        launch__req(r); /* which leaves it running (submitted or parked) */
+        return;
+    }
     if (sess->fifo_tail != NULL)
         sess->fifo_tail->session_next = r;
     else
         sess->fifo_head = r;
     sess->fifo_tail = r;
-    if (sess->in_lru)
-        session__lru_remove(sess->conn->server, sess);
     session__kick(sess);
 }
 
