@@ -220,6 +220,7 @@ struct conn {
      * --max-connection-share, session.c) and its auth (dispatch.c). */
     uint32_t share_sessions; /* its sessions in its map */
     uint64_t share_bytes;    /* the pool bytes they hold, or will once their requests run */
+    uint64_t share_cap;      /* 1 + its bound in bytes, once session__share_cap() computed it */
     bool authed;             /* presented the --auth-token-file token */
 };
 

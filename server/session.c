@@ -186,7 +186,6 @@ int session__share_charge_full(conn_t *c, session_t *sess, const model_t *m, uin
     const server_config_t *cfg = c->server->cfg;
     uint64_t need =
         m == NULL ? 0 : entries * model_entry_size(m) + (start ? model_state_size(m) : 0);
-    uint64_t cap = session__share_cap(cfg);
     const char *op = start ? "start" : "step";
 
     if (new_session) {
@@ -202,11 +201,11 @@ int session__share_charge_full(conn_t *c, session_t *sess, const model_t *m, uin
     }
     /* A share of the whole pool is no limit of its own: the pool refuses,
      * and says so, when the bytes run out. */
-    if (cfg->max_conn_share < 1.0 && c->share_bytes + need > cap)
+    if (cfg->max_conn_share < 1.0 && c->share_bytes + need > session__share_cap(c))
         return slotd_error_set(err, SLOTD_ECACHE_FULL,
                                "%s: this connection's share of the pool is used up: %" PRIu64
                                " of its %" PRIu64 " bytes (--max-connection-share)",
-                               op, c->share_bytes, cap);
+                               op, c->share_bytes, session__share_cap(c));
     if (sess != NULL) {
         sess->charged += need;
         c->share_bytes += need;

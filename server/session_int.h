@@ -80,10 +80,15 @@ static inline void session__enqueue(session_t *sess, req_t *r)
 }
 
 /** The connection share's bound in bytes (--max-connection-share of
- * --cache-mb); no bound of its own when the share is the whole pool. */
-static inline uint64_t session__share_cap(const server_config_t *cfg)
+ * --cache-mb), asked only when the share is less than the whole pool (so
+ * that the bound plus one fits): computed once per connection. */
+static inline uint64_t session__share_cap(conn_t *c)
 {
-    return (uint64_t)((double)(cfg->cache_mb << 20) * cfg->max_conn_share);
+    if (c->share_cap == 0) {
+        const server_config_t *cfg = c->server->cfg;
+        c->share_cap = (uint64_t)((double)(cfg->cache_mb << 20) * cfg->max_conn_share) + 1;
+    }
+    return c->share_cap - 1;
 }
 
 /** session__share_charge() in full: its admission of a new session, its
@@ -107,7 +112,7 @@ static inline int session__share_charge(conn_t *c, session_t *sess, const model_
     if (new_session || m == NULL)
         return session__share_charge_full(c, sess, m, entries, start, new_session, err);
     need = entries * model_entry_size(m) + (start ? model_state_size(m) : 0);
-    if (cfg->max_conn_share < 1.0 && c->share_bytes + need > session__share_cap(cfg))
+    if (cfg->max_conn_share < 1.0 && c->share_bytes + need > session__share_cap(c))
         return session__share_charge_full(c, sess, m, entries, start, new_session, err);
     if (sess != NULL) {
         sess->charged += need;
