@@ -181,7 +181,7 @@ void conn__update(conn_t *c)
 
     if (c->closed)
         return;
-    if (!s->draining)
+    if (c->park_head != NULL && !s->draining) /* the call only when a job is parked */
         launch__run_parked(c);
     if (c->input_done) {
         if (c->order_head == NULL && !c->writing && c->out.len == 0) {

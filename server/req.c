@@ -96,34 +96,42 @@ req_t *req__get(server_t *s)
 _Static_assert(offsetof(req_t, job) == 0 && offsetof(worker_job_t, flow) <= SERVER_REQ_ALIGN,
                "what a worker reads of a request's job under the lock is its first line");
 
-/* req__put() clears a record around its request. */
-_Static_assert(offsetof(req_t, rq) < offsetof(req_t, model) &&
-                   offsetof(req_t, model) < offsetof(req_t, reply) &&
+/* req__put() clears a record's fields in three runs: `job`, from
+ * `session` to `conn`, and from `model` to `cs` (in pieces small enough
+ * to be stored in line).  What lies outside them is set for
+ * every line before it is read (conn .. read_ns), reset by
+ * proto_request_free() (rq), written before it is read (cs), or kept
+ * (reply). */
+_Static_assert(offsetof(req_t, session) == sizeof(worker_job_t) &&
+                   offsetof(req_t, conn) < offsetof(req_t, rq) &&
+                   offsetof(req_t, read_ns) < offsetof(req_t, rq) &&
+                   offsetof(req_t, rq) < offsetof(req_t, model) &&
+                   offsetof(req_t, model) < offsetof(req_t, cs) &&
+                   offsetof(req_t, cs) < offsetof(req_t, reply) &&
                    offsetof(req_t, reply) < offsetof(req_t, canceled),
-               "req_t: rq, then model .. rc, then reply, then canceled");
+               "req_t: job .. state, conn .. read_ns, rq, model .. chain_cut, cs, reply, canceled");
 
 void req__put(server_t *s, req_t *r)
 {
-    proto_buf_t reply = r->reply;
+    proto_buf_t *reply = &r->reply;
 
     proto_request_free(&r->rq); /* which leaves it as proto_request_init() does */
     if (s->nfree_reqs >= MAX_FREE_REQS) {
-        proto_buf_free(&reply);
+        proto_buf_free(reply);
         free(r);
         return;
     }
-    if (reply.cap > MAX_KEPT_REPLY || s->free_reply_bytes + reply.cap > MAX_KEPT_REPLIES) {
-        proto_buf_free(&reply);
-        proto_buf_init(&reply);
+    if (reply->cap > MAX_KEPT_REPLY || s->free_reply_bytes + reply->cap > MAX_KEPT_REPLIES) {
+        proto_buf_free(reply);
+        proto_buf_init(reply);
     }
-    s->free_reply_bytes += reply.cap;
-    reply.len = 0;
-    /* Zero what comes before and after the request, which is clean
-     * already: a record is taken and given back for every line, and the
-     * request is most of it. */
-    memset(r, 0, offsetof(req_t, rq));
-    memset((char *)r + offsetof(req_t, model), 0, offsetof(req_t, reply) - offsetof(req_t, model));
-    r->reply = reply;
+    s->free_reply_bytes += reply->cap;
+    reply->len = 0;
+    /* A record is taken and given back for every line: only the fields
+     * that a line may find set are cleared (server_int.h, struct req). */
+    memset(&r->job, 0, sizeof(r->job));
+    memset(&r->session, 0, offsetof(req_t, conn) - offsetof(req_t, session));
+    memset((char *)r + offsetof(req_t, model), 0, offsetof(req_t, cs) - offsetof(req_t, model));
     atomic_store_explicit(&r->canceled, false, memory_order_relaxed);
     atomic_store_explicit(&r->started, false, memory_order_relaxed);
     r->order_next = s->free_reqs;

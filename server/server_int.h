@@ -82,13 +82,10 @@ typedef enum req_state {
 struct req {
     worker_job_t job; /* the pool's while REQ_RUNNING */
 
-    /* Loop thread only. */
-    conn_t *conn;
+    /* Loop thread only.  Cleared by req__put(), with `job`. */
     session_t *session;  /* start, step, finish: the session acted on */
-    req_t *order_next;   /* the connection's order FIFO; the free list */
     req_t *session_next; /* the session's FIFO */
     req_t *park_next;    /* conn->park_head while REQ_PARKED */
-    uint64_t seq;        /* the line's number on its connection */
     size_t reply_bound;  /* a job: its reply's most bytes; in conn->reserved while out */
     uint64_t need_bytes; /* pool room it may take, in conn->pending_bytes until REQ_DONE */
     uint32_t need_slots; /* slots likewise, in conn->pending_slots */
@@ -96,21 +93,30 @@ struct req {
     bool uncounted;      /* read behind a barrier: counted in requests_total when it lifts */
     req_state_t state;
 
+    /* Loop thread only.  Set for each line by whoever took the record
+     * (req__get(), req__order_append()), not cleared. */
+    conn_t *conn;
+    req_t *order_next; /* the connection's order FIFO; the free list */
+    uint64_t seq;      /* the line's number on its connection */
+    uint64_t read_ns;  /* uv_hrtime() of the read its line came in (the wait metrics) */
+
     /* The job's input: set by the loop before submit, read-only after.
-     * req__put() relies on the order of `rq`, `model` and `reply`. */
+     * req__put() relies on the order of `rq`, `model`, `cs` and `reply`. */
     proto_request_t rq;   /* owns tag and tokens */
     const model_t *model; /* start, logits, generate */
     uint64_t owner_key;   /* the connection's serial number */
     req_t *chain_next;    /* a step: the next step of its session run in the same job (launch.c) */
-    uint64_t read_ns;     /* uv_hrtime() of the read its line came in (the wait metrics) */
 
     /* The job's result: written by its worker while REQ_RUNNING, by the
      * loop thread otherwise. */
-    cache_session_t cs;  /* start: the new session; step: in and out */
     audit_tokens_t toks; /* audit on: the session's tokens, as `cs` (start: its prompt) */
     int rc;              /* SLOTD_OK, or the code of the error in `reply` */
     bool chain_cut;      /* ran, and its chain's later steps did not: they go back (launch.c) */
-    proto_buf_t reply;   /* owned; one reply line once REQ_DONE */
+    /* start: the new session; step: in and out.  Not cleared by
+     * req__put(): every job that reads it writes it first (a step's is its
+     * session's, copied at submit, launch.c; a start's worker fills it). */
+    cache_session_t cs;
+    proto_buf_t reply; /* owned; one reply line once REQ_DONE */
 
     /* Set by the loop thread when the connection has gone: a worker that
      * has not started the job skips it. */
@@ -214,6 +220,7 @@ struct conn {
      * --max-connection-share, session.c) and its auth (dispatch.c). */
     uint32_t share_sessions; /* its sessions in its map */
     uint64_t share_bytes;    /* the pool bytes they hold, or will once their requests run */
+    uint64_t share_cap;      /* 1 + its bound in bytes, once session__share_cap() computed it */
     bool authed;             /* presented the --auth-token-file token */
 };
 

@@ -89,11 +89,16 @@ static void idle_timer_arm(server_t *s)
 
 static void lru_add(server_t *s, session_t *sess)
 {
+    bool first = TAILQ_EMPTY(&s->lru);
+
     assert(!sess->in_lru);
     sess->idle_since = uv_now(&s->loop);
     sess->in_lru = true;
     TAILQ_INSERT_TAIL(&s->lru, sess, lru);
-    if (!uv_is_active((uv_handle_t *)&s->idle_timer))
+    /* While the list holds a session the timer is armed (idle_timer_cb()
+     * arms it again for the oldest; only a drain stops it, and a drain
+     * adds none): only the first may find it stopped. */
+    if (first && !uv_is_active((uv_handle_t *)&s->idle_timer))
         idle_timer_arm(s);
 }
 
@@ -175,13 +180,12 @@ void session__unmap(session_t *sess)
  * size plus the model's state, charged when a start or step is read and
  * given back when it fails or its session leaves the map: so a client
  * that pipelines cannot pass its share before its requests have run. */
-int session__share_charge(conn_t *c, session_t *sess, const model_t *m, uint64_t entries,
-                          bool start, bool new_session, slotd_error_t *err)
+int session__share_charge_full(conn_t *c, session_t *sess, const model_t *m, uint64_t entries,
+                               bool start, bool new_session, slotd_error_t *err)
 {
     const server_config_t *cfg = c->server->cfg;
     uint64_t need =
         m == NULL ? 0 : entries * model_entry_size(m) + (start ? model_state_size(m) : 0);
-    uint64_t cap = (uint64_t)((double)(cfg->cache_mb << 20) * cfg->max_conn_share);
     const char *op = start ? "start" : "step";
 
     if (new_session) {
@@ -197,11 +201,11 @@ int session__share_charge(conn_t *c, session_t *sess, const model_t *m, uint64_t
     }
     /* A share of the whole pool is no limit of its own: the pool refuses,
      * and says so, when the bytes run out. */
-    if (cfg->max_conn_share < 1.0 && c->share_bytes + need > cap)
+    if (cfg->max_conn_share < 1.0 && c->share_bytes + need > session__share_cap(c))
         return slotd_error_set(err, SLOTD_ECACHE_FULL,
                                "%s: this connection's share of the pool is used up: %" PRIu64
                                " of its %" PRIu64 " bytes (--max-connection-share)",
-                               op, c->share_bytes, cap);
+                               op, c->share_bytes, session__share_cap(c));
     if (sess != NULL) {
         sess->charged += need;
         c->share_bytes += need;
@@ -272,21 +276,20 @@ void session__detach(conn_t *c)
 
 /* ---- The session's FIFO ---- */
 
-/* The session has nothing queued or running: it goes on the idle list if
- * it is live, or is freed if nothing can reach it any more. */
-static void session_settle(session_t *sess)
+void session__settle(session_t *sess)
 {
-    conn_t *c = sess->conn;
-    server_t *s = c->server;
+    server_t *s = sess->conn->server;
 
     assert(sess->running == NULL && sess->fifo_head == NULL);
-    if (sess->in_map && !sess->has_slot) /* its starts failed: the id is free again */
+    if (sess->in_map && sess->has_slot) { /* live: after most steps */
+        if (!sess->in_lru && !s->draining && s->cfg->idle_timeout > 0)
+            lru_add(s, sess);
+        return;
+    }
+    if (sess->in_map) /* its starts failed: the id is free again */
         session__unmap(sess);
-    if (!sess->in_map && !sess->has_slot)
+    if (!sess->has_slot)
         session__discard(sess);
-    else if (sess->in_map && sess->has_slot && !sess->in_lru && !s->draining &&
-             s->cfg->idle_timeout > 0)
-        lru_add(s, sess);
 }
 
 /* Runs a finish that reached the front of its session's FIFO. */
@@ -311,59 +314,51 @@ static bool session_finish(session_t *sess, req_t *r)
     return true;
 }
 
-/* Starts the session's next requests until one is out with the workers
- * or the FIFO is empty. */
-void session__kick(session_t *sess)
+/* Answers `r`, taken from the head of the session's FIFO, which does not
+ * run as a job: a drain, a finish, a step with no live session, a start
+ * of an id already live.  False if the connection closed (no memory).  Out
+ * of line: session__run_fifo() stays small for the jobs, most requests. */
+static __attribute__((noinline)) bool session_answer(session_t *sess, req_t *r)
 {
-    conn_t *c = sess->conn;
-    req_t *r;
     slotd_error_t err;
 
+    if (sess->conn->server->draining) {
+        slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+        return req__fail(r, &err);
+    }
+    if (r->rq.op == PROTO_OP_FINISH)
+        return session_finish(sess, r);
+    session__give_back(sess, r);
+    if (r->rq.op == PROTO_OP_STEP) { /* its start failed */
+        slotd_error_set(&err, SLOTD_EUNKNOWN_ID, "step: no live session '%s' on this connection",
+                        r->rq.id);
+    } else { /* a start: the one before it succeeded */
+        assert(r->rq.op == PROTO_OP_START && sess->has_slot);
+        slotd_error_set(&err, SLOTD_EDUPLICATE_ID,
+                        "start: session '%s' is already live on this connection", r->rq.id);
+    }
+    return req__fail(r, &err);
+}
+
+/* Starts the session's next requests until one is out with the workers
+ * or the FIFO is empty. */
+void session__run_fifo(session_t *sess)
+{
+    req_t *r;
+
     while (sess->running == NULL && (r = sess->fifo_head) != NULL) {
-        bool ok = true;
         sess->fifo_head = r->session_next;
         if (sess->fifo_head == NULL)
             sess->fifo_tail = NULL;
-
-        if (c->server->draining) {
-            slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
-            ok = req__fail(r, &err);
-        } else if (r->rq.op == PROTO_OP_FINISH) {
-            ok = session_finish(sess, r);
-        } else if (r->rq.op == PROTO_OP_STEP && !sess->has_slot) {
-            session__give_back(sess, r);
-            slotd_error_set(&err, SLOTD_EUNKNOWN_ID,
-                            "step: no live session '%s' on this connection", r->rq.id);
-            ok = req__fail(r, &err);
-        } else if (r->rq.op == PROTO_OP_START && sess->has_slot) { /* the one before it succeeded */
-            session__give_back(sess, r);
-            slotd_error_set(&err, SLOTD_EDUPLICATE_ID,
-                            "start: session '%s' is already live on this connection", r->rq.id);
-            ok = req__fail(r, &err);
-        } else {
+        if (session__runs(sess, r)) {
             sess->running = r;
             launch__req(r);
+        } else if (!session_answer(sess, r)) {
+            return; /* the connection closed under us */
         }
-        if (!ok) /* the connection closed under us */
-            return;
     }
     if (sess->running == NULL)
-        session_settle(sess);
-}
-
-void session__enqueue(session_t *sess, req_t *r)
-{
-    r->session = sess;
-    r->state = REQ_WAITING;
-    r->session_next = NULL;
-    if (sess->fifo_tail != NULL)
-        sess->fifo_tail->session_next = r;
-    else
-        sess->fifo_head = r;
-    sess->fifo_tail = r;
-    if (sess->in_lru)
-        session__lru_remove(sess->conn->server, sess);
-    session__kick(sess);
+        session__settle(sess);
 }
 
 static void session_expire(session_t *sess)
@@ -378,8 +373,8 @@ static void session_expire(session_t *sess)
     conn__update(c); /* maybe quiet now */
 }
 
-session_t *session__find(conn_t *c, const char *id)
+session_t *session__find(conn_t *c, const char id[PROTO_ID_MAX + 1])
 {
-    session_map_node_t *n = session_map_find(&c->map, id);
+    session_map_node_t *n = session_map_find_idbuf(&c->map, id);
     return n != NULL ? container_of(n, session_t, node) : NULL;
 }

@@ -18,6 +18,9 @@
 #define MIN_BUCKETS 8
 
 static uint64_t sip_key[2];
+/* SipHash's state before the first word, from the key: computed once with
+ * it rather than for every id. */
+static uint64_t sip_v0[4];
 static pthread_once_t sip_once = PTHREAD_ONCE_INIT;
 
 static void sip_key_init(void)
@@ -29,6 +32,10 @@ static void sip_key_init(void)
         sip_key[0] = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15u ^ (uint64_t)getpid();
         sip_key[1] = (uint64_t)ts.tv_sec * 0xBF58476D1CE4E5B9u ^ (uintptr_t)&ts;
     }
+    sip_v0[0] = 0x736f6d6570736575ULL ^ sip_key[0];
+    sip_v0[1] = 0x646f72616e646f6dULL ^ sip_key[1];
+    sip_v0[2] = 0x6c7967656e657261ULL ^ sip_key[0];
+    sip_v0[3] = 0x7465646279746573ULL ^ sip_key[1];
 }
 
 #define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
@@ -50,21 +57,51 @@ static void sip_key_init(void)
         v2 = ROTL(v2, 32);                                                                         \
     } while (0)
 
+/* The 8 bytes at `p` as SipHash reads a word: little-endian. */
+static inline uint64_t sip_word(const unsigned char *p)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t m;
+    memcpy(&m, p, sizeof(m));
+    return m;
+#else
+    uint64_t m = 0;
+    for (int i = 7; i >= 0; i--)
+        m = (m << 8) | p[i];
+    return m;
+#endif
+}
+
+/* SipHash-1-3 of `nw` whole words `w` and the last word `b` (the 0-7
+ * bytes left, with the length in its top byte). */
+static inline uint64_t sip_words(const uint64_t *w, size_t nw, uint64_t b)
+{
+    uint64_t v0 = sip_v0[0], v1 = sip_v0[1], v2 = sip_v0[2], v3 = sip_v0[3];
+
+    for (size_t i = 0; i < nw; i++) {
+        v3 ^= w[i];
+        SIPROUND;
+        v0 ^= w[i];
+    }
+    v3 ^= b;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
 /* SipHash-1-3 (one compression round, three finalisation rounds). */
 static uint64_t siphash13(const unsigned char *in, size_t len)
 {
-    uint64_t k0 = sip_key[0], k1 = sip_key[1];
-    uint64_t v0 = 0x736f6d6570736575ULL ^ k0;
-    uint64_t v1 = 0x646f72616e646f6dULL ^ k1;
-    uint64_t v2 = 0x6c7967656e657261ULL ^ k0;
-    uint64_t v3 = 0x7465646279746573ULL ^ k1;
+    uint64_t v0 = sip_v0[0], v1 = sip_v0[1], v2 = sip_v0[2], v3 = sip_v0[3];
     uint64_t b = (uint64_t)len << 56;
     const unsigned char *end = in + (len & ~(size_t)7);
 
     for (; in != end; in += 8) {
-        uint64_t m = 0;
-        for (int i = 7; i >= 0; i--)
-            m = (m << 8) | in[i];
+        uint64_t m = sip_word(in);
         v3 ^= m;
         SIPROUND;
         v0 ^= m;
@@ -167,12 +204,13 @@ static void inline_key(uint64_t key[2], const char *id, size_t len)
     memcpy(key, b, 16);
 }
 
-session_map_node_t *session_map_find(const session_map_t *m, const char *id)
+/* The node whose slot has hash `h` and inline copy `key`, for the id `id`
+ * of `len` bytes. */
+static inline session_map_node_t *find_slot(const session_map_t *m, const char *id, size_t len,
+                                            uint64_t h, const uint64_t key[2])
 {
-    size_t len = strlen(id), mask = m->nbuckets - 1;
-    uint64_t h = session_map__hash((const unsigned char *)id, len), key[2];
+    size_t mask = m->nbuckets - 1;
 
-    inline_key(key, id, len);
     for (size_t i = h & mask;; i = (i + 1) & mask) {
         const session_map_slot_t *s = &m->slots[i];
         if (s->node == NULL)
@@ -184,6 +222,56 @@ session_map_node_t *session_map_find(const session_map_t *m, const char *id)
         if (len <= SESSION_MAP_INLINE_MAX || memcmp(s->node->id, id, len + 1) == 0)
             return s->node;
     }
+}
+
+session_map_node_t *session_map_find(const session_map_t *m, const char *id)
+{
+    size_t len = strlen(id);
+    uint64_t key[2];
+
+    inline_key(key, id, len);
+    return find_slot(m, id, len, session_map__hash((const unsigned char *)id, len), key);
+}
+
+#define ONES UINT64_C(0x0101010101010101)
+#define HIGHS UINT64_C(0x8080808080808080)
+
+/* The zero bytes of the word `w` (as sip_word() reads it) flagged by their
+ * high bit: exact for the first one, which is all that is used. */
+static inline uint64_t zero_bytes(uint64_t w)
+{
+    return (w - ONES) & ~w & HIGHS;
+}
+
+session_map_node_t *session_map_find_idbuf(const session_map_t *m,
+                                           const char id[PROTO_ID_MAX + 1])
+{
+    const unsigned char *p = (const unsigned char *)id;
+    uint64_t w[2], z, key[2];
+    size_t len;
+
+    /* The id's first one or two words, its length from the first NUL, and
+     * what lies past the NUL masked off: the hash is SipHash-1-3 of the
+     * id's bytes alone, as session_map_find() computes it.  A longer id,
+     * or a hash a test put in place, goes the plain way. */
+    if (session_map__hash != siphash13)
+        return session_map_find(m, id);
+    w[0] = sip_word(p);
+    if ((z = zero_bytes(w[0])) != 0) {
+        len = (size_t)__builtin_ctzll(z) >> 3;
+        key[0] = w[0] & ((UINT64_C(1) << (len * 8)) - 1);
+        key[1] = 0;
+        return find_slot(m, id, len, sip_words(w, 0, key[0] | (uint64_t)len << 56), key);
+    }
+    w[1] = sip_word(p + 8);
+    if ((z = zero_bytes(w[1])) != 0) {
+        len = (size_t)__builtin_ctzll(z) >> 3;
+        key[0] = w[0];
+        key[1] = w[1] & ((UINT64_C(1) << (len * 8)) - 1);
+        len += 8;
+        return find_slot(m, id, len, sip_words(w, 1, key[1] | (uint64_t)len << 56), key);
+    }
+    return session_map_find(m, id);
 }
 
 int session_map_insert(session_map_t *m, session_map_node_t *n)

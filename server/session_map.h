@@ -79,6 +79,14 @@ void session_map_free(session_map_t *m);
 /** The node with id `id`, or NULL. */
 session_map_node_t *session_map_find(const session_map_t *m, const char *id);
 
+/** session_map_find() for an id at the start of a buffer of
+ * PROTO_ID_MAX + 1 bytes that are all initialised, past the id's NUL too
+ * (a parsed request's `id`): the same node, found with fewer instructions
+ * (it reads the id a word at a time, and hashes an id of at most 15 bytes
+ * in line). */
+session_map_node_t *session_map_find_idbuf(const session_map_t *m,
+                                           const char id[PROTO_ID_MAX + 1]);
+
 /** Links `n` under n->id, which must not be in the map.  SLOTD_OK, or
  * SLOTD_ENOMEM if the map had to grow and could not (then `n` is not
  * linked).  The map does not own `n`. */

@@ -227,6 +227,14 @@ static void id_of(char *out, size_t cap, int k)
     out[PROTO_ID_MAX] = '\0';
 }
 
+/* Fills the bytes of `id` (PROTO_ID_MAX + 1) past its NUL with noise, as
+ * a request record's id holds what earlier ids left there. */
+static void id_noise(char *id)
+{
+    for (size_t j = strlen(id) + 1; j < PROTO_ID_MAX + 1; j++)
+        id[j] = (char)(rng_next() & 0xff);
+}
+
 /* `ops` random inserts, removals and finds over `universe` ids, each
  * checked against in_map[]; the map's invariants are checked every
  * `check_every` operations and at the end. */
@@ -253,7 +261,9 @@ static void random_ops(int universe, long ops, long check_every)
         unsigned what = (unsigned)(rng_next() % 8);
         if (what < 3) {
             id_of(id, sizeof(id), k);
+            id_noise(id);
             ck_assert_ptr_eq(session_map_find(&m, id), in_map[k] ? n[k] : NULL);
+            ck_assert_ptr_eq(session_map_find_idbuf(&m, id), in_map[k] ? n[k] : NULL);
         } else if (!in_map[k] && (filling || what == 3)) {
             ck_assert_int_eq(session_map_insert(&m, n[k]), 0);
             in_map[k] = true;
@@ -287,6 +297,52 @@ static void random_ops(int universe, long ops, long check_every)
     free(n);
     free(in_map);
 }
+
+/* session_map_find_idbuf() finds what session_map_find() finds, for ids
+ * of every length (either side of a word, of the inline copy, of the
+ * longest) followed by noise: bytes that are NUL, 0x80 or 0xff, and the
+ * id's own bytes again; and the id cut one byte short is not found. */
+START_TEST(test_find_idbuf)
+{
+    session_map_t m;
+    session_map_node_t *n[PROTO_ID_MAX + 1] = {NULL};
+    char id[PROTO_ID_MAX + 1];
+    const int fills[] = {0, 0x80, 0xff, 'a', -1};
+
+    ck_assert_int_eq(session_map_init(&m), 0);
+    for (size_t len = 1; len <= PROTO_ID_MAX; len++) {
+        for (size_t j = 0; j < len; j++)
+            id[j] = "abcdefghijklmnopqrstuvwxyz0123456789.:_-"[(len * 7 + j * 13) % 40];
+        id[len] = '\0';
+        n[len] = node_new(id);
+        if (len % 2 == 1) /* every other length: the others are looked for absent */
+            ck_assert_int_eq(session_map_insert(&m, n[len]), 0);
+    }
+    for (size_t f = 0; f < sizeof(fills) / sizeof(fills[0]); f++) {
+        for (size_t len = 1; len <= PROTO_ID_MAX; len++) {
+            memset(id, 0, sizeof(id));
+            memcpy(id, n[len]->id, len + 1);
+            if (fills[f] >= 0)
+                memset(id + len + 1, fills[f], sizeof(id) - len - 1);
+            else
+                id_noise(id);
+            ck_assert_ptr_eq(session_map_find_idbuf(&m, id), len % 2 == 1 ? n[len] : NULL);
+            ck_assert_ptr_eq(session_map_find_idbuf(&m, id), session_map_find(&m, id));
+            /* One byte shorter: another id, present or not by its length. */
+            if (len > 1) {
+                id[len - 1] = '\0';
+                ck_assert_ptr_null(session_map_find_idbuf(&m, id));
+            }
+        }
+    }
+    for (size_t len = 1; len <= PROTO_ID_MAX; len++) {
+        if (len % 2 == 1)
+            session_map_remove(&m, n[len]);
+        free(n[len]);
+    }
+    session_map_free(&m);
+}
+END_TEST
 
 START_TEST(test_random_against_reference)
 {
@@ -417,6 +473,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_long_and_similar_ids);
     tcase_add_test(tc, test_many_ids);
     tcase_add_test(tc, test_iteration);
+    tcase_add_test(tc, test_find_idbuf);
     tcase_add_test(tc, test_random_against_reference);
     tcase_add_test(tc, test_colliding_hashes);
     tcase_add_test(tc, test_iteration_removal_wraps);
