@@ -640,7 +640,7 @@ void dispatch__job_done(req_t *r)
         } else if (r->rq.op == PROTO_OP_START) {
             /* No trace: the steps and finish queued behind it get
              * unknown_id, a start queued behind it runs, and with nothing
-             * queued the id is free again (session.c: session_settle()). */
+             * queued the id is free again (session.c: session__settle()). */
             session__give_back(sess, r);
         } else {
             sess->cs = r->cs; /* a failed step left it as it was */
