@@ -150,8 +150,8 @@ void dispatch__observe_replies(server_t *s)
 {
     if (s->nreplied == 0)
         return;
-    metrics_observe_request_durations(METRICS_LOOP_SHARD, uv_hrtime(), s->replied_ns,
-                                      s->replied_op, s->nreplied);
+    metrics_observe_loop_request_durations(uv_hrtime(), s->replied_ns, s->replied_op,
+                                           s->nreplied);
     s->nreplied = 0;
 }
 

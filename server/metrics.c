@@ -5,7 +5,8 @@
  * daemon's start time.
  *
  * This file owns one static set of counters and gauges (`m`) and
- * METRICS_SHARDS copies of every histogram (`shards`).  The label sets a
+ * METRICS_SHARDS copies of every histogram (`shards`) for the workers, and
+ * one for the loop thread.  The label sets a
  * metric can carry are METRICS_LABEL_SETS below; the histogram bucket sets
  * METRICS_BUCKET_SETS.
  *
@@ -234,7 +235,17 @@ static struct {
 #undef XX
 } m;
 
-static metrics_shard_t shards[METRICS_SHARDS];
+/* The workers' copies, then the loop thread's own (METRICS_LOOP_SHARD),
+ * which only the loop writes. */
+#define METRICS_COPIES (METRICS_SHARDS + 1)
+static metrics_shard_t shards[METRICS_COPIES];
+
+/* The copy of histograms that `shard` (a worker's number, or
+ * METRICS_LOOP_SHARD) writes. */
+static inline metrics_shard_t *shard_of(unsigned shard)
+{
+    return &shards[shard == METRICS_LOOP_SHARD ? METRICS_SHARDS : shard % METRICS_SHARDS];
+}
 
 /* Jobs handed to the workers, and back begun or not (metrics_job_out()):
  * written by the loop thread only, so on a line of their own away from
@@ -250,6 +261,10 @@ static bool process_figures = true;
 #define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 #define STORE(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
 #define BUMP(x, v) atomic_fetch_add_explicit(&(x), (v), memory_order_relaxed)
+/* An add by the only thread that writes x: a load and a store, without
+ * BUMP's locked instruction (4 ns against 1 here), readers still seeing
+ * whole values. */
+#define BUMP1(x, v) STORE(x, LOAD(x) + (v))
 #define DROP(x, v) atomic_fetch_sub_explicit(&(x), (v), memory_order_relaxed)
 #define ZERO(arr)                                                                                  \
     for (size_t z_ = 0; z_ < sizeof(arr) / sizeof((arr)[0]); z_++)                                 \
@@ -402,24 +417,35 @@ static int render_buckets(proto_buf_t *b, const char *name, const char *lab, con
  * to four times, and halving over a few dozen bounds cost more than the
  * rest of the observation. */
 #define DEF_HISTOGRAM(stem, labels, arg)                                                           \
-    static inline void observe_##stem(metrics_shard_t *s_, uint64_t v, size_t l_)                  \
+    static inline size_t bucket_##stem(uint64_t v)                                                 \
     {                                                                                              \
         size_t i_ = first_##arg[v == 0 ? 0 : 64 - __builtin_clzll(v)];                             \
         while (i_ < NB_##arg && v > bounds_##arg[i_])                                              \
             i_++;                                                                                  \
-        BUMP(s_->stem.buckets[l_][i_], 1);                                                         \
+        return i_;                                                                                 \
+    }                                                                                              \
+    static inline void observe_##stem(metrics_shard_t *s_, uint64_t v, size_t l_)                  \
+    {                                                                                              \
+        BUMP(s_->stem.buckets[l_][bucket_##stem(v)], 1);                                           \
         BUMP(s_->stem.sum[l_], v);                                                                 \
+    }                                                                                              \
+    /* The same into the loop thread's own copy, by the loop thread. */                            \
+    __attribute__((unused)) static inline void observe_loop_##stem(uint64_t v, size_t l_)          \
+    {                                                                                              \
+        metrics_shard_t *s_ = &shards[METRICS_SHARDS];                                             \
+        BUMP1(s_->stem.buckets[l_][bucket_##stem(v)], 1);                                          \
+        BUMP1(s_->stem.sum[l_], v);                                                                \
     }                                                                                              \
     void metrics_observe_##stem(unsigned shard, uint64_t v METRICS_LABEL_PARAMC_##labels)          \
     {                                                                                              \
         size_t l_ = INDEX_##labels(label);                                                         \
         if (l_ < NL_##labels)                                                                      \
-            observe_##stem(&shards[shard % METRICS_SHARDS], v, l_);                                \
+            observe_##stem(shard_of(shard), v, l_);                                                \
     }                                                                                              \
     static uint64_t stem##_count(size_t l)                                                         \
     {                                                                                              \
         uint64_t n_ = 0;                                                                           \
-        for (size_t k_ = 0; k_ < METRICS_SHARDS; k_++)                                             \
+        for (size_t k_ = 0; k_ < METRICS_COPIES; k_++)                                             \
             for (size_t i_ = 0; i_ <= NB_##arg; i_++)                                              \
                 n_ += LOAD(shards[k_].stem.buckets[l][i_]);                                        \
         return n_;                                                                                 \
@@ -440,7 +466,7 @@ static int render_buckets(proto_buf_t *b, const char *name, const char *lab, con
     {                                                                                              \
         for (size_t l_ = 0; l_ < NL_##labels; l_++) {                                              \
             uint64_t counts_[NB_##arg + 1] = {0}, sum_ = 0;                                        \
-            for (size_t k_ = 0; k_ < METRICS_SHARDS; k_++) {                                       \
+            for (size_t k_ = 0; k_ < METRICS_COPIES; k_++) {                                       \
                 for (size_t i_ = 0; i_ <= NB_##arg; i_++)                                          \
                     counts_[i_] += LOAD(shards[k_].stem.buckets[l_][i_]);                          \
                 sum_ += LOAD(shards[k_].stem.sum[l_]);                                             \
@@ -485,7 +511,7 @@ void metrics_init(uint64_t now_ns)
 #define INIT_COUNTER(stem, labels) ZERO(m.stem);
 #define INIT_GAUGE(stem, labels) ZERO(m.stem);
 #define INIT_HISTOGRAM(stem, labels)                                                               \
-    for (size_t k_ = 0; k_ < METRICS_SHARDS; k_++) {                                               \
+    for (size_t k_ = 0; k_ < METRICS_COPIES; k_++) {                                               \
         for (size_t l_ = 0; l_ < NL_##labels; l_++)                                                \
             ZERO(shards[k_].stem.buckets[l_]);                                                     \
         ZERO(shards[k_].stem.sum);                                                                 \
@@ -496,7 +522,7 @@ void metrics_init(uint64_t now_ns)
 #define XX(kind, stem, labels, arg, name, help) INIT_##kind(stem, labels)
     METRICS_MAP(XX)
 #undef XX
-    for (size_t k = 0; k < METRICS_SHARDS; k++)
+    for (size_t k = 0; k < METRICS_COPIES; k++)
         STORE(shards[k].last_step_ns, 0);
     STORE(jobs.out, 0);
     STORE(jobs.back_started, 0);
@@ -516,7 +542,7 @@ static void stamp_step(metrics_shard_t *s, uint64_t now_ns)
 
 void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
 {
-    metrics_shard_t *s = &shards[shard % METRICS_SHARDS];
+    metrics_shard_t *s = shard_of(shard);
 
     observe_step_seconds(s, duration_ns, 0);
     stamp_step(s, now_ns);
@@ -524,29 +550,27 @@ void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
 
 void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
 {
-    metrics_shard_t *s = &shards[shard % METRICS_SHARDS];
+    metrics_shard_t *s = shard_of(shard);
 
     observe_step_seconds(s, duration_ns, 0);
     observe_batch_size(s, 1, 0);
     stamp_step(s, now_ns);
 }
 
-void metrics_observe_request_durations(unsigned shard, uint64_t now_ns, const uint64_t *read_ns,
-                                       const proto_op_t *ops, size_t n)
+void metrics_observe_loop_request_durations(uint64_t now_ns, const uint64_t *read_ns,
+                                            const proto_op_t *ops, size_t n)
 {
-    metrics_shard_t *s = &shards[shard % METRICS_SHARDS];
-
     for (size_t i = 0; i < n; i++) {
         size_t l = index_op(ops[i]);
         if (l < NL_op)
-            observe_request_duration(s, now_ns > read_ns[i] ? now_ns - read_ns[i] : 0, l);
+            observe_loop_request_duration(now_ns > read_ns[i] ? now_ns - read_ns[i] : 0, l);
     }
 }
 
 uint64_t metrics_last_step_ns(void)
 {
     uint64_t last = 0;
-    for (size_t k = 0; k < METRICS_SHARDS; k++) {
+    for (size_t k = 0; k < METRICS_COPIES; k++) {
         uint64_t t = LOAD(shards[k].last_step_ns);
         if (t > last)
             last = t;
@@ -613,15 +637,15 @@ static int render_last_step_age(proto_buf_t *b, const char *name, const proto_st
 
 void metrics_job_out(void)
 {
-    BUMP(jobs.out, 1);
+    BUMP1(jobs.out, 1);
 }
 
 void metrics_job_back(bool started)
 {
     if (started)
-        BUMP(jobs.back_started, 1);
+        BUMP1(jobs.back_started, 1);
     else
-        BUMP(jobs.back_unstarted, 1);
+        BUMP1(jobs.back_unstarted, 1);
 }
 
 /* The gauges of jobs out: begun is what slotd_request_wait_seconds has

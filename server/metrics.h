@@ -175,10 +175,11 @@ void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
 void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns);
 
 /** Observes n request durations in slotd_request_duration_seconds, each
- * from read_ns[i] to now_ns, with op label ops[i]: the loop thread's
- * replies of one turn at once (dispatch.c).  Any thread, as above. */
-void metrics_observe_request_durations(unsigned shard, uint64_t now_ns, const uint64_t *read_ns,
-                                       const proto_op_t *ops, size_t n);
+ * from read_ns[i] to now_ns, with op label ops[i]: the replies of one
+ * loop turn at once (dispatch.c).  Loop thread only: it writes the loop's
+ * copy (METRICS_LOOP_SHARD) without locked instructions. */
+void metrics_observe_loop_request_durations(uint64_t now_ns, const uint64_t *read_ns,
+                                            const proto_op_t *ops, size_t n);
 
 /** Monotonic ns of the last completed step; 0 if none yet. */
 uint64_t metrics_last_step_ns(void);
@@ -202,12 +203,14 @@ static inline void metrics_count_conn_timeout(void)
  * one back, begun (`started`) or not (taken back, canceled, or a chain's
  * step left unrun): with the observations of slotd_request_wait_seconds,
  * which a worker makes as it begins a job, they give the gauges
- * slotd_requests_waiting and slotd_requests_running.  Loop thread. */
+ * slotd_requests_waiting and slotd_requests_running.  Loop thread only
+ * (its counts are added without locked instructions). */
 void metrics_job_out(void);
 void metrics_job_back(bool started);
 
-/** The shard the loop thread observes into (metrics_observe_*()). */
-#define METRICS_LOOP_SHARD 15u
+/** The shard the loop thread observes into (metrics_observe_*()): a copy
+ * of its own, which no worker's number maps to. */
+#define METRICS_LOOP_SHARD 0xffffffffu
 
 /** Counts one step request handed to the workers, and one back from them
  * (run, or taken back unrun by a drain): their difference is the gauge

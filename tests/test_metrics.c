@@ -476,7 +476,7 @@ START_TEST(test_request_durations)
     const proto_op_t ops[] = {PROTO_OP_STEP, PROTO_OP_FINISH, PROTO_OP_STEP, (proto_op_t)999};
 
     metrics_init(1 * SEC);
-    metrics_observe_request_durations(METRICS_LOOP_SHARD, 2 * SEC, read, ops, 4);
+    metrics_observe_loop_request_durations(2 * SEC, read, ops, 4);
     /* step: 1 s, and 0 for a read stamped after the end (clamped, not
      * wrapped); finish: 1 us. */
     static const char *const want[] = {
