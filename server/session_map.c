@@ -72,8 +72,21 @@ static inline uint64_t sip_word(const unsigned char *p)
 #endif
 }
 
-/* SipHash-1-3 of `nw` whole words `w` and the last word `b` (the 0-7
- * bytes left, with the length in its top byte). */
+/* SipHash's end: the last word `b` (the 0-7 bytes left, with the length
+ * in its top byte) into the state v0..v3, and the finalisation rounds. */
+static inline uint64_t sip_finish(uint64_t v0, uint64_t v1, uint64_t v2, uint64_t v3, uint64_t b)
+{
+    v3 ^= b;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* SipHash-1-3 of `nw` whole words `w` and the last word `b`. */
 static inline uint64_t sip_words(const uint64_t *w, size_t nw, uint64_t b)
 {
     uint64_t v0 = sip_v0[0], v1 = sip_v0[1], v2 = sip_v0[2], v3 = sip_v0[3];
@@ -83,14 +96,7 @@ static inline uint64_t sip_words(const uint64_t *w, size_t nw, uint64_t b)
         SIPROUND;
         v0 ^= w[i];
     }
-    v3 ^= b;
-    SIPROUND;
-    v0 ^= b;
-    v2 ^= 0xff;
-    SIPROUND;
-    SIPROUND;
-    SIPROUND;
-    return v0 ^ v1 ^ v2 ^ v3;
+    return sip_finish(v0, v1, v2, v3, b);
 }
 
 /* SipHash-1-3 (one compression round, three finalisation rounds). */
@@ -133,14 +139,7 @@ static uint64_t siphash13(const unsigned char *in, size_t len)
     default:
         break;
     }
-    v3 ^= b;
-    SIPROUND;
-    v0 ^= b;
-    v2 ^= 0xff;
-    SIPROUND;
-    SIPROUND;
-    SIPROUND;
-    return v0 ^ v1 ^ v2 ^ v3;
+    return sip_finish(v0, v1, v2, v3, b);
 }
 
 uint64_t (*session_map__hash)(const unsigned char *id, size_t len) = siphash13;

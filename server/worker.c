@@ -125,43 +125,6 @@ struct worker_pool {
     worker_t *workers; /* nworkers of them, owned, cache-line aligned */
 };
 
-/* A cost in 16 bits: an 11-bit mantissa shifted left by a 5-bit exponent
- * (worker.h). */
-#define COST_MANT_BITS 11u
-#define COST_MANT_MAX ((1u << COST_MANT_BITS) - 1)
-#define COST_EXP_MAX 31u
-
-void worker_job_set_cost(worker_job_t *job, uint64_t ns)
-{
-    job->_cost = worker_cost_code(ns);
-}
-
-uint16_t worker_cost_code(uint64_t ns)
-{
-    unsigned bits = ns == 0 ? 0 : 64u - (unsigned)__builtin_clzll(ns), e;
-
-    if (bits <= COST_MANT_BITS)
-        return (uint16_t)ns;
-    /* ns / 2^e rounded up (a cost is never kept as 0, nor made cheaper),
-     * with e as small as keeps it in the mantissa. */
-    e = bits - COST_MANT_BITS;
-    ns = (ns >> e) + ((ns & (((uint64_t)1 << e) - 1)) != 0);
-    if (ns > COST_MANT_MAX) {
-        ns = (ns + 1) >> 1;
-        e++;
-    }
-    if (e > COST_EXP_MAX) {
-        e = COST_EXP_MAX;
-        ns = COST_MANT_MAX;
-    }
-    return (uint16_t)(e << COST_MANT_BITS | ns);
-}
-
-uint64_t worker_job_cost(const worker_job_t *job)
-{
-    return (uint64_t)(job->_cost & COST_MANT_MAX) << (job->_cost >> COST_MANT_BITS);
-}
-
 void worker_flow_init(worker_flow_t *f)
 {
     sched_flow_init(&f->_sched);

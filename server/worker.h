@@ -57,22 +57,52 @@ struct worker_job {
     bool _early; /* handed back by worker_job_handoff(): not counted out */
 };
 
-/** Sets the job's estimated run time, `ns` nanoseconds, which the
- * fairness between flows and the pool's batch_ns count (0 counts as
- * nothing).  Kept to about 0.1 %, in 16 bits. */
-void worker_job_set_cost(worker_job_t *job, uint64_t ns);
-
-/** The cost worker_job_set_cost() set, as kept. */
-uint64_t worker_job_cost(const worker_job_t *job);
+/* A cost in 16 bits: an 11-bit mantissa shifted left by a 5-bit exponent. */
+#define WORKER_COST_MANT_BITS 11u
+#define WORKER_COST_MANT_MAX ((1u << WORKER_COST_MANT_BITS) - 1)
+#define WORKER_COST_EXP_MAX 31u
 
 /** The 16-bit form worker_job_set_cost() keeps `ns` in (never 0 for a
  * cost that is not): for a caller that gives many jobs one cost, encoded
  * once, with worker_job_set_cost_code(). */
-uint16_t worker_cost_code(uint64_t ns);
+static inline uint16_t worker_cost_code(uint64_t ns)
+{
+    unsigned bits = ns == 0 ? 0 : 64u - (unsigned)__builtin_clzll(ns), e;
+
+    if (bits <= WORKER_COST_MANT_BITS)
+        return (uint16_t)ns;
+    /* ns / 2^e rounded up (a cost is never kept as 0, nor made cheaper),
+     * with e as small as keeps it in the mantissa. */
+    e = bits - WORKER_COST_MANT_BITS;
+    ns = (ns >> e) + ((ns & (((uint64_t)1 << e) - 1)) != 0);
+    if (ns > WORKER_COST_MANT_MAX) {
+        ns = (ns + 1) >> 1;
+        e++;
+    }
+    if (e > WORKER_COST_EXP_MAX) {
+        e = WORKER_COST_EXP_MAX;
+        ns = WORKER_COST_MANT_MAX;
+    }
+    return (uint16_t)(e << WORKER_COST_MANT_BITS | ns);
+}
 
 static inline void worker_job_set_cost_code(worker_job_t *job, uint16_t code)
 {
     job->_cost = code;
+}
+
+/** Sets the job's estimated run time, `ns` nanoseconds, which the
+ * fairness between flows and the pool's batch_ns count (0 counts as
+ * nothing).  Kept to about 0.1 %, in 16 bits. */
+static inline void worker_job_set_cost(worker_job_t *job, uint64_t ns)
+{
+    job->_cost = worker_cost_code(ns);
+}
+
+/** The cost worker_job_set_cost() set, as kept. */
+static inline uint64_t worker_job_cost(const worker_job_t *job)
+{
+    return (uint64_t)(job->_cost & WORKER_COST_MANT_MAX) << (job->_cost >> WORKER_COST_MANT_BITS);
 }
 
 /** A FIFO of jobs not yet submitted (or taken back).  A plain value owned
