@@ -129,7 +129,7 @@ static bool cost_note(_Atomic uint64_t *mean, uint64_t ns)
 }
 
 /* cost_note() of a step's time per position, with the encoded cost of a
- * one-position step kept beside the mean (job__step_cost_code()). */
+ * one-position step kept beside the mean (job__step1_code()). */
 static inline void cost_note_step(job_costs_t *c, uint64_t ns)
 {
     if (cost_note(&c->step_ns, ns))
