@@ -110,7 +110,7 @@ static uint64_t thread_cpu_ns(void)
 /* The measured times of model `m`'s preset; NULL for no model. */
 static job_costs_t *costs_of(const server_t *s, const model_t *m)
 {
-    return m != NULL ? (job_costs_t *)&s->costs[model_preset_index(m)] : NULL;
+    return m != NULL ? (job_costs_t *)job__costs(s, m) : NULL;
 }
 
 /* Adds `ns` per position to the running mean *mean, over about its last
@@ -507,14 +507,9 @@ static uint64_t chain_cost(const server_t *s, const req_t *r, const model_t *m, 
     return slice > 0 && sum > slice ? slice : sum;
 }
 
-static uint64_t chain_slice(const server_t *s)
-{
-    return job__chain_slice(s);
-}
-
 uint64_t job_chain_cost(const server_t *s, const req_t *r)
 {
-    return chain_cost(s, r, r->session->cs.model, chain_slice(s));
+    return chain_cost(s, r, r->session->cs.model, job__chain_slice(s));
 }
 
 /* Whether a step like `r` now costs more than job_chain_step_max(). */
@@ -531,13 +526,14 @@ static bool chain_too_dear(const server_t *s, const req_t *r)
  * loop as soon as it is answered (worker_job_handoff()), the next starting
  * from the state it left.  It stops at the first step that does not
  * succeed (or is canceled), the rest going back with it unrun; and at the
- * end of its slice (chain_slice()) the rest goes back to its connection's
- * flow (worker_job_requeue()), so that other connections get their turn. */
+ * end of its slice (job__chain_slice()) the rest goes back to its
+ * connection's flow (worker_job_requeue()), so that other connections get
+ * their turn. */
 void job_run(worker_t *w, worker_job_t *job, void *arg)
 {
     server_t *s = arg;
     req_t *r = container_of(job, req_t, job);
-    uint64_t slice = chain_slice(s), begin = worker_job_start(w);
+    uint64_t slice = job__chain_slice(s), begin = worker_job_start(w);
 
     for (;;) {
         req_t *next = r->chain_next;

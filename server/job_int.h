@@ -66,7 +66,7 @@ static inline uint64_t job_chain_step_max(const server_t *s)
 }
 
 /** The cost of the chain of steps from `r` on (r->chain_next), up to one
- * slice (job.c: chain_slice()): what a worker runs of it at once.  Loop
+ * slice (job__chain_slice()): what a worker runs of it at once.  Loop
  * thread. */
 uint64_t job_chain_cost(const server_t *s, const req_t *r);
 

@@ -198,11 +198,6 @@ size_t sched_active(const sched_t *s)
     return s->_active;
 }
 
-uint64_t sched_vtime(const sched_t *s)
-{
-    return s->_vtime;
-}
-
 uint64_t sched_served(const sched_flow_t *f)
 {
     return f->_served;

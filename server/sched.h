@@ -70,9 +70,6 @@ void sched_put_back(sched_t *s, sched_flow_t *f);
 /** Active flows. */
 size_t sched_active(const sched_t *s);
 
-/** The system's virtual time. */
-uint64_t sched_vtime(const sched_t *s);
-
 /** The cost served from `f` so far. */
 uint64_t sched_served(const sched_flow_t *f);
 
