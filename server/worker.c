@@ -80,6 +80,7 @@ struct worker {
     uint8_t local_lines[WORKER_TAKE_MAX][WORKER_HINTS];
     unsigned back; /* queue_lock: take_back's cursor in `local` */
     worker_job_t **batch; /* owned; pool->max_batch: the jobs of the batch running */
+    size_t nbatch;        /* jobs in `batch` as take_jobs() gathered them */
     bool requeue;         /* worker_job_requeue() on batch[0], the current job */
 
     uv_sem_t wake;          /* the worker sleeps on it; posted once per wake-up */
@@ -401,15 +402,42 @@ static bool do_steal_stuck(worker_t *w)
     return now > wp->wake_ns && do_steal(w, now - wp->wake_ns);
 }
 
+static size_t gather(worker_t *w, worker_job_t *first, bool locked);
+
+/* Ends a take: w's local batch is filled and its first job claimed.  The
+ * batch that job leads is gathered (w->nbatch) before queue_lock goes, so
+ * that a worker free at that moment cannot split it: two `base` steps run
+ * alone on two cores went at 0.73-0.85 times the speed of the two as one
+ * batch on one (see DESIGN).  Then a sleeper is woken for what is left,
+ * `queued` (wp->queued, or 0 to leave the queue out) and w's unclaimed
+ * jobs, if it is worth it.  Returns the first job.  Called with
+ * queue_lock held; releases it.  Worker w. */
+static worker_job_t *took(worker_t *w, size_t queued)
+{
+    worker_pool_t *wp = w->pool;
+    worker_job_t *first = w->local[0];
+    worker_t *wake;
+    unsigned claim;
+
+    w->batch[0] = first;
+    w->nbatch = first->lone ? 1 : gather(w, first, true);
+    claim = atomic_load_explicit(&w->claim, memory_order_relaxed);
+    wake = do_pick_sleeper(wp, queued + w->nlocal - claim);
+    pthread_mutex_unlock(&wp->queue_lock);
+    if (wake != NULL)
+        uv_sem_post(&wake->wake);
+    prefetch_local(w, claim);
+    return first;
+}
+
 /* Fills w's (empty) local batch with jobs stolen from a stuck worker's
  * local batch, else its share of the queue, else jobs stolen from another
  * local batch, sleeping until there are some; returns the first job of it,
- * already claimed, or NULL when the pool stops and nothing is left to
- * take.  Worker w. */
+ * already claimed and with its batch gathered (took()), or NULL when the
+ * pool stops and nothing is left to take.  Worker w. */
 static worker_job_t *take_jobs(worker_t *w)
 {
     worker_pool_t *wp = w->pool;
-    worker_t *wake = NULL;
     worker_job_t *job;
     uint64_t sum, bound;
     size_t n;
@@ -419,14 +447,8 @@ static worker_job_t *take_jobs(worker_t *w)
         /* Jobs in the local batch of a stuck worker were taken off the
          * queue before anything still in it: they come first, or a queue
          * the loop keeps busy would leave them there for good. */
-        if (wp->queued > 0 ? do_steal_stuck(w) : do_steal(w, 0)) {
-            wake = do_pick_sleeper(wp, w->nlocal - 1);
-            pthread_mutex_unlock(&wp->queue_lock);
-            if (wake != NULL)
-                uv_sem_post(&wake->wake);
-            prefetch_local(w, 1);
-            return w->local[0];
-        }
+        if (wp->queued > 0 ? do_steal_stuck(w) : do_steal(w, 0))
+            return took(w, 0);
         if (wp->queued > 0)
             break;
         if (wp->stopping) { /* nothing left to run but what others hold */
@@ -451,8 +473,11 @@ static worker_job_t *take_jobs(worker_t *w)
      * on cheap jobs; a job dearer than wake_ns is worth a trip of its
      * own, and a cheap one taken behind it would wait for it even with
      * another worker free (a gather runs the dear one as a batch first).
-     * The jobs of one flow are taken in a run and charged at once: one
-     * operation of the scheduler's heap per run, not per job. */
+     * Nor does a job that does not fit join jobs taken before it: a
+     * `base` step behind a `tiny` one would run apart from the `base`
+     * step queued with it, not as one batch with it.  The jobs of one
+     * flow are taken in a run and charged at once: one operation of the
+     * scheduler's heap per run, not per job. */
     bound = wp->batch_ns;
     if (wp->wake_ns > 0 && (bound == 0 || wp->wake_ns < bound))
         bound = wp->wake_ns;
@@ -460,7 +485,7 @@ static worker_job_t *take_jobs(worker_t *w)
         worker_flow_t *f = do_next_flow(wp);
         uint64_t run = 0;
         unsigned first = w->nlocal;
-        if (w->nlocal > 0 && bound > 0 && sum >= bound)
+        if (w->nlocal > 0 && bound > 0 && sum + worker_job_cost(f->_head) > bound)
             break;
         do {
             job = f->_head;
@@ -471,7 +496,8 @@ static worker_job_t *take_jobs(worker_t *w)
             memcpy(w->local_hint[w->nlocal], job->hint, sizeof(job->hint));
             memcpy(w->local_lines[w->nlocal], job->hint_lines, sizeof(job->hint_lines));
             w->nlocal++;
-        } while (w->nlocal < n && f->_head != NULL && (bound == 0 || sum + run < bound));
+        } while (w->nlocal < n && f->_head != NULL &&
+                 (bound == 0 || sum + run + worker_job_cost(f->_head) <= bound));
         if (f->_head == NULL)
             f->_tail = NULL;
         sched_serve(&wp->sched, run, f->_head != NULL);
@@ -479,12 +505,7 @@ static worker_job_t *take_jobs(worker_t *w)
         sum += run;
     }
     atomic_store_explicit(&w->claim, 1, memory_order_relaxed);
-    wake = do_pick_sleeper(wp, wp->queued + w->nlocal - 1);
-    pthread_mutex_unlock(&wp->queue_lock);
-    if (wake != NULL)
-        uv_sem_post(&wake->wake);
-    prefetch_local(w, 1);
-    return w->local[0];
+    return took(w, wp->queued);
 }
 
 /* Adds a job's time `ns` to w's running mean, over about its last eight
@@ -510,8 +531,9 @@ static bool batch_fits(const worker_pool_t *wp, uint64_t sum, uint64_t cost)
  * queued jobs in the order the scheduler serves them, at most w's fair
  * share of the queue (its jobs over the workers, rounded up), passing
  * over the flows whose next job the callback turns down, WORKER_GATHER_SCAN
- * at most.  Returns how many.  Worker w. */
-static size_t gather(worker_t *w, worker_job_t *first)
+ * at most.  Returns how many.  `locked`: the caller holds queue_lock (and
+ * keeps it), else gather() takes it for the queue.  Worker w. */
+static size_t gather(worker_t *w, worker_job_t *first, bool locked)
 {
     worker_pool_t *wp = w->pool;
     worker_flow_t *skipped[WORKER_GATHER_SCAN], *f;
@@ -534,7 +556,8 @@ static size_t gather(worker_t *w, worker_job_t *first)
     if (n == wp->max_batch)
         return n;
 
-    pthread_mutex_lock(&wp->queue_lock);
+    if (!locked)
+        pthread_mutex_lock(&wp->queue_lock);
     share = (wp->queued + wp->nworkers - 1) / wp->nworkers;
     for (unsigned k = 0, idle = 0; k < wp->nworkers; k++) {
         /* Nobody else free to take the rest: take what is ready. */
@@ -565,7 +588,8 @@ static size_t gather(worker_t *w, worker_job_t *first)
     }
     while (nskip > 0)
         sched_put_back(&wp->sched, &skipped[--nskip]->_sched);
-    pthread_mutex_unlock(&wp->queue_lock);
+    if (!locked)
+        pthread_mutex_unlock(&wp->queue_lock);
     return n;
 }
 
@@ -630,12 +654,16 @@ static void *worker_main(void *arg)
          * the next (its completion included), or to the moment the worker
          * goes back to the queue: one clock reading per job. */
         job = claim_local(w);
-        if (job == NULL) {
+        if (job != NULL) {
+            w->batch[0] = job;
+            n = job->lone ? 1 : gather(w, job, false);
+        } else {
             if (last != 0)
                 note_job_ns(w, uv_hrtime() - last);
             last = 0;
             if ((job = take_jobs(w)) == NULL)
                 break;
+            n = w->nbatch;
         }
         t0 = uv_hrtime();
         /* A batch's time counts as its jobs' mean. */
@@ -644,12 +672,6 @@ static void *worker_main(void *arg)
         last = t0;
 
         atomic_store_explicit(&w->job_start, t0, memory_order_relaxed);
-        if (job->lone) {
-            w->batch[0] = job;
-            n = 1;
-        } else {
-            n = gather(w, job);
-        }
         if (n == 1)
             wp->run(w, job, wp->arg);
         else

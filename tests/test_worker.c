@@ -16,7 +16,8 @@
  * while the loop keeps the queue busy.  The jobs' prefetch hints are
  * never read through.  With batches, every batch holds jobs the group
  * callback admits together, within the limit, and every job still runs
- * once or is given back.
+ * once or is given back; two jobs that batch are not split between two
+ * workers by a job beside them that does not.
  */
 #include <check.h>
 #include <pthread.h>
@@ -832,6 +833,55 @@ START_TEST(test_batch_bound_fair)
 }
 END_TEST
 
+/* Two jobs that batch stay one batch beside a job that does not
+ * (worker.c, take_jobs() and took()): C (alone, dear, held) and D1, D2
+ * (one kind, each on its own flow) are queued to two sleeping workers.
+ * The worker that takes C must not take D1 behind it (C and D1 overrun
+ * the bound, 2.1 ms), and the other takes D1 and gathers D2 while both
+ * are still queued: D1 and D2 run as one batch of 2, while C is held. */
+START_TEST(test_batch_not_split_beside_alone)
+{
+    uv_loop_t loop;
+    worker_pool_config_t cfg = {2, 64, 16, 16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
+                                group_cb, run_batch_max_cb, BATCH_MAX, 2100000};
+    worker_pool_t *wp = NULL;
+    test_job_t jobs[3];
+    worker_flow_t f[3];
+    worker_batch_t b = WORKER_BATCH_INIT;
+
+    atomic_store(&started, 0);
+    atomic_store(&gate_open, 0);
+    atomic_store(&rendezvous, 0);
+    atomic_store(&max_batch_seen, 0);
+    done_count = 0;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
+    memset(jobs, 0, sizeof(jobs));
+    wait_asleep(wp, 2);
+    for (int k = 0; k < 3; k++) {
+        worker_flow_init(&f[k]);
+        jobs[k].index = k == 0 ? 0 : 3 * k + 1; /* C kind 0 (alone), D1 and D2 kind 1 */
+        jobs[k].job.flow = &f[k];
+        worker_job_set_cost(&jobs[k].job, k == 0 ? 1200000 : 1000000);
+        worker_batch_push(&b, &jobs[k].job);
+    }
+    atomic_store(&gated_index, 0);
+    worker_pool_submit(wp, &b);
+    for (int ms = 0; done_count < 2 && ms < 5000; ms++) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        sleep_ms(1);
+    }
+    ck_assert_msg(done_count == 2, "D1 and D2 not both done while C is held (%d done)",
+                  done_count);
+    ck_assert_int_eq(atomic_load(&jobs[0].ran), 0);
+    ck_assert_msg(atomic_load(&max_batch_seen) == 2, "D1 and D2 ran apart, not as one batch");
+    atomic_store(&gate_open, 1);
+    while (done_count < 3)
+        uv_run(&loop, UV_RUN_ONCE);
+    pool_end(&loop, wp);
+}
+END_TEST
+
 /* A run that goes on along t->chain_next (worker.h, "Chains"). */
 static void chain_run_cb(worker_t *w, worker_job_t *job, void *arg)
 {
@@ -967,6 +1017,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_cost_kept);
     tcase_add_test(tc, test_take_back_flows);
     tcase_add_test(tc, test_batch_bound_fair);
+    tcase_add_test(tc, test_batch_not_split_beside_alone);
     tcase_add_test(tc, test_chain_handoff_requeue);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
