@@ -483,21 +483,24 @@ static worker_job_t *take_jobs(worker_t *w)
         bound = wp->wake_ns;
     for (w->nlocal = 0, sum = 0; w->nlocal < n;) {
         worker_flow_t *f = do_next_flow(wp);
-        uint64_t run = 0;
+        uint64_t run = 0, cost = worker_job_cost(f->_head);
         unsigned first = w->nlocal;
-        if (w->nlocal > 0 && bound > 0 && sum + worker_job_cost(f->_head) > bound)
+        if (w->nlocal > 0 && bound > 0 && sum + cost > bound)
             break;
-        do {
+        for (;;) {
             job = f->_head;
             f->_head = job->next;
-            run += worker_job_cost(job);
+            run += cost;
             w->local[w->nlocal] = job;
             w->local_seq[w->nlocal] = ++wp->taken;
             memcpy(w->local_hint[w->nlocal], job->hint, sizeof(job->hint));
             memcpy(w->local_lines[w->nlocal], job->hint_lines, sizeof(job->hint_lines));
-            w->nlocal++;
-        } while (w->nlocal < n && f->_head != NULL &&
-                 (bound == 0 || sum + run + worker_job_cost(f->_head) <= bound));
+            if (++w->nlocal == n || f->_head == NULL)
+                break;
+            cost = worker_job_cost(f->_head);
+            if (bound > 0 && sum + run + cost > bound)
+                break;
+        }
         if (f->_head == NULL)
             f->_tail = NULL;
         sched_serve(&wp->sched, run, f->_head != NULL);
@@ -524,15 +527,16 @@ static bool batch_fits(const worker_pool_t *wp, uint64_t sum, uint64_t cost)
     return wp->batch_ns == 0 || sum == 0 || sum + cost <= wp->batch_ns;
 }
 
-/* Gathers the batch that `first` (just claimed) leads into w->batch:
- * first, then the jobs the group callback admits with it, up to max_batch
- * in all and while their costs fit in batch_ns: the unstarted jobs of w's
- * local batch that follow at once (claimed as claim_local() claims), then
- * queued jobs in the order the scheduler serves them, at most w's fair
- * share of the queue (its jobs over the workers, rounded up), passing
- * over the flows whose next job the callback turns down, WORKER_GATHER_SCAN
- * at most.  Returns how many.  `locked`: the caller holds queue_lock (and
- * keeps it), else gather() takes it for the queue.  Worker w. */
+/* Gathers the batch that `first` (just claimed, and in w->batch[0])
+ * leads into w->batch: first, then the jobs the group callback admits
+ * with it, up to max_batch in all and while their costs fit in batch_ns:
+ * the unstarted jobs of w's local batch that follow at once (claimed as
+ * claim_local() claims), then queued jobs in the order the scheduler
+ * serves them, at most w's fair share of the queue (its jobs over the
+ * workers, rounded up), passing over the flows whose next job the
+ * callback turns down, WORKER_GATHER_SCAN at most.  Returns how many.
+ * `locked`: the caller holds queue_lock (and keeps it), else gather()
+ * takes it for the queue.  Worker w. */
 static size_t gather(worker_t *w, worker_job_t *first, bool locked)
 {
     worker_pool_t *wp = w->pool;
@@ -541,7 +545,6 @@ static size_t gather(worker_t *w, worker_job_t *first, bool locked)
     uint64_t sum = worker_job_cost(first);
     unsigned i;
 
-    w->batch[0] = first;
     if (wp->max_batch < 2 || !wp->group(first, NULL, wp->arg))
         return 1;
     i = atomic_load_explicit(&w->claim, memory_order_relaxed);
