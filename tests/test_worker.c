@@ -790,26 +790,36 @@ static void run_batch_max_cb(worker_t *w, worker_job_t **jobs, size_t n, void *a
         run_cb(w, jobs[i], arg);
 }
 
+/* A pool of `threads` workers with batches (kinds 1 and 2, BATCH_MAX
+ * at most, within batch_ns) that note their largest in max_batch_seen. */
+static worker_pool_t *pool_new_batch(uv_loop_t *loop, unsigned threads, uint64_t batch_ns)
+{
+    worker_pool_config_t cfg = {threads, 64, 16, 16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
+                                group_cb, run_batch_max_cb, BATCH_MAX, batch_ns};
+    worker_pool_t *wp = NULL;
+
+    atomic_store(&started, 0);
+    atomic_store(&gate_open, 0);
+    atomic_store(&gated_index, -1);
+    atomic_store(&rendezvous, 0);
+    atomic_store(&max_batch_seen, 0);
+    done_count = 0;
+    ck_assert_int_eq(uv_loop_init(loop), 0);
+    ck_assert_int_eq(worker_pool_create(loop, &cfg, &wp), 0);
+    return wp;
+}
+
 /* Batches within batch_ns, filled fairly: jobs of cost 1000 with a bound
  * of 3000 make batches of 3 at most; the one job of flow B, queued after
  * 60 of flow A, runs in the second batch (the first was taken at once). */
 START_TEST(test_batch_bound_fair)
 {
     uv_loop_t loop;
-    worker_pool_config_t cfg = {1, 64, 16, 16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
-                                group_cb, run_batch_max_cb, BATCH_MAX, 3000};
-    worker_pool_t *wp = NULL;
+    worker_pool_t *wp = pool_new_batch(&loop, 1, 3000);
     test_job_t *jobs = calloc(62, sizeof(*jobs));
     worker_flow_t fa, fb;
     worker_batch_t b = WORKER_BATCH_INIT;
 
-    atomic_store(&started, 0);
-    atomic_store(&gate_open, 0);
-    atomic_store(&rendezvous, 0);
-    atomic_store(&max_batch_seen, 0);
-    done_count = 0;
-    ck_assert_int_eq(uv_loop_init(&loop), 0);
-    ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
     worker_flow_init(&fa);
     worker_flow_init(&fb);
     jobs[0].index = 0; /* kind 0: runs alone */
@@ -842,20 +852,11 @@ END_TEST
 START_TEST(test_batch_not_split_beside_alone)
 {
     uv_loop_t loop;
-    worker_pool_config_t cfg = {2, 64, 16, 16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
-                                group_cb, run_batch_max_cb, BATCH_MAX, 2100000};
-    worker_pool_t *wp = NULL;
+    worker_pool_t *wp = pool_new_batch(&loop, 2, 2100000);
     test_job_t jobs[3];
     worker_flow_t f[3];
     worker_batch_t b = WORKER_BATCH_INIT;
 
-    atomic_store(&started, 0);
-    atomic_store(&gate_open, 0);
-    atomic_store(&rendezvous, 0);
-    atomic_store(&max_batch_seen, 0);
-    done_count = 0;
-    ck_assert_int_eq(uv_loop_init(&loop), 0);
-    ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
     memset(jobs, 0, sizeof(jobs));
     wait_asleep(wp, 2);
     for (int k = 0; k < 3; k++) {
