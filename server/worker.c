@@ -407,7 +407,7 @@ static size_t gather(worker_t *w, worker_job_t *first, bool locked);
 /* Ends a take: w's local batch is filled and its first job claimed.  The
  * batch that job leads is gathered (w->nbatch) before queue_lock goes, so
  * that a worker free at that moment cannot split it: two `base` steps run
- * alone on two cores went at 0.73-0.85 times the speed of the two as one
+ * alone on two cores went at 0.73-0.87 times the speed of the two as one
  * batch on one (see DESIGN).  Then a sleeper is woken for what is left,
  * `queued` (wp->queued, or 0 to leave the queue out) and w's unclaimed
  * jobs, if it is worth it.  Returns the first job.  Called with
