@@ -143,10 +143,9 @@ check "SLOTD_PRELOAD=small: small is built at start, tiny is not" \
 # A job longer than the wedge timeout turns /health to 503 while it runs.
 # Test builds wedge a job on purpose (--fault-wedge-after: the N-th job
 # holds its worker until SIGUSR1), on a daemon of its own so that the count
-# starts at its first job; elsewhere an uncached generate of 1000 steps on
-# small stands in (its cost grows as the square of the steps: 240 of them
-# took 0.25 s in a Release build on a fast core, 1000 about 4 s), and runs
-# on until the drain below ends it.
+# starts at its first job; elsewhere an uncached generate of 500 steps on
+# small stands in (2.3 s in a Release build on a fast core, where 240 took
+# 0.3 s), and runs on until the drain below ends it.
 wedged() { [ "$(health_code "$1")" = 503 ]; }
 if grep -q -- '--fault-wedge-after' <<<"$help"; then
   pw=$(free_port) && aw=$(free_port "$pw") || { fail "no free port"; exit 1; }
@@ -166,7 +165,7 @@ if grep -q -- '--fault-wedge-after' <<<"$help"; then
   kill -TERM "$wpid"; wait "$wpid"
 else
   exec {fd}<>"/dev/tcp/127.0.0.1/$p"
-  printf '%s\n' '{"op":"generate","model":"small","tokens":[1],"steps":1000}' >&"$fd"
+  printf '%s\n' '{"op":"generate","model":"small","tokens":[1],"steps":500}' >&"$fd"
   if wait_for 8 wedged "$a"; then
     pass "SLOTD_WEDGE_TIMEOUT=1: /health is 503 while one job runs past 1 s"
   else
