@@ -328,8 +328,8 @@ static void job_begun(unsigned shard, uint64_t t, const req_t *r)
 
 /* Whether step job `cand` may join the batch `first` leads (worker.h's
  * group callback): both single steps (n = 1) of sessions of one model whose
- * batch calls share the weights (model_batch_shares()), not canceled, and
- * neither the head of a chain (job_run() runs those).
+ * batch calls share the weights (model_batch_shares()), not canceled; a
+ * chain's head may (job_run_batch() runs a batch of chains in rounds).
  * Reads only what the loop set before submitting: op, n and the session's
  * model in `cs`, and the atomic `canceled`. */
 bool job_group(const worker_job_t *first, const worker_job_t *cand, void *arg)
@@ -337,14 +337,13 @@ bool job_group(const worker_job_t *first, const worker_job_t *cand, void *arg)
     const req_t *f = container_of(first, req_t, job), *c;
 
     (void)arg;
-    if (f->rq.op != PROTO_OP_STEP || f->rq.n != 1 || !model_batch_shares(f->cs.model) ||
-        f->chain_next != NULL)
+    if (f->rq.op != PROTO_OP_STEP || f->rq.n != 1 || !model_batch_shares(f->cs.model))
         return false;
     if (cand == NULL)
         return true;
     c = container_of(cand, req_t, job);
     return c->rq.op == PROTO_OP_STEP && c->rq.n == 1 && c->cs.model == f->cs.model &&
-           c->chain_next == NULL && !atomic_load_explicit(&c->canceled, memory_order_relaxed);
+           !atomic_load_explicit(&c->canceled, memory_order_relaxed);
 }
 
 /* The wire reply of a step job that ended with rc (job_run()'s rule). */
@@ -358,13 +357,12 @@ static void job_finish(req_t *r, int rc, slotd_error_t *err)
     r->rc = rc;
 }
 
-/* job_run() of n step jobs that job_group() admitted together: each is
- * checked, recorded and answered as run_step() would, but their model
+/* One round of a batch: n step jobs that job_group() admitted together,
+ * each checked, recorded and answered as run_step() would, but their model
  * calls are one batch (cache_session_step_batch()).  Steps are n = 1, so
  * each job's tokens and logits are one pick and one row. */
-void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
+static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
 {
-    server_t *s = arg;
     const model_t *m = container_of(jobs[0], req_t, job)->cs.model;
     const uint32_t vocab = model_vocab(m);
     cache_session_t *cs[MODEL_BATCH_MAX];
@@ -390,8 +388,7 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
         atomic_store_explicit(&r->started, true, memory_order_relaxed);
         job_begun(worker_index(w), worker_job_start(w), r);
         JOB_FAULT_POINT(s, r);
-        if (logits == NULL ||
-            (s->audit != NULL && audit_tokens_reserve(&r->toks, 1) != SLOTD_OK)) {
+        if (logits == NULL || (s->audit != NULL && audit_tokens_reserve(&r->toks, 1) != SLOTD_OK)) {
             r->rc = SLOTD_ENOMEM;
             continue;
         }
@@ -427,6 +424,67 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
         job_costs_t *c = costs_of(s, m);
         if (c != NULL)
             cost_note_step(c, (thread_cpu_ns() - cpu0) / k);
+    }
+}
+
+/* The cost of one more step of `r`'s chain, as a requeued job's. */
+static uint64_t next_step_cost(const server_t *s, const req_t *r)
+{
+    const job_costs_t *c = costs_of(s, r->cs.model);
+
+    return JOB_COST_FIXED_NS +
+           (c != NULL ? atomic_load_explicit(&c->step_ns, memory_order_relaxed) : 0);
+}
+
+/* Hands `r`, a step of a chain that succeeded, back to the loop and puts
+ * its successor, from the state it left, in its place.  Returns that. */
+static req_t *pass_on(worker_t *w, req_t *r)
+{
+    req_t *next = r->chain_next;
+
+    next->cs = r->cs;
+    next->toks = r->toks; /* the job's until it comes back */
+    worker_job_handoff(w, &r->job, &next->job);
+    return next;
+}
+
+/* A batch runs in rounds while every job in it is a chain (launch.c:
+ * steps of one session queued behind each other) with a single step next:
+ * each round answers each job's step and hands it back
+ * (worker_job_handoff()), and the next round runs their successors, with
+ * no trip to the loop between.  Rounds end with the batch bound
+ * (--batch-us, as a batch's cost is bounded), with a drain, or when some
+ * job has no step next; the chains that go on then go back to their flows
+ * (worker_job_requeue(), charged one step), together. */
+void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
+{
+    server_t *s = arg;
+    uint64_t begin = worker_job_start(w), bound = (uint64_t)s->cfg->batch_us * 1000u;
+    bool on;
+
+    for (;;) {
+        batch_round(s, w, jobs, n);
+        on = !atomic_load_explicit(&s->stop_jobs, memory_order_relaxed);
+        for (size_t i = 0; i < n && on; i++) {
+            const req_t *r = container_of(jobs[i], req_t, job);
+            on = r->rc == SLOTD_OK && r->chain_next != NULL && r->chain_next->rq.n == 1;
+        }
+        if (!on || (bound > 0 && uv_hrtime() - begin >= bound))
+            break;
+        for (size_t i = 0; i < n; i++)
+            (void)pass_on(w, container_of(jobs[i], req_t, job));
+    }
+    for (size_t i = 0; i < n; i++) {
+        req_t *r = container_of(jobs[i], req_t, job);
+        if (r->rc != SLOTD_OK || r->chain_next == NULL)
+            continue;
+        if (atomic_load_explicit(&s->stop_jobs, memory_order_relaxed)) {
+            r->chain_cut = true; /* the rest waits in the session's queue */
+            continue;
+        }
+        r = pass_on(w, r);
+        worker_job_set_cost(&r->job, next_step_cost(s, r));
+        worker_job_requeue(w, &r->job);
     }
 }
 
@@ -547,14 +605,11 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
             r->chain_cut = true;
             return;
         }
-        next->cs = r->cs;
-        next->toks = r->toks; /* the job's until it comes back */
-        worker_job_handoff(w, &r->job, &next->job);
+        r = pass_on(w, r);
         if (slice > 0 && worker_job_start(w) - begin >= slice) {
-            worker_job_set_cost(&next->job, chain_cost(s, next, next->cs.model, slice));
-            worker_job_requeue(w);
+            worker_job_set_cost(&r->job, chain_cost(s, r, r->cs.model, slice));
+            worker_job_requeue(w, &r->job);
             return;
         }
-        r = next;
     }
 }

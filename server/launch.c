@@ -82,8 +82,9 @@ static bool conn_may_run(conn_t *c, size_t bound);
 
 /* ---- Coalesced runs (docs/design.md, "Scheduler") ----
  *
- * A cheap step (job_chain_step_max()) submitted while more steps of its
- * session wait right behind it in the session's FIFO takes them along: they are linked to it
+ * A cheap step (job_chain_step_max()), or a single step of a model that
+ * batches, submitted while more steps of its session wait right behind it
+ * in the session's FIFO takes them along: they are linked to it
  * (chain_next) and leave the FIFO as jobs out (REQ_RUNNING, reserved,
  * counted in refs and in the steps out), as far as the output bound lets
  * each run.  The worker runs them back to back and hands each back as it
@@ -184,9 +185,13 @@ static inline void req_submit(req_t *r)
     c->reserved += r->reply_bound;
     c->refs++;
     r->chain_next = NULL;
-    if (step && r->session->fifo_head != NULL && cost <= job_chain_step_max(c->server))
+    /* Cheap steps chain; so do single steps of a model that batches,
+     * whose chains run as batches (job.c: job_run_batch()), charged a
+     * step at a time. */
+    if (step && r->session->fifo_head != NULL &&
+        (cost <= job_chain_step_max(c->server) || (!jc->lone && r->rq.n == 1)))
         req_chain(r);
-    if (r->chain_next != NULL)
+    if (r->chain_next != NULL && jc->lone)
         worker_job_set_cost(&r->job, job_chain_cost(c->server, r));
     else if (jc != NULL && r->rq.n == 1 && (code = job__step1_code(jc)) != 0)
         worker_job_set_cost_code(&r->job, code); /* = worker_job_set_cost(cost), encoded */

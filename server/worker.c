@@ -1,8 +1,8 @@
 /*
  * worker.c: the worker threads, their job queue and the completion queue
  * (see worker.h).  It owns the threads, each worker's local batch, scratch
- * and token/logit buffers, the uv_async_t that wakes the loop, and the
- * timer (`nudge`) of the wake-up rule.
+ * and token/logit buffers (workbuf.h), the uv_async_t that wakes the
+ * loop, and the timer (`nudge`) of the wake-up rule.
  *
  * Threads.  The loop thread submits jobs, runs the nudge timer and the
  * async callback that calls `done` on finished jobs; each worker thread
@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "workbuf.h"
 
 /* The cache line, as hints count it (worker.h). */
 #define WORKER_LINE 64
@@ -57,12 +58,10 @@
 struct worker {
     _Alignas(64) pthread_t thread; /* workers do not share cache lines */
     worker_pool_t *pool;
-    unsigned index;   /* in pool->workers; kept here, off the pool's busy lines */
-    void *scratch;    /* owned; pool->scratch_bytes */
-    uint32_t *tokens; /* owned; tokens_len values */
-    size_t tokens_len;
-    double *logits; /* owned; logits_len values */
-    size_t logits_len;
+    unsigned index;             /* in pool->workers; kept here, off the pool's busy lines */
+    void *scratch;              /* owned; pool->scratch_bytes */
+    workbuf_t tokens;           /* owned; uint32_t values */
+    workbuf_t logits;           /* owned; doubles */
     _Atomic uint64_t job_start; /* uv_hrtime() when the current job started; 0 if idle */
     _Atomic uint64_t job_ns;    /* running mean of its jobs' time; written by the worker only */
 
@@ -78,10 +77,10 @@ struct worker {
     /* As `local`: copies of each job's hints, taken with the job. */
     const void *local_hint[WORKER_TAKE_MAX][WORKER_HINTS];
     uint8_t local_lines[WORKER_TAKE_MAX][WORKER_HINTS];
-    unsigned back; /* queue_lock: take_back's cursor in `local` */
+    unsigned back;        /* queue_lock: take_back's cursor in `local` */
     worker_job_t **batch; /* owned; pool->max_batch: the jobs of the batch running */
-    size_t nbatch;        /* jobs in `batch` as take_jobs() gathered them */
-    bool requeue;         /* worker_job_requeue() on batch[0], the current job */
+    size_t nbatch;        /* jobs in `batch`: gathered, then running */
+    unsigned nrequeue;    /* jobs of `batch` marked by worker_job_requeue() */
 
     uv_sem_t wake;          /* the worker sleeps on it; posted once per wake-up */
     bool asleep;            /* queue_lock: on the sleepers stack, not yet woken */
@@ -189,35 +188,6 @@ void worker_batch_push(worker_batch_t *b, worker_job_t *job)
     b->n++;
 }
 
-/* Grows *buf to `n` elements of `size` bytes; the old contents are not kept. */
-static void *buf_room(void **buf, size_t *len, size_t n, size_t size)
-{
-    void *p;
-
-    if (n <= *len)
-        return *buf;
-    if (n > SIZE_MAX / size || (p = malloc(n * size)) == NULL)
-        return NULL;
-    free(*buf);
-    *buf = p;
-    *len = n;
-    return p;
-}
-
-/* Gives back what an unusually large job made a buffer grow by. */
-static void buf_trim(void **buf, size_t *len, size_t base, size_t size)
-{
-    void *p;
-
-    if (*len <= base)
-        return;
-    p = realloc(*buf, (base > 0 ? base : 1) * size);
-    if (p != NULL) {
-        *buf = p;
-        *len = base;
-    }
-}
-
 uint64_t worker_job_start(const worker_t *w)
 {
     return atomic_load_explicit(&w->job_start, memory_order_relaxed);
@@ -235,12 +205,12 @@ void *worker_scratch(worker_t *w)
 
 uint32_t *worker_tokens(worker_t *w, size_t n)
 {
-    return buf_room((void **)&w->tokens, &w->tokens_len, n, sizeof(uint32_t));
+    return workbuf_room(&w->tokens, n, sizeof(uint32_t));
 }
 
 double *worker_logits(worker_t *w, size_t n)
 {
-    return buf_room((void **)&w->logits, &w->logits_len, n, sizeof(double));
+    return workbuf_room(&w->logits, n, sizeof(double));
 }
 
 /* Prefetches what job i of w's local batch will read (see DESIGN), if
@@ -564,8 +534,8 @@ static size_t gather(worker_t *w, worker_job_t *first, bool locked)
     share = (wp->queued + wp->nworkers - 1) / wp->nworkers;
     for (unsigned k = 0, idle = 0; k < wp->nworkers; k++) {
         /* Nobody else free to take the rest: take what is ready. */
-        idle += &wp->workers[k] != w && atomic_load_explicit(&wp->workers[k].job_start,
-                                                             memory_order_relaxed) == 0;
+        idle += &wp->workers[k] != w &&
+                atomic_load_explicit(&wp->workers[k].job_start, memory_order_relaxed) == 0;
         if (k + 1 == wp->nworkers && idle == 0)
             share = wp->queued;
     }
@@ -616,32 +586,54 @@ static void push_done(worker_pool_t *wp, worker_job_t **jobs, size_t n)
 
 void worker_job_handoff(worker_t *w, worker_job_t *done, worker_job_t *next)
 {
-    assert(w->batch[0] == done);
+    size_t i = 0;
+
+    while (w->batch[i] != done)
+        i++;
+    assert(i < w->nbatch);
     done->_early = true;
-    w->batch[0] = next;
+    w->batch[i] = next;
     push_done(w->pool, &done, 1);
     atomic_store_explicit(&w->job_start, uv_hrtime(), memory_order_relaxed);
 }
 
-void worker_job_requeue(worker_t *w)
+void worker_job_requeue(worker_t *w, worker_job_t *job)
 {
-    w->requeue = true;
+    job->_requeue = true;
+    w->nrequeue++;
 }
 
-/* Puts the current job back in its flow's queue (worker_job_requeue()).
+/* Ends a run of n jobs some of which go back to their flows' queues
+ * (worker_job_requeue()), in one hold of the lock, so that the chains of
+ * a batch are queued together and a worker taking one gathers the rest;
+ * the others go to `done`.  Nobody is woken for them: w goes back to the
+ * queue next, unless unstarted jobs of its local batch come first.
  * Worker w. */
-static void requeue(worker_t *w)
+static void requeue(worker_t *w, size_t n)
 {
     worker_pool_t *wp = w->pool;
     worker_t *wake;
+    size_t k = 0;
+    unsigned claim;
 
-    w->requeue = false;
     pthread_mutex_lock(&wp->queue_lock);
-    do_enqueue(wp, w->batch[0]);
-    wake = do_pick_sleeper(wp, wp->queued);
+    for (size_t i = 0; i < n; i++) {
+        worker_job_t *job = w->batch[i];
+        if (job->_requeue) {
+            job->_requeue = false;
+            do_enqueue(wp, job);
+        } else {
+            w->batch[k++] = job;
+        }
+    }
+    w->nrequeue = 0;
+    claim = atomic_load_explicit(&w->claim, memory_order_relaxed);
+    wake = do_pick_sleeper(wp, claim < w->nlocal ? wp->queued + w->nlocal - claim : 0);
     pthread_mutex_unlock(&wp->queue_lock);
     if (wake != NULL)
         uv_sem_post(&wake->wake);
+    if (k > 0)
+        push_done(wp, w->batch, k);
 }
 
 static void *worker_main(void *arg)
@@ -659,7 +651,7 @@ static void *worker_main(void *arg)
         job = claim_local(w);
         if (job != NULL) {
             w->batch[0] = job;
-            n = job->lone ? 1 : gather(w, job, false);
+            n = w->nbatch = job->lone ? 1 : gather(w, job, false);
         } else {
             if (last != 0)
                 note_job_ns(w, uv_hrtime() - last);
@@ -681,14 +673,14 @@ static void *worker_main(void *arg)
             wp->run_batch(w, w->batch, n, wp->arg);
         atomic_store_explicit(&w->job_start, 0, memory_order_relaxed);
         last_n = n;
-        buf_trim((void **)&w->tokens, &w->tokens_len, wp->tokens_cap, sizeof(uint32_t));
-        buf_trim((void **)&w->logits, &w->logits_len, wp->logits_cap, sizeof(double));
+        workbuf_trim(&w->tokens, wp->tokens_cap, sizeof(uint32_t));
+        workbuf_trim(&w->logits, wp->logits_cap, sizeof(double));
 
         /* The batch's jobs go on the stack in batch order, one exchange;
-         * a single job may have become another (a chain), or go back to
-         * its flow. */
-        if (n == 1 && w->requeue)
-            requeue(w);
+         * a job may have become another (a chain), or go back to its
+         * flow. */
+        if (w->nrequeue > 0)
+            requeue(w, n);
         else
             push_done(wp, w->batch, n);
     }
@@ -787,8 +779,8 @@ static void free_pool(worker_pool_t *wp)
     for (unsigned i = 0; i < wp->nworkers; i++) {
         free(wp->workers[i].scratch);
         free(wp->workers[i].batch);
-        free(wp->workers[i].tokens);
-        free(wp->workers[i].logits);
+        workbuf_free(&wp->workers[i].tokens);
+        workbuf_free(&wp->workers[i].logits);
     }
     for (unsigned i = 0; i < wp->nsems; i++)
         uv_sem_destroy(&wp->workers[i].wake);

@@ -53,8 +53,9 @@ struct worker_job {
     uint8_t hint_lines[WORKER_HINTS];
     uint16_t _cost; /* worker_job_set_cost() */
     worker_flow_t *flow;
-    bool lone;   /* the caller's: never leads a batch (the group callback is not asked) */
-    bool _early; /* handed back by worker_job_handoff(): not counted out */
+    bool lone;     /* the caller's: never leads a batch (the group callback is not asked) */
+    bool _early;   /* handed back by worker_job_handoff(): not counted out */
+    bool _requeue; /* worker_job_requeue(): back to its flow when the run ends */
 };
 
 /* A cost in 16 bits: an 11-bit mantissa shifted left by a 5-bit exponent. */
@@ -226,26 +227,27 @@ uint64_t worker_job_start(const worker_t *w);
  * state the caller keeps (from within `run`). */
 unsigned worker_index(const worker_t *w);
 
-/* Chains.  A `run` may go on from its job to others the caller linked to
- * it (steps of one session, say), handing each back as it finishes:
- * worker_job_handoff() sends the finished one to `done` at once and makes
- * the next the run's current job, the one the pool hands back when `run`
- * returns; worker_job_requeue() instead puts the current job back in its
- * flow's queue, to go on later (the end of a fair slice).  The jobs of a
- * chain count as one job out: only the one submitted is counted, so the
- * others must never be submitted themselves. */
+/* Chains.  A `run` or `run_batch` may go on from a job to others the
+ * caller linked to it (steps of one session, say), handing each back as
+ * it finishes: worker_job_handoff() sends the finished one to `done` at
+ * once and puts the next in its place in the run, the job the pool hands
+ * back when the run returns; worker_job_requeue() instead puts a job of
+ * the run back in its flow's queue, to go on later (the end of a fair
+ * slice).  The jobs of a chain count as one job out: only the one
+ * submitted is counted, so the others must never be submitted
+ * themselves. */
 
-/** From within `run` (not run_batch): hands `done`, the run's current job,
- * finished, to `done` now, and makes `next` (a job of the caller's, not
- * submitted) the current one, started now for worker_job_start() and the
+/** From within `run` or `run_batch`: hands `done`, a job of the run,
+ * finished, to `done` now, and puts `next` (a job of the caller's, not
+ * submitted) in its place, started now for worker_job_start() and the
  * wedge clock. */
 void worker_job_handoff(worker_t *w, worker_job_t *done, worker_job_t *next);
 
-/** From within `run` (not run_batch): when `run` returns, the current job
- * goes back to the end of its flow's queue, unfinished, instead of to
- * `done`; it is run again later (or taken back), with the cost it has
- * then. */
-void worker_job_requeue(worker_t *w);
+/** From within `run` or `run_batch`: when the run returns, `job`, one of
+ * its jobs, goes back to the end of its flow's queue, unfinished, instead
+ * of to `done`; it is run again later (or taken back), with the cost it
+ * has then. */
+void worker_job_requeue(worker_t *w, worker_job_t *job);
 
 /** The worker's scratch, cfg.scratch_bytes bytes, owned by the worker. */
 void *worker_scratch(worker_t *w);

@@ -12,6 +12,11 @@
  * each waits about one batch.  The test asserts on counts only: when the
  * light client has its last reply, fewer than half of the flood's replies
  * have come.  The same with the flood as one session's 256 pipelined steps.
+ *
+ * Coalesced runs: one session's pipelined steps run as one job (a chain),
+ * replies leaving one by one, with disconnects, drains, finish,
+ * cache_full and context_full in the middle; two sessions' chains run as
+ * one batch in rounds, each reply still the reference's.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -475,6 +480,114 @@ START_TEST(test_chain_drain)
 }
 END_TEST
 
+/* ---- Batches of chains: two sessions' pipelined steps in rounds ---- */
+
+#define ROUNDS 40
+
+/* Starts sessions "a" and "b" of `small` on `c` and sends their ROUNDS
+ * steps each, interleaved (a, b, a, b, ...), in one write: the first two
+ * run as a batch, and then each session's other steps as a chain, the two
+ * chains one batch in rounds (job.c: job_run_batch()).  `ref` gets the
+ * sessions' references. */
+static void two_chains(itest_conn_t *c, itest_ref_t ref[2])
+{
+    int64_t prompt[3] = {2, 7, 1};
+    size_t cap = (size_t)ROUNDS * 2 * 48, len = 0;
+    char *buf = malloc(cap), *line, why[600];
+    cJSON *r;
+
+    itest_ref_init(&ref[0], "a", "small", prompt, 3, ROUNDS);
+    itest_ref_init_like(&ref[1], "b", &ref[0]);
+    for (int i = 0; i < 2; i++) {
+        line = itest_ref_start_line(&ref[i]);
+        line[strlen(line) - 1] = '\0';
+        r = itest_rpc(c, line);
+        ck_assert_msg(itest_ref_start_ok(&ref[i], r, itest_last_line(c), why, sizeof(why)), "%s",
+                      why);
+        cJSON_Delete(r);
+        free(line);
+    }
+    for (int k = 0; k < ROUNDS; k++)
+        len += (size_t)snprintf(buf + len, cap - len,
+                                "{\"op\":\"step\",\"id\":\"a\",\"n\":1}\n"
+                                "{\"op\":\"step\",\"id\":\"b\",\"n\":1}\n");
+    ck_assert(itest_send_str(c, buf));
+    free(buf);
+}
+
+/* Every reply is the uncached reference's, in order, and every step ran
+ * in a batch of two: ROUNDS batches, with no trip to the loop between the
+ * rounds of the chains. */
+START_TEST(test_chain_batches)
+{
+    itest_daemon_t *d = itest_daemon_start("--models", "tiny,small", "--threads", "1", NULL);
+    itest_conn_t *c = itest_connect(d);
+    itest_ref_t ref[2];
+    char why[600];
+
+    two_chains(c, ref);
+    for (int k = 0; k < 2 * ROUNDS; k++) {
+        cJSON *r = itest_read_reply(c);
+        ck_assert_msg(itest_ref_step_ok(&ref[k % 2], r, itest_last_line(c), 1, why, sizeof(why)),
+                      "session %c step %d: %s", "ab"[k % 2], k / 2 + 1, why);
+        cJSON_Delete(r);
+    }
+    ck_assert_int_eq(itest_metric(d, "slotd_step_batches_total"), ROUNDS);
+    ck_assert_int_eq(itest_metric(d, "slotd_batched_steps_total"), 2 * ROUNDS);
+    ck_assert_int_eq(itest_metric(d, "slotd_steps_in_flight"), 0);
+    itest_ref_free(&ref[0]);
+    itest_ref_free(&ref[1]);
+    itest_close(c);
+}
+END_TEST
+
+/* A drain in the middle of the rounds: job 13 (the starts are jobs 1 and
+ * 2, then each round, the first batch included, is two jobs: a's k-th
+ * step is job 2k + 1) is a's 6th step, and wedges its worker; SIGTERM
+ * releases it, the round ends (a and b's 6th steps answered), and every
+ * later step, never begun, is answered shutting_down, in order, before
+ * the connection closes. */
+START_TEST(test_chain_batch_drain)
+{
+    itest_daemon_t *d;
+    itest_conn_t *c;
+    itest_ref_t ref[2];
+    char why[600];
+
+    if (!have_fault_hooks()) {
+        fprintf(stderr, "test_chain_batch_drain: no fault hooks, skipped\n");
+        return;
+    }
+    d = itest_daemon_start("--models", "tiny,small", "--threads", "1", "--fault-wedge-after", "13",
+                           NULL);
+    c = itest_connect(d);
+    two_chains(c, ref);
+    for (int k = 0; k < 10; k++) {
+        cJSON *r = itest_read_reply(c);
+        ck_assert_msg(itest_ref_step_ok(&ref[k % 2], r, itest_last_line(c), 1, why, sizeof(why)),
+                      "session %c step %d: %s", "ab"[k % 2], k / 2 + 1, why);
+        cJSON_Delete(r);
+    }
+    itest_daemon_signal(d, SIGTERM);
+    for (int k = 10; k < 2 * ROUNDS; k++) {
+        cJSON *r = itest_read_reply(c);
+        if (k < 12)
+            ck_assert_msg(
+                itest_ref_step_ok(&ref[k % 2], r, itest_last_line(c), 1, why, sizeof(why)),
+                "session %c step %d: %s", "ab"[k % 2], k / 2 + 1, why);
+        else
+            ck_assert_msg(itest_is_error(r, "shutting_down"), "reply %d: %s", k + 1,
+                          itest_last_line(c));
+        cJSON_Delete(r);
+    }
+    ck_assert(itest_expect_closed(c, itest_scale_ms(10000)));
+    ck_assert_int_eq(itest_daemon_wait(d, itest_scale_ms(10000)), 0);
+    itest_ref_free(&ref[0]);
+    itest_ref_free(&ref[1]);
+    itest_close(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_sched");
@@ -488,5 +601,7 @@ int main(void)
     itest_add(s, "chain_cache_full", test_chain_cache_full);
     itest_add(s, "chain_drain", test_chain_drain);
     itest_add(s, "chain_stats_barrier", test_chain_stats_barrier);
+    itest_add(s, "chain_batches", test_chain_batches);
+    itest_add(s, "chain_batch_drain", test_chain_batch_drain);
     return itest_main(s);
 }

@@ -17,7 +17,9 @@
  * never read through.  With batches, every batch holds jobs the group
  * callback admits together, within the limit, and every job still runs
  * once or is given back; two jobs that batch are not split between two
- * workers by a job beside them that does not.
+ * workers by a job beside them that does not; a batch of chains hands
+ * each job back as it ends and its chains requeued together come back as
+ * one batch.
  */
 #include <check.h>
 #include <pthread.h>
@@ -37,7 +39,7 @@ typedef struct test_job {
     _Atomic int ran; /* times run */
     pthread_t thread;
     int done_order;
-    bool slow; /* sleeps a little, so that other workers get their share */
+    bool slow;                   /* sleeps a little, so that other workers get their share */
     struct test_job *chain_next; /* chain_run_cb: the job it goes on with */
     bool requeue_after;          /* chain_run_cb: requeue the rest after this one */
 } test_job_t;
@@ -103,8 +105,8 @@ static void done_cb(worker_job_t *job, void *arg)
 /* A pool whose sleepers are woken by the rule of `wake_ns` (worker.h). */
 static worker_pool_t *pool_new_wake(uv_loop_t *loop, unsigned threads, uint64_t wake_ns)
 {
-    worker_pool_config_t cfg = {threads, 64,      16,   16, run_cb, done_cb, NULL, wake_ns,
-                                sizeof(test_job_t), NULL, NULL, 0, 0};
+    worker_pool_config_t cfg = {
+        threads, 64, 16, 16, run_cb, done_cb, NULL, wake_ns, sizeof(test_job_t), NULL, NULL, 0, 0};
     worker_pool_t *wp = NULL;
 
     atomic_store(&started, 0);
@@ -624,8 +626,9 @@ START_TEST(test_batches_exactly_once)
      * at most BATCH_MAX jobs, kind 0 never batches, and every job is run
      * once and completed once, or given back and never run. */
     uv_loop_t loop;
-    worker_pool_config_t cfg = {3, 64, 16, 16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
-                                group_cb, run_batch_cb, BATCH_MAX, 0};
+    worker_pool_config_t cfg = {
+        3,        64,           16,        16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
+        group_cb, run_batch_cb, BATCH_MAX, 0};
     worker_pool_t *wp = NULL;
     test_job_t *jobs = calloc(NSTRESS, sizeof(*jobs));
     worker_batch_t back = WORKER_BATCH_INIT;
@@ -794,8 +797,19 @@ static void run_batch_max_cb(worker_t *w, worker_job_t **jobs, size_t n, void *a
  * at most, within batch_ns) that note their largest in max_batch_seen. */
 static worker_pool_t *pool_new_batch(uv_loop_t *loop, unsigned threads, uint64_t batch_ns)
 {
-    worker_pool_config_t cfg = {threads, 64, 16, 16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
-                                group_cb, run_batch_max_cb, BATCH_MAX, batch_ns};
+    worker_pool_config_t cfg = {threads,
+                                64,
+                                16,
+                                16,
+                                run_cb,
+                                done_cb,
+                                NULL,
+                                0,
+                                sizeof(test_job_t),
+                                group_cb,
+                                run_batch_max_cb,
+                                BATCH_MAX,
+                                batch_ns};
     worker_pool_t *wp = NULL;
 
     atomic_store(&started, 0);
@@ -872,8 +886,7 @@ START_TEST(test_batch_not_split_beside_alone)
         uv_run(&loop, UV_RUN_NOWAIT);
         sleep_ms(1);
     }
-    ck_assert_msg(done_count == 2, "D1 and D2 not both done while C is held (%d done)",
-                  done_count);
+    ck_assert_msg(done_count == 2, "D1 and D2 not both done while C is held (%d done)", done_count);
     ck_assert_int_eq(atomic_load(&jobs[0].ran), 0);
     ck_assert_msg(atomic_load(&max_batch_seen) == 2, "D1 and D2 ran apart, not as one batch");
     atomic_store(&gate_open, 1);
@@ -894,7 +907,7 @@ static void chain_run_cb(worker_t *w, worker_job_t *job, void *arg)
             return;
         worker_job_handoff(w, &t->job, &t->chain_next->job);
         if (t->requeue_after) {
-            worker_job_requeue(w);
+            worker_job_requeue(w, &t->chain_next->job);
             return;
         }
         t = t->chain_next;
@@ -908,8 +921,8 @@ static void chain_run_cb(worker_t *w, worker_job_t *job, void *arg)
 START_TEST(test_chain_handoff_requeue)
 {
     uv_loop_t loop;
-    worker_pool_config_t cfg = {1, 64, 16, 16, chain_run_cb, done_cb, NULL, 0, sizeof(test_job_t),
-                                NULL, NULL, 0, 0};
+    worker_pool_config_t cfg = {
+        1, 64, 16, 16, chain_run_cb, done_cb, NULL, 0, sizeof(test_job_t), NULL, NULL, 0, 0};
     worker_pool_t *wp = NULL;
     test_job_t jobs[12];
     worker_flow_t fa, fb;
@@ -949,6 +962,107 @@ START_TEST(test_chain_handoff_requeue)
         ck_assert_int_eq(jobs[i].done_order, i + 2);
     for (int i = 0; i < 12; i++)
         ck_assert_int_eq(atomic_load(&jobs[i].ran), 1);
+    ck_assert_uint_eq(worker_pool_pending(wp), 0);
+    pool_end(&loop, wp);
+}
+END_TEST
+
+static _Atomic int batch_sizes[8], nbatches;
+
+/* A run_batch that goes on along each job's chain_next in rounds, as
+ * server/job.c runs a batch of chains: rounds while every job has a next
+ * and none is marked requeue_after; then each job with a next hands it
+ * over and requeues it. */
+static void chain_batch_cb(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
+{
+    bool on;
+
+    atomic_store(&batch_sizes[atomic_fetch_add(&nbatches, 1) % 8], (int)n);
+    for (;;) {
+        on = true;
+        for (size_t i = 0; i < n; i++) {
+            test_job_t *t = (test_job_t *)jobs[i];
+            run_cb(w, &t->job, arg);
+            on = on && t->chain_next != NULL && !t->requeue_after;
+        }
+        if (!on)
+            break;
+        for (size_t i = 0; i < n; i++) /* jobs[i] becomes its next */
+            worker_job_handoff(w, jobs[i], &((test_job_t *)jobs[i])->chain_next->job);
+    }
+    for (size_t i = 0; i < n; i++) {
+        test_job_t *t = (test_job_t *)jobs[i];
+        if (t->chain_next == NULL)
+            continue;
+        worker_job_handoff(w, &t->job, &t->chain_next->job);
+        worker_job_requeue(w, &t->chain_next->job);
+    }
+}
+
+/* A batch of three chains (worker.h, "Chains"), A: a1..a4, B: b1..b4,
+ * C: c1, c2, on three flows, one worker: the first batch runs two rounds,
+ * handing every job back as it finishes; C ends there and A and B go back
+ * to their flows after their second job, together, and come back as one
+ * batch of two.  Every job runs and completes once, each chain in order,
+ * and the pool counts each chain as one job out. */
+START_TEST(test_batch_chains_requeued_together)
+{
+    uv_loop_t loop;
+    worker_pool_config_t cfg = {1,
+                                64,
+                                16,
+                                16,
+                                run_cb,
+                                done_cb,
+                                NULL,
+                                0,
+                                sizeof(test_job_t),
+                                group_cb,
+                                chain_batch_cb,
+                                BATCH_MAX,
+                                0};
+    worker_pool_t *wp = NULL;
+    test_job_t j[10];
+    worker_flow_t f[3];
+    worker_batch_t b = WORKER_BATCH_INIT;
+    const int chain[3][4] = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, -1, -1}};
+
+    memset(j, 0, sizeof(j));
+    atomic_store(&started, 0);
+    atomic_store(&gate_open, 0);
+    atomic_store(&gated_index, -1);
+    atomic_store(&rendezvous, 0);
+    atomic_store(&nbatches, 0);
+    done_count = 0;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
+    for (int k = 0; k < 3; k++) {
+        worker_flow_init(&f[k]);
+        for (int i = 0; i < 4 && chain[k][i] >= 0; i++) {
+            test_job_t *t = &j[chain[k][i]];
+            t->index = 1; /* one kind: they batch */
+            t->job.flow = &f[k];
+            t->chain_next = i < 3 && chain[k][i + 1] >= 0 ? &j[chain[k][i + 1]] : NULL;
+        }
+        worker_job_set_cost(&j[chain[k][0]].job, 1000);
+        worker_batch_push(&b, &j[chain[k][0]].job);
+    }
+    j[1].requeue_after = j[5].requeue_after = true;
+    worker_job_set_cost(&j[2].job, 1000);
+    worker_job_set_cost(&j[6].job, 1000);
+    worker_pool_submit(wp, &b);
+    ck_assert_uint_eq(worker_pool_pending(wp), 3);
+    while (done_count < 10)
+        uv_run(&loop, UV_RUN_ONCE);
+    for (int i = 0; i < 10; i++)
+        ck_assert_int_eq(atomic_load(&j[i].ran), 1);
+    for (int k = 0; k < 3; k++)
+        for (int i = 1; i < 4 && chain[k][i] >= 0; i++)
+            ck_assert_int_gt(j[chain[k][i]].done_order, j[chain[k][i - 1]].done_order);
+    ck_assert_int_lt(j[9].done_order, j[2].done_order); /* C ended in the first batch */
+    ck_assert_int_eq(atomic_load(&nbatches), 2);
+    ck_assert_int_eq(atomic_load(&batch_sizes[0]), 3);
+    ck_assert_int_eq(atomic_load(&batch_sizes[1]), 2);
     ck_assert_uint_eq(worker_pool_pending(wp), 0);
     pool_end(&loop, wp);
 }
@@ -1020,6 +1134,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_batch_bound_fair);
     tcase_add_test(tc, test_batch_not_split_beside_alone);
     tcase_add_test(tc, test_chain_handoff_requeue);
+    tcase_add_test(tc, test_batch_chains_requeued_together);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     return s;

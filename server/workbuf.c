@@ -1,0 +1,42 @@
+/*
+ * workbuf.c: a worker's growable buffer (see workbuf.h).  Whichever thread
+ * owns the buffer; no lock.
+ */
+#include "workbuf.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+void *workbuf_room(workbuf_t *b, size_t n, size_t size)
+{
+    void *p;
+
+    if (n <= b->len)
+        return b->p;
+    if (n > SIZE_MAX / size || (p = malloc(n * size)) == NULL)
+        return NULL;
+    free(b->p);
+    b->p = p;
+    b->len = n;
+    return p;
+}
+
+void workbuf_trim(workbuf_t *b, size_t base, size_t size)
+{
+    void *p;
+
+    if (b->len <= base)
+        return;
+    p = realloc(b->p, (base > 0 ? base : 1) * size);
+    if (p != NULL) {
+        b->p = p;
+        b->len = base;
+    }
+}
+
+void workbuf_free(workbuf_t *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->len = 0;
+}
