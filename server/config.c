@@ -115,6 +115,9 @@ static const option_t options[] = {
     {"batch-us", OPT_UINT, 0, 10000000, FIELD(batch_us),
      "estimated microseconds a batch may take, so other clients wait about one; 0 for no bound "
      "(10000)"},
+    {"worker-sched-batch", OPT_YESNO, 0, 0, FIELD(worker_sched_batch),
+     "yes: worker threads run under SCHED_BATCH, so that a worker woken for a job does not "
+     "preempt a thread mid-batch (yes)"},
 #if SLOTD_FAULT_INJECTION
     {"fault-corrupt-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_corrupt_after),
      "test build: damage the slot of the N-th step job (0, off)"},
@@ -271,6 +274,7 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     strcpy(cfg->default_model, "tiny");
     cfg->log_level = LOG_LEVEL_INFO;
     cfg->protected_mode = true;
+    cfg->worker_sched_batch = true;
 }
 
 void config_defaults(server_config_t *cfg)

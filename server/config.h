@@ -55,6 +55,7 @@ typedef struct server_config {
     bool protected_mode;                       /* refuse a non-loopback address without a token */
     uint32_t max_batch; /* single steps of one model a worker runs as one batch, 1..64 */
     uint32_t batch_us;  /* estimated microseconds a batch may take; 0 = only max_batch bounds it */
+    bool worker_sched_batch; /* worker threads under SCHED_BATCH (worker.h) */
 #if SLOTD_FAULT_INJECTION
     /* Test builds only: the hooks of job.c (0 = off). */
     uint64_t fault_corrupt_after; /* damage the slot of the N-th step job, after it ran */

@@ -465,9 +465,13 @@ static int start_workers(server_t *s)
     wc.done = job_done_cb;
     wc.arg = s;
     wc.wake_ns = SERVER_WAKE_NS;
+    wc.sched_batch = s->cfg->worker_sched_batch;
     rc = worker_pool_create(&s->loop, &wc, &s->workers);
     if (rc != 0)
         log_error("worker threads: %s", uv_strerror(rc));
+    else if (wc.sched_batch && worker_pool_sched_error(s->workers) != 0)
+        log_warn("worker threads: SCHED_BATCH refused (%s); they run under the default policy",
+                 strerror(worker_pool_sched_error(s->workers)));
     return rc;
 }
 

@@ -9,6 +9,8 @@
  * claims and runs jobs (alone or gathered into a batch) and pushes them
  * back.  A job belongs to the worker running it, and scratch and buffers
  * to their worker.  `outstanding` is touched by the loop thread only.
+ * The workers may run under SCHED_BATCH (cfg.sched_batch), so that waking
+ * one never preempts a thread mid-batch.
  *
  * Fairness.  Queued jobs wait in their flow's FIFO (a client's: worker.h),
  * and the flows in sched.c's start-time fair queue: a worker takes the
@@ -29,10 +31,12 @@
  * Design: docs/design.md, "The worker queue and its wake-up rule",
  * "Prefetch hints", "Batches" and "Scheduler".
  */
+#define _GNU_SOURCE /* SCHED_BATCH */
 #include "worker.h"
 
 #include <assert.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +123,7 @@ struct worker_pool {
     _Atomic(worker_job_t *) done_top;
     char pad_done_end[64];
 
+    int sched_err;     /* worker_pool_sched_error() */
     unsigned nworkers; /* cfg.threads */
     unsigned nthreads; /* threads started and not yet joined */
     unsigned nsems;    /* workers whose `wake` is initialised */
@@ -851,6 +856,10 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
             rc = -err;
             goto fail_threads;
         }
+        if (cfg->sched_batch &&
+            (err = pthread_setschedparam(wp->workers[wp->nthreads].thread, SCHED_BATCH,
+                                         &(struct sched_param){0})))
+            wp->sched_err = err;
     }
     /* Last, so that no failure after it needs the loop to close it; the
      * timer's initialisation cannot fail. */
@@ -940,6 +949,11 @@ void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out)
         worker_batch_push(out, job);
         job = next;
     }
+}
+
+int worker_pool_sched_error(const worker_pool_t *wp)
+{
+    return wp->sched_err;
 }
 
 bool worker_pool_wedged(const worker_pool_t *wp, uint64_t now_ns, uint64_t bound_ns)

@@ -172,6 +172,11 @@ typedef struct worker_pool_config {
      * many nanoseconds (its first job whatever its cost), so that a job of
      * another flow waits about one batch.  0: no bound but max_batch. */
     uint64_t batch_ns;
+    /* Run the threads under SCHED_BATCH (Linux): the kernel never lets a
+     * worker it wakes preempt the thread running on a core, so a worker
+     * woken for a cheap job does not stop another mid-batch (worker.c,
+     * "Threads").  worker_pool_sched_error() says if it was refused. */
+    bool sched_batch;
 } worker_pool_config_t;
 
 /** Initialises a flow (worker_flow_t). */
@@ -189,6 +194,10 @@ void worker_batch_push(worker_batch_t *b, worker_job_t *job);
  * by the caller until worker_pool_close(), which frees it.  Returns 0, or
  * a negative libuv error (UV_ENOMEM, or the thread creation failure). */
 int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_pool_t **out);
+
+/** 0, or the error (an errno value) setting cfg.sched_batch gave: the
+ * threads then run under the policy they were started with. */
+int worker_pool_sched_error(const worker_pool_t *wp);
 
 /** Moves every job of `b` to the end of its flow's queue (one lock, and
  * one signal if a worker must be woken) and empties `b`.  Workers take

@@ -19,10 +19,12 @@
  * once or is given back; two jobs that batch are not split between two
  * workers by a job beside them that does not; a batch of chains hands
  * each job back as it ends and its chains requeued together come back as
- * one batch.
+ * one batch.  Asked to, the workers run under SCHED_BATCH.
  */
+#define _GNU_SOURCE /* SCHED_BATCH */
 #include <check.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +44,7 @@ typedef struct test_job {
     bool slow;                   /* sleeps a little, so that other workers get their share */
     struct test_job *chain_next; /* chain_run_cb: the job it goes on with */
     bool requeue_after;          /* chain_run_cb: requeue the rest after this one */
+    int policy;                  /* the scheduling policy of the thread that ran it */
 } test_job_t;
 
 /* Shared with the run callback. */
@@ -90,6 +93,7 @@ static void run_cb(worker_t *w, worker_job_t *job, void *arg)
     ck_assert_ptr_nonnull(worker_scratch(w));
     memset(worker_scratch(w), 0xab, 64);
     t->thread = pthread_self();
+    t->policy = sched_getscheduler(0);
     atomic_fetch_add(&t->ran, 1);
 }
 
@@ -102,11 +106,15 @@ static void done_cb(worker_job_t *job, void *arg)
     t->done_order = ++done_count;
 }
 
+/* Whether the next pool_new_wake() asks for SCHED_BATCH threads. */
+static bool sched_batch;
+
 /* A pool whose sleepers are woken by the rule of `wake_ns` (worker.h). */
 static worker_pool_t *pool_new_wake(uv_loop_t *loop, unsigned threads, uint64_t wake_ns)
 {
     worker_pool_config_t cfg = {
-        threads, 64, 16, 16, run_cb, done_cb, NULL, wake_ns, sizeof(test_job_t), NULL, NULL, 0, 0};
+        threads, 64,   16, 16, run_cb,     done_cb, NULL, wake_ns, sizeof(test_job_t),
+        NULL,    NULL, 0,  0,  sched_batch};
     worker_pool_t *wp = NULL;
 
     atomic_store(&started, 0);
@@ -628,7 +636,7 @@ START_TEST(test_batches_exactly_once)
     uv_loop_t loop;
     worker_pool_config_t cfg = {
         3,        64,           16,        16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
-        group_cb, run_batch_cb, BATCH_MAX, 0};
+        group_cb, run_batch_cb, BATCH_MAX, 0,  false};
     worker_pool_t *wp = NULL;
     test_job_t *jobs = calloc(NSTRESS, sizeof(*jobs));
     worker_batch_t back = WORKER_BATCH_INIT;
@@ -809,7 +817,8 @@ static worker_pool_t *pool_new_batch(uv_loop_t *loop, unsigned threads, uint64_t
                                 group_cb,
                                 run_batch_max_cb,
                                 BATCH_MAX,
-                                batch_ns};
+                                batch_ns,
+                                false};
     worker_pool_t *wp = NULL;
 
     atomic_store(&started, 0);
@@ -922,7 +931,7 @@ START_TEST(test_chain_handoff_requeue)
 {
     uv_loop_t loop;
     worker_pool_config_t cfg = {
-        1, 64, 16, 16, chain_run_cb, done_cb, NULL, 0, sizeof(test_job_t), NULL, NULL, 0, 0};
+        1, 64, 16, 16, chain_run_cb, done_cb, NULL, 0, sizeof(test_job_t), NULL, NULL, 0, 0, false};
     worker_pool_t *wp = NULL;
     test_job_t jobs[12];
     worker_flow_t fa, fb;
@@ -1020,7 +1029,8 @@ START_TEST(test_batch_chains_requeued_together)
                                 group_cb,
                                 chain_batch_cb,
                                 BATCH_MAX,
-                                0};
+                                0,
+                                false};
     worker_pool_t *wp = NULL;
     test_job_t j[10];
     worker_flow_t f[3];
@@ -1065,6 +1075,40 @@ START_TEST(test_batch_chains_requeued_together)
     ck_assert_int_eq(atomic_load(&batch_sizes[1]), 2);
     ck_assert_uint_eq(worker_pool_pending(wp), 0);
     pool_end(&loop, wp);
+}
+END_TEST
+
+/* With cfg.sched_batch every job runs on a SCHED_BATCH thread, unless
+ * the pool reports the policy refused; without it, under the policy the
+ * pool was created from (SCHED_OTHER here). */
+START_TEST(test_sched_batch)
+{
+    for (int on = 0; on <= 1; on++) {
+        uv_loop_t loop;
+        worker_pool_t *wp;
+        test_job_t jobs[64];
+        worker_batch_t b = WORKER_BATCH_INIT;
+        int want;
+
+        sched_batch = on;
+        wp = pool_new(&loop, 2);
+        sched_batch = false;
+        want = on && worker_pool_sched_error(wp) == 0 ? SCHED_BATCH : SCHED_OTHER;
+        ck_assert_int_eq(sched_getscheduler(0), SCHED_OTHER);
+        memset(jobs, 0, sizeof(jobs));
+        for (int i = 0; i < 64; i++) {
+            jobs[i].index = i;
+            jobs[i].policy = -1;
+            jobs[i].slow = true;
+            worker_batch_push(&b, &jobs[i].job);
+        }
+        worker_pool_submit(wp, &b);
+        while (done_count < 64)
+            uv_run(&loop, UV_RUN_ONCE);
+        for (int i = 0; i < 64; i++)
+            ck_assert_int_eq(jobs[i].policy, want);
+        pool_end(&loop, wp);
+    }
 }
 END_TEST
 
@@ -1135,6 +1179,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_batch_not_split_beside_alone);
     tcase_add_test(tc, test_chain_handoff_requeue);
     tcase_add_test(tc, test_batch_chains_requeued_together);
+    tcase_add_test(tc, test_sched_batch);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     return s;
