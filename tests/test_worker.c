@@ -106,16 +106,23 @@ static void done_cb(worker_job_t *job, void *arg)
     t->done_order = ++done_count;
 }
 
+/* A pool's settings for these tests: `threads` workers running `run`,
+ * and with `run_batch` batches of group_cb's kinds (BATCH_MAX at most,
+ * within batch_ns); no wake-up threshold. */
+static worker_pool_config_t test_config(unsigned threads, worker_run_cb run,
+                                        worker_run_batch_cb run_batch, uint64_t batch_ns);
+
 /* Whether the next pool_new_wake() asks for SCHED_BATCH threads. */
 static bool sched_batch;
 
 /* A pool whose sleepers are woken by the rule of `wake_ns` (worker.h). */
 static worker_pool_t *pool_new_wake(uv_loop_t *loop, unsigned threads, uint64_t wake_ns)
 {
-    worker_pool_config_t cfg = {
-        threads, 64,   16, 16, run_cb,     done_cb, NULL, wake_ns, sizeof(test_job_t),
-        NULL,    NULL, 0,  0,  sched_batch};
+    worker_pool_config_t cfg = test_config(threads, run_cb, NULL, 0);
     worker_pool_t *wp = NULL;
+
+    cfg.wake_ns = wake_ns;
+    cfg.sched_batch = sched_batch;
 
     atomic_store(&started, 0);
     atomic_store(&gate_open, 0);
@@ -613,6 +620,23 @@ static bool group_cb(const worker_job_t *first, const worker_job_t *cand, void *
     return c == NULL || c->index % 3 == f->index % 3;
 }
 
+static worker_pool_config_t test_config(unsigned threads, worker_run_cb run,
+                                        worker_run_batch_cb run_batch, uint64_t batch_ns)
+{
+    worker_pool_config_t cfg = {.threads = threads,
+                                .scratch_bytes = 64,
+                                .tokens_cap = 16,
+                                .logits_cap = 16,
+                                .run = run,
+                                .done = done_cb,
+                                .record_bytes = sizeof(test_job_t),
+                                .group = run_batch != NULL ? group_cb : NULL,
+                                .run_batch = run_batch,
+                                .max_batch = run_batch != NULL ? BATCH_MAX : 0,
+                                .batch_ns = batch_ns};
+    return cfg;
+}
+
 static void run_batch_cb(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
 {
     const int kind = ((test_job_t *)jobs[0])->index % 3;
@@ -634,9 +658,7 @@ START_TEST(test_batches_exactly_once)
      * at most BATCH_MAX jobs, kind 0 never batches, and every job is run
      * once and completed once, or given back and never run. */
     uv_loop_t loop;
-    worker_pool_config_t cfg = {
-        3,        64,           16,        16, run_cb, done_cb, NULL, 0, sizeof(test_job_t),
-        group_cb, run_batch_cb, BATCH_MAX, 0,  false};
+    worker_pool_config_t cfg = test_config(3, run_cb, run_batch_cb, 0);
     worker_pool_t *wp = NULL;
     test_job_t *jobs = calloc(NSTRESS, sizeof(*jobs));
     worker_batch_t back = WORKER_BATCH_INIT;
@@ -805,20 +827,7 @@ static void run_batch_max_cb(worker_t *w, worker_job_t **jobs, size_t n, void *a
  * at most, within batch_ns) that note their largest in max_batch_seen. */
 static worker_pool_t *pool_new_batch(uv_loop_t *loop, unsigned threads, uint64_t batch_ns)
 {
-    worker_pool_config_t cfg = {threads,
-                                64,
-                                16,
-                                16,
-                                run_cb,
-                                done_cb,
-                                NULL,
-                                0,
-                                sizeof(test_job_t),
-                                group_cb,
-                                run_batch_max_cb,
-                                BATCH_MAX,
-                                batch_ns,
-                                false};
+    worker_pool_config_t cfg = test_config(threads, run_cb, run_batch_max_cb, batch_ns);
     worker_pool_t *wp = NULL;
 
     atomic_store(&started, 0);
@@ -930,8 +939,7 @@ static void chain_run_cb(worker_t *w, worker_job_t *job, void *arg)
 START_TEST(test_chain_handoff_requeue)
 {
     uv_loop_t loop;
-    worker_pool_config_t cfg = {
-        1, 64, 16, 16, chain_run_cb, done_cb, NULL, 0, sizeof(test_job_t), NULL, NULL, 0, 0, false};
+    worker_pool_config_t cfg = test_config(1, chain_run_cb, NULL, 0);
     worker_pool_t *wp = NULL;
     test_job_t jobs[12];
     worker_flow_t fa, fb;
@@ -1017,20 +1025,7 @@ static void chain_batch_cb(worker_t *w, worker_job_t **jobs, size_t n, void *arg
 START_TEST(test_batch_chains_requeued_together)
 {
     uv_loop_t loop;
-    worker_pool_config_t cfg = {1,
-                                64,
-                                16,
-                                16,
-                                run_cb,
-                                done_cb,
-                                NULL,
-                                0,
-                                sizeof(test_job_t),
-                                group_cb,
-                                chain_batch_cb,
-                                BATCH_MAX,
-                                0,
-                                false};
+    worker_pool_config_t cfg = test_config(1, run_cb, chain_batch_cb, 0);
     worker_pool_t *wp = NULL;
     test_job_t j[10];
     worker_flow_t f[3];
