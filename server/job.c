@@ -427,15 +427,6 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
     }
 }
 
-/* The cost of one more step of `r`'s chain, as a requeued job's. */
-static uint64_t next_step_cost(const server_t *s, const req_t *r)
-{
-    const job_costs_t *c = costs_of(s, r->cs.model);
-
-    return JOB_COST_FIXED_NS +
-           (c != NULL ? atomic_load_explicit(&c->step_ns, memory_order_relaxed) : 0);
-}
-
 /* Hands `r`, a step of a chain that succeeded, back to the loop and puts
  * its successor, from the state it left, in its place.  Returns that. */
 static req_t *pass_on(worker_t *w, req_t *r)
@@ -483,7 +474,7 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
             continue;
         }
         r = pass_on(w, r);
-        worker_job_set_cost(&r->job, next_step_cost(s, r));
+        worker_job_set_cost(&r->job, job__step_cost(job__costs(s, r->cs.model), 1));
         worker_job_requeue(w, &r->job);
     }
 }
