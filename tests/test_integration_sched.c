@@ -501,7 +501,7 @@ static void two_chains(itest_conn_t *c, itest_ref_t ref[2])
     for (int i = 0; i < 2; i++) {
         line = itest_ref_start_line(&ref[i]);
         line[strlen(line) - 1] = '\0';
-        r = itest_rpc(c, line);
+        r = itest_rpc(c, "%s", line);
         ck_assert_msg(itest_ref_start_ok(&ref[i], r, itest_last_line(c), why, sizeof(why)), "%s",
                       why);
         cJSON_Delete(r);
