@@ -115,14 +115,11 @@ static worker_pool_config_t test_config(unsigned threads, worker_run_cb run,
 /* Whether the next pool_new_wake() asks for SCHED_BATCH threads. */
 static bool sched_batch;
 
-/* A pool whose sleepers are woken by the rule of `wake_ns` (worker.h). */
-static worker_pool_t *pool_new_wake(uv_loop_t *loop, unsigned threads, uint64_t wake_ns)
+/* Clears what the run callback shares between tests (no gate, no
+ * rendezvous, nothing done) and starts a pool of `cfg` on `loop`. */
+static worker_pool_t *pool_start(uv_loop_t *loop, const worker_pool_config_t *cfg)
 {
-    worker_pool_config_t cfg = test_config(threads, run_cb, NULL, 0);
     worker_pool_t *wp = NULL;
-
-    cfg.wake_ns = wake_ns;
-    cfg.sched_batch = sched_batch;
 
     atomic_store(&started, 0);
     atomic_store(&gate_open, 0);
@@ -130,8 +127,18 @@ static worker_pool_t *pool_new_wake(uv_loop_t *loop, unsigned threads, uint64_t 
     atomic_store(&rendezvous, 0);
     done_count = 0;
     ck_assert_int_eq(uv_loop_init(loop), 0);
-    ck_assert_int_eq(worker_pool_create(loop, &cfg, &wp), 0);
+    ck_assert_int_eq(worker_pool_create(loop, cfg, &wp), 0);
     return wp;
+}
+
+/* A pool whose sleepers are woken by the rule of `wake_ns` (worker.h). */
+static worker_pool_t *pool_new_wake(uv_loop_t *loop, unsigned threads, uint64_t wake_ns)
+{
+    worker_pool_config_t cfg = test_config(threads, run_cb, NULL, 0);
+
+    cfg.wake_ns = wake_ns;
+    cfg.sched_batch = sched_batch;
+    return pool_start(loop, &cfg);
 }
 
 /* A pool that wakes a sleeper whenever jobs are left unstarted. */
@@ -659,20 +666,14 @@ START_TEST(test_batches_exactly_once)
      * once and completed once, or given back and never run. */
     uv_loop_t loop;
     worker_pool_config_t cfg = test_config(3, run_cb, run_batch_cb, 0);
-    worker_pool_t *wp = NULL;
+    worker_pool_t *wp;
     test_job_t *jobs = calloc(NSTRESS, sizeof(*jobs));
     worker_batch_t back = WORKER_BATCH_INIT;
     int given_back;
 
-    atomic_store(&started, 0);
-    atomic_store(&gate_open, 0);
-    atomic_store(&gated_index, -1);
-    atomic_store(&rendezvous, 0);
     atomic_store(&batches, 0);
     atomic_store(&batched_jobs, 0);
-    done_count = 0;
-    ck_assert_int_eq(uv_loop_init(&loop), 0);
-    ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
+    wp = pool_start(&loop, &cfg);
     given_back = stress(&loop, wp, jobs, 60, 9, &back);
     ck_assert_int_eq(done_count + given_back, NSTRESS);
     ck_assert_msg(atomic_load(&batches) > 0, "no batch formed");
@@ -828,17 +829,9 @@ static void run_batch_max_cb(worker_t *w, worker_job_t **jobs, size_t n, void *a
 static worker_pool_t *pool_new_batch(uv_loop_t *loop, unsigned threads, uint64_t batch_ns)
 {
     worker_pool_config_t cfg = test_config(threads, run_cb, run_batch_max_cb, batch_ns);
-    worker_pool_t *wp = NULL;
 
-    atomic_store(&started, 0);
-    atomic_store(&gate_open, 0);
-    atomic_store(&gated_index, -1);
-    atomic_store(&rendezvous, 0);
     atomic_store(&max_batch_seen, 0);
-    done_count = 0;
-    ck_assert_int_eq(uv_loop_init(loop), 0);
-    ck_assert_int_eq(worker_pool_create(loop, &cfg, &wp), 0);
-    return wp;
+    return pool_start(loop, &cfg);
 }
 
 /* Batches within batch_ns, filled fairly: jobs of cost 1000 with a bound
@@ -940,18 +933,13 @@ START_TEST(test_chain_handoff_requeue)
 {
     uv_loop_t loop;
     worker_pool_config_t cfg = test_config(1, chain_run_cb, NULL, 0);
-    worker_pool_t *wp = NULL;
+    worker_pool_t *wp;
     test_job_t jobs[12];
     worker_flow_t fa, fb;
     worker_batch_t b = WORKER_BATCH_INIT;
 
     memset(jobs, 0, sizeof(jobs));
-    atomic_store(&started, 0);
-    atomic_store(&gate_open, 0);
-    atomic_store(&rendezvous, 0);
-    done_count = 0;
-    ck_assert_int_eq(uv_loop_init(&loop), 0);
-    ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
+    wp = pool_start(&loop, &cfg);
     worker_flow_init(&fa);
     worker_flow_init(&fb);
     hold_worker(wp, &jobs[0]);
@@ -1026,21 +1014,15 @@ START_TEST(test_batch_chains_requeued_together)
 {
     uv_loop_t loop;
     worker_pool_config_t cfg = test_config(1, run_cb, chain_batch_cb, 0);
-    worker_pool_t *wp = NULL;
+    worker_pool_t *wp;
     test_job_t j[10];
     worker_flow_t f[3];
     worker_batch_t b = WORKER_BATCH_INIT;
     const int chain[3][4] = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, -1, -1}};
 
     memset(j, 0, sizeof(j));
-    atomic_store(&started, 0);
-    atomic_store(&gate_open, 0);
-    atomic_store(&gated_index, -1);
-    atomic_store(&rendezvous, 0);
     atomic_store(&nbatches, 0);
-    done_count = 0;
-    ck_assert_int_eq(uv_loop_init(&loop), 0);
-    ck_assert_int_eq(worker_pool_create(&loop, &cfg, &wp), 0);
+    wp = pool_start(&loop, &cfg);
     for (int k = 0; k < 3; k++) {
         worker_flow_init(&f[k]);
         for (int i = 0; i < 4 && chain[k][i] >= 0; i++) {
