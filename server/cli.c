@@ -22,9 +22,10 @@
  * With a token (--auth-token-file, or $SLOTD_AUTH_TOKEN_FILE as the daemon
  * reads it; the file checked by auth.c as the daemon checks it), every
  * session connection starts with {"op":"auth"} and goes on only after its
- * ok, and admin requests carry "Authorization: Bearer".  The token is
- * never printed, and lines that carry one (auth TOKEN) stay out of the
- * history.
+ * ok, and admin requests carry "Authorization: Bearer".  `auth TOKEN`, once
+ * the daemon answers ok, sets the token the same way from then on.  The
+ * token is never printed, and lines that carry one (auth TOKEN) stay out
+ * of the history; other lines are kept trimmed, as they would be typed.
  *
  * Exit status: 0; 1 if any command got an error reply (from the daemon, an
  * admin answer other than 200, or refused here); 2 for a bad option; 3 if
@@ -100,7 +101,8 @@ static void usage(FILE *f)
             "  --auth-token-file PATH\n"
             "                     the daemon's token, in a file only its owner may read\n"
             "                     (default: $SLOTD_AUTH_TOKEN_FILE); sent as auth on each\n"
-            "                     session connection and as a Bearer token to the admin port\n"
+            "                     session connection and as a Bearer token to the admin port;\n"
+            "                     the auth command, once accepted, does the same from then on\n"
             "  --raw              print the daemon's replies byte for byte (for scripts)\n"
             "  --full             print logits in full, not shortened\n"
             "  --help             this text\n"
@@ -384,10 +386,12 @@ static int session_auth(cli_t *c, const char *what)
     return rc;
 }
 
-/* Sends one request line and prints its reply.  Returns 0, or -1 if the
- * connection failed or the daemon refused a token (it is closed then). */
-static int session_call(cli_t *c, const char *json)
+/* Sends one request line and prints its reply; *ok says whether the reply
+ * was not an error.  Returns 0, or -1 if the connection failed or the
+ * daemon refused a token (it is closed then). */
+static int session_call(cli_t *c, const char *json, bool *ok)
 {
+    *ok = false;
     char what[300];
     snprintf(what, sizeof(what), "%s:%s", c->host, c->port);
     if (c->fd < 0) {
@@ -416,6 +420,8 @@ static int session_call(cli_t *c, const char *json)
     }
     if (cli_out_reply(&c->out, reply, rlen))
         c->errors++;
+    else
+        *ok = true;
     /* A wrong token (auth TOKEN): the daemon has closed the connection. */
     if (reply_is(reply, rlen, "auth_failed")) {
         session_close(c);
@@ -481,6 +487,24 @@ static int http_call(cli_t *c, const char *path, const char *pattern)
 
 /* ---- Lines ---- */
 
+/* The token of an `auth TOKEN` the daemon accepted: from now on the admin
+ * port gets it as Bearer, and a new session connection presents it first,
+ * as with --auth-token-file.  Only a token a token file could hold is kept
+ * (printable ASCII, at most AUTH_TOKEN_MAX bytes): a daemon without a token
+ * accepts any, and no other byte may go into a header. */
+static void keep_token(cli_t *c, const char *token)
+{
+    size_t len = strlen(token);
+    if (len > AUTH_TOKEN_MAX)
+        return;
+    for (size_t i = 0; i < len; i++)
+        if (token[i] < ' ' || token[i] > '~')
+            return;
+    explicit_bzero(c->token, sizeof(c->token));
+    memcpy(c->token, token, len + 1);
+    c->token_len = len;
+}
+
 /* Runs one line of input: returns 0 to go on, 1 to stop (quit), -1 if a
  * connection failed. */
 static int run_line(cli_t *c, const char *line)
@@ -497,9 +521,13 @@ static int run_line(cli_t *c, const char *line)
     case CLI_QUIT:
         rc = 1;
         break;
-    case CLI_SEND:
-        rc = session_call(c, req.json);
+    case CLI_SEND: {
+        bool ok;
+        rc = session_call(c, req.json, &ok);
+        if (rc == 0 && ok && req.token != NULL)
+            keep_token(c, req.token);
         break;
+    }
     case CLI_HTTP:
         rc = http_call(c, req.path, req.pattern);
         break;
@@ -612,8 +640,18 @@ static int run_terminal(cli_t *c)
     int rc = 0;
     char *line;
     while (rc != 1 && (line = readline("slotd> ")) != NULL) {
-        if (line[strspn(line, " \t")] != '\0' && !cli_cmd_is_secret(line)) {
-            add_history(line);
+        /* Kept as it would be typed again: without the blank Tab
+         * completion leaves after a command name, or any other at either
+         * end. */
+        char *first = line + strspn(line, " \t");
+        size_t len = strlen(first);
+        while (len > 0 && (first[len - 1] == ' ' || first[len - 1] == '\t'))
+            len--;
+        if (len > 0 && !cli_cmd_is_secret(line)) {
+            char *kept = strndup(first, len);
+            if (kept != NULL)
+                add_history(kept);
+            free(kept);
             /* Saved at every line, so that a ^C or a lost terminal keeps it. */
             if (hist != NULL && write_history(hist) == 0)
                 chmod(hist, 0600);

@@ -21,12 +21,16 @@ typedef enum cli_kind {
     CLI_QUIT,      /* quit or exit */
 } cli_kind_t;
 
-/** One translated line.  Owns json and pattern; cli_req_clear() frees them. */
+/** One translated line.  Owns json, pattern and token; cli_req_clear()
+ * wipes the secrets and frees them. */
 typedef struct cli_req {
     cli_kind_t kind;
     char *json;       /* CLI_SEND: the request, without "\n" (malloc) */
     const char *path; /* CLI_HTTP: "/health" or "/metrics" (static) */
     char *pattern;    /* CLI_HTTP: keep only the lines holding it, or NULL (malloc) */
+    char *token;      /* CLI_SEND of the auth command: its token, which the
+                       * client keeps for both ports once the daemon answers
+                       * ok (malloc), else NULL */
 } cli_req_t;
 
 /** How replies are printed. */

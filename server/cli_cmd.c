@@ -12,7 +12,11 @@
  *
  * Words are split at blanks and commas ("start a 1,2,3").  Integers are
  * checked here and written back as the integer they denote, so "007" goes
- * out as 7 and a word that is not an integer never leaves the client.
+ * out as 7 and a word that is not an integer never leaves the client.  A
+ * command given too few or too many words is refused here, with a message
+ * that names what is missing or the first word too many, and its usage:
+ * an extra word is never dropped in silence ("health stats" is not
+ * health).
  * Single-threaded; no state beyond the constant table.
  */
 #include <cjson/cJSON.h>
@@ -61,7 +65,7 @@ static const cli_cmd_t cmds[] = {
     {"stats", "", "the daemon's figures", build_stats},
     {"health", "", "admin /health", build_health},
     {"metrics", "[PATTERN]", "admin /metrics, the lines holding PATTERN", build_metrics},
-    {"auth", "TOKEN", "present TOKEN (--auth-token-file does it at connect)", build_auth},
+    {"auth", "TOKEN", "present TOKEN; both ports use it once accepted", build_auth},
     {"help", "[COMMAND]", "this list, or one command's usage", build_help},
     {"quit", "", "leave (also: exit, end of input)", build_quit},
     {"exit", "", "leave", build_quit},
@@ -113,16 +117,39 @@ void cli_req_clear(cli_req_t *req)
     /* An auth request holds a token: wiped before it is freed. */
     if (req->json != NULL)
         explicit_bzero(req->json, strlen(req->json));
+    if (req->token != NULL)
+        explicit_bzero(req->token, strlen(req->token));
     free(req->json);
     free(req->pattern);
+    free(req->token);
     *req = (cli_req_t){.kind = CLI_NONE};
 }
 
 /* ---- Building requests ---- */
 
-static cli_kind_t usage_error(const cli_cmd_t *c, const cmd_args_t *a)
+/* "step: missing ID; usage: step ID [N]". */
+static cli_kind_t missing(const cli_cmd_t *c, const cmd_args_t *a, const char *what)
 {
-    cli_out_error(a->o, "usage: %s%s%s", c->name, c->args[0] ? " " : "", c->args);
+    cli_out_error(a->o, "%s: missing %s; usage: %s %s", c->name, what, c->name, c->args);
+    return CLI_LOCAL_ERR;
+}
+
+/* The words from a->w[from] on are more than the command takes: names the
+ * first of them.  "health: takes no arguments, got 'stats'" (with a hint
+ * when that word is a command of its own), or "step: one argument too
+ * many, '2'; usage: step ID [N]". */
+static cli_kind_t too_many(const cli_cmd_t *c, const cmd_args_t *a, int from)
+{
+    const char *word = a->w[from];
+    if (c->args[0] == '\0')
+        cli_out_error(a->o, "%s: takes no arguments, got '%s'%s", c->name, word,
+                      find(word) != NULL ? " (two commands? give each its own line)" : "");
+    else if (a->n - from == 1)
+        cli_out_error(a->o, "%s: one argument too many, '%s'; usage: %s %s", c->name, word, c->name,
+                      c->args);
+    else
+        cli_out_error(a->o, "%s: %d arguments too many, from '%s'; usage: %s %s", c->name,
+                      a->n - from, word, c->name, c->args);
     return CLI_LOCAL_ERR;
 }
 
@@ -160,7 +187,7 @@ static bool take_options(const cli_cmd_t *c, cmd_args_t *a, const char **model, 
            (a->w[0][1] < '0' || a->w[0][1] > '9')) {
         if (strcmp(a->w[0], "-m") == 0 || strcmp(a->w[0], "--model") == 0) {
             if (a->n < 2) {
-                usage_error(c, a);
+                missing(c, a, "MODEL after -m");
                 return false;
             }
             *model = a->w[1];
@@ -190,16 +217,23 @@ static bool add_tokens(const cli_cmd_t *c, cmd_args_t *a, cJSON *obj, const char
     return true;
 }
 
-/* Ends a build: the request text into req->json. */
-static cli_kind_t finish_json(cJSON *o, cli_req_t *req, const cmd_args_t *a)
+/* The request text of `o` into req->json; `o` stays the caller's. */
+static cli_kind_t finish_json_keep(const cJSON *o, cli_req_t *req, const cmd_args_t *a)
 {
     req->json = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
     if (req->json == NULL) {
         cli_out_error(a->o, "out of memory");
         return CLI_LOCAL_ERR;
     }
     return CLI_SEND;
+}
+
+/* Ends a build: the request text into req->json, and `o` freed. */
+static cli_kind_t finish_json(cJSON *o, cli_req_t *req, const cmd_args_t *a)
+{
+    cli_kind_t k = finish_json_keep(o, req, a);
+    cJSON_Delete(o);
+    return k;
 }
 
 static cJSON *new_request(const char *op)
@@ -219,7 +253,7 @@ static cli_kind_t build_start(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
     if (!take_options(c, a, &model, NULL))
         return CLI_LOCAL_ERR;
     if (a->n < 1)
-        return usage_error(c, a);
+        return missing(c, a, "ID");
     const char *id = a->w[0];
     a->w++;
     a->n--;
@@ -237,8 +271,10 @@ static cli_kind_t build_start(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 
 static cli_kind_t build_step(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 {
-    if (a->n < 1 || a->n > 2)
-        return usage_error(c, a);
+    if (a->n < 1)
+        return missing(c, a, "ID");
+    if (a->n > 2)
+        return too_many(c, a, 2);
     cJSON *o = new_request("step");
     if (o == NULL || cJSON_AddStringToObject(o, "id", a->w[0]) == NULL ||
         (a->n == 2 && !add_int(a, c->name, "N", o, "n", a->w[1]))) {
@@ -250,8 +286,10 @@ static cli_kind_t build_step(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 
 static cli_kind_t build_finish(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 {
-    if (a->n != 1)
-        return usage_error(c, a);
+    if (a->n < 1)
+        return missing(c, a, "ID");
+    if (a->n > 1)
+        return too_many(c, a, 1);
     cJSON *o = new_request("finish");
     if (o == NULL || cJSON_AddStringToObject(o, "id", a->w[0]) == NULL) {
         cJSON_Delete(o);
@@ -281,7 +319,7 @@ static cli_kind_t build_generate(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *r
     if (!take_options(c, a, &model, &cache))
         return CLI_LOCAL_ERR;
     if (a->n < 1)
-        return usage_error(c, a);
+        return missing(c, a, "STEPS");
     cJSON *o = new_request("generate");
     if (o == NULL || (model != NULL && cJSON_AddStringToObject(o, "model", model) == NULL) ||
         !add_int(a, c->name, "STEPS", o, "steps", a->w[0]) ||
@@ -301,7 +339,7 @@ static cli_kind_t build_generate(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *r
 static cli_kind_t build_stats(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 {
     if (a->n != 0)
-        return usage_error(c, a);
+        return too_many(c, a, 0);
     cJSON *o = new_request("stats");
     if (o == NULL)
         return CLI_LOCAL_ERR;
@@ -311,7 +349,7 @@ static cli_kind_t build_stats(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 static cli_kind_t build_health(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 {
     if (a->n != 0)
-        return usage_error(c, a);
+        return too_many(c, a, 0);
     req->path = "/health";
     return CLI_HTTP;
 }
@@ -319,7 +357,7 @@ static cli_kind_t build_health(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req
 static cli_kind_t build_metrics(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 {
     if (a->n > 1)
-        return usage_error(c, a);
+        return too_many(c, a, 1);
     req->path = "/metrics";
     if (a->n == 1 && (req->pattern = strdup(a->w[0])) == NULL) {
         cli_out_error(a->o, "out of memory");
@@ -328,24 +366,42 @@ static cli_kind_t build_metrics(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *re
     return CLI_HTTP;
 }
 
-/* The token is never echoed: the usage error does not name it. */
+/* The token is never echoed: the usage errors do not name a word.  The
+ * token rides along in req->token, for cli.c to keep once the daemon
+ * accepts it. */
 static cli_kind_t build_auth(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 {
-    if (a->n != 1)
-        return usage_error(c, a);
-    cJSON *o = new_request("auth");
-    if (o == NULL || cJSON_AddStringToObject(o, "token", a->w[0]) == NULL) {
-        cJSON_Delete(o);
+    if (a->n < 1)
+        return missing(c, a, "TOKEN");
+    if (a->n > 1) {
+        cli_out_error(a->o, "auth: takes one TOKEN, got %d words; usage: auth TOKEN", a->n);
         return CLI_LOCAL_ERR;
     }
-    return finish_json(o, req, a);
+    cJSON *o = new_request("auth");
+    if (o == NULL || cJSON_AddStringToObject(o, "token", a->w[0]) == NULL ||
+        (req->token = strdup(a->w[0])) == NULL) {
+        if (o != NULL) {
+            cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "token");
+            if (cJSON_IsString(t))
+                explicit_bzero(t->valuestring, strlen(t->valuestring));
+        }
+        cJSON_Delete(o);
+        cli_out_error(a->o, "out of memory");
+        return CLI_LOCAL_ERR;
+    }
+    /* cJSON keeps its copy of the token in the item: wiped too. */
+    cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "token");
+    cli_kind_t k = finish_json_keep(o, req, a);
+    explicit_bzero(t->valuestring, strlen(t->valuestring));
+    cJSON_Delete(o);
+    return k;
 }
 
 static cli_kind_t build_help(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 {
     (void)req;
     if (a->n > 1)
-        return usage_error(c, a);
+        return too_many(c, a, 1);
     if (a->n == 0) {
         cli_cmd_help_all(stdout);
         return CLI_LOCAL;
@@ -362,7 +418,7 @@ static cli_kind_t build_help(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 static cli_kind_t build_quit(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 {
     (void)req;
-    return a->n == 0 ? CLI_QUIT : usage_error(c, a);
+    return a->n == 0 ? CLI_QUIT : too_many(c, a, 0);
 }
 
 /* ---- Lines ---- */

@@ -330,15 +330,40 @@ def run_batch(d, work):
           after == before + 1, "requests_total %d -> %d" % (before, after))
     check("unknown command: the next command still runs, and the exit status is 1",
           r.returncode == 1 and r.stdout.decode().startswith("cache_entries: "), r.stdout.decode())
-    for line, msg in [("step", "(error) usage: step ID [N]"),
+    # Too few or too many words: what is missing, or the first word too
+    # many, and the usage; an extra word is never dropped in silence.
+    for line, msg in [("step", "(error) step: missing ID; usage: step ID [N]"),
                       ("start a 1 x", "(error) start: token 'x' is not an integer"),
-                      ("step a 1 2", "(error) usage: step ID [N]"),
-                      ("generate -m small", "(error) usage: generate [-m MODEL] [--cache] STEPS TOKEN..."),
+                      ("step a 1 2", "(error) step: one argument too many, '2'; usage: step ID [N]"),
+                      ("step a 1 2 3",
+                       "(error) step: 2 arguments too many, from '2'; usage: step ID [N]"),
+                      ("finish", "(error) finish: missing ID; usage: finish ID"),
+                      ("finish a b", "(error) finish: one argument too many, 'b'; usage: finish ID"),
+                      ("start", "(error) start: missing ID; usage: start ID [-m MODEL] TOKEN..."),
+                      ("start a -m", "(error) start: missing MODEL after -m; "
+                       "usage: start ID [-m MODEL] TOKEN..."),
+                      ("generate -m small", "(error) generate: missing STEPS; "
+                       "usage: generate [-m MODEL] [--cache] STEPS TOKEN..."),
+                      ("health stats", "(error) health: takes no arguments, got 'stats' "
+                       "(two commands? give each its own line)"),
+                      ("stats now", "(error) stats: takes no arguments, got 'now'"),
+                      ("metrics a b",
+                       "(error) metrics: one argument too many, 'b'; usage: metrics [PATTERN]"),
+                      ("help step x", "(error) help: one argument too many, 'x'; usage: help [COMMAND]"),
+                      ("quit now", "(error) quit: takes no arguments, got 'now'"),
                       ("logits -x 1", "(error) logits: unknown option '-x'")]:
+        before = d.requests_total()
         r = cli(d, line, env=env)
         check("'%s': '%s', exit 1, nothing sent" % (line, msg),
-              r.returncode == 1 and r.stderr.decode() == msg + "\n" and r.stdout == b"",
+              r.returncode == 1 and r.stderr.decode() == msg + "\n" and r.stdout == b""
+              and d.requests_total() == before,
               "rc %d %r" % (r.returncode, r.stderr))
+    # As the words of the command line, the way the guide's reader typed it.
+    r = cli(d, "health", "stats", env=env)
+    check("'slotd-cli health stats': the same error, exit 1, nothing asked",
+          r.returncode == 1 and r.stdout == b"" and r.stderr.decode().startswith(
+              "(error) health: takes no arguments, got 'stats'"),
+          "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
 
     # Exit statuses.
     r = cli(d, "finish nobody", "stats", env=env)
@@ -475,9 +500,27 @@ def run_auth_batch(plain, work):
               r.returncode == 3 and r.stdout.decode().startswith("(error) auth_failed: ")
               and b"cache_entries" not in r.stdout,
               "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = run("auth " + token, "metrics slotd_requests_total")
+        check("'auth TOKEN' then metrics: the admin port gets the token too (200), exit 0",
+              r.returncode == 0 and r.stdout.decode().startswith("ok: true\nslotd_requests_total{"),
+              "rc %d %r %r" % (r.returncode, r.stdout[:300], r.stderr))
+        r = run("auth " + token, "health", "metrics slotd_auth_failures_total")
+        check("... whatever comes between: health, then metrics, exit 0",
+              r.returncode == 0 and r.stdout.decode().startswith(
+                  "ok: true\nstatus: ok\nslotd_auth_failures_total "),
+              "rc %d %r %r" % (r.returncode, r.stdout[:300], r.stderr))
+        r = run("auth " + secrets.token_hex(16), "metrics")
+        check("'auth' with a wrong token, then metrics: auth_failed, exit 3, metrics not run",
+              r.returncode == 3 and r.stdout.decode().startswith("(error) auth_failed: ")
+              and b"http" not in r.stdout, "rc %d %r %r" % (r.returncode, r.stdout, r.stderr))
         r = run("auth")
-        check("'auth' alone: '(error) usage: auth TOKEN', exit 1",
-              r.returncode == 1 and r.stderr == b"(error) usage: auth TOKEN\n",
+        check("'auth' alone: '(error) auth: missing TOKEN; usage: auth TOKEN', exit 1",
+              r.returncode == 1 and r.stderr == b"(error) auth: missing TOKEN; usage: auth TOKEN\n",
+              "rc %d %r" % (r.returncode, r.stderr))
+        r = run("auth " + token + " " + token)
+        check("'auth' with two words: refused, exit 1, neither word shown",
+              r.returncode == 1 and r.stdout == b""
+              and r.stderr == b"(error) auth: takes one TOKEN, got 2 words; usage: auth TOKEN\n",
               "rc %d %r" % (r.returncode, r.stderr))
 
         for mode in (0o644, 0o640, 0o604, 0o620):
@@ -666,6 +709,15 @@ def read_saved(path):
         return ""
 
 
+def history_lines(saved):
+    """The lines of a libedit history file, its escapes (\\040 for a
+    blank) decoded."""
+    lines = saved.splitlines()
+    if lines[:1] == ["_HiStOrY_V2_"]:
+        lines = lines[1:]
+    return [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), l) for l in lines]
+
+
 def run_pty(d, work):
     hist = os.path.join(work, "hist")
     env = pty_env(work, hist)
@@ -715,6 +767,10 @@ def run_pty(d, work):
     check("quit: exit 0 (errors at the prompt do not count)", rc == 0, "exit %r" % rc)
     saved = read_saved(hist)
     check("history saved in $SLOTD_HISTFILE", "bogus" in saved and "finish" in saved, repr(saved))
+    lines = history_lines(saved)
+    check("the Tab-completed 'stats ' is saved as typed again: 'stats', no line ends in a blank",
+          "stats" in lines and not [l for l in lines if l != l.rstrip(" \t")],
+          repr(lines))
     check("history file mode 0600", os.path.exists(hist) and (os.stat(hist).st_mode & 0o777) == 0o600)
 
     t = Term(d, env)
@@ -769,12 +825,18 @@ def run_auth_pty(plain, work):
         t.send("stats\r")
         check("... then stats works", t.read_until(rb"cache_entries: ") is not None, t.text())
         t.prompt()
+        t.send("metrics slotd_live_sessions\r")
+        check("... and metrics: the admin port gets the token too (no http 401)",
+              t.read_until(rb"(slotd_live_sessions \d+|\(error\) http 401)[^\r]*\r\n") is not None
+              and "http 401" not in t.text(), t.text()[-300:])
+        t.prompt()
         t.send("AUTH " + token + "\r")
         t.prompt()
         t.send('{"op":"auth","token":"%s"}\r' % token)
         t.prompt()
         t.send("\x1b[A")
-        check("arrow-up skips the auth lines: 'stats'", t.line_is("slotd> stats"),
+        check("arrow-up skips the auth lines: 'metrics slotd_live_sessions'",
+              t.line_is("slotd> metrics slotd_live_sessions"),
               repr(t.screen_line()))
         t.send("\x1b[Bquit\r")
         rc = t.wait_exit()
