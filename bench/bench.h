@@ -55,6 +55,13 @@ typedef struct bench_config {
     bool quiet;             /* --quiet */
     bool check_drain;       /* not --no-check-drain */
 
+    /* With a token (--auth-token-file, or SLOTD_AUTH_TOKEN_FILE): the line
+     * {"op":"auth","token":"..."} and its "\n", which every connection
+     * writes first; NULL without one.  Owned by main, wiped and freed at
+     * its exit, after the workers are joined. */
+    char *auth_line;
+    size_t auth_line_len;
+
     const char *model_name;
     model_t *model; /* owned by main; immutable apart from its atomic counters */
     uint32_t vocab;

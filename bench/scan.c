@@ -183,6 +183,8 @@ static void reply_member(void *ctx, const char *key, size_t klen, const char *v,
     case 2:
         if (key_is(key, klen, "id")) {
             r->id = value_span(v, after);
+        } else if (key_is(key, klen, "ok")) {
+            r->ok = value_span(v, after);
         }
         break;
     case 3:

@@ -31,6 +31,7 @@ typedef struct scan_reply {
     span_t tag;        /* number or string (quotes excluded) */
     span_t error_code; /* string inside "error" */
     span_t error_msg;  /* string inside "error" */
+    span_t ok;         /* literal: true (the reply to auth) */
     bool has_error;    /* an "error" member is present */
 } scan_reply_t;
 

@@ -4,7 +4,11 @@
  * client).  This file owns the command line, the run's phases (warm-up,
  * measured window, stop), the progress line, the `stats` queries to the
  * daemon (the drain check at the end), and the report, as a table or as one
- * JSON object.  The connections themselves live in worker.c.
+ * JSON object.  The connections themselves live in worker.c.  With a token
+ * (--auth-token-file, or SLOTD_AUTH_TOKEN_FILE as the daemon reads it; the
+ * file checked by auth.c as the daemon checks it), this file builds the
+ * auth line every connection sends first, the stats connections included,
+ * and a refused token ends the run with status 2.
  *
  * DESIGN.  The main thread starts --threads generator threads (worker.c),
  * each with its own libuv loop and its share of the connections, and then
@@ -16,6 +20,7 @@
  * worker's loop or handles.
  */
 #include "bench.h"
+#include "server/auth.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -97,6 +102,10 @@ static void usage(FILE *f)
                "      --warmup SEC         run this long before the window opens (default 0)\n"
                "      --disconnect-rate R  reset the connection after a step reply with "
                "probability R\n"
+               "      --auth-token-file PATH\n"
+               "                           the daemon's token (default: $SLOTD_AUTH_TOKEN_FILE),\n"
+               "                           sent as auth first on every connection; a refusal\n"
+               "                           (auth_failed) or auth_required ends the run, status 2\n"
                "      --redis HOST:PORT    drive Redis with INCR (one key per session) instead\n"
                "      --no-check-drain     do not fail if the daemon holds entries at the end\n"
                "      --max-report N       diagnostic lines printed at most (default 20)\n"
@@ -181,6 +190,7 @@ enum {
     OPT_NO_DRAIN,
     OPT_MAX_REPORT,
     OPT_SESS_PIPELINE,
+    OPT_AUTH_FILE,
     OPT_HELP,
 };
 
@@ -205,6 +215,7 @@ static const struct option long_opts[] = {
     {"warmup", required_argument, NULL, OPT_WARMUP},
     {"disconnect-rate", required_argument, NULL, OPT_DISCONNECT},
     {"redis", required_argument, NULL, OPT_REDIS},
+    {"auth-token-file", required_argument, NULL, OPT_AUTH_FILE},
     {"no-check-drain", no_argument, NULL, OPT_NO_DRAIN},
     {"max-report", required_argument, NULL, OPT_MAX_REPORT},
     {"json", no_argument, NULL, 'j'},
@@ -213,9 +224,63 @@ static const struct option long_opts[] = {
     {NULL, 0, NULL, 0},
 };
 
+/* Reads the token file and builds cfg->auth_line, the token escaped as a
+ * JSON string (a token file may hold '"' and '\\').  `from_env`: the path
+ * came from SLOTD_AUTH_TOKEN_FILE, which the message then names.  Returns
+ * 0, or -1 after saying why. */
+static int load_auth(bench_config_t *cfg, const char *path, bool from_env)
+{
+    static const char head[] = "{\"op\":\"auth\",\"token\":\"";
+    static const char tail[] = "\"}\n";
+    char token[AUTH_TOKEN_MAX + 1];
+    char err[512];
+    size_t len;
+    char *p;
+
+    if (auth_load(path, token, &len, err, sizeof(err)) != 0) {
+        fprintf(stderr, "slotd-bench: %s%s\n", err,
+                from_env ? " (from SLOTD_AUTH_TOKEN_FILE)" : "");
+        return -1;
+    }
+    cfg->auth_line = malloc(sizeof(head) + 2 * len + sizeof(tail));
+    if (cfg->auth_line == NULL) {
+        explicit_bzero(token, sizeof(token));
+        fprintf(stderr, "slotd-bench: out of memory\n");
+        return -1;
+    }
+    p = cfg->auth_line;
+    memcpy(p, head, sizeof(head) - 1);
+    p += sizeof(head) - 1;
+    for (size_t i = 0; i < len; i++) {
+        if (token[i] == '"' || token[i] == '\\') {
+            *p++ = '\\';
+        }
+        *p++ = token[i];
+    }
+    memcpy(p, tail, sizeof(tail) - 1);
+    p += sizeof(tail) - 1;
+    cfg->auth_line_len = (size_t)(p - cfg->auth_line);
+    explicit_bzero(token, sizeof(token));
+    return 0;
+}
+
+/* Frees what parse_args() gave the configuration: the model, and the auth
+ * line, wiped first. */
+static void config_release(bench_config_t *cfg)
+{
+    model_destroy(cfg->model);
+    cfg->model = NULL;
+    if (cfg->auth_line != NULL) {
+        explicit_bzero(cfg->auth_line, cfg->auth_line_len);
+        free(cfg->auth_line);
+        cfg->auth_line = NULL;
+    }
+}
+
 /* Returns 0, -1 on a usage error, or 1 after --help. */
 static int parse_args(int argc, char **argv, bench_config_t *cfg)
 {
+    const char *token_file = NULL;
     bool sessions_set = false;
     bool steps_set = false;
     uint32_t u32 = 0;
@@ -323,6 +388,9 @@ static int parse_args(int argc, char **argv, bench_config_t *cfg)
         case OPT_NO_DRAIN:
             cfg->check_drain = false;
             break;
+        case OPT_AUTH_FILE:
+            token_file = optarg;
+            break;
         case OPT_MAX_REPORT:
             rc = parse_u32(optarg, "--max-report", 0, 1u << 30, &cfg->max_report);
             break;
@@ -367,6 +435,22 @@ static int parse_args(int argc, char **argv, bench_config_t *cfg)
     }
     if (cfg->threads > cfg->conns) {
         cfg->threads = cfg->conns;
+    }
+
+    if (cfg->redis && token_file != NULL) {
+        fprintf(stderr, "slotd-bench: --auth-token-file is for slotd, not --redis\n");
+        return -1;
+    }
+    if (!cfg->redis) {
+        /* The daemon's own variable, so that one export serves both. */
+        const char *env = getenv("SLOTD_AUTH_TOKEN_FILE");
+        bool from_env = token_file == NULL && env != NULL;
+        if (from_env) {
+            token_file = env;
+        }
+        if (token_file != NULL && load_auth(cfg, token_file, from_env) != 0) {
+            return -1;
+        }
     }
 
     if (cfg->redis) {
@@ -425,7 +509,8 @@ static int64_t json_int(const cJSON *o, const char *name)
     return cJSON_IsNumber(v) ? (int64_t)v->valuedouble : -1;
 }
 
-/* Sends {"op":"stats"} on a fresh connection and reads the one-line reply. */
+/* Sends {"op":"stats"} on a fresh connection (after the auth line, with a
+ * token) and reads the one-line reply. */
 static daemon_stats_t query_stats(const bench_config_t *cfg)
 {
     daemon_stats_t ds;
@@ -433,6 +518,8 @@ static daemon_stats_t query_stats(const bench_config_t *cfg)
     static const char req[] = "{\"op\":\"stats\"}\n";
     char buf[8192];
     size_t len = 0;
+    size_t want = cfg->auth_line != NULL ? 2 : 1; /* reply lines */
+    char *line = buf;
     cJSON *j = NULL;
     int fd;
 
@@ -450,26 +537,48 @@ static daemon_stats_t query_stats(const bench_config_t *cfg)
         snprintf(ds.error, sizeof(ds.error), "connect: %s", strerror(errno));
         goto out;
     }
-    if (write(fd, req, sizeof(req) - 1) != (ssize_t)(sizeof(req) - 1)) {
+    if ((cfg->auth_line != NULL &&
+         write(fd, cfg->auth_line, cfg->auth_line_len) != (ssize_t)cfg->auth_line_len) ||
+        write(fd, req, sizeof(req) - 1) != (ssize_t)(sizeof(req) - 1)) {
         snprintf(ds.error, sizeof(ds.error), "write: %s", strerror(errno));
         goto out;
     }
     while (len < sizeof(buf) - 1) {
         ssize_t n = read(fd, buf + len, sizeof(buf) - 1 - len);
+        if (n == 0 && want == 2 && len > 0) {
+            break; /* closed after a refused token: its reply is read below */
+        }
         if (n <= 0) {
             snprintf(ds.error, sizeof(ds.error), "read: %s",
                      n == 0 ? "connection closed" : strerror(errno));
             goto out;
         }
         len += (size_t)n;
-        if (memchr(buf, '\n', len) != NULL) {
+        size_t lines = 0;
+        for (const char *q = buf; (q = memchr(q, '\n', len - (size_t)(q - buf))) != NULL; q++) {
+            lines++;
+        }
+        if (lines >= want) {
             break;
         }
     }
     buf[len] = '\0';
-    j = cJSON_Parse(buf);
+    if (cfg->auth_line != NULL) {
+        char *nl = strchr(buf, '\n');
+        if (nl != NULL) {
+            *nl = '\0';
+        }
+        j = cJSON_Parse(buf);
+        if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "ok"))) {
+            snprintf(ds.error, sizeof(ds.error), "auth answered: %.100s", buf);
+            goto out;
+        }
+        cJSON_Delete(j);
+        line = nl != NULL ? nl + 1 : buf + len;
+    }
+    j = cJSON_Parse(line);
     if (!cJSON_IsObject(j) || cJSON_GetObjectItemCaseSensitive(j, "cache_entries") == NULL) {
-        snprintf(ds.error, sizeof(ds.error), "unexpected stats reply: %.100s", buf);
+        snprintf(ds.error, sizeof(ds.error), "unexpected stats reply: %.100s", line);
         goto out;
     }
     ds.cache_entries = json_int(j, "cache_entries");
@@ -841,11 +950,11 @@ int main(int argc, char **argv)
 
     rc = parse_args(argc, argv, &cfg);
     if (rc != 0) {
-        model_destroy(cfg.model);
+        config_release(&cfg);
         return rc > 0 ? 0 : EXIT_SETUP;
     }
     if (resolve(&cfg) != 0) {
-        model_destroy(cfg.model);
+        config_release(&cfg);
         return EXIT_SETUP;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -865,7 +974,7 @@ int main(int argc, char **argv)
     ws = calloc(cfg.threads, sizeof(*ws));
     if (ws == NULL) {
         fprintf(stderr, "slotd-bench: out of memory\n");
-        model_destroy(cfg.model);
+        config_release(&cfg);
         return EXIT_SETUP;
     }
     for (uint32_t i = 0; i < cfg.threads; i++) {
@@ -1086,6 +1195,6 @@ out:
         }
     }
     free(ws);
-    model_destroy(cfg.model);
+    config_release(&cfg);
     return status;
 }

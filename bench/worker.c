@@ -15,7 +15,12 @@
  * pending requests, in the order written, says what each reply line answers
  * and when it was sent.  A session's life is start, -n steps (in requests
  * of --step-n), finish, and again with a new prompt; in Redis mode it is
- * one INCR after another on its own key.  With
+ * one INCR after another on its own key.  With a token (--auth-token-file),
+ * every connection, and every reconnection, writes cfg->auth_line first;
+ * its reply takes a place in the pending ring like a request, and the
+ * sessions' requests follow it without waiting (the daemon answers in
+ * order).  Any auth_required or auth_failed ends the run: a generator that
+ * went on would only measure refusals.  With
  * --live-sessions, a finished session restarts next rather than after a
  * whole round, and each session's first life is cut to a random length, so
  * that N sessions stay open and do not finish in waves.
@@ -60,7 +65,7 @@ enum sess_state {
     S_DONE,      /* the run is over for this session */
 };
 
-enum op { OP_START, OP_STEP, OP_FINISH, OP_INCR };
+enum op { OP_START, OP_STEP, OP_FINISH, OP_INCR, OP_AUTH };
 
 enum conn_state { C_NEW, C_CONNECTING, C_OPEN, C_CLOSING, C_DONE };
 
@@ -900,6 +905,8 @@ static const char *op_name(int op)
         return "step";
     case OP_FINISH:
         return "finish";
+    case OP_AUTH:
+        return "auth";
     default:
         return "INCR";
     }
@@ -989,6 +996,24 @@ static bool handle_line(conn_t *c, const char *line, size_t len, uint64_t now)
                      c->index);
         return true;
     }
+    if (parsed == 0 && r.has_error &&
+        (scan_eq(r.error_code, "auth_required") || scan_eq(r.error_code, "auth_failed"))) {
+        bool required = scan_eq(r.error_code, "auth_required");
+        count_error(w, r.error_code.p, r.error_code.n);
+        conn_close(c, false, false);
+        if (required) {
+            worker_fatal(w,
+                         "the daemon wants a token (auth_required on connection %u): give "
+                         "--auth-token-file PATH or set SLOTD_AUTH_TOKEN_FILE",
+                         c->index);
+        } else {
+            worker_fatal(w,
+                         "the daemon refused the token (auth_failed on connection %u): is it "
+                         "the daemon's own --auth-token-file?",
+                         c->index);
+        }
+        return true;
+    }
     if (c->pend_count == 0) {
         if (parsed == 0 && r.has_error && r.error_code.p != NULL) {
             count_error(w, r.error_code.p, r.error_code.n);
@@ -1000,6 +1025,17 @@ static bool handle_line(conn_t *c, const char *line, size_t len, uint64_t now)
         return false;
     }
     pd = pend_pop(c);
+    if (pd.op == OP_AUTH) {
+        /* Not a request of the run: neither counted nor timed. */
+        if (parsed != 0 || r.has_error || !scan_eq(r.ok, "true")) {
+            w->st.protocol_errors++;
+            conn_close(c, false, false);
+            worker_fatal(w, "connection %u: auth answered '%.*s'", c->index,
+                         (int)(len > 200 ? 200 : len), line);
+            return true;
+        }
+        return false;
+    }
     s = &c->sess[pd.sess];
     s->inflight--;
     us = now > pd.sent_ns ? (now - pd.sent_ns + 500) / 1000 : 0;
@@ -1227,6 +1263,17 @@ static void on_connect(uv_connect_t *req, int status)
         if (c->sess[i].state != S_DONE) {
             ready_push(c, i);
         }
+    }
+    if (w->cfg->auth_line != NULL) {
+        char *p = out_reserve(c, w->cfg->auth_line_len);
+        if (p == NULL) {
+            conn_close(c, false, false);
+            worker_fatal(w, "out of memory");
+            return;
+        }
+        memcpy(p, w->cfg->auth_line, w->cfg->auth_line_len);
+        c->olen += w->cfg->auth_line_len;
+        *pend_push(c) = (pending_t){.op = OP_AUTH, .sent_ns = uv_hrtime()};
     }
     status = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     if (status != 0) {
