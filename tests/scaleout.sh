@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Three slotd instances behind HAProxy, on loopback, driven by slotd-bench
 # through the balancer: the deployment of docs/operations.md, checked end to
-# end.  It builds nothing.
+# end.  It builds nothing.  As the guide recommends, the instances run with
+# a token (--auth-token-file): slotd-bench, the TLS session and the holding
+# client present it on the session port, Prometheus and the admin queries
+# here as Bearer.
 #
 #   tests/scaleout.sh [BUILD_DIR]      (or SLOTD_BUILD_DIR; default build/)
 #
@@ -19,9 +22,11 @@
 #      under `ulimit -n 20000` and marks all three UP; Prometheus scrapes
 #      all three; a session runs through HAProxy's TLS frontend (a
 #      self-signed certificate made here with openssl) to an instance;
-#   2. slotd-bench --verify through HAProxy finds no mismatch, every instance
-#      gets a fair share of the connections and requests, and every
-#      instance's cache is empty afterwards;
+#   2. slotd-bench without the token, or with a wrong one, stops at once
+#      with status 2 and says why; with it, slotd-bench --verify through
+#      HAProxy finds no mismatch, every instance gets a fair share of the
+#      connections and requests, and every instance's cache is empty
+#      afterwards;
 #   3. kill -9 of one instance during a run: the clients on it lose their
 #      connections (and nothing else goes wrong), HAProxy marks it DOWN within
 #      3 s, new sessions land on the two survivors and pass --verify, and
@@ -91,8 +96,9 @@ trap 'exit 1' INT TERM HUP
 # num KEY < JSON: the first integer member KEY.
 num() { grep -o "\"$1\": *-\?[0-9]*" | head -n 1 | grep -o -- '-\?[0-9]*$'; }
 
-# stat I KEY: an integer of instance I's /stats ("" if it does not answer).
-stat() { curl -s -m 2 "http://127.0.0.1:${admin[$1]}/stats" | num "$2"; }
+# stat I KEY: an integer of instance I's /stats ("" if it does not answer),
+# asked with the token (the header from a file, so no command line shows it).
+stat() { curl -s -m 2 -H @"$work/bearer" "http://127.0.0.1:${admin[$1]}/stats" | num "$2"; }
 health_code() { curl -s -m 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:${admin[$1]}/health"; }
 healthy() { [ "$(health_code "$1")" = 200 ]; }
 
@@ -108,17 +114,18 @@ lb_is() { [ "$(lb "$1" status)" = "$2" ]; }
 # default (127.0.0.1): HAProxy's checks reach each instance's admin address.
 start_instance() { # I: on its fixed ports, logging to sI.log
   "$slotd" --listen 127.0.0.2 --port "${port[$1]}" --admin-port "${admin[$1]}" \
-    --threads 2 --shutdown-timeout 60 >>"$work/s$1.log" 2>&1 &
+    --threads 2 --shutdown-timeout 60 --auth-token-file "$work/slotd_token" >>"$work/s$1.log" 2>&1 &
   pid[$1]=$!
   pids+=("$!")
   wait_for 10 healthy "$1"
 }
 
-# run_bench NAME ARGS...: slotd-bench through HAProxy, JSON in NAME.json,
-# diagnostics in NAME.err; returns its exit status.
+# run_bench NAME ARGS...: slotd-bench through HAProxy with the instances'
+# token, JSON in NAME.json, diagnostics in NAME.err; returns its exit status.
 run_bench() {
   local name=$1; shift
-  timeout 60 "$bench" -h 127.0.0.1 -p "$lb_port" -q -j "$@" >"$work/$name.json" 2>"$work/$name.err"
+  timeout 60 "$bench" -h 127.0.0.1 -p "$lb_port" -q -j --auth-token-file "$work/slotd_token" "$@" \
+    >"$work/$name.json" 2>"$work/$name.err"
 }
 
 before_req=()
@@ -233,9 +240,11 @@ edit() {
   [ "$(cksum <"$1")" != "$before" ] || die "$(basename "$1"): no line matched '$2'"
 }
 cp "$root/deploy/prometheus.yml" "$root/deploy/slotd_alerts.yml" "$root/deploy/alertmanager.yml" "$work/"
-# The Bearer token the file presents (the instances here have none, and
-# take it as they take no token).
-(umask 077 && echo scaleout-token-0123456789abcdef >"$work/slotd_token")
+# The token of the instances (--auth-token-file), which the file presents
+# as Bearer; bearer and auth_line carry it for curl and the shell clients.
+token=scaleout-token-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
+(umask 077 && echo "$token" >"$work/slotd_token" && echo "Authorization: Bearer $token" >"$work/bearer")
+auth_line="{\"op\":\"auth\",\"token\":\"$token\"}"
 edit "$work/prometheus.yml" 's/^\(  *scrape_interval:\) .*/\1 1s/'
 edit "$work/prometheus.yml" 's/^\(  *evaluation_interval:\) .*/\1 1s/'
 edit "$work/prometheus.yml" "s/- targets: \[\"127.0.0.1:7171\".*/- targets: [\"127.0.0.1:${admin[1]}\", \"127.0.0.1:${admin[2]}\", \"127.0.0.1:${admin[3]}\"]/"
@@ -326,9 +335,9 @@ tls_session() {
   local line out=()
   coproc TLS { exec openssl s_client -quiet -verify_return_error -CAfile "$work/cert.pem" \
     -connect "127.0.0.1:$tls_port" 2>>"$work/tls.err"; }
-  printf '%s\n' '{"op":"start","id":"t","prompt":[0,1,2]}' '{"op":"step","id":"t","n":2}' \
-    '{"op":"finish","id":"t"}' >&"${TLS[1]}"
-  for _ in 1 2 3; do
+  printf '%s\n' "$auth_line" '{"op":"start","id":"t","prompt":[0,1,2]}' \
+    '{"op":"step","id":"t","n":2}' '{"op":"finish","id":"t"}' >&"${TLS[1]}"
+  for _ in 1 2 3 4; do
     IFS= read -r -t 10 line <&"${TLS[0]}" || break
     out+=("$line")
   done
@@ -338,9 +347,23 @@ tls_session() {
 }
 reply=$(tls_session)
 check "a session through HAProxy's TLS frontend: ${reply:-no reply (see tls.err)}" \
-  bash -c '[[ $1 == "{\"id\":\"t\",\"model\":\"tiny\",\"entries\":3} {\"id\":\"t\",\"tokens\":[4,0],"*"\"entries\":5} {\"id\":\"t\",\"released\":5}" ]]' _ "$reply"
+  bash -c '[[ $1 == "{\"ok\":true} {\"id\":\"t\",\"model\":\"tiny\",\"entries\":3} {\"id\":\"t\",\"tokens\":[4,0],"*"\"entries\":5} {\"id\":\"t\",\"released\":5}" ]]' _ "$reply"
 
 # ---- 2. Load through HAProxy ----
+
+# Without the token, or with a wrong one, slotd-bench stops at the first
+# refusal (it used to loop on auth_required for the whole -d 30) with
+# status 2 and a message that says what to do.
+timeout 20 "$bench" -h 127.0.0.1 -p "$lb_port" -q -c 4 -d 30 >"$work/notoken.out" 2>"$work/notoken.err"
+rc=$?
+check "slotd-bench without the token: exit $rc (want 2), '$(head -c 160 "$work/notoken.err")'" \
+  bash -c '[ "$1" -eq 2 ] && grep -q "auth_required.*--auth-token-file" "$2"' _ "$rc" "$work/notoken.err"
+(umask 077 && echo "scaleout-wrong-$token" >"$work/wrong_token")
+timeout 20 "$bench" -h 127.0.0.1 -p "$lb_port" -q -c 4 -d 30 --auth-token-file "$work/wrong_token" \
+  >"$work/wrongtoken.out" 2>"$work/wrongtoken.err"
+rc=$?
+check "slotd-bench with a wrong token: exit $rc (want 2), '$(head -c 160 "$work/wrongtoken.err")'" \
+  bash -c '[ "$1" -eq 2 ] && grep -q "auth_failed" "$2"' _ "$rc" "$work/wrongtoken.err"
 
 snapshot
 run_bench spread -c 48 -P 4 -d 5 --verify
@@ -424,8 +447,9 @@ check_drained "after the restart" 1 2 3
 # drain lasts until the client goes (or --shutdown-timeout, 60 s here).
 # Each request is a step on an unknown id with a 16 KB tag, which the error
 # reply echoes: 16 KB of output for no work, a few hundred fill the buffers.
-bash -c 'exec 3<>"/dev/tcp/127.0.0.2/$1" || exit 1; exec yes "$2" >&3' _ "${port[3]}" \
-  "{\"op\":\"step\",\"id\":\"none\",\"tag\":\"$(printf '%016000d' 0)\"}" 2>"$work/holder.err" &
+bash -c 'exec 3<>"/dev/tcp/127.0.0.2/$1" || exit 1; exec >&3; printf "%s\n" "$3"; exec yes "$2"' _ \
+  "${port[3]}" "{\"op\":\"step\",\"id\":\"none\",\"tag\":\"$(printf '%016000d' 0)\"}" \
+  "$auth_line" 2>"$work/holder.err" &
 holder=$!
 pids+=("$holder")
 # The holder has filled s3: it stopped reading (requests_total steady) and
