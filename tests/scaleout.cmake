@@ -1,7 +1,9 @@
-# Operations: bash scripts that build nothing and run the built binaries.
-#   scaleout         three daemons behind HAProxy on the committed
-#                    deploy/haproxy.cfg (started under ulimit -n 20000),
-#                    driven by slotd-bench --verify, with an instance
+# Operations: bash scripts that run the built binaries (test_run_sh alone
+# builds, in a scratch tree of its own).
+#   scaleout         three daemons with a token behind HAProxy on the
+#                    committed deploy/haproxy.cfg (started under ulimit -n
+#                    20000), driven by slotd-bench --verify with the token
+#                    (and refused without it), with an instance
 #                    killed, restarted and drained; Prometheus and
 #                    Alertmanager on the deploy/ files deliver SlotdDown
 #                    for the killed instance to a webhook receiver
@@ -11,6 +13,9 @@
 #                    docs/operations.md
 #   test_quickstart  the README's nc session word for word, and that
 #                    scripts/deps.sh installs what the quick start runs
+#   test_run_sh      scripts/run.sh in a scratch tree with no build/ and a
+#                    stand-in deps.sh: one line per phase, only slotd and
+#                    slotd-cli built, the daemon started on the ports given
 # A missing tool (haproxy, prometheus, prometheus-alertmanager, socat,
 # curl, openssl, python3) or binary fails a test; it is never skipped
 # (scripts/deps.sh --test installs the tools).  `ctest -L scaleout` runs them.
@@ -70,6 +75,12 @@ add_test(NAME deploy_configs
         severity=$sev alertname=SlotdDown instance=a:7171 || exit 1
     done
   ]] sh ${PROJECT_SOURCE_DIR}/deploy)
+# run.sh builds from scratch, about a minute on two cores (more while
+# other tests build): heavy, so the sanitizer stages and `ctest -LE heavy`
+# leave it out.  It runs no sanitized binary and needs none built.
+add_test(NAME test_run_sh COMMAND ${BASH_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/test_run_sh.sh)
+set_tests_properties(test_run_sh PROPERTIES TIMEOUT 600 LABELS "scaleout;heavy")
+
 # Not `unit`: the valgrind stage runs those under memcheck, and here that
 # would check the shell (dash leaks a string of its `trap`), not slotd.
 set_tests_properties(deploy_configs PROPERTIES TIMEOUT 60 LABELS "scaleout")
