@@ -134,11 +134,12 @@ static bool handshake_pending(const conn_t *c)
 
 /* Ends the service of `c`, still in its handshake: one error line, then the
  * close once every reply is written (as after line_too_long). */
-static void handshake_refuse(conn_t *c, int code, const char *message)
+static void handshake_refuse(conn_t *c, int code, const char *message, metrics_close_t why)
 {
     slotd_error_t err;
 
     handshake_leave(c);
+    metrics_count_conn_closed(why);
     slotd_error_set(&err, code, "%s", message);
     /* Nothing is pending before an auth (every line is answered at once),
      * so the line goes out last; if something were, it would go without. */
@@ -163,7 +164,7 @@ static void handshake_timer_cb(uv_timer_t *h)
            c->handshake_until <= now) {
         log_debug("connection %" PRIu64 " from %s: %s within %" PRIu32 " s; closing it", c->serial,
                   c->peer, c->proxy != NULL ? "no PROXY header" : "no auth", s->cfg->auth_timeout);
-        handshake_refuse(c, SLOTD_EAUTH_REQUIRED, msg);
+        handshake_refuse(c, SLOTD_EAUTH_REQUIRED, msg, METRICS_CLOSE_AUTH_TIMEOUT);
     }
     handshake_arm(s);
 }
@@ -182,7 +183,7 @@ bool handshake__make_room(server_t *s)
              "the daemon serves at most %u connections, and this one made room for a newer one "
              "before it authenticated",
              s->cfg->max_connections);
-    handshake_refuse(c, SLOTD_ETOO_MANY_CONNECTIONS, msg);
+    handshake_refuse(c, SLOTD_ETOO_MANY_CONNECTIONS, msg, METRICS_CLOSE_ROOM);
     return true;
 }
 
@@ -246,6 +247,7 @@ size_t handshake__proxy_read(conn_t *c, const char *data, size_t len)
         log_warn("connection %" PRIu64 " from %s: %s; --proxy-from lists this peer, so its "
                  "connections must begin with a valid PROXY header: closing it",
                  c->serial, c->peer, err.message);
+        metrics_count_conn_closed(METRICS_CLOSE_PROXY_HEADER);
         conn__close(c);
         return len;
     }

@@ -86,6 +86,25 @@ static int64_t admin_connections(const itest_daemon_t *d)
     return n;
 }
 
+/* The sample `name` of GET /metrics, with the token. */
+static long admin_metric(const itest_daemon_t *d, const char *name)
+{
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " TOKEN
+                      "\r\nConnection: close\r\n\r\n";
+    char needle[256];
+    itest_http_t h;
+    ck_assert(itest_http_raw(d->admin_port, req, strlen(req), &h));
+    ck_assert_int_eq(h.status, 200);
+    snprintf(needle, sizeof(needle), "\n%s ", name);
+    const char *p = strstr(h.body, needle);
+    ck_assert_msg(p != NULL, "no %s in /metrics", name);
+    long v = strtol(p + strlen(needle), NULL, 10);
+    itest_http_free(&h);
+    return v;
+}
+
+#define CLOSED(reason) "slotd_connections_closed_total{reason=\"" reason "\"}"
+
 /* Polls GET /stats until `connections` is `n`. */
 static void await_connections(const itest_daemon_t *d, int64_t n)
 {
@@ -141,6 +160,7 @@ START_TEST(test_idle_unauthenticated_cannot_lock_out)
     itest_expect_error(r, NULL, "too_many_connections", "50", NULL);
     cJSON_Delete(r);
     itest_session_step(client, &s, 1);
+    ck_assert_int_eq(admin_metric(d, CLOSED("room")), 2);
     for (int i = 2; i < MAX; i++)
         cJSON_Delete(itest_stats(idle[i]));
     itest_session_finish(client, &s);
@@ -177,6 +197,7 @@ START_TEST(test_auth_timeout)
     /* Past its deadline, the authenticated one serves on. */
     cJSON_Delete(itest_stats(authed));
     ck_assert_int_eq(admin_connections(d), 1);
+    ck_assert_int_eq(admin_metric(d, CLOSED("auth_timeout")), 2);
 
     itest_close(quiet);
     itest_close(partial);
@@ -352,6 +373,7 @@ START_TEST(test_proxy_trusted)
     itest_close(c);
     ck_assert(log_contains(d, "not a PROXY header; --proxy-from lists this peer"));
     ck_assert(log_contains(d, "'192.0.2.777' is not an IPv4 address"));
+    ck_assert_int_eq(itest_metric(d, CLOSED("proxy_header")), 2);
     /* The daemon serves on. */
     peer = peer_after(d, v1, strlen(v1), strlen(v1));
     ck_assert_str_eq(peer, "192.0.2.7:56324");
