@@ -84,6 +84,14 @@ static void linger_end(conn_t *c)
     conn_close_handle(c);
 }
 
+void conn__linger_cut(conn_t *c)
+{
+    if (c->wait != CONN_WAIT_LINGER)
+        return;
+    conn__wait_remove(c->server, c);
+    linger_end(c);
+}
+
 static void linger_read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
     conn_t *c = container_of((uv_tcp_t *)stream, conn_t, tcp);

@@ -174,8 +174,25 @@ bool handshake__make_room(server_t *s)
     conn_t *c = TAILQ_FIRST(&s->handshake);
     char msg[160];
 
-    if (c == NULL)
+    if (c == NULL) {
+        /* None open: a connection that never authenticated may still
+         * linger after its close (a line too long before its auth, say).
+         * It would hold its place for up to CONN_LINGER_MS, and it has
+         * nothing of value left to read. */
+        if (s->cfg->auth_token_len == 0)
+            return false;
+        TAILQ_FOREACH(c, &s->linger, wait_link)
+        {
+            if (!c->authed) {
+                log_debug("connection %" PRIu64 " from %s: lingering ended before its auth, to "
+                          "make room for a new connection",
+                          c->serial, c->peer);
+                conn__linger_cut(c);
+                return true;
+            }
+        }
         return false;
+    }
     log_debug("connection %" PRIu64 " from %s: closed before its %s, to make room for a new "
               "connection",
               c->serial, c->peer, c->proxy != NULL ? "PROXY header" : "auth");

@@ -43,13 +43,16 @@ size_t handshake__proxy_read(conn_t *c, const char *data, size_t len);
  * --max-line, and the handshake is over unless a PROXY header is awaited. */
 void handshake__authed(conn_t *c);
 
-/** conn_hooks_t.make_room: the connections at --max-connections: if some connection is in its
- * handshake, the oldest gets one too_many_connections line and is closed
- * once it is written, and the new connection may take its place (true);
- * false if none is. */
+/** conn_hooks_t.make_room: the connections are at --max-connections.  If
+ * some connection is in its handshake, the oldest gets one
+ * too_many_connections line and is closed once it is written, and the new
+ * connection may take its place (true); with a token, failing that, the
+ * oldest lingering close of a connection that never authenticated ends at
+ * once (true); false if there is neither. */
 bool handshake__make_room(server_t *s);
 
-/** conn_hooks_t.closing: `c` stops serving: off the handshake list, its PROXY reader freed. */
+/** conn_hooks_t.closing: `c` stops serving: off the handshake list, its
+ * PROXY reader freed. */
 void handshake__end(conn_t *c);
 
 #endif

@@ -11,7 +11,8 @@
  * closed; one that authenticated stays.  Before the auth a line may not
  * pass HANDSHAKE_LINE_MAX (8704) bytes, so a partial line cannot pin
  * --max-line of memory; after it --max-line applies again, from the line
- * after the auth in the same read.
+ * after the auth in the same read.  A connection closed before its auth
+ * that still lingers gives its place up to a new one.
  *
  * A peer --proxy-from lists must begin with a PROXY header, v1 or v2, in
  * any number of pieces; the client it names is the peer GET /sessions
@@ -270,6 +271,37 @@ START_TEST(test_line_limit_before_auth)
 }
 END_TEST
 
+/* A connection closed before its auth for a line too long lingers (its
+ * reply is not lost to a reset), but it does not keep a client out. */
+START_TEST(test_lingering_unauthenticated_makes_room)
+{
+    itest_daemon_t *d = itest_daemon_start("--auth-token-file", token_file(), "--max-connections",
+                                           "2", "--log-level", "debug", NULL);
+    char *big = padded_stats(20000);
+    itest_conn_t *authed = itest_connect(d);
+    authenticate(authed);
+    itest_conn_t *flood = itest_connect(d);
+    ck_assert(itest_send(flood, big, 12000));
+    cJSON *r = itest_read_reply(flood);
+    itest_expect_error(r, NULL, "line_too_long", NULL);
+    cJSON_Delete(r);
+    /* It lingers, still open, reading what comes. */
+    ck_assert(itest_send(flood, big, 100));
+    ck_assert(itest_expect_silence(flood, 50));
+
+    itest_conn_t *client = itest_connect(d);
+    authenticate(client);
+    ck_assert(itest_expect_closed(flood, ITEST_REPLY_MS));
+    ck_assert(log_contains(d, "lingering ended before its auth"));
+    cJSON_Delete(itest_stats(authed));
+    itest_close(client);
+    itest_close(flood);
+    itest_close(authed);
+    free(big);
+    token_unlink();
+}
+END_TEST
+
 /* ---- The PROXY protocol ---- */
 
 /* The "peer" of the only session GET /sessions lists. */
@@ -417,6 +449,7 @@ int main(void)
     ITEST_ADD(s, test_idle_unauthenticated_cannot_lock_out);
     ITEST_ADD(s, test_auth_timeout);
     ITEST_ADD(s, test_line_limit_before_auth);
+    ITEST_ADD(s, test_lingering_unauthenticated_makes_room);
     ITEST_ADD(s, test_proxy_trusted);
     ITEST_ADD(s, test_proxy_untrusted);
     return itest_main(s);
