@@ -205,6 +205,9 @@ done
 lb_stats=127.0.0.1:$lb_stats_port
 lb_sock=$work/haproxy.sock
 
+# deploy/haproxy.cfg sends each instance a PROXY header: the instances
+# (started below) accept it from HAProxy's loopback addresses.
+export SLOTD_PROXY_FROM=127.0.0.0/8
 export SLOTD_LB_BIND=127.0.0.1:$lb_port SLOTD_LB_STATS=$lb_stats SLOTD_LB_SOCKET=$lb_sock
 unset SLOTD_LB_MAXCONN # the file's default is under test
 tls_port=$(free_port "${taken[@]}") || die "no free loopback port"
