@@ -120,8 +120,8 @@ static const option_t options[] = {
      "yes: worker threads run under SCHED_BATCH, so that a worker woken for a job does not "
      "preempt a thread mid-batch (yes)"},
     {"auth-timeout", OPT_UINT, 0, 86400, FIELD(auth_timeout),
-     "with a token: seconds from a connection's accept to its auth (and PROXY header) before "
-     "it is closed, 0 for never (5)"},
+     "seconds from a connection's accept to its auth (with a token) and its PROXY header (from "
+     "a --proxy-from peer) before it is closed, 0 for never (5)"},
     {"proxy-from", OPT_NETS, 0, 0, 0, 0,
      "addresses or CIDR networks, comma separated, whose connections begin with a PROXY "
      "protocol header (v1 or v2) naming the client, or none (none)"},

@@ -12,11 +12,12 @@
  * PROXY header (if its peer is listed) and, with a token set, its auth.
  * Those connections are on server->handshake in accept order, which is
  * also the order of their deadlines, so one timer serves the list.  One
- * that overstays gets one auth_required line and is closed as a line_too_long
- * one is (its replies written first); one that is made room for gets one
- * too_many_connections line the same way.  A peer that --proxy-from lists
- * and whose first bytes are not a valid header is closed at once with a
- * log line: it is a balancer that is misconfigured, not a client.
+ * that overstays its auth gets one auth_required line and is closed as a
+ * line_too_long one is (its replies written first); one that is made room
+ * for gets one too_many_connections line the same way.  A peer that
+ * --proxy-from lists and whose first bytes are not a valid header, or
+ * that sends none in time, is closed at once with a log line: it is a
+ * balancer that is misconfigured, not a client.
  *
  * DESIGN.  Loop thread only; no lock.  conn.c calls in through
  * conn_hooks_t (at accept, on each read while the header is awaited, at
@@ -162,8 +163,18 @@ static void handshake_timer_cb(uv_timer_t *h)
              s->cfg->auth_timeout);
     while ((c = TAILQ_FIRST(&s->handshake)) != NULL && c->handshake_until != 0 &&
            c->handshake_until <= now) {
-        log_debug("connection %" PRIu64 " from %s: %s within %" PRIu32 " s; closing it", c->serial,
-                  c->peer, c->proxy != NULL ? "no PROXY header" : "no auth", s->cfg->auth_timeout);
+        if (c->proxy != NULL) {
+            /* A balancer that sent no header: nothing to tell it. */
+            log_warn("connection %" PRIu64 " from %s: no PROXY header within %" PRIu32
+                     " s; --proxy-from lists this peer: closing it",
+                     c->serial, c->peer, s->cfg->auth_timeout);
+            handshake_leave(c);
+            metrics_count_conn_closed(METRICS_CLOSE_PROXY_HEADER);
+            conn__close(c);
+            continue;
+        }
+        log_debug("connection %" PRIu64 " from %s: no auth within %" PRIu32 " s; closing it",
+                  c->serial, c->peer, s->cfg->auth_timeout);
         handshake_refuse(c, SLOTD_EAUTH_REQUIRED, msg, METRICS_CLOSE_AUTH_TIMEOUT);
     }
     handshake_arm(s);

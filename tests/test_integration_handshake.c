@@ -413,6 +413,24 @@ START_TEST(test_proxy_trusted)
 }
 END_TEST
 
+/* A listed peer that sends no header, or half of one, within
+ * --auth-timeout is closed, without a token as with one. */
+START_TEST(test_proxy_timeout)
+{
+    itest_daemon_t *d =
+        itest_daemon_start("--proxy-from", "127.0.0.1", "--auth-timeout", "1", NULL);
+    itest_conn_t *none = itest_connect(d);
+    itest_conn_t *half = itest_connect(d);
+    ck_assert(itest_send_str(half, "PROXY TCP4 192.0.2."));
+    ck_assert(itest_expect_closed(none, ITEST_REPLY_MS));
+    ck_assert(itest_expect_closed(half, ITEST_REPLY_MS));
+    ck_assert(log_contains(d, "no PROXY header within 1 s"));
+    ck_assert_int_eq(itest_metric(d, CLOSED("proxy_header")), 2);
+    itest_close(none);
+    itest_close(half);
+}
+END_TEST
+
 START_TEST(test_proxy_untrusted)
 {
     /* 127.0.0.2 is not the test's address: its header is not JSON. */
@@ -451,6 +469,7 @@ int main(void)
     ITEST_ADD(s, test_line_limit_before_auth);
     ITEST_ADD(s, test_lingering_unauthenticated_makes_room);
     ITEST_ADD(s, test_proxy_trusted);
+    ITEST_ADD(s, test_proxy_timeout);
     ITEST_ADD(s, test_proxy_untrusted);
     return itest_main(s);
 }
