@@ -427,7 +427,10 @@ check_drained "after the restart" 1 2 3
 # drain lasts until the client goes (or --shutdown-timeout, 60 s here).
 # Each request is a step on an unknown id with a 16 KB tag, which the error
 # reply echoes: 16 KB of output for no work, a few hundred fill the buffers.
-bash -c 'exec 3<>"/dev/tcp/127.0.0.2/$1" || exit 1; exec yes "$2" >&3' _ "${port[3]}" \
+# It connects from loopback, which SLOTD_PROXY_FROM lists: a PROXY header
+# first, as HAProxy sends.
+bash -c 'exec 3<>"/dev/tcp/127.0.0.2/$1" || exit 1; printf "PROXY UNKNOWN\r\n" >&3
+  exec yes "$2" >&3' _ "${port[3]}" \
   "{\"op\":\"step\",\"id\":\"none\",\"tag\":\"$(printf '%016000d' 0)\"}" 2>"$work/holder.err" &
 holder=$!
 pids+=("$holder")
