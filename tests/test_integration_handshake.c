@@ -353,7 +353,8 @@ static size_t v2_header(unsigned char *out, unsigned ver_cmd, unsigned fam,
     out[13] = (unsigned char)fam;
     out[14] = (unsigned char)(blen >> 8);
     out[15] = (unsigned char)blen;
-    memcpy(out + 16, body, blen);
+    if (blen > 0)
+        memcpy(out + 16, body, blen);
     return 16 + blen;
 }
 
