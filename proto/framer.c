@@ -12,7 +12,8 @@
  *
  * Running out of memory is reported before anything of the feed is used: the
  * carry is grown to what the whole feed will need first, so on SLOTD_ENOMEM
- * no line was delivered and the framer is as it was.  When the callback
+ * no line was delivered and the framer is as it was (unless a callback
+ * raised the limit: proto_framer_raise_limit()).  When the callback
  * returns non-zero, the feed stops right after that line: the rest of the
  * feed is dropped unread and the framer stands at the start of a line.
  * After a line too long, the carry is freed and every feed is refused with
@@ -42,6 +43,12 @@ void proto_framer_free(proto_framer_t *f)
     f->buf = NULL;
     f->len = 0;
     f->cap = 0;
+}
+
+void proto_framer_raise_limit(proto_framer_t *f, size_t max_line)
+{
+    assert(max_line >= f->max_line && max_line < SIZE_MAX / 2);
+    f->max_line = max_line;
 }
 
 /* Marks the stream as failed for good and lets the carry go. */
@@ -168,7 +175,9 @@ int proto_framer_feed(proto_framer_t *f, const char *data, size_t len, proto_lin
         size_t tail = (size_t)(end - p);
         if (framer_partial_too_long(f, end - 1, tail))
             return framer_fail(f);
-        assert(tail <= f->cap);
+        /* Sized above, unless a callback raised the limit since. */
+        if (tail > f->cap && (rc = framer_grow(f, tail)) != SLOTD_OK)
+            return rc;
         memcpy(f->buf, p, tail);
         f->len = tail;
     }

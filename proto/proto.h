@@ -1,11 +1,13 @@
 /*
  * proto.h: bytes to validated requests, and replies to bytes.
  *
- * Three parts, none of which knows threads, sockets or the cache:
+ * Four parts, none of which knows threads, sockets or the cache:
  *   - proto_buf_t, a growable byte buffer replies are written into;
  *   - proto_framer_t, which cuts a byte stream into lines under a length
  *     limit, handing complete lines straight out of the caller's buffer
  *     when it can and copying only a line split across reads;
+ *   - proto_proxy_t, which reads the PROXY protocol header a balancer
+ *     sends before a connection's first line;
  *   - proto_request_parse(), which parses one line (the usual requests in
  *     one pass of its own, any other line with cJSON) and validates the op
  *     and every field's type and range by the op table, proto_ops[] and
@@ -71,13 +73,18 @@ typedef struct proto_framer {
 
 void proto_framer_init(proto_framer_t *f, size_t max_line);
 void proto_framer_free(proto_framer_t *f);
+/** Raises the line limit to `max_line` (not below the current one), from
+ * the next line on; may be called from the line callback, for the lines
+ * after the one being delivered in the same feed. */
+void proto_framer_raise_limit(proto_framer_t *f, size_t max_line);
 
 /** Feeds bytes: `cb` gets every complete line in order; lines that are
  * empty or only JSON white space are skipped.  Returns SLOTD_OK, the
  * callback's non-zero value (feeding stops there), SLOTD_ELINE_TOO_LONG as
  * soon as a line is longer than max_line bytes (not counting "\n"), with or
  * without a newline, after every earlier line was delivered; or
- * SLOTD_ENOMEM.  After SLOTD_ELINE_TOO_LONG the framer refuses more input. */
+ * SLOTD_ENOMEM (before any line was delivered, unless the callback raised
+ * the limit).  After SLOTD_ELINE_TOO_LONG the framer refuses more input. */
 int proto_framer_feed(proto_framer_t *f, const char *data, size_t len, proto_line_cb cb,
                       void *arg);
 
@@ -270,5 +277,45 @@ int proto_reply_generate(proto_buf_t *b, const char *tag, const uint32_t *tokens
 int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st);
 /** The reply to a successful auth: {"ok":true}. */
 int proto_reply_auth(proto_buf_t *b, const char *tag);
+
+/* ---- The PROXY protocol ---- */
+
+/** The longest version 1 header, "\r\n" included. */
+#define PROTO_PROXY_V1_MAX 107
+/** proto_proxy_feed(): the header is not complete yet. */
+#define PROTO_PROXY_MORE 1
+
+/** Whose connection a PROXY header names. */
+typedef enum proto_proxy_family {
+    PROTO_PROXY_LOCAL = 0, /* none (LOCAL, UNKNOWN, AF_UNSPEC, AF_UNIX): the socket's peer stands */
+    PROTO_PROXY_INET,      /* an IPv4 client: 4 bytes of `src` and `dst` */
+    PROTO_PROXY_INET6,     /* an IPv6 client: 16 bytes */
+} proto_proxy_family_t;
+
+/** The reader of one PROXY protocol header (v1 or v2), fed as bytes arrive
+ * (proto/proxy.c).  A plain value: it owns no memory.  The public fields
+ * are set once proto_proxy_feed() returned SLOTD_OK. */
+typedef struct proto_proxy {
+    int version; /* 1 or 2 */
+    proto_proxy_family_t family;
+    uint8_t src[16], dst[16];    /* the client's and the balancer's addresses, network order */
+    uint16_t src_port, dst_port; /* their ports */
+    unsigned char _buf[PROTO_PROXY_V1_MAX];
+    size_t _len;  /* bytes of the header kept in _buf */
+    size_t _want; /* v2: bytes to keep (head and addresses), once the head is read */
+    size_t _skip; /* v2: bytes still to skip (TLVs) after them */
+    bool _done, _failed;
+} proto_proxy_t;
+
+void proto_proxy_init(proto_proxy_t *p);
+/** Reads the next `len` bytes of a connection that must begin with a
+ * PROXY header.  Returns SLOTD_OK when the header is complete (*used is
+ * how many of the bytes it took; the rest are the stream's),
+ * PROTO_PROXY_MORE when all `len` bytes were taken and it is not complete
+ * yet, or SLOTD_EINVAL with a one-line reason in `err` when the bytes are
+ * not the start of a valid header (as soon as that is certain).  After
+ * SLOTD_OK or SLOTD_EINVAL every feed is SLOTD_EINVAL. */
+int proto_proxy_feed(proto_proxy_t *p, const char *data, size_t len, size_t *used,
+                     slotd_error_t *err);
 
 #endif

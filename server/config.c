@@ -56,6 +56,7 @@ typedef enum opt_kind {
     OPT_PATH,
     OPT_YESNO,
     OPT_FLAG,
+    OPT_NETS,
 } opt_kind_t;
 
 typedef struct option {
@@ -118,6 +119,12 @@ static const option_t options[] = {
     {"worker-sched-batch", OPT_YESNO, 0, 0, FIELD(worker_sched_batch),
      "yes: worker threads run under SCHED_BATCH, so that a worker woken for a job does not "
      "preempt a thread mid-batch (yes)"},
+    {"auth-timeout", OPT_UINT, 0, 86400, FIELD(auth_timeout),
+     "seconds from a connection's accept to its auth (with a token) and its PROXY header (from "
+     "a --proxy-from peer) before it is closed, 0 for never (5)"},
+    {"proxy-from", OPT_NETS, 0, 0, 0, 0,
+     "addresses or CIDR networks, comma separated, whose connections begin with a PROXY "
+     "protocol header (v1 or v2) naming the client, or none (none)"},
 #if SLOTD_FAULT_INJECTION
     {"fault-corrupt-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_corrupt_after),
      "test build: damage the slot of the N-th step job (0, off)"},
@@ -275,6 +282,8 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     cfg->log_level = LOG_LEVEL_INFO;
     cfg->protected_mode = true;
     cfg->worker_sched_batch = true;
+    cfg->auth_timeout = 5;
+    cfg->nproxy_from = 0;
 }
 
 void config_defaults(server_config_t *cfg)
@@ -442,6 +451,71 @@ static config_result_t check_preload(server_config_t *cfg, char *err, size_t err
     return CONFIG_OK;
 }
 
+/* Parses --proxy-from: "none", or comma-separated ADDR or ADDR/PREFIX,
+ * numeric IPv4 or IPv6. */
+static config_result_t set_nets(server_config_t *cfg, const char *src, const char *v, char *err,
+                                size_t errlen)
+{
+    const char *p = v;
+    size_t n = 0;
+
+    if (strcmp(v, "none") == 0) {
+        cfg->nproxy_from = 0;
+        return CONFIG_OK;
+    }
+    for (;;) {
+        size_t len = strcspn(p, ","), alen = strcspn(p, ",/");
+        char addr[INET6_ADDRSTRLEN];
+        config_net_t *net = &cfg->proxy_from[n];
+        uint64_t prefix;
+        unsigned bits;
+
+        if (n == CONFIG_MAX_PROXY_FROM)
+            return fail(err, errlen, "%s: more than %d networks in '%s'", src,
+                        CONFIG_MAX_PROXY_FROM, v);
+        if (alen == 0 || alen >= sizeof(addr))
+            return fail(err, errlen, "%s: '%.*s' is not an address or ADDRESS/PREFIX", src,
+                        (int)len, p);
+        memcpy(addr, p, alen);
+        addr[alen] = '\0';
+        memset(net, 0, sizeof(*net));
+        if (inet_pton(AF_INET, addr, net->addr) == 1)
+            net->family = AF_INET;
+        else if (inet_pton(AF_INET6, addr, net->addr) == 1)
+            net->family = AF_INET6;
+        else
+            return fail(err, errlen, "%s: '%s' is not a numeric IPv4 or IPv6 address", src, addr);
+        bits = net->family == AF_INET ? 32 : 128;
+        net->prefix = bits;
+        if (alen < len) {
+            char num[8];
+            size_t nlen = len - alen - 1;
+            if (nlen == 0 || nlen >= sizeof(num))
+                return fail(err, errlen, "%s: '%.*s' has no prefix length in 0..%u", src, (int)len,
+                            p, bits);
+            memcpy(num, p + alen + 1, nlen);
+            num[nlen] = '\0';
+            if (parse_uint(num, &prefix) != 0 || prefix > bits)
+                return fail(err, errlen, "%s: '%.*s' has no prefix length in 0..%u", src, (int)len,
+                            p, bits);
+            net->prefix = (unsigned)prefix;
+        }
+        /* The host bits must be zero, so that 10.0.0.5/8 is not taken for
+         * 10.0.0.0/8 by mistake. */
+        for (unsigned b = net->prefix; b < bits; b++)
+            if (net->addr[b / 8] & (0x80u >> (b % 8)))
+                return fail(err, errlen, "%s: '%.*s' has host bits set past /%u", src, (int)len, p,
+                            net->prefix);
+        n++;
+        p += len;
+        if (*p == '\0')
+            break;
+        p++; /* the comma */
+    }
+    cfg->nproxy_from = n;
+    return CONFIG_OK;
+}
+
 /* Sets option `o` from `value`; `src` names where it came from ("--port",
  * "SLOTD_PORT") for the error message. */
 static config_result_t set_option(server_config_t *cfg, const option_t *o, const char *src,
@@ -497,6 +571,8 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
             return fail(err, errlen, "%s: '%s' is not yes or no", src, value);
         *(bool *)((char *)cfg + o->offset) = strcmp(value, "yes") == 0;
         return CONFIG_OK;
+    case OPT_NETS:
+        return set_nets(cfg, src, value, err, errlen);
     case OPT_FLAG:
         break;
     }

@@ -19,6 +19,16 @@
 #define CONFIG_HOST_MAX 63
 #define CONFIG_PATH_MAX 4095
 
+#define CONFIG_MAX_PROXY_FROM 16
+
+/** One network of --proxy-from: an address and how many of its leading
+ * bits a peer's must share (32 or 128 for one address). */
+typedef struct config_net {
+    int family;       /* AF_INET or AF_INET6 */
+    uint8_t addr[16]; /* network order; 4 bytes for AF_INET, the host bits zero */
+    unsigned prefix;  /* 0..32 or 0..128 */
+} config_net_t;
+
 /** Every setting.  A plain value with no owned memory. */
 typedef struct server_config {
     char listen[CONFIG_HOST_MAX + 1];       /* numeric IPv4 or IPv6 address of the session port */
@@ -56,6 +66,10 @@ typedef struct server_config {
     uint32_t max_batch; /* single steps of one model a worker runs as one batch, 1..64 */
     uint32_t batch_us;  /* estimated microseconds a batch may take; 0 = only max_batch bounds it */
     bool worker_sched_batch; /* worker threads under SCHED_BATCH (worker.h) */
+    /* A connection before it is served (handshake.c). */
+    uint32_t auth_timeout; /* seconds from accept to auth (and PROXY header); 0 = forever */
+    size_t nproxy_from;    /* peers that must send a PROXY header: none by default */
+    config_net_t proxy_from[CONFIG_MAX_PROXY_FROM];
 #if SLOTD_FAULT_INJECTION
     /* Test builds only: the hooks of job.c (0 = off). */
     uint64_t fault_corrupt_after; /* damage the slot of the N-th step job, after it ran */

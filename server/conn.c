@@ -84,6 +84,14 @@ static void linger_end(conn_t *c)
     conn_close_handle(c);
 }
 
+void conn__linger_cut(conn_t *c)
+{
+    if (c->wait != CONN_WAIT_LINGER)
+        return;
+    conn__wait_remove(c->server, c);
+    linger_end(c);
+}
+
 static void linger_read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
     conn_t *c = container_of((uv_tcp_t *)stream, conn_t, tcp);
@@ -112,6 +120,7 @@ static void conn_detach(conn_t *c)
 
     c->closed = true;
     conn__wait_remove(s, c);
+    s->hooks.closing(c);
     c->reading = false;
     c->release_reason = s->draining ? METRICS_RELEASE_SHUTDOWN : METRICS_RELEASE_DISCONNECT;
     if (c->prev != NULL)
@@ -319,6 +328,8 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
     conn_t *c = container_of((uv_tcp_t *)stream, conn_t, tcp);
+    const char *data = buf->base;
+    size_t len = nread > 0 ? (size_t)nread : 0;
     int rc;
 
     if (nread == 0)
@@ -341,16 +352,22 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     c->read_ns = server__turn_ns(c->server); /* each line's, for the wait metrics */
     if (c->wait == CONN_WAIT_QUIET)
         conn__wait_remove(c->server, c); /* not quiet: conn__update() starts the clock again */
+    if (c->proxy != NULL) {              /* a PROXY header first */
+        size_t used = c->server->hooks.preamble(c, data, len);
+        if (c->closed)
+            return;
+        data += used;
+        len -= used;
+    }
     if (c->drain_left > 0) {
-        rc =
-            proto_framer_feed(&c->framer, buf->base, (size_t)nread, c->server->hooks.drain_line, c);
+        rc = proto_framer_feed(&c->framer, data, len, c->server->hooks.drain_line, c);
         if (c->closed)
             return;
         c->drain_left -= (size_t)nread < c->drain_left ? (size_t)nread : c->drain_left;
         if (c->drain_left == 0 && rc == SLOTD_OK)
             conn__end_input(c);
     } else {
-        rc = proto_framer_feed(&c->framer, buf->base, (size_t)nread, c->server->hooks.line, c);
+        rc = proto_framer_feed(&c->framer, data, len, c->server->hooks.line, c);
     }
     if (c->closed)
         return;
@@ -395,8 +412,9 @@ void conn__accept(server_t *s, int fd)
     conn_t *c;
     int rc;
 
-    /* Lingering sockets count: each holds a descriptor until it ends. */
-    if (s->nsockets >= s->cfg->max_connections) {
+    /* Lingering sockets count: each holds a descriptor until it ends.  At
+     * the limit, one still in its handshake makes room if there is one. */
+    if (s->nsockets >= s->cfg->max_connections && !s->hooks.make_room(s)) {
         metrics_count_refused();
         snprintf(why, sizeof(why), "the daemon serves at most %u connections",
                  s->cfg->max_connections);
@@ -439,14 +457,9 @@ void conn__accept(server_t *s, int fd)
     }
     c->reading = true;
     uv_tcp_nodelay(&c->tcp, 1);
-    if (log_enabled(LOG_LEVEL_DEBUG)) {
-        struct sockaddr_storage peer;
-        int len = sizeof(peer);
-        char host[64] = "?";
-        if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &len) == 0)
-            uv_ip_name((struct sockaddr *)&peer, host, sizeof(host));
-        log_debug("connection %" PRIu64 ": accepted from %s", c->serial, host);
-    }
+    s->hooks.accepted(c); /* its client's address, its PROXY header, its auth */
+    if (c->closed)
+        return;
     conn__update(c); /* quiet from the start */
 }
 

@@ -46,6 +46,10 @@ bool conn__hold_output(conn_t *c, uint64_t *now_ns);
 /** Starts the write of whatever `c` has accumulated. */
 void conn__write(conn_t *c);
 
+/** Ends the lingering close of `c` now, if it is lingering: its socket is
+ * closed with its input unread.  For a connection that never
+ * authenticated, whose place a new connection takes (handshake.c). */
+void conn__linger_cut(conn_t *c);
 /** Takes `c` off its timed list, if it is on one. */
 void conn__wait_remove(server_t *s, conn_t *c);
 /** A drain began: no lingering close may outlast it (the ones that begin

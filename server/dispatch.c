@@ -26,6 +26,7 @@
 
 #include "auth.h"
 #include "conn_int.h"
+#include "handshake_int.h"
 #include "inspect_int.h"
 #include "launch_int.h"
 #include "log.h"
@@ -472,14 +473,12 @@ static void release_barrier(conn_t *c, req_t *r)
 static bool req_auth(conn_t *c, req_t *r)
 {
     const server_config_t *cfg = c->server->cfg;
-    struct sockaddr_storage peer;
-    int plen = sizeof(peer);
-    char host[64] = "?";
     slotd_error_t err;
 
     if (cfg->auth_token_len == 0 ||
         auth_equal(r->rq.token, r->rq.token_len, cfg->auth_token, cfg->auth_token_len)) {
         c->authed = true;
+        handshake__authed(c);
         r->rc = SLOTD_OK;
         r->reply.len = 0;
         if (proto_reply_auth(&r->reply, r->rq.tag) != SLOTD_OK) {
@@ -490,10 +489,8 @@ static bool req_auth(conn_t *c, req_t *r)
         return true;
     }
     metrics_count_auth_failure();
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &plen) == 0)
-        uv_ip_name((struct sockaddr *)&peer, host, sizeof(host));
     log_warn("connection %" PRIu64 " from %s: auth with a wrong token; closing it", c->serial,
-             host);
+             c->peer);
     slotd_error_set(&err, SLOTD_EAUTH_FAILED, "auth: wrong token; the connection is closed");
     if (!req__fail(r, &err))
         return false;

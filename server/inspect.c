@@ -74,17 +74,9 @@ int inspect__sessions(server_t *s, size_t limit, proto_buf_t *out)
         return SLOTD_ENOMEM;
     }
     for (conn_t *c = s->conns; c != NULL && k < npeers; c = c->next, k++) {
-        struct sockaddr_storage ss = {.ss_family = AF_INET};
-        int len = sizeof(ss);
-        char host[48] = "?";
-        int port = 0;
-        if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
-            uv_ip_name((struct sockaddr *)&ss, host, sizeof(host));
-            port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                  : ((struct sockaddr_in *)&ss)->sin_port);
-        }
-        snprintf(peers[k], sizeof(peers[k]), ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", host,
-                 port);
+        /* The client's address (handshake.c): behind a balancer that sends
+         * a PROXY header, the client's, not the balancer's. */
+        snprintf(peers[k], sizeof(peers[k]), "%s", c->peer);
         for (const session_t *sess = c->sessions; sess != NULL; sess = sess->next) {
             if (!sess->in_map || n == cap)
                 continue;

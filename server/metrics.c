@@ -129,6 +129,9 @@ static const char *const release_name[METRICS_RELEASE__COUNT] = {
 
 static const char *const close_name[METRICS_CLOSE__COUNT] = {
     [METRICS_CLOSE_TIMEOUT] = "timeout",
+    [METRICS_CLOSE_AUTH_TIMEOUT] = "auth_timeout",
+    [METRICS_CLOSE_ROOM] = "room",
+    [METRICS_CLOSE_PROXY_HEADER] = "proxy_header",
 };
 
 static size_t index_op(proto_op_t op)

@@ -47,7 +47,10 @@ typedef enum metrics_release {
 } metrics_release_t;
 
 typedef enum metrics_close {
-    METRICS_CLOSE_TIMEOUT = 0, /* --conn-timeout */
+    METRICS_CLOSE_TIMEOUT = 0,  /* --conn-timeout */
+    METRICS_CLOSE_AUTH_TIMEOUT, /* --auth-timeout: no auth (or PROXY header) in time */
+    METRICS_CLOSE_ROOM,         /* not authenticated yet, made room at --max-connections */
+    METRICS_CLOSE_PROXY_HEADER, /* a --proxy-from peer without a valid PROXY header */
     METRICS_CLOSE__COUNT
 } metrics_close_t;
 

@@ -40,6 +40,7 @@
 #include "admin.h"
 #include "conn_int.h"
 #include "dispatch_int.h"
+#include "handshake_int.h"
 #include "inspect_int.h"
 #include "job_int.h"
 #include "log.h"
@@ -327,6 +328,7 @@ static void server_finish(server_t *s)
     close_quietly((uv_handle_t *)&s->accept_timer);
     close_quietly((uv_handle_t *)&s->quiet_timer);
     close_quietly((uv_handle_t *)&s->linger_timer);
+    close_quietly((uv_handle_t *)&s->handshake_timer);
     if (s->reserve_fd >= 0) {
         close(s->reserve_fd);
         s->reserve_fd = -1;
@@ -570,6 +572,10 @@ int server_run(const server_config_t *cfg)
     s->hooks.detach = session__detach;
     s->hooks.freed = server_conn_freed;
     s->hooks.model_built = dispatch__model_built;
+    s->hooks.accepted = handshake__begin;
+    s->hooks.preamble = handshake__proxy_read;
+    s->hooks.make_room = handshake__make_room;
+    s->hooks.closing = handshake__end;
     s->start_ns = uv_hrtime();
     metrics_init(s->start_ns);
     log_info("slotd %s starting: %u worker threads, %" PRIu64 " MiB pool, at most %u sessions "
@@ -589,6 +595,7 @@ int server_run(const server_config_t *cfg)
     uv_timer_init(&s->loop, &s->accept_timer);
     uv_timer_init(&s->loop, &s->quiet_timer);
     uv_timer_init(&s->loop, &s->linger_timer);
+    handshake__init(s);
     uv_signal_init(&s->loop, &s->sigterm);
     uv_signal_init(&s->loop, &s->sigint);
 #if SLOTD_FAULT_INJECTION

@@ -55,6 +55,9 @@
 
 #define SERVER_READ_BUF (64u << 10)
 
+/* A client's address as text: "[" INET6_ADDRSTRLEN "]:65535". */
+#define SERVER_PEER_MAX 64
+
 /* The message of every shutting_down reply. */
 #define SERVER_SHUTTING_DOWN_MSG "the daemon is shutting down"
 
@@ -222,6 +225,15 @@ struct conn {
     uint64_t share_bytes;    /* the pool bytes they hold, or will once their requests run */
     uint64_t share_cap;      /* 1 + its bound in bytes, once session__share_cap() computed it */
     bool authed;             /* presented the --auth-token-file token */
+
+    /* Before it is served: its client's address, the PROXY header it
+     * must begin with, its place among the connections in their handshake
+     * (handshake.c writes these). */
+    char peer[SERVER_PEER_MAX];       /* "ADDR:PORT" or "[ADDR]:PORT" of the client */
+    proto_proxy_t *proxy;             /* owned while its PROXY header is awaited */
+    TAILQ_ENTRY(conn) handshake_link; /* server->handshake while in_handshake */
+    uint64_t handshake_until;         /* uv_now() deadline of --auth-timeout; 0 none */
+    bool in_handshake;                /* awaits its PROXY header or its auth */
 };
 
 /** A preset the daemon may serve (models.c): its model from start, shape
@@ -260,6 +272,11 @@ typedef struct conn_hooks {
     /* dispatch.c, from models.c: a build of `m` ended with `rc`; the
      * request of `c` waiting for it (its barrier), if any, goes on. */
     void (*model_built)(conn_t *c, const model_t *m, int rc);
+    /* handshake.c: a connection before it is served (handshake_int.h). */
+    void (*accepted)(conn_t *c);                                 /* may close `c` */
+    size_t (*preamble)(conn_t *c, const char *data, size_t len); /* while c->proxy is set */
+    bool (*make_room)(server_t *s); /* at --max-connections: true if one made room */
+    void (*closing)(conn_t *c);     /* `c` stops serving */
 } conn_hooks_t;
 
 /** Replies server->replied holds before they are measured early. */
@@ -290,6 +307,11 @@ struct server {
     uv_timer_t linger_timer; /* the oldest lingering connection */
     conn_list_t quiet;       /* CONN_WAIT_QUIET, by deadline */
     conn_list_t linger;      /* CONN_WAIT_LINGER, by deadline */
+    /* Connections awaiting a PROXY header or their auth, in accept order
+     * (which is the order of their --auth-timeout deadlines), and the
+     * timer of the first deadline (handshake.c). */
+    conn_list_t handshake;
+    uv_timer_t handshake_timer;
     uint64_t drain_deadline; /* uv_now() at which a drain overruns --shutdown-timeout */
     uv_check_t flush_check;  /* end of each loop turn: write, then submit the batch */
     uv_timer_t hold_timer;   /* a turn for output held back (conn__hold_output()) */

@@ -1,4 +1,5 @@
-# Fuzzing of proto/: the line framer and the request parser and validator
+# Fuzzing of proto/: the line framer, the request parser and validator and the
+# PROXY header reader
 # (with the reply writers).
 #
 # Every build replays the seed corpora and the saved regressions through the
@@ -11,7 +12,7 @@
 option(SLOTD_FUZZ "Build the libFuzzer harnesses of proto/ (needs clang)" OFF)
 
 set(SLOTD_FUZZ_DIR ${CMAKE_CURRENT_SOURCE_DIR}/fuzz)
-set(SLOTD_FUZZ_HARNESSES framer request)
+set(SLOTD_FUZZ_HARNESSES framer request proxy)
 
 foreach(harness ${SLOTD_FUZZ_HARNESSES})
   add_executable(fuzz_replay_${harness} fuzz/fuzz_${harness}.c fuzz/replay.c)

@@ -2,7 +2,8 @@
 # pressure (test_integration_pressure), hostile clients
 # (test_integration_hostile) and at the edges of a connection's life
 # (test_integration_conn: --conn-timeout, running out of file descriptors,
-# lingering closes in a drain), and the subset of the integration suite that
+# lingering closes in a drain; test_integration_handshake: connections before
+# their auth, the PROXY protocol header), and the subset of the integration suite that
 # scripts/test.sh's valgrind stage runs with the daemon under memcheck.
 # Like the integration suite they get the daemon's path in SLOTD_BIN and run
 # with `ctest -L integration`.
@@ -14,7 +15,7 @@
 set(SLOTD_TEST_TIME_SCALE 1 CACHE STRING "Multiplier of the CTest timeouts of the tests labelled valgrind")
 
 set(_hostile_env "SLOTD_BIN=$<TARGET_FILE:slotd>")
-foreach(theme pressure hostile conn)
+foreach(theme pressure hostile conn handshake)
   set(_name test_integration_${theme})
   slotd_check_test(${_name} SOURCES ${_name}.c LIBS slotd_itest slotd_core cjson TIMEOUT 300)
   add_dependencies(${_name} slotd)

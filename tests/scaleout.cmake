@@ -16,6 +16,9 @@
 #   test_run_sh      scripts/run.sh in a scratch tree with no build/ and a
 #                    stand-in deps.sh: one line per phase, only slotd and
 #                    slotd-cli built, the daemon started on the ports given
+#   test_haproxy_proxy  a client's address through HAProxy on the committed
+#                    deploy/haproxy.cfg (send-proxy-v2) into an instance's
+#                    GET /sessions and log with --proxy-from, and not without
 # A missing tool (haproxy, prometheus, prometheus-alertmanager, socat,
 # curl, openssl, python3) or binary fails a test; it is never skipped
 # (scripts/deps.sh --test installs the tools).  `ctest -L scaleout` runs them.
@@ -34,7 +37,7 @@ set_tests_properties(scaleout PROPERTIES
   ENVIRONMENT "${_ops_env}" REQUIRED_FILES "${_ops_bins}"
   TIMEOUT 240 RUN_SERIAL TRUE LABELS "scaleout;integration")
 
-foreach(_ops test_dockerfile test_config_env test_quickstart)
+foreach(_ops test_dockerfile test_config_env test_quickstart test_haproxy_proxy)
   add_test(NAME ${_ops}
     COMMAND ${BASH_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/${_ops}.sh ${PROJECT_BINARY_DIR})
   set_tests_properties(${_ops} PROPERTIES

@@ -212,6 +212,9 @@ done
 lb_stats=127.0.0.1:$lb_stats_port
 lb_sock=$work/haproxy.sock
 
+# deploy/haproxy.cfg sends each instance a PROXY header: the instances
+# (started below) accept it from HAProxy's loopback addresses.
+export SLOTD_PROXY_FROM=127.0.0.0/8
 export SLOTD_LB_BIND=127.0.0.1:$lb_port SLOTD_LB_STATS=$lb_stats SLOTD_LB_SOCKET=$lb_sock
 unset SLOTD_LB_MAXCONN # the file's default is under test
 tls_port=$(free_port "${taken[@]}") || die "no free loopback port"
@@ -447,8 +450,11 @@ check_drained "after the restart" 1 2 3
 # drain lasts until the client goes (or --shutdown-timeout, 60 s here).
 # Each request is a step on an unknown id with a 16 KB tag, which the error
 # reply echoes: 16 KB of output for no work, a few hundred fill the buffers.
-bash -c 'exec 3<>"/dev/tcp/127.0.0.2/$1" || exit 1; exec >&3; printf "%s\n" "$3"; exec yes "$2"' _ \
-  "${port[3]}" "{\"op\":\"step\",\"id\":\"none\",\"tag\":\"$(printf '%016000d' 0)\"}" \
+# It connects from loopback, which SLOTD_PROXY_FROM lists: a PROXY header
+# first, as HAProxy sends, then the token.
+bash -c 'exec 3<>"/dev/tcp/127.0.0.2/$1" || exit 1; printf "PROXY UNKNOWN\r\n%s\n" "$3" >&3
+  exec yes "$2" >&3' _ "${port[3]}" \
+  "{\"op\":\"step\",\"id\":\"none\",\"tag\":\"$(printf '%016000d' 0)\"}" \
   "$auth_line" 2>"$work/holder.err" &
 holder=$!
 pids+=("$holder")

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -513,6 +514,54 @@ START_TEST(test_audit_rate_refused)
 }
 END_TEST
 
+/* --auth-timeout and --proxy-from: defaults 5 s and no one; addresses and
+ * CIDR networks of both families parsed to bytes and a prefix; the host
+ * bits past the prefix, a prefix out of range, a name or an empty entry
+ * refused; SLOTD_PROXY_FROM. */
+START_TEST(test_handshake_flags)
+{
+    static const char *const bad_nets[] = {"",           "10.0.0.1,",  ",10.0.0.1",  "10.0.0.1/33",
+                                           "10.0.0.5/8", "10.0.0.0/",  "10.0.0.0/x", "fd00::/129",
+                                           "fd00::1/64", "example.org"};
+    server_config_t cfg;
+
+    ck_assert_int_eq(parse(&cfg, "--port", "1"), CONFIG_OK);
+    ck_assert_uint_eq(cfg.auth_timeout, 5);
+    ck_assert_uint_eq(cfg.nproxy_from, 0);
+    ck_assert_int_eq(parse(&cfg, "--auth-timeout", "0", "--proxy-from",
+                           "10.0.0.1,10.1.0.0/16,fd00::/64,::ffff:10.0.0.0/104,0.0.0.0/0"),
+                     CONFIG_OK);
+    ck_assert_uint_eq(cfg.auth_timeout, 0);
+    ck_assert_uint_eq(cfg.nproxy_from, 5);
+    ck_assert_int_eq(cfg.proxy_from[0].family, AF_INET);
+    ck_assert_uint_eq(cfg.proxy_from[0].prefix, 32);
+    ck_assert_mem_eq(cfg.proxy_from[0].addr, "\x0a\x00\x00\x01", 4);
+    ck_assert_uint_eq(cfg.proxy_from[1].prefix, 16);
+    ck_assert_int_eq(cfg.proxy_from[2].family, AF_INET6);
+    ck_assert_uint_eq(cfg.proxy_from[2].prefix, 64);
+    ck_assert_uint_eq(cfg.proxy_from[2].addr[0], 0xfd);
+    ck_assert_uint_eq(cfg.proxy_from[4].prefix, 0);
+    ck_assert_int_eq(parse(&cfg, "--proxy-from", "none"), CONFIG_OK);
+    ck_assert_uint_eq(cfg.nproxy_from, 0);
+    for (size_t i = 0; i < sizeof(bad_nets) / sizeof(bad_nets[0]); i++) {
+        ck_assert_msg(parse(&cfg, "--proxy-from", bad_nets[i]) == CONFIG_ERROR, "'%s' was accepted",
+                      bad_nets[i]);
+        ck_assert_msg(strstr(err, "--proxy-from") != NULL, "'%s': %s", bad_nets[i], err);
+    }
+    ck_assert_int_eq(parse(&cfg, "--proxy-from",
+                           "1.1.1.1,2.2.2.2,3.3.3.3,4.4.4.4,5.5.5.5,6.6.6.6,"
+                           "7.7.7.7,8.8.8.8,9.9.9.9,1.0.0.1,1.0.0.2,1.0.0.3,"
+                           "1.0.0.4,1.0.0.5,1.0.0.6,1.0.0.7,1.0.0.8"),
+                     CONFIG_ERROR);
+    ck_assert_int_eq(parse(&cfg, "--auth-timeout", "86401"), CONFIG_ERROR);
+    char *const env[] = {"SLOTD_PROXY_FROM=192.0.2.0/24", "SLOTD_AUTH_TIMEOUT=30", NULL};
+    ck_assert_int_eq(parse_env(&cfg, env, (char *)NULL), CONFIG_OK);
+    ck_assert_uint_eq(cfg.nproxy_from, 1);
+    ck_assert_uint_eq(cfg.proxy_from[0].prefix, 24);
+    ck_assert_uint_eq(cfg.auth_timeout, 30);
+}
+END_TEST
+
 /* --preload: its default keeps the names --models allows; a name given
  * must be allowed; "none" builds nothing at start; SLOTD_PRELOAD. */
 START_TEST(test_preload)
@@ -615,6 +664,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_preload);
     tcase_add_test(tc, test_fault_flags);
     tcase_add_test(tc, test_cache_mb_cap);
+    tcase_add_test(tc, test_handshake_flags);
     suite_add_tcase(s, tc);
     return s;
 }

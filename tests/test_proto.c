@@ -371,6 +371,53 @@ START_TEST(test_framer_callback_stops)
 }
 END_TEST
 
+/* A callback that raises the limit at its first line, as a connection
+ * does at its auth. */
+static proto_framer_t *raise_framer;
+
+static int raise_cb(void *arg, const char *line, size_t len)
+{
+    collect_t *c = arg;
+    if (c->count == 0)
+        proto_framer_raise_limit(raise_framer, 4096);
+    return collect_cb(arg, line, len);
+}
+
+START_TEST(test_framer_raise_limit)
+{
+    static char data[2000], expect[2000];
+    proto_framer_t f;
+    collect_t c;
+
+    /* One feed: a short line, a line and a tail both past the old limit,
+     * which the carry must grow for after the callback raised it. */
+    collect_init(&c, &f, 16);
+    raise_framer = &f;
+    memset(data, 'x', sizeof(data));
+    memcpy(data, "auth\n", 5);
+    data[5 + 300] = '\n';
+    ck_assert_int_eq(proto_framer_feed(&f, data, 5 + 301 + 500, raise_cb, &c), SLOTD_OK);
+    ck_assert_uint_eq(c.count, 2);
+    ck_assert_uint_eq(f.len, 500);
+    ck_assert_int_eq(feed_str(&f, &c, "y\n"), SLOTD_OK);
+    memset(expect, 'x', sizeof(expect));
+    memcpy(expect, "auth\n", 5);
+    expect[5 + 300] = '\n';
+    memcpy(expect + 5 + 301 + 500, "y\n", 3);
+    ck_lines(&c, expect);
+    /* Past the new limit, too long as ever. */
+    static char many[4200];
+    memset(many, 'x', sizeof(many));
+    ck_assert_int_eq(feed(&f, &c, many, sizeof(many)), SLOTD_ELINE_TOO_LONG);
+    collect_free(&c, &f);
+
+    /* Not raised: the same feed is too long at the old limit. */
+    collect_init(&c, &f, 16);
+    ck_assert_int_eq(feed(&f, &c, data, 5 + 301 + 500), SLOTD_ELINE_TOO_LONG);
+    collect_free(&c, &f);
+}
+END_TEST
+
 /* Running out of memory uses nothing of the feed: feeding it again once
  * memory is back gives what an undisturbed framer gives. */
 static void framer_nomem_run(size_t max_line, const char *const *feeds, size_t nfeeds,
@@ -2475,6 +2522,7 @@ static Suite *proto_suite(void)
                         (int)(sizeof(too_long_cases) / sizeof(too_long_cases[0])));
     tcase_add_test(tc, test_framer_too_long_every_split);
     tcase_add_test(tc, test_framer_callback_stops);
+    tcase_add_test(tc, test_framer_raise_limit);
     tcase_add_test(tc, test_framer_nomem);
     tcase_add_test(tc, test_buf);
     suite_add_tcase(s, tc);

@@ -1,10 +1,10 @@
 #!/bin/sh
-# run.sh BUILD_DIR SECONDS: runs each libFuzzer harness (framer, request, admin) for SECONDS
+# run.sh BUILD_DIR SECONDS: runs each libFuzzer harness (framer, request, admin, proxy) for SECONDS
 # on a scratch copy of its seed corpus (plus the saved regressions), and
 # exits non-zero if any of them finds a crash, a leak or a timeout.
 #
 # BUILD_DIR is a build configured with CC=clang -DSLOTD_FUZZ=ON and built
-# with --target fuzz_framer fuzz_request fuzz_admin.  New inputs the fuzzer finds stay
+# with --target fuzz_framer fuzz_request fuzz_admin fuzz_proxy.  New inputs the fuzzer finds stay
 # in the scratch directory (printed at the end); copy the interesting ones
 # into tests/fuzz/corpus/<harness>/ and any crash into tests/fuzz/regressions/.
 set -eu
@@ -19,7 +19,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/slotd-fuzz.XXXXXX")
 status=0
 
-for harness in framer request admin; do
+for harness in framer request admin proxy; do
     exe=$build/tests/fuzz_$harness
     if [ ! -x "$exe" ]; then
         echo "run.sh: $exe not found: configure with CC=clang -DSLOTD_FUZZ=ON and build it" >&2
