@@ -15,7 +15,8 @@
  * submits its jobs in one batch.  The trim timer sheds the free lists of
  * records (req.c, session.c) that sat unused for a period.  The
  * session port is accepted by hand, with a reserve descriptor for running
- * out.  SIGTERM or SIGINT starts a drain; test builds
+ * out.  SIGTERM or SIGINT starts a drain, SIGHUP is logged and ignored
+ * (its default action would end the process); test builds
  * (SLOTD_FAULT_INJECTION) add a SIGUSR1 handle that releases a worker
  * wedged by --fault-wedge-after.
  *
@@ -333,6 +334,8 @@ static void server_finish(server_t *s)
     }
     close_quietly((uv_handle_t *)&s->sigterm);
     close_quietly((uv_handle_t *)&s->sigint);
+    close_quietly((uv_handle_t *)&s->sighup);
+    signal(SIGHUP, SIG_IGN); /* libuv put back the default action, which would end us */
 #if SLOTD_FAULT_INJECTION
     close_quietly((uv_handle_t *)&s->sigusr1);
 #endif
@@ -415,6 +418,14 @@ static void signal_cb(uv_signal_t *h, int signum)
     }
     log_info("signal %d: shutting down", signum);
     server_drain(s);
+}
+
+/* SIGHUP would end the process (its default action), and a terminal
+ * closing or a reload by habit sends it: logged and ignored, drain or not. */
+static void sighup_cb(uv_signal_t *h, int signum)
+{
+    (void)h;
+    log_info("signal %d: ignored (it reloads nothing; SIGTERM drains)", signum);
 }
 
 /* ---- Start-up ---- */
@@ -539,6 +550,8 @@ static int start_signals(server_t *s)
     rc = uv_signal_start(&s->sigterm, signal_cb, SIGTERM);
     if (rc == 0)
         rc = uv_signal_start(&s->sigint, signal_cb, SIGINT);
+    if (rc == 0)
+        rc = uv_signal_start(&s->sighup, sighup_cb, SIGHUP);
 #if SLOTD_FAULT_INJECTION
     if (rc == 0)
         rc = uv_signal_start(&s->sigusr1, sigusr1_cb, SIGUSR1);
@@ -591,6 +604,7 @@ int server_run(const server_config_t *cfg)
     uv_timer_init(&s->loop, &s->linger_timer);
     uv_signal_init(&s->loop, &s->sigterm);
     uv_signal_init(&s->loop, &s->sigint);
+    uv_signal_init(&s->loop, &s->sighup);
 #if SLOTD_FAULT_INJECTION
     uv_signal_init(&s->loop, &s->sigusr1);
     log_warn("built with fault injection (SLOTD_FAULT_INJECTION): a test build, not for service");

@@ -282,6 +282,7 @@ struct server {
     uint64_t accept_warned_ms; /* uv_now() of the last warning about accept; 0 none */
     uint64_t accept_unwarned;  /* accept failures since that warning */
     uv_signal_t sigterm, sigint;
+    uv_signal_t sighup; /* ignored with a log line (server.c: sighup_cb) */
 #if SLOTD_FAULT_INJECTION
     uv_signal_t sigusr1; /* test builds: job_fault_release() */
 #endif
