@@ -328,6 +328,7 @@ static void server_finish(server_t *s)
     close_quietly((uv_handle_t *)&s->accept_timer);
     close_quietly((uv_handle_t *)&s->quiet_timer);
     close_quietly((uv_handle_t *)&s->linger_timer);
+    close_quietly((uv_handle_t *)&s->deliver_timer);
     if (s->reserve_fd >= 0) {
         close(s->reserve_fd);
         s->reserve_fd = -1;
@@ -576,6 +577,7 @@ int server_run(const server_config_t *cfg)
     s->cfg = cfg;
     TAILQ_INIT(&s->quiet);
     TAILQ_INIT(&s->linger);
+    TAILQ_INIT(&s->deliver);
     TAILQ_INIT(&s->lru);
     s->hooks.line = dispatch__on_line;
     s->hooks.drain_line = dispatch__on_drain_line;
@@ -602,6 +604,7 @@ int server_run(const server_config_t *cfg)
     uv_timer_init(&s->loop, &s->accept_timer);
     uv_timer_init(&s->loop, &s->quiet_timer);
     uv_timer_init(&s->loop, &s->linger_timer);
+    uv_timer_init(&s->loop, &s->deliver_timer);
     uv_signal_init(&s->loop, &s->sigterm);
     uv_signal_init(&s->loop, &s->sigint);
     uv_signal_init(&s->loop, &s->sighup);
