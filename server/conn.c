@@ -4,9 +4,11 @@
  * fed through conn_hooks_t, reading stopped and resumed by the bounds),
  * writing (`out` and the write in flight, output held for a pipelined
  * burst: conn__hold_output()), the close, lingering when the peer's input
- * may not all be read, the drain's last read (conn__drain_input()), the
- * connections turned away, and the server's timed lists of quiet
- * (--conn-timeout) and lingering connections with their timers.
+ * may not all be read or (in a drain) may still come, then until the peer
+ * has taken every reply (SIOCOUTQ), the drain's last read
+ * (conn__drain_input()), the connections turned away, and the server's
+ * timed lists of quiet (--conn-timeout), lingering and delivering
+ * connections with their timers.
  *
  * DESIGN.  Loop thread only; no lock.  What a line means, and the requests
  * and sessions of a connection, belong to the files above it (dispatch.c,
@@ -28,6 +30,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <linux/sockios.h> /* SIOCOUTQ */
+
 #include "launch_int.h"
 #include "log.h"
 
@@ -35,6 +39,7 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
 static void wait_add(server_t *s, conn_t *c, conn_wait_t which, uint64_t until);
 static uint64_t linger_until(server_t *s);
+static uint64_t linger_hard_until(server_t *s);
 
 /* ---- The connection's lifetime ---- */
 
@@ -86,10 +91,45 @@ static void linger_end(conn_t *c)
 
 void conn__linger_cut(conn_t *c)
 {
-    if (c->wait != CONN_WAIT_LINGER)
+    if (c->wait != CONN_WAIT_LINGER && c->wait != CONN_WAIT_DELIVER)
         return;
     conn__wait_remove(c->server, c);
     linger_end(c);
+}
+
+/* Bytes of the connection's send queue the peer has not acknowledged yet
+ * (0 when the socket cannot tell). */
+static int conn_unsent(conn_t *c)
+{
+    uv_os_fd_t fd;
+    int unsent = 0;
+
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0 || ioctl(fd, SIOCOUTQ, &unsent) != 0)
+        return 0;
+    return unsent;
+}
+
+/* The lingering close is past its bytes or its time: closes once the peer
+ * has taken every reply, since a close that meets input resets the
+ * connection and the kernel then drops what its send queue still holds
+ * (behind a proxy, the peer sees a reply cut short and an EOF).  Until
+ * then, and at most until `linger_hard`, the input is still discarded. */
+static void linger_over(conn_t *c)
+{
+    server_t *s = c->server;
+    int unsent;
+
+    if (c->wait == CONN_WAIT_DELIVER)
+        return;
+    unsent = conn_unsent(c);
+    if (unsent == 0 || c->linger_hard <= uv_now(&s->loop)) {
+        if (unsent > 0)
+            log_debug("connection %" PRIu64 ": closed with %d bytes not taken by the peer",
+                      c->serial, unsent);
+        linger_end(c);
+        return;
+    }
+    wait_add(s, c, CONN_WAIT_DELIVER, c->linger_hard);
 }
 
 static void linger_read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
@@ -99,8 +139,10 @@ static void linger_read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *b
     (void)buf;
     if (nread > 0)
         c->linger_bytes += (size_t)nread;
-    if (nread < 0 || c->linger_bytes >= CONN_LINGER_MAX_BYTES)
+    if (nread < 0) /* the peer's EOF (nothing more can come), or a dead socket */
         linger_end(c);
+    else if (c->linger_bytes >= CONN_LINGER_MAX_BYTES)
+        linger_over(c);
 }
 
 static void linger_shutdown_cb(uv_shutdown_t *req, int status)
@@ -145,8 +187,7 @@ void conn__close(conn_t *c)
 
 /* Whether the peer may have sent input the daemon has not read: always
  * after line_too_long (the rest of the line is likely still coming), never
- * after its EOF, and otherwise if the socket holds unread bytes.  (A drain
- * closes an idle connection at once.) */
+ * after its EOF, and otherwise if the socket holds unread bytes. */
 static bool conn_input_left(conn_t *c)
 {
     uv_os_fd_t fd;
@@ -169,6 +210,7 @@ static void conn_close_lingering(conn_t *c)
     uint64_t now = uv_now(&s->loop), until = linger_until(s);
 
     conn_detach(c);
+    c->linger_hard = linger_hard_until(s);
     uv_read_stop((uv_stream_t *)&c->tcp);
     if (until <= now ||
         uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, linger_shutdown_cb) != 0 ||
@@ -194,7 +236,10 @@ void conn__update(conn_t *c)
         launch__run_parked(c);
     if (c->input_done) {
         if (c->order_head == NULL && !c->writing && c->out.len == 0) {
-            if (conn_input_left(c))
+            /* In a drain the peer may not have read its last answers and
+             * may still send: a line sent after a plain close would draw
+             * a reset, and the reset would destroy those answers. */
+            if (conn_input_left(c) || (s->draining && !c->peer_eof))
                 conn_close_lingering(c);
             else
                 conn__close(c);
@@ -500,24 +545,40 @@ void conn__mark_dirty(server_t *s, conn_t *c)
 
 /* ---- Quiet and lingering connections ---- */
 
-static conn_list_t *wait_list(server_t *s, conn_wait_t which)
-{
-    return which == CONN_WAIT_QUIET ? &s->quiet : &s->linger;
-}
-
-static uv_timer_t *wait_timer(server_t *s, conn_wait_t which)
-{
-    return which == CONN_WAIT_QUIET ? &s->quiet_timer : &s->linger_timer;
-}
-
 static void quiet_timer_cb(uv_timer_t *h);
 static void linger_timer_cb(uv_timer_t *h);
+static void deliver_timer_cb(uv_timer_t *h);
 
-/* Sets the list's timer for its first deadline, or stops it. */
+/* The list, timer and callback of a wait other than CONN_WAIT_NONE. */
+static conn_list_t *wait_list(server_t *s, conn_wait_t which, uv_timer_t **t, uv_timer_cb *cb)
+{
+    switch (which) {
+    case CONN_WAIT_NONE:
+        break;
+    case CONN_WAIT_QUIET:
+        *t = &s->quiet_timer;
+        *cb = quiet_timer_cb;
+        return &s->quiet;
+    case CONN_WAIT_LINGER:
+        *t = &s->linger_timer;
+        *cb = linger_timer_cb;
+        return &s->linger;
+    case CONN_WAIT_DELIVER:
+        *t = &s->deliver_timer;
+        *cb = deliver_timer_cb;
+        return &s->deliver;
+    }
+    assert(!"no list for CONN_WAIT_NONE");
+    return NULL;
+}
+
+/* Sets the list's timer for its first deadline, or stops it; the
+ * delivering connections' timer polls while there are any. */
 static void wait_arm(server_t *s, conn_wait_t which)
 {
-    conn_list_t *l = wait_list(s, which);
-    uv_timer_t *t = wait_timer(s, which);
+    uv_timer_t *t;
+    uv_timer_cb cb;
+    conn_list_t *l = wait_list(s, which, &t, &cb);
     uint64_t now = uv_now(&s->loop);
     conn_t *first = TAILQ_FIRST(l);
 
@@ -525,16 +586,23 @@ static void wait_arm(server_t *s, conn_wait_t which)
         uv_timer_stop(t);
         return;
     }
-    uv_timer_start(t, which == CONN_WAIT_QUIET ? quiet_timer_cb : linger_timer_cb,
-                   first->wait_until > now ? first->wait_until - now : 0, 0);
+    if (which == CONN_WAIT_DELIVER) {
+        if (!uv_is_active((uv_handle_t *)t))
+            uv_timer_start(t, cb, CONN_DELIVER_POLL_MS, CONN_DELIVER_POLL_MS);
+        return;
+    }
+    uv_timer_start(t, cb, first->wait_until > now ? first->wait_until - now : 0, 0);
 }
 
 static void wait_add(server_t *s, conn_t *c, conn_wait_t which, uint64_t until)
 {
-    conn_list_t *l = wait_list(s, which);
+    uv_timer_t *t;
+    uv_timer_cb cb;
+    conn_list_t *l = wait_list(s, which, &t, &cb);
 
     conn__wait_remove(s, c);
-    assert(TAILQ_EMPTY(l) || TAILQ_LAST(l, conn_list)->wait_until <= until);
+    assert(which == CONN_WAIT_DELIVER || TAILQ_EMPTY(l) ||
+           TAILQ_LAST(l, conn_list)->wait_until <= until);
     c->wait = which;
     c->wait_until = until;
     TAILQ_INSERT_TAIL(l, c, wait_link);
@@ -544,11 +612,13 @@ static void wait_add(server_t *s, conn_t *c, conn_wait_t which, uint64_t until)
 
 void conn__wait_remove(server_t *s, conn_t *c)
 {
+    uv_timer_t *t;
+    uv_timer_cb cb;
     conn_list_t *l;
 
     if (c->wait == CONN_WAIT_NONE)
         return;
-    l = wait_list(s, c->wait);
+    l = wait_list(s, c->wait, &t, &cb);
     TAILQ_REMOVE(l, c, wait_link);
     c->wait = CONN_WAIT_NONE;
     /* The timer stays set for the old head: it rearms when it fires. */
@@ -557,7 +627,9 @@ void conn__wait_remove(server_t *s, conn_t *c)
 /* Ends the wait of every connection on the list whose deadline passed. */
 static void wait_expire(server_t *s, conn_wait_t which)
 {
-    conn_list_t *l = wait_list(s, which);
+    uv_timer_t *t;
+    uv_timer_cb cb;
+    conn_list_t *l = wait_list(s, which, &t, &cb);
     uint64_t now = uv_now(&s->loop);
     conn_t *c;
 
@@ -566,7 +638,7 @@ static void wait_expire(server_t *s, conn_wait_t which)
         if (which == CONN_WAIT_QUIET)
             expire_quiet(c);
         else
-            linger_end(c);
+            linger_over(c);
     }
     wait_arm(s, which);
 }
@@ -579,6 +651,24 @@ static void quiet_timer_cb(uv_timer_t *h)
 static void linger_timer_cb(uv_timer_t *h)
 {
     wait_expire(container_of(h, server_t, linger_timer), CONN_WAIT_LINGER);
+}
+
+/* Closes every delivering connection whose peer has taken all its
+ * replies, or whose hard deadline passed. */
+static void deliver_timer_cb(uv_timer_t *h)
+{
+    server_t *s = container_of(h, server_t, deliver_timer);
+    uint64_t now = uv_now(&s->loop);
+    conn_t *c, *next;
+
+    for (c = TAILQ_FIRST(&s->deliver); c != NULL; c = next) {
+        next = TAILQ_NEXT(c, wait_link);
+        if (c->wait_until <= now || conn_unsent(c) == 0) {
+            conn__wait_remove(s, c);
+            linger_over(c);
+        }
+    }
+    wait_arm(s, CONN_WAIT_DELIVER);
 }
 
 /* ---- Lingering in a drain ---- */
@@ -602,15 +692,30 @@ static uint64_t linger_until(server_t *s)
     return until;
 }
 
-/* A drain began: no lingering close may outlast it (linger_until()
- * caps the ones that begin later the same way).  The cap is the same for
- * every one, so the list stays in deadline order. */
+static uint64_t linger_hard_until(server_t *s)
+{
+    uint64_t until = uv_now(&s->loop) + CONN_LINGER_HARD_MS;
+
+    if (s->draining && until > linger_cap_ms(s))
+        until = linger_cap_ms(s);
+    return until;
+}
+
+/* A drain began: no lingering close may outlast it (linger_until() and
+ * linger_hard_until() cap the ones that begin later the same way).  The
+ * cap is the same for every one, so the list stays in deadline order. */
 void conn__linger_cap(server_t *s)
 {
     uint64_t cap = linger_cap_ms(s);
     conn_t *c;
 
-    for (c = TAILQ_FIRST(&s->linger); c != NULL; c = TAILQ_NEXT(c, wait_link))
+    for (c = TAILQ_FIRST(&s->linger); c != NULL; c = TAILQ_NEXT(c, wait_link)) {
+        if (c->wait_until > cap)
+            c->wait_until = cap;
+        if (c->linger_hard > cap)
+            c->linger_hard = cap;
+    }
+    for (c = TAILQ_FIRST(&s->deliver); c != NULL; c = TAILQ_NEXT(c, wait_link))
         if (c->wait_until > cap)
             c->wait_until = cap;
     wait_arm(s, CONN_WAIT_LINGER);

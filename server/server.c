@@ -15,7 +15,8 @@
  * submits its jobs in one batch.  The trim timer sheds the free lists of
  * records (req.c, session.c) that sat unused for a period.  The
  * session port is accepted by hand, with a reserve descriptor for running
- * out.  SIGTERM or SIGINT starts a drain; test builds
+ * out.  SIGTERM or SIGINT starts a drain, SIGHUP is logged and ignored
+ * (its default action would end the process); test builds
  * (SLOTD_FAULT_INJECTION) add a SIGUSR1 handle that releases a worker
  * wedged by --fault-wedge-after.
  *
@@ -329,12 +330,15 @@ static void server_finish(server_t *s)
     close_quietly((uv_handle_t *)&s->quiet_timer);
     close_quietly((uv_handle_t *)&s->linger_timer);
     close_quietly((uv_handle_t *)&s->handshake_timer);
+    close_quietly((uv_handle_t *)&s->deliver_timer);
     if (s->reserve_fd >= 0) {
         close(s->reserve_fd);
         s->reserve_fd = -1;
     }
     close_quietly((uv_handle_t *)&s->sigterm);
     close_quietly((uv_handle_t *)&s->sigint);
+    close_quietly((uv_handle_t *)&s->sighup);
+    signal(SIGHUP, SIG_IGN); /* libuv put back the default action, which would end us */
 #if SLOTD_FAULT_INJECTION
     close_quietly((uv_handle_t *)&s->sigusr1);
 #endif
@@ -417,6 +421,14 @@ static void signal_cb(uv_signal_t *h, int signum)
     }
     log_info("signal %d: shutting down", signum);
     server_drain(s);
+}
+
+/* SIGHUP would end the process (its default action), and a terminal
+ * closing or a reload by habit sends it: logged and ignored, drain or not. */
+static void sighup_cb(uv_signal_t *h, int signum)
+{
+    (void)h;
+    log_info("signal %d: ignored (it reloads nothing; SIGTERM drains)", signum);
 }
 
 /* ---- Start-up ---- */
@@ -541,6 +553,8 @@ static int start_signals(server_t *s)
     rc = uv_signal_start(&s->sigterm, signal_cb, SIGTERM);
     if (rc == 0)
         rc = uv_signal_start(&s->sigint, signal_cb, SIGINT);
+    if (rc == 0)
+        rc = uv_signal_start(&s->sighup, sighup_cb, SIGHUP);
 #if SLOTD_FAULT_INJECTION
     if (rc == 0)
         rc = uv_signal_start(&s->sigusr1, sigusr1_cb, SIGUSR1);
@@ -565,6 +579,7 @@ int server_run(const server_config_t *cfg)
     s->cfg = cfg;
     TAILQ_INIT(&s->quiet);
     TAILQ_INIT(&s->linger);
+    TAILQ_INIT(&s->deliver);
     TAILQ_INIT(&s->lru);
     s->hooks.line = dispatch__on_line;
     s->hooks.drain_line = dispatch__on_drain_line;
@@ -596,8 +611,10 @@ int server_run(const server_config_t *cfg)
     uv_timer_init(&s->loop, &s->quiet_timer);
     uv_timer_init(&s->loop, &s->linger_timer);
     handshake__init(s);
+    uv_timer_init(&s->loop, &s->deliver_timer);
     uv_signal_init(&s->loop, &s->sigterm);
     uv_signal_init(&s->loop, &s->sigint);
+    uv_signal_init(&s->loop, &s->sighup);
 #if SLOTD_FAULT_INJECTION
     uv_signal_init(&s->loop, &s->sigusr1);
     log_warn("built with fault injection (SLOTD_FAULT_INJECTION): a test build, not for service");

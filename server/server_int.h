@@ -40,13 +40,19 @@
 #define CONN_MAX_PENDING_BYTES (4u << 20)
 
 /* The lingering close: once every reply of a connection whose input ended
- * (line_too_long, drain) is written, its sending side is shut down and its
- * input read and discarded until the peer's EOF, this many bytes, or this
- * long, then it is closed.  Closing with input unread would make the
- * kernel reset the connection and drop the replies the peer has not read
- * yet.  During a drain the wait also ends before --shutdown-timeout. */
+ * (line_too_long; in a drain, every connection whose peer has not ended
+ * its own) is written, its sending side is shut down and its input read
+ * and discarded until the peer's EOF, this many bytes, or this long.
+ * Closing with input unread would make the kernel reset the connection
+ * and drop the replies still in its send queue.  Past the bytes or the
+ * time, it is closed as soon as that queue is empty (every reply taken by
+ * the peer: polled every CONN_DELIVER_POLL_MS, input still discarded),
+ * but no later than CONN_LINGER_HARD_MS after the lingering began; in a
+ * drain, both end before --shutdown-timeout. */
 #define CONN_LINGER_MS 2000
 #define CONN_LINGER_MAX_BYTES (32u << 20)
+#define CONN_LINGER_HARD_MS 10000
+#define CONN_DELIVER_POLL_MS 10
 
 /* Holding replies (conn__hold_output()): a connection's new output waits
  * for more of its jobs out for at most --reply-hold-us, and only while it
@@ -166,8 +172,9 @@ struct session {
 /** Which timed list of the server a connection is on (conn->wait_link). */
 typedef enum conn_wait {
     CONN_WAIT_NONE = 0,
-    CONN_WAIT_QUIET,  /* server->quiet: nothing to do, closed after --conn-timeout */
-    CONN_WAIT_LINGER, /* server->linger: closed, its input discarded until `wait_until` */
+    CONN_WAIT_QUIET,   /* server->quiet: nothing to do, closed after --conn-timeout */
+    CONN_WAIT_LINGER,  /* server->linger: closed, its input discarded until `wait_until` */
+    CONN_WAIT_DELIVER, /* server->deliver: past that, its send queue not empty yet */
 } conn_wait_t;
 
 /** A list of connections in the order their deadlines fall (loop thread). */
@@ -176,8 +183,8 @@ typedef TAILQ_HEAD(conn_list, conn) conn_list_t;
 /** One session connection.  Allocated on accept; freed by conn__unref()
  * when both the handle's close callback has run and no job of the
  * connection is out (`refs`).  Once closed it no longer serves, but its
- * handle may stay open for a lingering close (on server->linger) until the
- * peer's EOF or its deadline. */
+ * handle may stay open for a lingering close (on server->linger, then
+ * server->deliver) until the peer's EOF or its deadline. */
 struct conn {
     uv_tcp_t tcp;
     uv_write_t write_req;
@@ -205,6 +212,7 @@ struct conn {
     uint64_t pending_slots;         /* need_slots likewise */
     uint64_t next_seq;              /* seq of the next line read */
     size_t linger_bytes;            /* input discarded while lingering */
+    uint64_t linger_hard;           /* uv_now() after which a lingering close waits no more */
     size_t drain_left;              /* a drain: input bytes still to read and answer (conn.c) */
     proto_buf_t out;                /* replies for the next write */
     proto_buf_t wbuf;               /* the bytes of the write in flight */
@@ -216,7 +224,7 @@ struct conn {
     bool input_done;                  /* EOF, line_too_long or drain: close once all is answered */
     bool peer_eof;                    /* the peer's EOF was read: no input is left unread */
     bool line_too_long;               /* input ended by line_too_long: close lingering */
-    bool closed;         /* no longer serving; lingering while wait is CONN_WAIT_LINGER */
+    bool closed;         /* no longer serving; lingering while wait is LINGER or DELIVER */
     bool handle_closing; /* uv_close() called */
 
     /* Its share of the pool (--max-sessions-per-connection,
@@ -299,12 +307,14 @@ struct server {
     uint64_t accept_warned_ms; /* uv_now() of the last warning about accept; 0 none */
     uint64_t accept_unwarned;  /* accept failures since that warning */
     uv_signal_t sigterm, sigint;
+    uv_signal_t sighup; /* ignored with a log line (server.c: sighup_cb) */
 #if SLOTD_FAULT_INJECTION
     uv_signal_t sigusr1; /* test builds: job_fault_release() */
 #endif
     uv_timer_t idle_timer, shutdown_timer;
     uv_timer_t quiet_timer;  /* --conn-timeout: the oldest quiet connection */
     uv_timer_t linger_timer; /* the oldest lingering connection */
+    uv_timer_t deliver_timer; /* polls `deliver` while it is not empty */
     conn_list_t quiet;       /* CONN_WAIT_QUIET, by deadline */
     conn_list_t linger;      /* CONN_WAIT_LINGER, by deadline */
     /* Connections awaiting a PROXY header or their auth, in accept order
@@ -312,6 +322,7 @@ struct server {
      * timer of the first deadline (handshake.c). */
     conn_list_t handshake;
     uv_timer_t handshake_timer;
+    conn_list_t deliver;     /* CONN_WAIT_DELIVER, in no order */
     uint64_t drain_deadline; /* uv_now() at which a drain overruns --shutdown-timeout */
     uv_check_t flush_check;  /* end of each loop turn: write, then submit the batch */
     uv_timer_t hold_timer;   /* a turn for output held back (conn__hold_output()) */

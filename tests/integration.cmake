@@ -45,3 +45,18 @@ slotd_check_test(test_integration_sched SOURCES test_integration_sched.c
 add_dependencies(test_integration_sched slotd)
 set_tests_properties(test_integration_sched PROPERTIES ENVIRONMENT "${_itest_env}"
                      LABELS integration)
+
+# A drain seen by clients that read late, keep writing, or pipeline deep
+# (docs/operations.md, "Draining it").  The same deep pipeline through
+# HAProxy on deploy/haproxy.cfg is an entry of its own, skipped (77) where
+# haproxy is not installed.
+slotd_check_test(test_integration_drain SOURCES test_integration_drain.c
+                 LIBS slotd_itest slotd_core cjson TIMEOUT 120)
+add_dependencies(test_integration_drain slotd)
+target_compile_definitions(test_integration_drain PRIVATE
+                           SLOTD_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+set_tests_properties(test_integration_drain PROPERTIES ENVIRONMENT "${_itest_env}"
+                     LABELS integration)
+add_test(NAME test_integration_drain_proxy COMMAND test_integration_drain proxy)
+set_tests_properties(test_integration_drain_proxy PROPERTIES ENVIRONMENT "${_itest_env}"
+                     TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS integration)

@@ -10,8 +10,10 @@
  * another keeps a heavy request running (sized by timing the daemon first)
  * so that the drain can be watched: GET /health must answer 503 while a
  * reply is still owed, and a new session connection must not be served.
- * The last tests run the executable with bad flags (exit status 2, one
- * line on stderr) and with --help and --version (exit status 0).
+ * SIGHUP is logged and ignored: the daemon keeps serving the connections
+ * it has and new ones.  The last tests run the executable with bad flags
+ * (exit status 2, one line on stderr) and with --help and --version (exit
+ * status 0).
  */
 #include <signal.h>
 #include <stdio.h>
@@ -156,6 +158,64 @@ START_TEST(test_sigterm_during_pipeline)
     itest_close(c);
     itest_close(idle);
     itest_close(partial);
+}
+END_TEST
+
+/* Lines of the daemon's log that contain `text`. */
+static int log_count(const itest_daemon_t *d, const char *text)
+{
+    FILE *f = fopen(d->log, "r");
+    char line[2048];
+    int n = 0;
+
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f) != NULL)
+        n += strstr(line, text) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* Waits (bounded) until `text` is on `want` lines of the daemon's log. */
+static bool await_log(const itest_daemon_t *d, const char *text, int want)
+{
+    for (int64_t deadline = itest_now_ms() + ITEST_REPLY_MS; itest_now_ms() < deadline;) {
+        if (log_count(d, text) >= want)
+            return true;
+        itest_sleep_ms(10);
+    }
+    return log_count(d, text) >= want;
+}
+
+START_TEST(test_sighup_ignored)
+{
+    itest_daemon_t *d = itest_daemon_start(NULL);
+    itest_conn_t *c = itest_connect(d);
+    cJSON *r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1,2]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+
+    /* Twice, each once the one before is logged (signals pending at once
+     * are delivered once). */
+    for (int i = 1; i <= 2; i++) {
+        itest_daemon_signal(d, SIGHUP);
+        ck_assert_msg(await_log(d, "signal 1: ignored", i), "SIGHUP %d was not logged", i);
+        ck_assert_msg(itest_daemon_alive(d), "SIGHUP %d ended the daemon", i);
+    }
+    ck_assert_int_eq(log_count(d, "shutting down"), 0);
+    /* The session lives on, and a new connection is served. */
+    r = itest_rpc(c, "{\"op\":\"step\",\"id\":\"a\",\"n\":1}");
+    itest_expect_ok(r);
+    ck_assert_int_eq(itest_int(r, "entries"), 3);
+    cJSON_Delete(r);
+    itest_conn_t *late = itest_connect(d);
+    ck_assert_int_eq(itest_stat(late, "live_sessions"), 1);
+    itest_http_t h;
+    itest_http_get(d, "/health", &h);
+    ck_assert_int_eq(h.status, 200);
+    itest_http_free(&h);
+    itest_close(late);
+    itest_close(c);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
 }
 END_TEST
 
@@ -387,6 +447,7 @@ int main(void)
     ITEST_ADD(s, test_sigint);
     ITEST_ADD(s, test_sigterm_during_pipeline);
     ITEST_ADD(s, test_health_while_draining);
+    ITEST_ADD(s, test_sighup_ignored);
     ITEST_ADD(s, test_bad_flags);
     ITEST_ADD(s, test_help_and_version);
     return itest_main(s);
