@@ -11,9 +11,13 @@
 #                    docs/operations.md
 #   test_quickstart  the README's nc session word for word, and that
 #                    scripts/deps.sh installs what the quick start runs
+#   test_units       deploy/slotd.service and slotd@.service: systemd-analyze
+#                    verify, printed as they are in docs/operations.md, and
+#                    their ExecStart run as systemd runs it, with a token
 # A missing tool (haproxy, prometheus, prometheus-alertmanager, socat,
-# curl, openssl, python3) or binary fails a test; it is never skipped
-# (scripts/deps.sh --test installs the tools).  `ctest -L scaleout` runs them.
+# curl, openssl, python3, systemd-analyze) or binary fails a test; it is
+# never skipped (scripts/deps.sh --test installs the tools).  `ctest -L
+# scaleout` runs them.
 
 find_program(BASH_EXECUTABLE bash REQUIRED)
 
@@ -29,7 +33,7 @@ set_tests_properties(scaleout PROPERTIES
   ENVIRONMENT "${_ops_env}" REQUIRED_FILES "${_ops_bins}"
   TIMEOUT 240 RUN_SERIAL TRUE LABELS "scaleout;integration")
 
-foreach(_ops test_dockerfile test_config_env test_quickstart)
+foreach(_ops test_dockerfile test_config_env test_quickstart test_units)
   add_test(NAME ${_ops}
     COMMAND ${BASH_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/${_ops}.sh ${PROJECT_BINARY_DIR})
   set_tests_properties(${_ops} PROPERTIES
