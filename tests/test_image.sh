@@ -161,4 +161,7 @@ check "a session against the container: ${replies[*]:-no reply}" \
 rc=$("${pm[@]}" inspect --format '{{.State.ExitCode}}' "$cid" 2>/dev/null)
 check "podman stop: the daemon drains and exits 0 (got ${rc:-none})" test "$rc" = 0
 
+# Images left by earlier builds (a cached layer of this one is kept).
+"${pm[@]}" image prune -f >/dev/null 2>&1
+
 [ $failed -eq 0 ]
