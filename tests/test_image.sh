@@ -63,11 +63,18 @@ if ! "${pm[@]}" image exists "$base"; then
     awk '$2 == "bookworm" && $3 == "main" { print $1; exit }')
   [ -n "$mirror" ] || { fail "no Debian 12 (bookworm main) source in this machine's apt sources"; exit 1; }
   echo "image: debootstrap a minimal Debian 12 from $mirror"
-  rm -rf "$dir/rootfs"
   t0=$SECONDS
-  if ! debootstrap --variant=minbase bookworm "$dir/rootfs" "$mirror" >"$dir/debootstrap.log" 2>&1; then
-    tail -n 20 "$dir/debootstrap.log"; fail "debootstrap"; exit 1
-  fi
+  # Up to three tries: debootstrap failed once here with "Invalid Release
+  # signature" from the same mirror that passed a minute later.
+  ok=0
+  for try in 1 2 3; do
+    rm -rf "$dir/rootfs"
+    if debootstrap --variant=minbase bookworm "$dir/rootfs" "$mirror" >"$dir/debootstrap.log" 2>&1; then
+      ok=1; break
+    fi
+    echo "image: debootstrap try $try failed: $(grep -m 1 '^E:' "$dir/debootstrap.log")"
+  done
+  [ $ok = 1 ] || { tail -n 20 "$dir/debootstrap.log"; fail "debootstrap"; exit 1; }
   # As Debian's own images: no package lists or caches in the base.
   rm -rf "$dir"/rootfs/var/lib/apt/lists/* "$dir"/rootfs/var/cache/apt/*.bin
   tar -C "$dir/rootfs" -c . | "${pm[@]}" import --change 'CMD ["bash"]' - "$base" >"$dir/import.log" 2>&1 ||
