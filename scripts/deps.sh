@@ -10,7 +10,8 @@ pkgs=(build-essential cmake pkg-config libuv1-dev libcjson-dev check libhttp-par
       netcat-openbsd curl)
 if [ "${1:-}" = "--test" ]; then
   pkgs+=(clang libclang-rt-14-dev valgrind python3 prometheus prometheus-alertmanager
-         redis-server haproxy socat procps openssl)
+         redis-server haproxy socat procps openssl
+         systemd podman runc debootstrap)
 fi
 
 missing=()

@@ -19,9 +19,13 @@
 #   test_haproxy_proxy  a client's address through HAProxy on the committed
 #                    deploy/haproxy.cfg (send-proxy-v2) into an instance's
 #                    GET /sessions and log with --proxy-from, and not without
+#   test_units       deploy/slotd.service and slotd@.service: systemd-analyze
+#                    verify, printed as they are in docs/operations.md, and
+#                    their ExecStart run as systemd runs it, with a token
 # A missing tool (haproxy, prometheus, prometheus-alertmanager, socat,
-# curl, openssl, python3) or binary fails a test; it is never skipped
-# (scripts/deps.sh --test installs the tools).  `ctest -L scaleout` runs them.
+# curl, openssl, python3, systemd-analyze) or binary fails a test; it is
+# never skipped (scripts/deps.sh --test installs the tools).  `ctest -L
+# scaleout` runs them.
 
 find_program(BASH_EXECUTABLE bash REQUIRED)
 
@@ -37,7 +41,7 @@ set_tests_properties(scaleout PROPERTIES
   ENVIRONMENT "${_ops_env}" REQUIRED_FILES "${_ops_bins}"
   TIMEOUT 240 RUN_SERIAL TRUE LABELS "scaleout;integration")
 
-foreach(_ops test_dockerfile test_config_env test_quickstart test_haproxy_proxy)
+foreach(_ops test_dockerfile test_config_env test_quickstart test_haproxy_proxy test_units)
   add_test(NAME ${_ops}
     COMMAND ${BASH_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/${_ops}.sh ${PROJECT_BINARY_DIR})
   set_tests_properties(${_ops} PROPERTIES

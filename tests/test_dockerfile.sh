@@ -120,6 +120,37 @@ if [ -f "$root/.dockerignore" ]; then
   done <"$root/.dockerignore"
 fi
 check ".dockerignore keeps the build tree '$build_dir/' out of the context" test $ignored -eq 0
+# The token made next to deploy/prometheus.yml (docs/operations.md) is a
+# secret: `COPY . .` must not put it into the build stage.
+secret=1
+if [ -f "$root/.dockerignore" ]; then
+  while IFS= read -r pat; do
+    pat=$(trim "$pat")
+    case $pat in "" | "#"* | "!"*) continue ;; esac
+    pat=${pat#/}
+    # shellcheck disable=SC2053
+    [[ deploy/slotd_token == $pat || deploy == "${pat%/}" ]] && secret=0
+  done <"$root/.dockerignore"
+fi
+check ".dockerignore keeps the token file deploy/slotd_token out of the context" test $secret -eq 0
+
+# Layer caching: the packages are installed before the sources are copied,
+# so that a change to the sources does not install them again.
+order=$(awk -F'\t' -v s="$build_stage" '$1 == s && $2 == "RUN" && $3 ~ /scripts\/deps\.sh/ { if (!d) d = NR }
+  $1 == s && $2 == "COPY" && $3 ~ /^\.[ \t]/ { if (!c) c = NR } END { print (d && c && d < c) ? "ok" : "no" }' "$work/instructions")
+check "the build stage runs scripts/deps.sh before COPY . ." test "$order" = ok
+
+# The base image: every FROM names a digest, directly or through an ARG
+# whose default does (the image stage of scripts/test.sh passes its own).
+pinned=0
+while IFS= read -r from; do
+  img=${from%%[ 	]*}
+  if [[ $img =~ ^\$\{?([A-Za-z_][A-Za-z_0-9]*)\}?$ ]]; then
+    img=$(sed -n "s/^ARG[ \t]\{1,\}${BASH_REMATCH[1]}=//p" "$dockerfile" | head -n 1)
+  fi
+  [[ $img =~ @sha256:[0-9a-f]{64}$ ]] || { pinned=1; echo "not pinned by digest: FROM $from"; }
+done < <(awk -F'\t' '$2 == "FROM" { print $3 }' "$work/instructions")
+check "every FROM is pinned by digest" test $pinned -eq 0
 
 # ---- The runtime stage ----
 
@@ -145,6 +176,10 @@ check "runtime runs as a non-root USER ('$user')" \
   test -n "$user" -a "$user" != root -a "$user" != 0
 check "runtime stage creates user '$user'" \
   bash -c 'grep -Eq "(useradd|adduser)[^&;]*[[:space:]]$1([[:space:];&]|$)" <<<"$2"' _ "$user" "$(instr "$last" RUN)"
+# The guide tells operators to give the token file to this UID.
+uid=$(instr "$last" RUN | grep -Eo "useradd[^&;]*" | grep -Eo -- "--uid[ =]+[0-9]+" | grep -Eo "[0-9]+$" | head -n 1)
+check "user '$user' has a fixed UID (${uid:-none}) that docs/operations.md gives" \
+  bash -c '[ -n "$1" ] && [ "$1" -gt 0 ] && grep -q -- "$1" "$2"' _ "$uid" "$root/docs/operations.md"
 
 help=$("$slotd" --help 2>&1)
 default_of() { sed -n "s/^ *--$1 V .*(\([0-9]*\)).*/\1/p" <<<"$help"; }
@@ -157,8 +192,9 @@ check "EXPOSE has the daemon's default ports $def_port and $def_admin (EXPOSE$ex
 hc=$(instr "$last" HEALTHCHECK | tail -n 1)
 hc_cmd=${hc#*CMD }
 [ "$hc_cmd" = "$hc" ] && hc_cmd=""
-check "HEALTHCHECK asks /health on the admin port ($hc_cmd)" \
-  bash -c '[[ $1 == *"/health"* ]] && [[ $1 == *":$2/"* || $1 == *"SLOTD_ADMIN_PORT:-$2}/"* ]]' _ "$hc_cmd" "$def_admin"
+check "HEALTHCHECK asks slotd-cli health at SLOTD_ADMIN_LISTEN and SLOTD_ADMIN_PORT ($hc_cmd)" \
+  bash -c '[[ $1 == "slotd-cli "*" health"* ]] && [[ $1 == *"SLOTD_ADMIN_PORT:-$2}"* ]] &&
+           [[ $1 == *"SLOTD_ADMIN_LISTEN:-127.0.0.1}"* ]]' _ "$hc_cmd" "$def_admin"
 
 # CMD (and ENTRYPOINT, if any) as JSON arrays of plain strings.
 json_array() { # prints one element a line; fails on anything else
@@ -261,12 +297,13 @@ case " ${argv[*]} " in
 esac
 
 # As in the image: the ENV lines, no other SLOTD_* setting, and the USER's
-# privileges (nobody here) when this runs as root.
+# UID (nobody's if it has none) when this runs as root.
 runas=()
 who=$(id -un)
+ruid=${uid:-65534}
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
-  runas=(setpriv --reuid=65534 --regid=65534 --clear-groups)
-  who="uid 65534"
+  runas=(setpriv --reuid="$ruid" --regid="$ruid" --clear-groups)
+  who="uid $ruid"
 fi
 # Protected mode: the CMD opens the session port to the container's
 # interfaces, so without a token it must refuse to start, naming both fixes.
@@ -282,7 +319,7 @@ check "without a token the CMD refuses to start (exit $rc): $(head -c 200 "$work
 token=dockerfile-test-token-0123456789
 printf '%s\n' "$token" >"$work/token"
 chmod 600 "$work/token"
-[ ${#runas[@]} -gt 0 ] && { chmod 711 "$work"; chown 65534:65534 "$work/token"; }
+[ ${#runas[@]} -gt 0 ] && { chmod 711 "$work"; chown "$ruid:$ruid" "$work/token"; }
 env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/ "${envs[@]}" SLOTD_AUTH_TOKEN_FILE="$work/token" \
   SLOTD_PORT="$port" SLOTD_ADMIN_PORT="$admin" "${runas[@]}" "${argv[@]}" >"$work/daemon.log" 2>&1 &
 daemon=$!
@@ -309,11 +346,17 @@ if [ -n "$hc_cmd" ]; then
   else
     hc_run=(sh -c "$hc_cmd")
   fi
+  # The image's PATH, with the built slotd-cli where the image has it;
+  # as the image's user, with the token file the daemon was given.
   healthcheck() {
-    env -i PATH=/usr/local/bin:/usr/bin:/bin "${envs[@]}" SLOTD_PORT="$port" SLOTD_ADMIN_PORT="$admin" \
-      "${hc_run[@]}" >/dev/null 2>&1
+    env -i PATH="$(dirname "$slotd"):/usr/local/bin:/usr/bin:/bin" "${envs[@]}" SLOTD_PORT="$port" \
+      SLOTD_ADMIN_PORT="$admin" SLOTD_AUTH_TOKEN_FILE="$work/token" "$@" "${runas[@]}" "${hc_run[@]}" >/dev/null 2>&1
   }
+  healthcheck_fails() { ! healthcheck "$@"; }
   check "the HEALTHCHECK command passes against it, in the container's environment" healthcheck
+  check "the HEALTHCHECK command passes with SLOTD_ADMIN_LISTEN=0.0.0.0" healthcheck SLOTD_ADMIN_LISTEN=0.0.0.0
+  check "the HEALTHCHECK command fails when the admin port is elsewhere" \
+    healthcheck_fails SLOTD_ADMIN_LISTEN=127.0.0.2
 fi
 
 replies=()
@@ -343,5 +386,8 @@ for _ in $(seq 100); do
 done
 check "SIGTERM: the daemon exits with status 0 (got $rc)" test "$rc" = 0
 daemon=""
+if [ -n "$hc_cmd" ]; then
+  check "the HEALTHCHECK command fails once the daemon is gone" healthcheck_fails
+fi
 
 [ $failed -eq 0 ]
