@@ -12,9 +12,11 @@
  *                 writes it (proto_reply_stats() with no tag), trailing
  *                 newline kept;
  *   GET /metrics  200 text/plain; version=0.0.4, from metrics_render();
- *   GET /sessions 200 application/json from the sessions hook, with at
- *                 most ?limit=N sessions (ADMIN_HTTP_SESSIONS_DEFAULT);
- *                 400 for any other query (404 without the hook).
+ *   GET /sessions 200 application/json with at most ?limit=N sessions
+ *                 (ADMIN_HTTP_SESSIONS_DEFAULT): the caller has the body
+ *                 built (ADMIN_HTTP_WAIT, admin_http_complete()) and it
+ *                 goes out ADMIN_HTTP_SLICE bytes per resume; 400 for any
+ *                 other query (404 without the hook).
  *
  * With a token (admin_hooks_t.token), every route but /health asks for
  * "Authorization: Bearer <token>" and is 401 with "WWW-Authenticate:
@@ -46,6 +48,18 @@
 /* "Bearer " and the longest token, with room to see a longer value. */
 #define AUTHZ_MAX (7 + AUTH_TOKEN_MAX + 1)
 
+typedef struct response {
+    int status;
+    const char *content_type;
+    const char *extra; /* more header lines, each ending "\r\n", or NULL */
+    const char *body;
+    size_t body_len;
+    bool head; /* send the headers only */
+    bool close;
+    bool keep_alive_10; /* an HTTP/1.0 keep-alive: say so */
+    bool body_later;    /* append the headers only: the body follows in slices */
+} response_t;
+
 struct admin_http {
     http_parser parser;
     admin_hooks_t hooks;
@@ -62,6 +76,13 @@ struct admin_http {
     bool nomem;          /* a response could not be appended */
     bool closed;         /* ADMIN_HTTP_CLOSE was returned */
     bool full;           /* ADMIN_HTTP_FULL is pending */
+    /* ADMIN_HTTP_WAIT is pending: the response to GET /sessions waits for
+     * its body (admin_http_complete()), with these headers. */
+    bool waiting;
+    size_t wait_limit;
+    response_t wait_r;
+    proto_buf_t rest; /* a long body's bytes not yet appended, from rest_off */
+    size_t rest_off;
     uint64_t responses;
     /* The Authorization header of the request being read, gathered across
      * the parser's header callbacks. */
@@ -113,16 +134,6 @@ static const char *status_text(int status)
     }
 }
 
-typedef struct response {
-    int status;
-    const char *content_type;
-    const char *extra; /* more header lines, each ending "\r\n", or NULL */
-    const char *body;
-    size_t body_len;
-    bool head; /* send the headers only */
-    bool close;
-    bool keep_alive_10; /* an HTTP/1.0 keep-alive: say so */
-} response_t;
 
 static int append_response(admin_http_t *h, const response_t *r)
 {
@@ -140,7 +151,7 @@ static int append_response(admin_http_t *h, const response_t *r)
                                         : "");
     if (n < 0 || (size_t)n >= sizeof(hdr))
         return SLOTD_EINVAL;
-    size_t body_len = r->head ? 0 : r->body_len;
+    size_t body_len = r->head || r->body_later ? 0 : r->body_len;
     if (proto_buf_reserve(h->out, (size_t)n + body_len) != SLOTD_OK)
         return SLOTD_ENOMEM;
     proto_buf_append(h->out, hdr, (size_t)n);
@@ -259,6 +270,9 @@ static int sessions_query(const char *q, size_t len, size_t *limit)
     return 0;
 }
 
+/* What route() returns when the body is built elsewhere (GET /sessions). */
+#define ROUTE_WAIT 1
+
 /* Fills h->body and `r` for a GET or HEAD of `path` with `query` (qlen
  * bytes, 0 for none). */
 static int route(admin_http_t *h, const char *path, size_t len, const char *query, size_t qlen,
@@ -306,7 +320,8 @@ static int route(admin_http_t *h, const char *path, size_t len, const char *quer
         }
         r->status = 200;
         r->content_type = "application/json";
-        return h->hooks.sessions(h->hooks.arg, limit, &h->body);
+        h->wait_limit = limit;
+        return ROUTE_WAIT;
     }
     if (IS("/metrics")) {
         get_stats(h, &st);
@@ -352,6 +367,12 @@ static int respond(admin_http_t *h)
         rc = route(h, h->url + u.field_data[UF_PATH].off, u.field_data[UF_PATH].len,
                    q ? h->url + u.field_data[UF_QUERY].off : "", q ? u.field_data[UF_QUERY].len : 0,
                    &r);
+    }
+    if (rc == ROUTE_WAIT) {
+        /* The headers wait with the body; nothing is appended yet. */
+        h->waiting = true;
+        h->wait_r = r;
+        return SLOTD_OK;
     }
     if (rc != SLOTD_OK)
         return SLOTD_ENOMEM;
@@ -521,8 +542,10 @@ static int run(admin_http_t *h, const char *data, size_t len, size_t *used)
             off += n;
             h->req_bytes = 0;
             h->headers_done = false;
-            if (h->closed || h->full) {
-                rc = h->closed ? ADMIN_HTTP_CLOSE : ADMIN_HTTP_FULL;
+            if (h->closed || h->full || h->waiting) {
+                rc = h->closed    ? ADMIN_HTTP_CLOSE
+                     : h->waiting ? ADMIN_HTTP_WAIT
+                                  : ADMIN_HTTP_FULL;
                 break;
             }
             continue;
@@ -557,6 +580,8 @@ admin_http_t *admin_http_new(const admin_hooks_t *hooks, admin_http_clock_fn now
     h->now_ns = now_ns != NULL ? now_ns : monotonic_ns;
     proto_buf_init(&h->body);
     proto_buf_init(&h->held);
+    proto_buf_init(&h->rest);
+
     http_parser_init(&h->parser, HTTP_REQUEST);
     h->parser.data = h;
     return h;
@@ -568,6 +593,7 @@ void admin_http_free(admin_http_t *h)
         return;
     proto_buf_free(&h->body);
     proto_buf_free(&h->held);
+    proto_buf_free(&h->rest);
     free(h);
 }
 
@@ -575,16 +601,17 @@ int admin_http_feed(admin_http_t *h, const char *data, size_t len, proto_buf_t *
 {
     if (h->closed)
         return ADMIN_HTTP_CLOSE;
-    if (h->full) {
+    if (h->full || h->waiting) {
         if (proto_buf_append(&h->held, data, len) != SLOTD_OK)
             return SLOTD_ENOMEM;
-        return ADMIN_HTTP_FULL;
+        return h->waiting ? ADMIN_HTTP_WAIT : ADMIN_HTTP_FULL;
     }
     h->out = out;
     size_t used;
     int rc = run(h, data, len, &used);
     h->out = NULL;
-    if (rc == ADMIN_HTTP_FULL && proto_buf_append(&h->held, data + used, len - used) != SLOTD_OK) {
+    if ((rc == ADMIN_HTTP_FULL || rc == ADMIN_HTTP_WAIT) &&
+        proto_buf_append(&h->held, data + used, len - used) != SLOTD_OK) {
         h->closed = true;
         return SLOTD_ENOMEM;
     }
@@ -593,6 +620,21 @@ int admin_http_feed(admin_http_t *h, const char *data, size_t len, proto_buf_t *
 
 int admin_http_resume(admin_http_t *h, proto_buf_t *out)
 {
+    if (h->waiting)
+        return ADMIN_HTTP_WAIT;
+    if (h->rest_off < h->rest.len) {
+        size_t n = h->rest.len - h->rest_off;
+        n = n < ADMIN_HTTP_SLICE ? n : ADMIN_HTTP_SLICE;
+        if (proto_buf_append(out, h->rest.data + h->rest_off, n) != SLOTD_OK) {
+            h->closed = true;
+            return SLOTD_ENOMEM;
+        }
+        h->rest_off += n;
+        if (h->rest_off < h->rest.len)
+            return ADMIN_HTTP_FULL;
+        proto_buf_free(&h->rest);
+        h->rest_off = 0;
+    }
     if (h->closed)
         return ADMIN_HTTP_CLOSE;
     if (!h->full)
@@ -611,7 +653,44 @@ int admin_http_resume(admin_http_t *h, proto_buf_t *out)
 
 bool admin_http_idle(const admin_http_t *h)
 {
-    return h->req_bytes == 0 && !h->full && h->held.len == 0;
+    return h->req_bytes == 0 && !h->full && !h->waiting && h->held.len == 0;
+}
+
+size_t admin_http_wait_limit(const admin_http_t *h)
+{
+    return h->wait_limit;
+}
+
+int admin_http_complete(admin_http_t *h, int rc, proto_buf_t *body, proto_buf_t *out)
+{
+    if (!h->waiting)
+        return admin_http_resume(h, out);
+    h->waiting = false;
+    if (rc != SLOTD_OK) {
+        h->closed = true;
+        return SLOTD_ENOMEM;
+    }
+    response_t r = h->wait_r;
+    r.body_len = body->len;
+    r.body_later = true;
+    h->out = out;
+    rc = append_response(h, &r);
+    h->out = NULL;
+    if (rc != SLOTD_OK) {
+        h->closed = true;
+        return SLOTD_ENOMEM;
+    }
+    if (!r.head) {
+        /* The body goes out a slice per resume, from its own buffer. */
+        proto_buf_t t = h->rest;
+        h->rest = *body;
+        *body = t;
+        h->rest_off = 0;
+    }
+    if (r.close)
+        h->closed = true;
+    h->full = true; /* held input, if any, goes on after the body */
+    return admin_http_resume(h, out);
 }
 
 uint64_t admin_http_responses(const admin_http_t *h)

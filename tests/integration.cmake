@@ -45,3 +45,11 @@ slotd_check_test(test_integration_sched SOURCES test_integration_sched.c
 add_dependencies(test_integration_sched slotd)
 set_tests_properties(test_integration_sched PROPERTIES ENVIRONMENT "${_itest_env}"
                      LABELS integration)
+
+# GET /sessions over 50,000 live sessions while the session port is used:
+# a few hundred thousand lines, so a longer timeout for the sanitizer builds.
+slotd_check_test(test_integration_listing SOURCES test_integration_listing.c
+                 LIBS slotd_itest slotd_core cjson TIMEOUT 300)
+add_dependencies(test_integration_listing slotd)
+set_tests_properties(test_integration_listing PROPERTIES ENVIRONMENT "${_itest_env}"
+                     LABELS integration)
