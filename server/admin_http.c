@@ -33,6 +33,7 @@
 
 #include <ctype.h>
 #include <http_parser.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -43,6 +44,7 @@
 #include <time.h>
 
 #include "server/auth.h"
+#include "server/log.h"
 #include "server/metrics.h"
 
 /* "Bearer " and the longest token, with room to see a longer value. */
@@ -207,6 +209,31 @@ static void get_stats(admin_http_t *h, proto_stats_t *st)
         h->hooks.stats(h->hooks.arg, st);
 }
 
+/* Wrong Bearer tokens are logged at most once per AUTH_LOG_EVERY_NS, each
+ * line with the count since the last one, so that a flood of them cannot
+ * fill the disk.  The daemon's admin_http_t all live on the loop thread,
+ * so the state is plain. */
+#define AUTH_LOG_EVERY_NS 10000000000u
+static uint64_t auth_logged_ns; /* now_ns() of the last line */
+static uint64_t auth_unlogged;  /* wrong tokens since then */
+static bool auth_logged;        /* a line was written */
+
+static void log_auth_failure(const admin_http_t *h)
+{
+    uint64_t now = h->now_ns();
+    auth_unlogged++;
+    if (auth_logged && now - auth_logged_ns < AUTH_LOG_EVERY_NS)
+        return;
+    log_warn("admin port: %" PRIu64 " request%s with a wrong Bearer token%s (answered 401; "
+             "at most one such line every %u s)",
+             auth_unlogged, auth_unlogged == 1 ? "" : "s",
+             auth_logged ? " since the last such line" : "",
+             (unsigned)(AUTH_LOG_EVERY_NS / 1000000000u));
+    auth_logged = true;
+    auth_logged_ns = now;
+    auth_unlogged = 0;
+}
+
 /* True if no token is set, or the request carries exactly one
  * "Authorization: Bearer <token>" with the right one.  A wrong token is
  * counted; a missing header is not. */
@@ -232,6 +259,7 @@ static bool authorized(const admin_http_t *h)
             return true;
     }
     metrics_count_auth_failure();
+    log_auth_failure(h);
     return false;
 }
 
@@ -324,6 +352,14 @@ static int route(admin_http_t *h, const char *path, size_t len, const char *quer
         return ROUTE_WAIT;
     }
     if (IS("/metrics")) {
+        const char *why = NULL;
+        bool draining = false, wedged = false;
+        if (h->hooks.health != NULL)
+            h->hooks.health(h->hooks.arg, &draining, &wedged);
+        /* The gauges are set as they are read, as /health would answer. */
+        metrics_healthy_set(h->hooks.healthy == NULL || h->hooks.healthy(h->hooks.arg, &why));
+        metrics_draining_set(draining);
+        metrics_wedged_set(wedged);
         get_stats(h, &st);
         r->status = 200;
         r->content_type = "text/plain; version=0.0.4; charset=utf-8";

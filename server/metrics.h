@@ -132,6 +132,12 @@ typedef enum metrics_close {
        "Seconds since the last completed step; no sample before the first step.")                  \
     XX(DERIVED_GAUGE, uptime, NONE, render_uptime, "slotd_uptime_seconds",                         \
        "Seconds since the daemon started.")                                                        \
+    XX(GAUGE, healthy, NONE, _, "slotd_healthy",                                                   \
+       "1 while GET /health answers 200, else 0 (draining, or a worker wedged).")                  \
+    XX(GAUGE, draining, NONE, _, "slotd_draining",                                                 \
+       "1 while the daemon drains (SIGTERM or SIGINT received), else 0.")                          \
+    XX(GAUGE, wedged, NONE, _, "slotd_wedged",                                                     \
+       "1 while a worker is wedged (--wedge-timeout), else 0.")                                    \
     XX(STAT_GAUGE, threads, NONE, threads, "slotd_threads", "Worker threads.")
 
 /* The declarations each kind generates (see ADDING A METRIC).  Any thread
