@@ -219,7 +219,8 @@ static int write_body(inspect_listing_t *l)
     char line[512];
     int rc;
 
-    qsort(l->v, l->n, sizeof(*l->v), by_size);
+    if (l->n > 0) /* l->v is NULL with nothing listed */
+        qsort(l->v, l->n, sizeof(*l->v), by_size);
     int w = snprintf(line, sizeof(line), "{\"total\":%zu,\"limit\":%zu,\"sessions\":[", l->n,
                      l->limit);
     rc = proto_buf_append(out, line, (size_t)w);
