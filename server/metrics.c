@@ -191,6 +191,18 @@ static const char *name_close(size_t i)
 #define INDEX_close(label) ((size_t)(unsigned)(label))
 #define INDEX_model(label) ((size_t)(label))
 
+/* metrics_model_served(): the presets --models allows. */
+static bool model_served[MODEL_NPRESETS];
+
+/* Whether a histogram renders the series of label index l: every one but
+ * the model label's presets not served. */
+#define SHOWN_NONE(l) true
+#define SHOWN_op(l) true
+#define SHOWN_code(l) true
+#define SHOWN_release(l) true
+#define SHOWN_close(l) true
+#define SHOWN_model(l) model_served[(l)]
+
 #define XX(set, key, count, name)                                                                  \
     enum { NL_##set = (count) };                                                                   \
     static const char *const key_##set = key;                                                      \
@@ -465,6 +477,8 @@ static int render_buckets(proto_buf_t *b, const char *name, const char *lab, con
     static int render_##stem(proto_buf_t *b, const char *name)                                     \
     {                                                                                              \
         for (size_t l_ = 0; l_ < NL_##labels; l_++) {                                              \
+            if (!SHOWN_##labels(l_))                                                               \
+                continue;                                                                          \
             uint64_t counts_[NB_##arg + 1] = {0}, sum_ = 0;                                        \
             for (size_t k_ = 0; k_ < METRICS_COPIES; k_++) {                                       \
                 for (size_t i_ = 0; i_ <= NB_##arg; i_++)                                          \
@@ -508,6 +522,7 @@ void metrics_init(uint64_t now_ns)
     METRICS_BUCKET_SETS(XX)
 #undef XX
     STORE(m.start_ns, now_ns);
+    memset(model_served, 0, sizeof(model_served));
 #define INIT_COUNTER(stem, labels) ZERO(m.stem);
 #define INIT_GAUGE(stem, labels) ZERO(m.stem);
 #define INIT_HISTOGRAM(stem, labels)                                                               \
@@ -540,21 +555,30 @@ static void stamp_step(metrics_shard_t *s, uint64_t now_ns)
     }
 }
 
-void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
+void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns, size_t model)
 {
     metrics_shard_t *s = shard_of(shard);
 
-    observe_step_seconds(s, duration_ns, 0);
+    if (model < NL_model)
+        observe_step_seconds(s, duration_ns, model);
     stamp_step(s, now_ns);
 }
 
-void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
+void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns,
+                                size_t model)
 {
     metrics_shard_t *s = shard_of(shard);
 
-    observe_step_seconds(s, duration_ns, 0);
+    if (model < NL_model)
+        observe_step_seconds(s, duration_ns, model);
     observe_batch_size(s, 1, 0);
     stamp_step(s, now_ns);
+}
+
+void metrics_model_served(size_t model)
+{
+    if (model < MODEL_NPRESETS)
+        model_served[model] = true;
 }
 
 void metrics_observe_loop_request_durations(uint64_t now_ns, const uint64_t *read_ns,

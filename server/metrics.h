@@ -113,8 +113,8 @@ typedef enum metrics_close {
        "Batches of two or more single steps of one model run as one (--max-batch).")               \
     XX(COUNTER, batched_step, NONE, _, "slotd_batched_steps_total",                                \
        "Steps that ran in such batches.")                                                          \
-    XX(HISTOGRAM, step_seconds, NONE, seconds, "slotd_step_seconds",                               \
-       "Latency of step requests (one observation per request, whatever its n).")                  \
+    XX(HISTOGRAM, step_seconds, model, seconds, "slotd_step_seconds",                              \
+       "Latency of step requests by model (one observation per request, whatever its n).")         \
     XX(GAUGE, steps_in_flight, NONE, _, "slotd_steps_in_flight",                                   \
        "Step requests handed to the workers and not back yet: queued or running.")                 \
     XX(DERIVED_GAUGE, requests_waiting, NONE, render_requests_waiting, "slotd_requests_waiting",   \
@@ -170,15 +170,24 @@ METRICS_MAP(XX)
 void metrics_init(uint64_t now_ns);
 
 /** Records one model request's latency (a step request, whatever its n)
- * in slotd_step_seconds and stamps `now_ns` as the time of the last
+ * in slotd_step_seconds under its model's preset index `model`
+ * (model_preset_index()) and stamps `now_ns` as the time of the last
  * completed step.  Any thread; `shard` picks the copy of the histogram it
  * goes to (any number does): give each thread its own, such as its worker
  * number, and threads do not share the histogram's cache lines. */
-void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns);
+void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns, size_t model);
 
 /** The same for a step request a worker ran alone, not in a batch: with
  * it one observation of 1 in slotd_batch_size. */
-void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns);
+void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns,
+                                size_t model);
+
+/** Marks the preset of index `model` as served (--models): histograms
+ * with a model label render its series, and only the served presets', so
+ * that their series are there from the start and their number is bounded
+ * by the configuration.  Call after metrics_init(), before any thread
+ * renders. */
+void metrics_model_served(size_t model);
 
 /** Observes n request durations in slotd_request_duration_seconds, each
  * from read_ns[i] to now_ns, with op label ops[i]: the replies of one
