@@ -323,7 +323,10 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
  * line's read, is observed. */
 static void job_begun(unsigned shard, uint64_t t, const req_t *r)
 {
-    metrics_observe_request_wait(shard, t > r->read_ns ? t - r->read_ns : 0, r->rq.op);
+    const model_t *m = r->rq.op == PROTO_OP_STEP ? r->cs.model : r->model;
+    metrics_observe_request_wait(
+        shard, t > r->read_ns ? t - r->read_ns : 0,
+        metrics_op_model(r->rq.op, m != NULL ? model_preset_index(m) : MODEL_NPRESETS));
 }
 
 /* Whether step job `cand` may join the batch `first` leads (worker.h's

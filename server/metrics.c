@@ -171,6 +171,30 @@ static const char *name_close(size_t i)
     return close_name[i];
 }
 
+/* The pair (op, model) of metrics_op_model() is rendered with the one key
+ * "op" and a value that closes its quote and adds the model's:
+ * `step",model="tiny` makes `op="step",model="tiny"`.  Filled by
+ * metrics_init(). */
+static char op_model_text[PROTO_OP__COUNT * (MODEL_NPRESETS + 1)][48];
+
+static const char *name_op_model(size_t i)
+{
+    return op_model_text[i];
+}
+
+static void fill_op_model_text(void)
+{
+    for (size_t i = 0; i < PROTO_OP__COUNT * (MODEL_NPRESETS + 1); i++) {
+        size_t model = i % (MODEL_NPRESETS + 1);
+        if (model < MODEL_NPRESETS)
+            snprintf(op_model_text[i], sizeof(op_model_text[i]), "%s\",model=\"%s",
+                     name_op(i / (MODEL_NPRESETS + 1)), model_preset_name(model));
+        else
+            snprintf(op_model_text[i], sizeof(op_model_text[i]), "%s",
+                     name_op(i / (MODEL_NPRESETS + 1)));
+    }
+}
+
 /* Every label set: its name, the label's key, how many values it has and
  * the value at an index; INDEX_<set>(label) gives the index of a label
  * argument (the count or beyond: not counted).  Samples whose values are
@@ -182,7 +206,8 @@ static const char *name_close(size_t i)
     XX(code, "code", NERRORS, name_code)                                                           \
     XX(release, "reason", METRICS_RELEASE__COUNT, name_release)                                    \
     XX(close, "reason", METRICS_CLOSE__COUNT, name_close)                                          \
-    XX(model, "model", MODEL_NPRESETS, model_preset_name)
+    XX(model, "model", MODEL_NPRESETS, model_preset_name)                                         \
+    XX(op_model, "op", PROTO_OP__COUNT * (MODEL_NPRESETS + 1), name_op_model)
 
 #define INDEX_NONE(label) ((size_t)0)
 #define INDEX_op(label) index_op(label)
@@ -190,18 +215,29 @@ static const char *name_close(size_t i)
 #define INDEX_release(label) ((size_t)(unsigned)(label))
 #define INDEX_close(label) ((size_t)(unsigned)(label))
 #define INDEX_model(label) ((size_t)(label))
+#define INDEX_op_model(label) ((size_t)(label))
 
 /* metrics_model_served(): the presets --models allows. */
 static bool model_served[MODEL_NPRESETS];
 
 /* Whether a histogram renders the series of label index l: every one but
- * the model label's presets not served. */
+ * the model label's presets not served, and of (op, model) the ops workers
+ * run with the models served. */
+static bool shown_op_model(size_t l)
+{
+    size_t op = l / (MODEL_NPRESETS + 1), model = l % (MODEL_NPRESETS + 1);
+    bool worker_op = op == PROTO_OP_START || op == PROTO_OP_STEP || op == PROTO_OP_LOGITS ||
+                     op == PROTO_OP_GENERATE;
+    return worker_op && model < MODEL_NPRESETS && model_served[model];
+}
+
 #define SHOWN_NONE(l) true
 #define SHOWN_op(l) true
 #define SHOWN_code(l) true
 #define SHOWN_release(l) true
 #define SHOWN_close(l) true
 #define SHOWN_model(l) model_served[(l)]
+#define SHOWN_op_model(l) shown_op_model(l)
 
 #define XX(set, key, count, name)                                                                  \
     enum { NL_##set = (count) };                                                                   \
@@ -523,6 +559,7 @@ void metrics_init(uint64_t now_ns)
 #undef XX
     STORE(m.start_ns, now_ns);
     memset(model_served, 0, sizeof(model_served));
+    fill_op_model_text();
 #define INIT_COUNTER(stem, labels) ZERO(m.stem);
 #define INIT_GAUGE(stem, labels) ZERO(m.stem);
 #define INIT_HISTOGRAM(stem, labels)                                                               \

@@ -18,7 +18,8 @@
  *   STAT_GAUGE, STAT_COUNTER  rendered from the proto_stats_t field `arg`;
  *   DERIVED_GAUGE  rendered by the function `arg` in metrics.c.
  * `labels` is NONE (the functions then take no label) or a label set of
- * METRICS_LABEL_SETS in metrics.c (op, code, release, close, model); a new
+ * METRICS_LABEL_SETS in metrics.c (op, code, release, close, model,
+ * op_model); a new
  * set is one line there plus its two METRICS_LABEL_PARAM macros here.
  *
  * DESIGN.  Counters and gauges are C11 atomics updated and read with
@@ -36,6 +37,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/model.h"
 #include "proto/proto.h"
 
 typedef enum metrics_release {
@@ -65,6 +67,17 @@ typedef enum metrics_close {
 #define METRICS_LABEL_PARAMC_close , metrics_close_t label
 #define METRICS_LABEL_PARAM_model size_t label /* a preset's index, as model_preset_name() */
 #define METRICS_LABEL_PARAMC_model , size_t label
+#define METRICS_LABEL_PARAM_op_model size_t label /* metrics_op_model() */
+#define METRICS_LABEL_PARAMC_op_model , size_t label
+
+/** The index of the label pair (op, model) of slotd_request_wait_seconds:
+ * `model` a preset's index (model_preset_index()), MODEL_NPRESETS or more
+ * for none.  An index, so that an observation costs no lookup. */
+static inline size_t metrics_op_model(proto_op_t op, size_t model)
+{
+    size_t o = (unsigned)op < PROTO_OP__COUNT ? (size_t)op : (size_t)PROTO_OP_NONE;
+    return o * (MODEL_NPRESETS + 1) + (model < MODEL_NPRESETS ? model : MODEL_NPRESETS);
+}
 
 /* Every metric, in rendering order.  Names, types, help texts and labels
  * are part of the operator contract (docs/operations.md, deploy/ alerts). */
@@ -122,8 +135,9 @@ typedef enum metrics_close {
        "step of their session.")                                                                   \
     XX(DERIVED_GAUGE, requests_running, NONE, render_requests_running, "slotd_requests_running",   \
        "Requests a worker has begun and not handed back yet.")                                     \
-    XX(HISTOGRAM, request_wait, op, seconds, "slotd_request_wait_seconds",                         \
-       "Time from reading a request to a worker beginning it, by op (the ops workers run).")       \
+    XX(HISTOGRAM, request_wait, op_model, seconds, "slotd_request_wait_seconds",                   \
+       "Time from reading a request to a worker beginning it, by op (the ops workers run) and "    \
+       "model.")                                                                                   \
     XX(HISTOGRAM, request_duration, op, seconds, "slotd_request_duration_seconds",                 \
        "Time from reading a request to its reply going to the connection's output, by op.")        \
     XX(HISTOGRAM, batch_size, NONE, steps, "slotd_batch_size",                                     \

@@ -558,9 +558,9 @@ START_TEST(test_requests_waiting_running)
     metrics_model_served(0); /* hash */
     for (int i = 0; i < 5; i++)
         metrics_job_out();
-    metrics_observe_request_wait(0, 2000000, PROTO_OP_STEP); /* 2 ms */
-    metrics_observe_request_wait(1, 1000, PROTO_OP_STEP);
-    metrics_observe_request_wait(1, 30000, PROTO_OP_START);
+    metrics_observe_request_wait(0, 2000000, metrics_op_model(PROTO_OP_STEP, 0)); /* 2 ms */
+    metrics_observe_request_wait(1, 1000, metrics_op_model(PROTO_OP_STEP, 0));
+    metrics_observe_request_wait(1, 30000, metrics_op_model(PROTO_OP_START, 0));
     metrics_job_back(true);
     metrics_job_back(false); /* taken back, never begun */
     metrics_observe_request_duration(METRICS_LOOP_SHARD, 3000000, PROTO_OP_FINISH);
@@ -570,10 +570,15 @@ START_TEST(test_requests_waiting_running)
     char *t = render(&known_stats, 2 * SEC);
     ck_assert(has_line(t, "slotd_requests_waiting 1")); /* 5 out - 1 back unbegun - 3 begun */
     ck_assert(has_line(t, "slotd_requests_running 2")); /* 3 begun - 1 back */
-    ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"step\"} 2"));
-    ck_assert(has_line(t, "slotd_request_wait_seconds_bucket{op=\"step\",le=\"0.001\"} 1"));
-    ck_assert(has_line(t, "slotd_request_wait_seconds_bucket{op=\"step\",le=\"0.0025\"} 2"));
-    ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"start\"} 1"));
+    ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"step\",model=\"hash\"} 2"));
+    ck_assert(has_line(t, "slotd_request_wait_seconds_bucket{op=\"step\",model=\"hash\",le=\"0.001\"} 1"));
+    ck_assert(has_line(t, "slotd_request_wait_seconds_bucket{op=\"step\",model=\"hash\",le=\"0.0025\"} 2"));
+    ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"start\",model=\"hash\"} 1"));
+    /* Only the ops workers run, with the models served. */
+    ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"logits\",model=\"hash\"} 0"));
+    ck_assert_ptr_null(strstr(t, "slotd_request_wait_seconds_count{op=\"stats\""));
+    ck_assert_ptr_null(strstr(t, "slotd_request_wait_seconds_count{op=\"finish\""));
+    ck_assert_ptr_null(strstr(t, "slotd_request_wait_seconds_count{op=\"step\",model=\"tiny\"}"));
     ck_assert(has_line(t, "slotd_request_duration_seconds_count{op=\"finish\"} 1"));
     ck_assert(has_line(t, "slotd_batch_size_bucket{le=\"1\"} 1"));
     ck_assert(has_line(t, "slotd_batch_size_bucket{le=\"16\"} 1"));
