@@ -219,8 +219,8 @@ static bool conn_next(admin_conn_t *c, int rc)
         read_stop(c);
         if (c->listing == NULL) {
             admin_t *a = c->admin;
-            c->listing = a->hooks.sessions(a->hooks.arg, admin_http_wait_limit(c->http),
-                                           conn_listed, c);
+            c->listing =
+                a->hooks.sessions(a->hooks.arg, admin_http_wait_limit(c->http), conn_listed, c);
             if (c->listing == NULL) {
                 conn_close(c);
                 return false;

@@ -136,7 +136,6 @@ static const char *status_text(int status)
     }
 }
 
-
 static int append_response(admin_http_t *h, const response_t *r)
 {
     char hdr[512];
@@ -579,9 +578,7 @@ static int run(admin_http_t *h, const char *data, size_t len, size_t *used)
             h->req_bytes = 0;
             h->headers_done = false;
             if (h->closed || h->full || h->waiting) {
-                rc = h->closed    ? ADMIN_HTTP_CLOSE
-                     : h->waiting ? ADMIN_HTTP_WAIT
-                                  : ADMIN_HTTP_FULL;
+                rc = h->closed ? ADMIN_HTTP_CLOSE : h->waiting ? ADMIN_HTTP_WAIT : ADMIN_HTTP_FULL;
                 break;
             }
             continue;

@@ -128,8 +128,8 @@ static int peer_add(inspect_listing_t *l, conn_t *c)
         port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                               : ((struct sockaddr_in *)&ss)->sin_port);
     }
-    snprintf(l->peers[l->npeers++], sizeof(peer_t),
-             ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", host, port);
+    snprintf(l->peers[l->npeers++], sizeof(peer_t), ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d",
+             host, port);
     return SLOTD_OK;
 }
 
@@ -221,8 +221,8 @@ static int write_body(inspect_listing_t *l)
 
     if (l->n > 0) /* l->v is NULL with nothing listed */
         qsort(l->v, l->n, sizeof(*l->v), by_size);
-    int w = snprintf(line, sizeof(line), "{\"total\":%zu,\"limit\":%zu,\"sessions\":[", l->n,
-                     l->limit);
+    int w =
+        snprintf(line, sizeof(line), "{\"total\":%zu,\"limit\":%zu,\"sessions\":[", l->n, l->limit);
     rc = proto_buf_append(out, line, (size_t)w);
     for (size_t i = 0; i < l->n && i < l->limit && rc == SLOTD_OK; i++) {
         const listed_t *e = &l->v[i];
@@ -402,7 +402,7 @@ void inspect__health(void *arg, bool *draining, bool *wedged)
     server_t *s = arg;
 
     *draining = s->draining;
-    *wedged = s->workers != NULL &&
-              worker_pool_wedged(s->workers, uv_hrtime(),
-                                 (uint64_t)s->cfg->wedge_timeout * 1000000000u);
+    *wedged =
+        s->workers != NULL &&
+        worker_pool_wedged(s->workers, uv_hrtime(), (uint64_t)s->cfg->wedge_timeout * 1000000000u);
 }

@@ -171,11 +171,14 @@ static const char *name_close(size_t i)
     return close_name[i];
 }
 
+/* Label indexes of metrics_op_model(). */
+#define OP_MODEL_COUNT (PROTO_OP__COUNT * (MODEL_NPRESETS + 1))
+
 /* The pair (op, model) of metrics_op_model() is rendered with the one key
  * "op" and a value that closes its quote and adds the model's:
  * `step",model="tiny` makes `op="step",model="tiny"`.  Filled by
  * metrics_init(). */
-static char op_model_text[PROTO_OP__COUNT * (MODEL_NPRESETS + 1)][48];
+static char op_model_text[OP_MODEL_COUNT][48];
 
 static const char *name_op_model(size_t i)
 {
@@ -184,7 +187,7 @@ static const char *name_op_model(size_t i)
 
 static void fill_op_model_text(void)
 {
-    for (size_t i = 0; i < PROTO_OP__COUNT * (MODEL_NPRESETS + 1); i++) {
+    for (size_t i = 0; i < OP_MODEL_COUNT; i++) {
         size_t model = i % (MODEL_NPRESETS + 1);
         if (model < MODEL_NPRESETS)
             snprintf(op_model_text[i], sizeof(op_model_text[i]), "%s\",model=\"%s",
@@ -206,8 +209,8 @@ static void fill_op_model_text(void)
     XX(code, "code", NERRORS, name_code)                                                           \
     XX(release, "reason", METRICS_RELEASE__COUNT, name_release)                                    \
     XX(close, "reason", METRICS_CLOSE__COUNT, name_close)                                          \
-    XX(model, "model", MODEL_NPRESETS, model_preset_name)                                         \
-    XX(op_model, "op", PROTO_OP__COUNT * (MODEL_NPRESETS + 1), name_op_model)
+    XX(model, "model", MODEL_NPRESETS, model_preset_name)                                          \
+    XX(op_model, "op", OP_MODEL_COUNT, name_op_model)
 
 #define INDEX_NONE(label) ((size_t)0)
 #define INDEX_op(label) index_op(label)
@@ -601,8 +604,7 @@ void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns,
     stamp_step(s, now_ns);
 }
 
-void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns,
-                                size_t model)
+void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns, size_t model)
 {
     metrics_shard_t *s = shard_of(shard);
 

@@ -290,8 +290,8 @@ START_TEST(test_http_health_gauges)
 {
     static const struct {
         bool healthy, draining, wedged;
-    } cases[] = {{true, false, false}, {false, true, false}, {false, false, true},
-                 {false, true, true}};
+    } cases[] = {
+        {true, false, false}, {false, true, false}, {false, false, true}, {false, true, true}};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         hx_t x;
         resp_t r;

@@ -727,12 +727,12 @@ START_TEST(test_step_seconds_by_model)
     ck_assert_int_eq(itest_await_metric(d, "slotd_step_seconds_count{model=\"tiny\"}", 1, 5000), 1);
     ck_assert_int_eq(itest_metric(d, "slotd_step_seconds_count{model=\"hash\"}"), 0);
     /* The waits for a worker likewise, by op and model. */
-    ck_assert_int_eq(itest_metric(d, "slotd_request_wait_seconds_count{op=\"start\",model=\"tiny\"}"),
-                     1);
-    ck_assert_int_eq(itest_metric(d, "slotd_request_wait_seconds_count{op=\"step\",model=\"tiny\"}"),
-                     1);
-    ck_assert_int_eq(itest_metric(d, "slotd_request_wait_seconds_count{op=\"step\",model=\"hash\"}"),
-                     0);
+    ck_assert_int_eq(
+        itest_metric(d, "slotd_request_wait_seconds_count{op=\"start\",model=\"tiny\"}"), 1);
+    ck_assert_int_eq(
+        itest_metric(d, "slotd_request_wait_seconds_count{op=\"step\",model=\"tiny\"}"), 1);
+    ck_assert_int_eq(
+        itest_metric(d, "slotd_request_wait_seconds_count{op=\"step\",model=\"hash\"}"), 0);
     itest_http_t h;
     itest_http_get(d, "/metrics", &h);
     ck_assert_ptr_null(strstr(h.body, "slotd_step_seconds_count{model=\"small\"}"));

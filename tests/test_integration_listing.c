@@ -74,8 +74,8 @@ static bool stats_first(const itest_daemon_t *d, itest_conn_t *c, const char *pa
 {
     char req[256];
     int fd = admin_connect(d);
-    int n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-                     path);
+    int n =
+        snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
     ck_assert_int_eq(write(fd, req, (size_t)n), n);
     ck_assert(itest_send_str(c, "{\"op\":\"stats\",\"tag\":1}\n"));
 
@@ -128,10 +128,9 @@ static bool stats_first(const itest_daemon_t *d, itest_conn_t *c, const char *pa
 
 START_TEST(test_listing_leaves_the_port_served)
 {
-    itest_daemon_t *d =
-        itest_daemon_start("--models", "hash", "--default-model", "hash",
-                           "--max-sessions-per-connection", "100000",
-                           "--max-connection-share", "1", NULL);
+    itest_daemon_t *d = itest_daemon_start("--models", "hash", "--default-model", "hash",
+                                           "--max-sessions-per-connection", "100000",
+                                           "--max-connection-share", "1", NULL);
     itest_conn_t *c = itest_connect(d);
     open_sessions(c, NSESSIONS);
 
@@ -183,15 +182,15 @@ START_TEST(test_listing_pool_bytes)
     static const struct {
         const char *model;
         int ntokens;
-    } cases[] = {{"tiny", 1}, {"tiny", 3}, {"tiny", 8}, {"hash", 1},
+    } cases[] = {{"tiny", 1},   {"tiny", 3},  {"tiny", 8},  {"hash", 1},
                  {"hash", 300}, {"small", 1}, {"small", 17}};
     itest_conn_t *c = itest_connect(d);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char prompt[4096];
         size_t len = 0;
         for (int t = 0; t < cases[i].ntokens; t++)
-            len += (size_t)snprintf(prompt + len, sizeof(prompt) - len, "%s%d", t ? "," : "",
-                                    t % 5);
+            len +=
+                (size_t)snprintf(prompt + len, sizeof(prompt) - len, "%s%d", t ? "," : "", t % 5);
         cJSON *r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"x\",\"model\":\"%s\",\"prompt\":[%s]}",
                              cases[i].model, prompt);
         itest_expect_ok(r);

@@ -388,7 +388,8 @@ START_TEST(test_histogram)
     double prev = 0;
     for (size_t i = 0; i < sizeof(le) / sizeof(le[0]); i++) {
         char prefix[96];
-        snprintf(prefix, sizeof(prefix), "slotd_step_seconds_bucket{model=\"hash\",le=\"%s\"}", le[i]);
+        snprintf(prefix, sizeof(prefix), "slotd_step_seconds_bucket{model=\"hash\",le=\"%s\"}",
+                 le[i]);
         double v = sample(t, prefix);
         ck_assert_msg(v >= prev, "bucket %s not cumulative", le[i]);
         ck_assert_double_eq(v, expect[i]);
@@ -526,7 +527,7 @@ START_TEST(test_last_step)
     free(t);
 
     metrics_observe_step(0, 1000, 50 * SEC, 0);
-    metrics_observe_step(1, 1000, 40 * SEC, 0); /* finished earlier, reported later */
+    metrics_observe_step(1, 1000, 40 * SEC, 0);  /* finished earlier, reported later */
     metrics_observe_step(16, 1000, 45 * SEC, 0); /* the copy of worker 0 again */
     ck_assert_uint_eq(metrics_last_step_ns(), 50 * SEC);
     t = render(&known_stats, 52 * SEC + SEC / 2);
@@ -571,8 +572,10 @@ START_TEST(test_requests_waiting_running)
     ck_assert(has_line(t, "slotd_requests_waiting 1")); /* 5 out - 1 back unbegun - 3 begun */
     ck_assert(has_line(t, "slotd_requests_running 2")); /* 3 begun - 1 back */
     ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"step\",model=\"hash\"} 2"));
-    ck_assert(has_line(t, "slotd_request_wait_seconds_bucket{op=\"step\",model=\"hash\",le=\"0.001\"} 1"));
-    ck_assert(has_line(t, "slotd_request_wait_seconds_bucket{op=\"step\",model=\"hash\",le=\"0.0025\"} 2"));
+    ck_assert(has_line(
+        t, "slotd_request_wait_seconds_bucket{op=\"step\",model=\"hash\",le=\"0.001\"} 1"));
+    ck_assert(has_line(
+        t, "slotd_request_wait_seconds_bucket{op=\"step\",model=\"hash\",le=\"0.0025\"} 2"));
     ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"start\",model=\"hash\"} 1"));
     /* Only the ops workers run, with the models served. */
     ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"logits\",model=\"hash\"} 0"));
@@ -645,8 +648,10 @@ START_TEST(test_concurrent)
     ck_assert_uint_eq(metrics_errors_total(), NTHREADS * PER_THREAD);
     ck_assert_uint_eq(metrics_last_step_ns(), PER_THREAD);
     char *t = render(&known_stats, SEC);
-    ck_assert_double_eq(sample(t, "slotd_step_seconds_count{model=\"hash\"}"), NTHREADS * PER_THREAD);
-    ck_assert_double_eq(sample(t, "slotd_step_seconds_bucket{model=\"hash\",le=\"+Inf\"}"), NTHREADS * PER_THREAD);
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_count{model=\"hash\"}"),
+                        NTHREADS * PER_THREAD);
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_bucket{model=\"hash\",le=\"+Inf\"}"),
+                        NTHREADS * PER_THREAD);
     free(t);
 }
 END_TEST
@@ -697,7 +702,6 @@ static Suite *metrics_suite(void)
     suite_add_tcase(s, tc);
     return s;
 }
-
 
 static int dump(const char *path, bool fresh)
 {
