@@ -525,8 +525,12 @@ static int render_buckets(proto_buf_t *b, const char *name, const char *lab, con
                 sum_ += LOAD(shards[k_].stem.sum[l_]);                                             \
             }                                                                                      \
             char lab_[128] = "";                                                                   \
-            if (key_##labels != NULL)                                                              \
-                snprintf(lab_, sizeof(lab_), "%s=\"%s\",", key_##labels, lname_##labels(l_));      \
+            if (key_##labels != NULL) {                                                            \
+                int n_ = snprintf(lab_, sizeof(lab_), "%s=\"%s\",", key_##labels,                  \
+                                  lname_##labels(l_));                                             \
+                if (n_ < 0 || (size_t)n_ >= sizeof(lab_))                                          \
+                    return SLOTD_EINVAL;                                                           \
+            }                                                                                      \
             TRY(render_buckets(b, name, lab_, counts_, le_##arg, NB_##arg, sum_, scale_##arg));    \
         }                                                                                          \
         return SLOTD_OK;                                                                           \
