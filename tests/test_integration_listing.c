@@ -13,6 +13,10 @@
  * session once, largest first, and `pool_bytes` of a session equal to
  * the pool bytes the pool reports for it alone.
  *
+ * Sessions that finish and connections that close while a listing is
+ * gathered leave every other session listed (the cursor moves off them;
+ * under ASan a cursor left behind is a use after free).
+ *
  * The order of the two replies is what is asserted, never a time; the
  * stall itself is measured by bench/listing.
  */
@@ -216,11 +220,121 @@ START_TEST(test_listing_pool_bytes)
 }
 END_TEST
 
+/* Sessions and connections that go away while a listing is gathered:
+ * the cursor moves off them.  Without that, a cursor left on a closed
+ * connection reads it after it is freed (ASan), and one left on a
+ * finished session walks the free list of records and misses the rest of
+ * its connection.  So every session that stays is listed, whatever left
+ * around it, and the daemon serves on. */
+START_TEST(test_listing_while_sessions_go)
+{
+    enum { NCONNS = 8, PER = NSESSIONS / NCONNS };
+    itest_daemon_t *d =
+        itest_daemon_start("--models", "hash", "--default-model", "hash",
+                           "--max-sessions-per-connection", "100000", "--max-connection-share",
+                           "1", NULL);
+    itest_conn_t *c[NCONNS];
+    for (int i = 0; i < NCONNS; i++) {
+        c[i] = itest_connect(d);
+        open_sessions(c[i], PER);
+    }
+    for (int round = 0; round < 2; round++) {
+        int fd = admin_connect(d);
+        static const char req[] =
+            "GET /sessions?limit=1000000 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        ck_assert_int_eq(write(fd, req, sizeof(req) - 1), (ssize_t)(sizeof(req) - 1));
+        /* Round 0: half the connections close, reset, under the listing;
+         * round 1: the others finish their even-numbered sessions. */
+        for (int i = 0; i < NCONNS; i++) {
+            if (round == 0 && i % 2 == 0) {
+                itest_close_reset(c[i]);
+                c[i] = NULL;
+            } else if (round == 1 && c[i] != NULL) {
+                char *buf = malloc((size_t)PER * 40);
+                size_t len = 0;
+                ck_assert_ptr_nonnull(buf);
+                for (int k = 0; k < PER; k += 2)
+                    len += (size_t)sprintf(buf + len, "{\"op\":\"finish\",\"id\":\"s%d\"}\n", k);
+                ck_assert(itest_send(c[i], buf, len));
+                free(buf);
+            }
+        }
+        size_t got = 0, cap = 1 << 20;
+        char *b = malloc(cap + 1);
+        ck_assert_ptr_nonnull(b);
+        for (;;) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            ck_assert_msg(poll(&p, 1, itest_scale_ms(30000)) == 1, "the listing did not come");
+            if (got == cap) {
+                cap *= 2;
+                b = realloc(b, cap + 1);
+                ck_assert_ptr_nonnull(b);
+            }
+            ssize_t k = read(fd, b + got, cap - got);
+            ck_assert_int_ge(k, 0);
+            if (k == 0)
+                break;
+            got += (size_t)k;
+        }
+        close(fd);
+        b[got] = '\0';
+        char *body = strstr(b, "\r\n\r\n");
+        ck_assert_ptr_nonnull(body);
+        cJSON *j = cJSON_Parse(body + 4);
+        ck_assert_msg(j != NULL, "round %d: the listing is not JSON", round);
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "sessions");
+        ck_assert_int_eq(cJSON_GetArraySize(list), itest_int(j, "total"));
+        /* Per connection number: its sessions listed that stay (round 0:
+         * all; round 1: the odd-numbered). */
+        int64_t num[NCONNS * 2];
+        int kept[NCONNS * 2], nnum = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, list)
+        {
+            int64_t n = itest_int(cJSON_GetObjectItemCaseSensitive(e, "connection"), "number");
+            int k = atoi(itest_str(e, "id") + 1), x = 0;
+            while (x < nnum && num[x] != n)
+                x++;
+            if (x == nnum) {
+                ck_assert_int_lt(nnum, NCONNS * 2);
+                num[nnum] = n;
+                kept[nnum++] = 0;
+            }
+            kept[x] += round == 0 || k % 2 == 1;
+        }
+        int whole = 0;
+        for (int x = 0; x < nnum; x++) {
+            ck_assert_int_le(kept[x], round == 0 ? PER : PER / 2);
+            whole += kept[x] == (round == 0 ? PER : PER / 2);
+        }
+        ck_assert_msg(whole >= NCONNS / 2,
+                      "round %d: %d connections have every session that stays listed, not %d",
+                      round, whole, NCONNS / 2);
+        cJSON_Delete(j);
+        free(b);
+        for (int i = 0; round == 1 && i < NCONNS; i++)
+            for (int k = 0; c[i] != NULL && k < PER; k += 2) {
+                char *line = itest_read_line(c[i], itest_scale_ms(10000), NULL);
+                ck_assert_msg(line != NULL && strstr(line, "\"released\"") != NULL, "finish: %s",
+                              line ? line : "(nothing)");
+                free(line);
+            }
+    }
+    /* Still serving, with what is left. */
+    for (int i = 0; i < NCONNS; i++)
+        if (c[i] != NULL)
+            ck_assert_int_eq(itest_stat(c[i], "live_sessions"), NCONNS / 2 * (PER / 2));
+    for (int i = 0; i < NCONNS; i++)
+        itest_close(c[i]);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_listing");
     itest_add_timeout(s, "listing_leaves_the_port_served", test_listing_leaves_the_port_served,
                       240);
     itest_add(s, "listing_pool_bytes", test_listing_pool_bytes);
+    itest_add_timeout(s, "listing_while_sessions_go", test_listing_while_sessions_go, 240);
     return itest_main(s);
 }
