@@ -8,6 +8,10 @@
  * what it appends is written with one uv_write at a time (`out` collects
  * while `wbuf` is in flight).  While admin_http holds pipelined input back
  * the connection stops reading, and resumes once the output is written.
+ * A GET /sessions (ADMIN_HTTP_WAIT) stops reading too while the sessions
+ * hook builds its body over later loop turns; the hook's callback hands
+ * the body to admin_http_complete(), and a connection closed first
+ * cancels the listing.
  * After the last response (a close asked for, or a 400) the connection
  * shuts its side down and lingers, reading and dropping input, until the
  * peer's EOF or ADMIN_LINGER_MS, so that a client that already sent more
@@ -53,6 +57,7 @@ typedef enum conn_state {
     CONN_OPEN,    /* reading requests */
     CONN_FULL,    /* not reading: input held back until `out` is written */
     CONN_DRAIN,   /* not reading: close once `out` is written */
+    CONN_WAIT,    /* not reading: a response waits for its body (`listing`) */
     CONN_LINGER,  /* our side shut down; dropping input until EOF */
     CONN_CLOSING, /* uv_close() called; freed in conn_closed() */
 } conn_state_t;
@@ -69,6 +74,7 @@ typedef struct admin_conn {
     bool reading;
     bool writing;
     bool peer_eof;
+    void *listing;      /* the sessions hook's, while CONN_WAIT */
     uint64_t responses; /* admin_http_responses() when last looked */
     uint64_t deadline;  /* uv_now() after which the sweep closes it */
     uint64_t active;    /* uv_now() of its last accept, read or response */
@@ -117,6 +123,10 @@ static void conn_close(admin_conn_t *c)
     if (c->state == CONN_CLOSING)
         return;
     c->state = CONN_CLOSING;
+    if (c->listing != NULL) {
+        c->admin->hooks.sessions_cancel(c->listing);
+        c->listing = NULL;
+    }
     if (c->prev != NULL)
         c->prev->next = c->next;
     else
@@ -174,6 +184,9 @@ static void conn_finish(admin_conn_t *c)
         conn_close(c);
 }
 
+static void conn_flush(admin_conn_t *c);
+static void conn_listed(void *ctx, int rc, proto_buf_t *body);
+
 /* Acts on what admin_http returned.  Returns false if `c` is now closing. */
 static bool conn_next(admin_conn_t *c, int rc)
 {
@@ -201,10 +214,32 @@ static bool conn_next(admin_conn_t *c, int rc)
         c->state = CONN_DRAIN;
         read_stop(c);
         return true;
+    case ADMIN_HTTP_WAIT:
+        c->state = CONN_WAIT;
+        read_stop(c);
+        if (c->listing == NULL) {
+            admin_t *a = c->admin;
+            c->listing =
+                a->hooks.sessions(a->hooks.arg, admin_http_wait_limit(c->http), conn_listed, c);
+            if (c->listing == NULL) {
+                conn_close(c);
+                return false;
+            }
+        }
+        return true;
     default:
         conn_close(c);
         return false;
     }
+}
+
+/* admin_body_cb: the body of GET /sessions is ready. */
+static void conn_listed(void *ctx, int rc, proto_buf_t *body)
+{
+    admin_conn_t *c = ctx;
+    c->listing = NULL;
+    if (conn_next(c, admin_http_complete(c->http, rc, body, &c->out)))
+        conn_flush(c);
 }
 
 static void on_write(uv_write_t *req, int status);

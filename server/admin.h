@@ -16,6 +16,12 @@
 
 typedef struct admin admin_t;
 
+/** Called on the loop thread when a body built by a hook is ready: `rc`
+ * SLOTD_OK with `body` filled, or SLOTD_ENOMEM.  The callee may take the
+ * bytes of `body` (swap it with an empty buffer); whatever is left is
+ * freed by the hook's side after the call. */
+typedef void (*admin_body_cb)(void *ctx, int rc, proto_buf_t *body);
+
 /** What the admin port asks the daemon, on the loop thread. */
 typedef struct admin_hooks {
     /** Fills the stats object as the `stats` op would. */
@@ -23,9 +29,18 @@ typedef struct admin_hooks {
     /** True while serving; false while draining or with a wedged worker.
      * `why` gets a short static reason when false. */
     bool (*healthy)(void *arg, const char **why);
-    /** Appends the JSON body of GET /sessions with at most `limit`
-     * sessions; SLOTD_OK or SLOTD_ENOMEM.  NULL: the route is 404. */
-    int (*sessions)(void *arg, size_t limit, proto_buf_t *out);
+    /** Begins the JSON body of GET /sessions with at most `limit`
+     * sessions, built across loop turns so that no turn is long; calls
+     * `done(ctx, ...)` once, later, on the loop thread, unless canceled.
+     * Returns a handle for sessions_cancel, or NULL without memory.  NULL
+     * hook: the route is 404. */
+    void *(*sessions)(void *arg, size_t limit, admin_body_cb done, void *ctx);
+    /** Cancels a listing begun by `sessions` whose `done` has not run:
+     * it will not. */
+    void (*sessions_cancel)(void *listing);
+    /** Whether the daemon drains and whether a worker is wedged, for the
+     * gauges of GET /metrics.  NULL: both false. */
+    void (*health)(void *arg, bool *draining, bool *wedged);
     void *arg;
     /** The token of --auth-token-file, or NULL (token_len 0) for none.
      * When set, every route but /health asks for "Authorization: Bearer

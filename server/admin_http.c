@@ -12,9 +12,11 @@
  *                 writes it (proto_reply_stats() with no tag), trailing
  *                 newline kept;
  *   GET /metrics  200 text/plain; version=0.0.4, from metrics_render();
- *   GET /sessions 200 application/json from the sessions hook, with at
- *                 most ?limit=N sessions (ADMIN_HTTP_SESSIONS_DEFAULT);
- *                 400 for any other query (404 without the hook).
+ *   GET /sessions 200 application/json with at most ?limit=N sessions
+ *                 (ADMIN_HTTP_SESSIONS_DEFAULT): the caller has the body
+ *                 built (ADMIN_HTTP_WAIT, admin_http_complete()) and it
+ *                 goes out ADMIN_HTTP_SLICE bytes per resume; 400 for any
+ *                 other query (404 without the hook).
  *
  * With a token (admin_hooks_t.token), every route but /health asks for
  * "Authorization: Bearer <token>" and is 401 with "WWW-Authenticate:
@@ -31,6 +33,7 @@
 
 #include <ctype.h>
 #include <http_parser.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -41,10 +44,23 @@
 #include <time.h>
 
 #include "server/auth.h"
+#include "server/log.h"
 #include "server/metrics.h"
 
 /* "Bearer " and the longest token, with room to see a longer value. */
 #define AUTHZ_MAX (7 + AUTH_TOKEN_MAX + 1)
+
+typedef struct response {
+    int status;
+    const char *content_type;
+    const char *extra; /* more header lines, each ending "\r\n", or NULL */
+    const char *body;
+    size_t body_len;
+    bool head; /* send the headers only */
+    bool close;
+    bool keep_alive_10; /* an HTTP/1.0 keep-alive: say so */
+    bool body_later;    /* append the headers only: the body follows in slices */
+} response_t;
 
 struct admin_http {
     http_parser parser;
@@ -62,6 +78,13 @@ struct admin_http {
     bool nomem;          /* a response could not be appended */
     bool closed;         /* ADMIN_HTTP_CLOSE was returned */
     bool full;           /* ADMIN_HTTP_FULL is pending */
+    /* ADMIN_HTTP_WAIT is pending: the response to GET /sessions waits for
+     * its body (admin_http_complete()), with these headers. */
+    bool waiting;
+    size_t wait_limit;
+    response_t wait_r;
+    proto_buf_t rest; /* a long body's bytes not yet appended, from rest_off */
+    size_t rest_off;
     uint64_t responses;
     /* The Authorization header of the request being read, gathered across
      * the parser's header callbacks. */
@@ -113,17 +136,6 @@ static const char *status_text(int status)
     }
 }
 
-typedef struct response {
-    int status;
-    const char *content_type;
-    const char *extra; /* more header lines, each ending "\r\n", or NULL */
-    const char *body;
-    size_t body_len;
-    bool head; /* send the headers only */
-    bool close;
-    bool keep_alive_10; /* an HTTP/1.0 keep-alive: say so */
-} response_t;
-
 static int append_response(admin_http_t *h, const response_t *r)
 {
     char hdr[512];
@@ -140,7 +152,7 @@ static int append_response(admin_http_t *h, const response_t *r)
                                         : "");
     if (n < 0 || (size_t)n >= sizeof(hdr))
         return SLOTD_EINVAL;
-    size_t body_len = r->head ? 0 : r->body_len;
+    size_t body_len = r->head || r->body_later ? 0 : r->body_len;
     if (proto_buf_reserve(h->out, (size_t)n + body_len) != SLOTD_OK)
         return SLOTD_ENOMEM;
     proto_buf_append(h->out, hdr, (size_t)n);
@@ -196,6 +208,31 @@ static void get_stats(admin_http_t *h, proto_stats_t *st)
         h->hooks.stats(h->hooks.arg, st);
 }
 
+/* Wrong Bearer tokens are logged at most once per AUTH_LOG_EVERY_NS, each
+ * line with the count since the last one, so that a flood of them cannot
+ * fill the disk.  The daemon's admin_http_t all live on the loop thread,
+ * so the state is plain. */
+#define AUTH_LOG_EVERY_NS 10000000000u
+static uint64_t auth_logged_ns; /* now_ns() of the last line */
+static uint64_t auth_unlogged;  /* wrong tokens since then */
+static bool auth_logged;        /* a line was written */
+
+static void log_auth_failure(const admin_http_t *h)
+{
+    uint64_t now = h->now_ns();
+    auth_unlogged++;
+    if (auth_logged && now - auth_logged_ns < AUTH_LOG_EVERY_NS)
+        return;
+    log_warn("admin port: %" PRIu64 " request%s with a wrong Bearer token%s (answered 401; "
+             "at most one such line every %u s)",
+             auth_unlogged, auth_unlogged == 1 ? "" : "s",
+             auth_logged ? " since the last such line" : "",
+             (unsigned)(AUTH_LOG_EVERY_NS / 1000000000u));
+    auth_logged = true;
+    auth_logged_ns = now;
+    auth_unlogged = 0;
+}
+
 /* True if no token is set, or the request carries exactly one
  * "Authorization: Bearer <token>" with the right one.  A wrong token is
  * counted; a missing header is not. */
@@ -221,6 +258,7 @@ static bool authorized(const admin_http_t *h)
             return true;
     }
     metrics_count_auth_failure();
+    log_auth_failure(h);
     return false;
 }
 
@@ -258,6 +296,9 @@ static int sessions_query(const char *q, size_t len, size_t *limit)
     }
     return 0;
 }
+
+/* What route() returns when the body is built elsewhere (GET /sessions). */
+#define ROUTE_WAIT 1
 
 /* Fills h->body and `r` for a GET or HEAD of `path` with `query` (qlen
  * bytes, 0 for none). */
@@ -306,9 +347,18 @@ static int route(admin_http_t *h, const char *path, size_t len, const char *quer
         }
         r->status = 200;
         r->content_type = "application/json";
-        return h->hooks.sessions(h->hooks.arg, limit, &h->body);
+        h->wait_limit = limit;
+        return ROUTE_WAIT;
     }
     if (IS("/metrics")) {
+        const char *why = NULL;
+        bool draining = false, wedged = false;
+        if (h->hooks.health != NULL)
+            h->hooks.health(h->hooks.arg, &draining, &wedged);
+        /* The gauges are set as they are read, as /health would answer. */
+        metrics_healthy_set(h->hooks.healthy == NULL || h->hooks.healthy(h->hooks.arg, &why));
+        metrics_draining_set(draining);
+        metrics_wedged_set(wedged);
         get_stats(h, &st);
         r->status = 200;
         r->content_type = "text/plain; version=0.0.4; charset=utf-8";
@@ -352,6 +402,12 @@ static int respond(admin_http_t *h)
         rc = route(h, h->url + u.field_data[UF_PATH].off, u.field_data[UF_PATH].len,
                    q ? h->url + u.field_data[UF_QUERY].off : "", q ? u.field_data[UF_QUERY].len : 0,
                    &r);
+    }
+    if (rc == ROUTE_WAIT) {
+        /* The headers wait with the body; nothing is appended yet. */
+        h->waiting = true;
+        h->wait_r = r;
+        return SLOTD_OK;
     }
     if (rc != SLOTD_OK)
         return SLOTD_ENOMEM;
@@ -521,8 +577,8 @@ static int run(admin_http_t *h, const char *data, size_t len, size_t *used)
             off += n;
             h->req_bytes = 0;
             h->headers_done = false;
-            if (h->closed || h->full) {
-                rc = h->closed ? ADMIN_HTTP_CLOSE : ADMIN_HTTP_FULL;
+            if (h->closed || h->full || h->waiting) {
+                rc = h->closed ? ADMIN_HTTP_CLOSE : h->waiting ? ADMIN_HTTP_WAIT : ADMIN_HTTP_FULL;
                 break;
             }
             continue;
@@ -557,6 +613,8 @@ admin_http_t *admin_http_new(const admin_hooks_t *hooks, admin_http_clock_fn now
     h->now_ns = now_ns != NULL ? now_ns : monotonic_ns;
     proto_buf_init(&h->body);
     proto_buf_init(&h->held);
+    proto_buf_init(&h->rest);
+
     http_parser_init(&h->parser, HTTP_REQUEST);
     h->parser.data = h;
     return h;
@@ -568,6 +626,7 @@ void admin_http_free(admin_http_t *h)
         return;
     proto_buf_free(&h->body);
     proto_buf_free(&h->held);
+    proto_buf_free(&h->rest);
     free(h);
 }
 
@@ -575,16 +634,17 @@ int admin_http_feed(admin_http_t *h, const char *data, size_t len, proto_buf_t *
 {
     if (h->closed)
         return ADMIN_HTTP_CLOSE;
-    if (h->full) {
+    if (h->full || h->waiting) {
         if (proto_buf_append(&h->held, data, len) != SLOTD_OK)
             return SLOTD_ENOMEM;
-        return ADMIN_HTTP_FULL;
+        return h->waiting ? ADMIN_HTTP_WAIT : ADMIN_HTTP_FULL;
     }
     h->out = out;
     size_t used;
     int rc = run(h, data, len, &used);
     h->out = NULL;
-    if (rc == ADMIN_HTTP_FULL && proto_buf_append(&h->held, data + used, len - used) != SLOTD_OK) {
+    if ((rc == ADMIN_HTTP_FULL || rc == ADMIN_HTTP_WAIT) &&
+        proto_buf_append(&h->held, data + used, len - used) != SLOTD_OK) {
         h->closed = true;
         return SLOTD_ENOMEM;
     }
@@ -593,6 +653,21 @@ int admin_http_feed(admin_http_t *h, const char *data, size_t len, proto_buf_t *
 
 int admin_http_resume(admin_http_t *h, proto_buf_t *out)
 {
+    if (h->waiting)
+        return ADMIN_HTTP_WAIT;
+    if (h->rest_off < h->rest.len) {
+        size_t n = h->rest.len - h->rest_off;
+        n = n < ADMIN_HTTP_SLICE ? n : ADMIN_HTTP_SLICE;
+        if (proto_buf_append(out, h->rest.data + h->rest_off, n) != SLOTD_OK) {
+            h->closed = true;
+            return SLOTD_ENOMEM;
+        }
+        h->rest_off += n;
+        if (h->rest_off < h->rest.len)
+            return ADMIN_HTTP_FULL;
+        proto_buf_free(&h->rest);
+        h->rest_off = 0;
+    }
     if (h->closed)
         return ADMIN_HTTP_CLOSE;
     if (!h->full)
@@ -611,7 +686,44 @@ int admin_http_resume(admin_http_t *h, proto_buf_t *out)
 
 bool admin_http_idle(const admin_http_t *h)
 {
-    return h->req_bytes == 0 && !h->full && h->held.len == 0;
+    return h->req_bytes == 0 && !h->full && !h->waiting && h->held.len == 0;
+}
+
+size_t admin_http_wait_limit(const admin_http_t *h)
+{
+    return h->wait_limit;
+}
+
+int admin_http_complete(admin_http_t *h, int rc, proto_buf_t *body, proto_buf_t *out)
+{
+    if (!h->waiting)
+        return admin_http_resume(h, out);
+    h->waiting = false;
+    if (rc != SLOTD_OK) {
+        h->closed = true;
+        return SLOTD_ENOMEM;
+    }
+    response_t r = h->wait_r;
+    r.body_len = body->len;
+    r.body_later = true;
+    h->out = out;
+    rc = append_response(h, &r);
+    h->out = NULL;
+    if (rc != SLOTD_OK) {
+        h->closed = true;
+        return SLOTD_ENOMEM;
+    }
+    if (!r.head) {
+        /* The body goes out a slice per resume, from its own buffer. */
+        proto_buf_t t = h->rest;
+        h->rest = *body;
+        *body = t;
+        h->rest_off = 0;
+    }
+    if (r.close)
+        h->closed = true;
+    h->full = true; /* held input, if any, goes on after the body */
+    return admin_http_resume(h, out);
 }
 
 uint64_t admin_http_responses(const admin_http_t *h)

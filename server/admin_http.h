@@ -11,7 +11,8 @@
  *
  * DESIGN.  Not thread-safe: one admin_http_t belongs to one connection and
  * is used on one thread (in the daemon, the loop thread).  The hooks are
- * called synchronously from admin_http_feed() and admin_http_resume().
+ * called synchronously from admin_http_feed() and admin_http_resume(),
+ * except the sessions hook, which the caller calls on ADMIN_HTTP_WAIT.
  */
 #ifndef SLOTD_SERVER_ADMIN_HTTP_H
 #define SLOTD_SERVER_ADMIN_HTTP_H
@@ -39,6 +40,9 @@
 /** Once the output holds this many bytes, the next pipelined request waits
  * for admin_http_resume(). */
 #define ADMIN_HTTP_OUT_HIGH 65536
+/** A body longer than this (GET /sessions) goes to the output this many
+ * bytes per admin_http_resume(), so that no call copies much at once. */
+#define ADMIN_HTTP_SLICE (256u << 10)
 
 typedef struct admin_http admin_http_t;
 
@@ -54,6 +58,10 @@ typedef enum admin_http_next {
      * out, then close.  Every later call returns ADMIN_HTTP_CLOSE and
      * appends nothing. */
     ADMIN_HTTP_CLOSE = 2,
+    /** A response waits for a body built elsewhere (GET /sessions): stop
+     * reading, write the output out, begin the body with
+     * admin_http_wait_limit() and hand it to admin_http_complete(). */
+    ADMIN_HTTP_WAIT = 3,
 } admin_http_next_t;
 
 /** A clock in monotonic nanoseconds (the time base of metrics_init()). */
@@ -76,10 +84,21 @@ void admin_http_free(admin_http_t *h);
  * Feeding while ADMIN_HTTP_FULL is pending holds the bytes back too. */
 int admin_http_feed(admin_http_t *h, const char *data, size_t len, proto_buf_t *out);
 
-/** Goes on with input held back by ADMIN_HTTP_FULL; returns as feed does.
+/** Goes on with the rest of a long body and input held back by
+ * ADMIN_HTTP_FULL; returns as feed does.
  * When nothing is held back it appends nothing and returns ADMIN_HTTP_MORE
  * (or ADMIN_HTTP_CLOSE after a close). */
 int admin_http_resume(admin_http_t *h, proto_buf_t *out);
+
+/** The `limit` of the GET /sessions that ADMIN_HTTP_WAIT waits for. */
+size_t admin_http_wait_limit(const admin_http_t *h);
+
+/** Answers the request ADMIN_HTTP_WAIT waits for with `body` (rc
+ * SLOTD_OK; takes its bytes, leaving `body` empty) or fails it (rc
+ * SLOTD_ENOMEM: returns SLOTD_ENOMEM, the caller closes), then goes on as
+ * admin_http_resume() does.  A body longer than ADMIN_HTTP_SLICE is
+ * appended a slice per call, returning ADMIN_HTTP_FULL until the last. */
+int admin_http_complete(admin_http_t *h, int rc, proto_buf_t *body, proto_buf_t *out);
 
 /** True between requests: no byte of a next request has been read and
  * none is held back. */

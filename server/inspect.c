@@ -1,32 +1,37 @@
 /*
  * inspect.c: what the daemon shows of itself: the figures of the stats op
- * and of the admin port (inspect__stats()), and GET /sessions, the list of
- * live sessions for an operator hunting a leak or a stuck client
- * (llama.cpp's server has /slots).
+ * and of the admin port (inspect__stats(), inspect__health()), and GET
+ * /sessions, the list of live sessions for an operator hunting a leak or a
+ * stuck client (llama.cpp's server has /slots).
  *
- * Owns nothing past one call: it walks every open connection and every
- * session record on it that the client can still name (in its map),
- * gathers them in one array, sorts them largest first and writes the first
- * `limit` as JSON:
+ * A listing (inspect_listing_t, one per GET /sessions) is built in three
+ * steps so that no step holds the loop thread for long: on the loop, a
+ * piece of at most INSPECT_PIECE session records per loop turn is copied
+ * into the listing's own array (connections and sessions are walked with
+ * a cursor that inspect__conn_gone() and inspect__session_gone() move on
+ * when what it points at goes away); on libuv's thread pool, the copies are
+ * sorted largest first and written as JSON:
  *
  *   {"total":N,"limit":L,"sessions":[{"connection":{"number":K,
  *    "peer":"ADDR:PORT"},"id":"a","model":"tiny","entries":5,
  *    "pool_bytes":1792,"age_seconds":1.5,"idle_seconds":0.25,
  *    "state":"idle","outstanding":0},...]}
  *
- * `pool_bytes` is what the session's entries and model state take
- * (entries x model_entry_size() + model_state_size()); the slot's blocks
- * hold up to 10 % more (cache/pool.h).  It is read from the loop's copy
- * of the session, never from the slot a worker may be using.  The state is
- * "running" while a worker runs a job of the session, "queued" while its
- * requests wait (in its FIFO, or with the workers for a free thread),
- * "idle" otherwise; `outstanding` counts its requests not yet answered by
- * the model, the running one included.  Ties in size go to the older
- * session.
+ * and back on the loop the body goes to the admin port's callback, which
+ * sends it out in slices.  `pool_bytes` is what the pool holds for the
+ * session: its chain's blocks and its state, each at its 64-byte stride,
+ * as the pool counts them (inspect__pool_bytes()).  The state is "running"
+ * while a worker runs a job of the session, "queued" while its requests
+ * wait, "idle" otherwise; `outstanding` counts its requests not yet
+ * answered by the model, the running one included.
  *
- * DESIGN.  Loop thread only (the admin port's hook): the connections, the
- * session records and their FIFOs are the loop's; no lock.  Cost: O(n log
- * n) in the live sessions per request, about 20 ms for 100,000.
+ * DESIGN.  The loop thread owns the server's records, every listing while
+ * it gathers (server->listings, a FIFO of which only the head gathers, so
+ * that many listings cost no more per turn than one) and its idle handle.
+ * Once gathered, a listing's copies and body belong to the thread-pool
+ * job until its after-work callback runs on the loop again; the copies
+ * point at nothing of the server's.  No lock.  A listing is freed when its
+ * handle is closed and its job is back, whether delivered or canceled.
  */
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -36,21 +41,57 @@
 
 #include "inspect_int.h"
 
+/* Session records (and connections) a listing copies per loop turn: about
+ * 0.2 ms of the loop's time with records out of cache. */
+#define INSPECT_PIECE 1024
+
+typedef enum listed_state {
+    LISTED_IDLE = 0,
+    LISTED_QUEUED,
+    LISTED_RUNNING,
+} listed_state_t;
+
+/* One session as copied on the loop: nothing here points into the
+ * server (model names are the presets' static strings). */
 typedef struct listed {
-    const session_t *sess;
+    uint64_t serial; /* its connection's */
     uint64_t bytes;
-    const char *peer; /* the connection's, in `peers` */
+    uint64_t born;
+    double age, idle;
+    const char *model;
+    uint32_t peer; /* index in the listing's peers */
+    uint32_t entries;
+    uint32_t outstanding;
+    listed_state_t state;
+    char id[PROTO_ID_MAX + 1];
 } listed_t;
 
-static int by_size(const void *a, const void *b)
-{
-    const listed_t *x = a, *y = b;
-    if (x->bytes != y->bytes)
-        return x->bytes < y->bytes ? 1 : -1;
-    if (x->sess->born != y->sess->born)
-        return x->sess->born < y->sess->born ? -1 : 1;
-    return 0;
-}
+typedef char peer_t[64];
+
+struct inspect_listing {
+    server_t *s;
+    size_t limit;
+    admin_body_cb done;
+    void *ctx;
+    struct inspect_listing *next; /* s->listings while gathering */
+    /* The cursor (loop): the connection being walked, or NULL at the end;
+     * `sess` the next of its records to look at once `entered`. */
+    conn_t *conn;
+    session_t *sess;
+    bool entered;
+    uint64_t now; /* uv_now() when it was asked for */
+    listed_t *v;  /* owned: the copies */
+    size_t n, cap;
+    peer_t *peers; /* owned: one per connection with a session listed */
+    size_t npeers, peers_cap;
+    proto_buf_t body; /* owned until handed to `done` */
+    int rc;
+    uv_idle_t idle; /* gathers one piece per loop turn while the FIFO's head */
+    uv_work_t work; /* sorts and writes, on libuv's thread pool */
+    bool handle_open, work_out, canceled;
+};
+
+/* ---- Copying on the loop ---- */
 
 static const model_t *session_model(const session_t *sess)
 {
@@ -59,75 +100,276 @@ static const model_t *session_model(const session_t *sess)
     return sess->fifo_head != NULL ? sess->fifo_head->model : NULL;
 }
 
-int inspect__sessions(server_t *s, size_t limit, proto_buf_t *out)
+uint64_t inspect__pool_bytes(const model_t *m, uint32_t entries)
 {
-    size_t n = 0, cap = s->admitted + 1, npeers = s->nconns + 1, k = 0;
-    listed_t *v = malloc(cap * sizeof(*v));
-    char(*peers)[64] = malloc(npeers * sizeof(*peers));
-    uint64_t now = uv_now(&s->loop);
-    int rc = SLOTD_OK;
-    char line[512];
+    size_t blocks = 0;
+    uint64_t state = (model_state_size(m) + SLOTD_CACHE_LINE - 1) / SLOTD_CACHE_LINE;
+    model_chain_blocks(m, entries, SLOTD_CACHE_LINE, &blocks);
+    return (uint64_t)blocks + state * SLOTD_CACHE_LINE;
+}
 
-    if (v == NULL || peers == NULL) {
-        free(v);
-        free(peers);
-        return SLOTD_ENOMEM;
+/* The client's address as the handshake recorded it (handshake.c): behind
+ * a balancer that sends a PROXY header, the client's, not the balancer's. */
+static int peer_add(inspect_listing_t *l, conn_t *c)
+{
+    if (l->npeers == l->peers_cap) {
+        size_t cap = l->peers_cap ? 2 * l->peers_cap : 16;
+        peer_t *p = realloc(l->peers, cap * sizeof(*p));
+        if (p == NULL)
+            return SLOTD_ENOMEM;
+        l->peers = p;
+        l->peers_cap = cap;
     }
-    for (conn_t *c = s->conns; c != NULL && k < npeers; c = c->next, k++) {
-        /* The client's address (handshake.c): behind a balancer that sends
-         * a PROXY header, the client's, not the balancer's. */
-        snprintf(peers[k], sizeof(peers[k]), "%s", c->peer);
-        for (const session_t *sess = c->sessions; sess != NULL; sess = sess->next) {
-            if (!sess->in_map || n == cap)
-                continue;
-            const model_t *m = session_model(sess);
-            v[n].sess = sess;
-            v[n].peer = peers[k];
-            v[n].bytes = m == NULL ? 0
-                                   : (uint64_t)sess->cs.entries * model_entry_size(m) +
-                                         (sess->has_slot ? model_state_size(m) : 0);
-            n++;
+    snprintf(l->peers[l->npeers++], sizeof(peer_t), "%s", c->peer);
+    return SLOTD_OK;
+}
+
+static int listed_add(inspect_listing_t *l, const session_t *sess)
+{
+    if (l->n == l->cap) {
+        /* Sessions started since the listing began: rare, and a realloc
+         * of megabytes may copy them, so the array is sized at the start. */
+        size_t cap = l->cap + l->cap / 4 + 256;
+        listed_t *v = realloc(l->v, cap * sizeof(*v));
+        if (v == NULL)
+            return SLOTD_ENOMEM;
+        l->v = v;
+        l->cap = cap;
+    }
+    listed_t *e = &l->v[l->n++];
+    const model_t *m = session_model(sess);
+    uint32_t outstanding = 0;
+    /* The running request and the steps chained to it (launch.c). */
+    for (const req_t *r = sess->running; r != NULL; r = r->chain_next)
+        outstanding++;
+    for (const req_t *r = sess->fifo_head; r != NULL; r = r->session_next)
+        outstanding++;
+    bool started = sess->running != NULL &&
+                   atomic_load_explicit(&sess->running->started, memory_order_relaxed);
+    e->serial = sess->conn->serial;
+    e->bytes = m != NULL && sess->has_slot ? inspect__pool_bytes(m, sess->cs.entries) : 0;
+    e->born = sess->born;
+    e->age = (double)(l->now - sess->born) / 1000.0;
+    e->idle = sess->in_lru ? (double)(l->now - sess->idle_since) / 1000.0 : 0.0;
+    e->model = m != NULL ? model_name(m) : "";
+    e->peer = (uint32_t)(l->npeers - 1);
+    e->entries = sess->cs.entries;
+    e->outstanding = outstanding;
+    e->state = started                                            ? LISTED_RUNNING
+               : sess->running != NULL || sess->fifo_head != NULL ? LISTED_QUEUED
+                                                                  : LISTED_IDLE;
+    snprintf(e->id, sizeof(e->id), "%s", sess->cs.owner.id);
+    return SLOTD_OK;
+}
+
+/* Copies up to INSPECT_PIECE records from the cursor on.  SLOTD_OK with
+ * l->conn NULL once every connection has been walked. */
+static int gather_piece(inspect_listing_t *l)
+{
+    for (unsigned budget = INSPECT_PIECE; budget > 0 && l->conn != NULL; budget--) {
+        conn_t *c = l->conn;
+        if (!l->entered) {
+            l->entered = true;
+            l->sess = c->sessions;
+            if (l->sess != NULL && peer_add(l, c) != SLOTD_OK)
+                return SLOTD_ENOMEM;
+            continue;
         }
+        session_t *sess = l->sess;
+        if (sess == NULL) {
+            l->conn = c->next;
+            l->entered = false;
+            continue;
+        }
+        l->sess = sess->next;
+        if (sess->in_map && listed_add(l, sess) != SLOTD_OK)
+            return SLOTD_ENOMEM;
     }
-    qsort(v, n, sizeof(*v), by_size);
+    return SLOTD_OK;
+}
 
-    int w = snprintf(line, sizeof(line), "{\"total\":%zu,\"limit\":%zu,\"sessions\":[", n, limit);
+/* ---- Sorting and writing on the thread pool ---- */
+
+static int by_size(const void *a, const void *b)
+{
+    const listed_t *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes < y->bytes ? 1 : -1;
+    if (x->born != y->born)
+        return x->born < y->born ? -1 : 1;
+    return 0;
+}
+
+static const char *const state_name[] = {
+    [LISTED_IDLE] = "idle",
+    [LISTED_QUEUED] = "queued",
+    [LISTED_RUNNING] = "running",
+};
+
+static int write_body(inspect_listing_t *l)
+{
+    proto_buf_t *out = &l->body;
+    char line[512];
+    int rc;
+
+    if (l->n > 0) /* l->v is NULL with nothing listed */
+        qsort(l->v, l->n, sizeof(*l->v), by_size);
+    int w =
+        snprintf(line, sizeof(line), "{\"total\":%zu,\"limit\":%zu,\"sessions\":[", l->n, l->limit);
     rc = proto_buf_append(out, line, (size_t)w);
-    for (size_t i = 0; i < n && i < limit && rc == SLOTD_OK; i++) {
-        const session_t *sess = v[i].sess;
-        const model_t *m = session_model(sess);
-        size_t outstanding = 0;
-        /* The running request and the steps chained to it (launch.c). */
-        for (const req_t *r = sess->running; r != NULL; r = r->chain_next)
-            outstanding++;
-        for (const req_t *r = sess->fifo_head; r != NULL; r = r->session_next)
-            outstanding++;
-        bool started = sess->running != NULL &&
-                       atomic_load_explicit(&sess->running->started, memory_order_relaxed);
-        const char *state = started                                            ? "running"
-                            : sess->running != NULL || sess->fifo_head != NULL ? "queued"
-                                                                               : "idle";
-        double age = (double)(now - sess->born) / 1000.0;
-        double idle = sess->in_lru ? (double)(now - sess->idle_since) / 1000.0 : 0.0;
+    for (size_t i = 0; i < l->n && i < l->limit && rc == SLOTD_OK; i++) {
+        const listed_t *e = &l->v[i];
         w = snprintf(line, sizeof(line),
                      "%s{\"connection\":{\"number\":%" PRIu64 ",\"peer\":\"%s\"},\"id\":\"%s\","
                      "\"model\":\"%s\",\"entries\":%" PRIu32 ",\"pool_bytes\":%" PRIu64 ","
                      "\"age_seconds\":%.3f,\"idle_seconds\":%.3f,\"state\":\"%s\","
-                     "\"outstanding\":%zu}",
-                     i > 0 ? "," : "", sess->conn->serial, v[i].peer, sess->cs.owner.id,
-                     m != NULL ? model_name(m) : "", sess->cs.entries, v[i].bytes, age, idle, state,
-                     outstanding);
+                     "\"outstanding\":%" PRIu32 "}",
+                     i > 0 ? "," : "", e->serial, l->peers[e->peer], e->id, e->model, e->entries,
+                     e->bytes, e->age, e->idle, state_name[e->state], e->outstanding);
         rc = w > 0 && (size_t)w < sizeof(line) ? proto_buf_append(out, line, (size_t)w)
                                                : SLOTD_EINVAL;
     }
     if (rc == SLOTD_OK)
         rc = proto_buf_append(out, "]}\n", 3);
-    free(v);
-    free(peers);
     return rc;
 }
 
-/* ---- The stats op ---- */
+static void work_cb(uv_work_t *w)
+{
+    inspect_listing_t *l = container_of(w, inspect_listing_t, work);
+    l->rc = write_body(l);
+}
+
+/* ---- The listing's life (loop) ---- */
+
+static void listing_free_if_done(inspect_listing_t *l)
+{
+    if (l->handle_open || l->work_out)
+        return;
+    free(l->v);
+    free(l->peers);
+    proto_buf_free(&l->body);
+    free(l);
+}
+
+static void idle_closed(uv_handle_t *h)
+{
+    inspect_listing_t *l = container_of(h, inspect_listing_t, idle);
+    l->handle_open = false;
+    listing_free_if_done(l);
+}
+
+static void after_work_cb(uv_work_t *w, int status)
+{
+    inspect_listing_t *l = container_of(w, inspect_listing_t, work);
+    l->work_out = false;
+    if (!l->canceled) {
+        l->canceled = true; /* delivered: nothing more to cancel */
+        l->done(l->ctx, status == 0 ? l->rc : SLOTD_ENOMEM, &l->body);
+    }
+    listing_free_if_done(l);
+}
+
+static void idle_cb(uv_idle_t *h);
+
+/* Takes `l` off the FIFO (it need not be the head) and starts the next. */
+static void listing_unqueue(inspect_listing_t *l)
+{
+    server_t *s = l->s;
+    inspect_listing_t **pp = &s->listings;
+    while (*pp != NULL && *pp != l)
+        pp = &(*pp)->next;
+    if (*pp == NULL)
+        return;
+    bool head = pp == &s->listings;
+    *pp = l->next;
+    l->next = NULL;
+    uv_idle_stop(&l->idle);
+    if (l->handle_open)
+        uv_close((uv_handle_t *)&l->idle, idle_closed);
+    if (head && s->listings != NULL)
+        uv_idle_start(&s->listings->idle, idle_cb);
+}
+
+static void idle_cb(uv_idle_t *h)
+{
+    inspect_listing_t *l = container_of(h, inspect_listing_t, idle);
+    int rc = gather_piece(l);
+    if (rc == SLOTD_OK && l->conn != NULL)
+        return;
+    listing_unqueue(l);
+    l->rc = rc;
+    if (rc == SLOTD_OK && uv_queue_work(&l->s->loop, &l->work, work_cb, after_work_cb) == 0) {
+        l->work_out = true;
+        return;
+    }
+    l->canceled = true;
+    l->done(l->ctx, SLOTD_ENOMEM, &l->body);
+    listing_free_if_done(l);
+}
+
+void *inspect__sessions(void *arg, size_t limit, admin_body_cb done, void *ctx)
+{
+    server_t *s = arg;
+    inspect_listing_t *l = calloc(1, sizeof(*l));
+    if (l == NULL)
+        return NULL;
+    l->s = s;
+    l->limit = limit;
+    l->done = done;
+    l->ctx = ctx;
+    /* Room for every session in a map now, in one allocation: growing it
+     * piece by piece would copy what was gathered (a few ms for 50,000). */
+    l->cap = s->admitted + 64;
+    l->v = malloc(l->cap * sizeof(*l->v));
+    if (l->v == NULL) {
+        free(l);
+        return NULL;
+    }
+    l->conn = s->conns;
+    l->now = uv_now(&s->loop);
+    proto_buf_init(&l->body);
+    uv_idle_init(&s->loop, &l->idle);
+    l->handle_open = true;
+    inspect_listing_t **pp = &s->listings;
+    while (*pp != NULL)
+        pp = &(*pp)->next;
+    *pp = l;
+    if (s->listings == l)
+        uv_idle_start(&l->idle, idle_cb);
+    return l;
+}
+
+void inspect__sessions_cancel(void *listing)
+{
+    inspect_listing_t *l = listing;
+    if (l == NULL || l->canceled)
+        return;
+    l->canceled = true;
+    listing_unqueue(l);
+    /* A job on the thread pool cannot be called back: it finishes, and
+     * after_work_cb() frees the listing. */
+    listing_free_if_done(l);
+}
+
+void inspect__conn_gone(conn_t *c)
+{
+    inspect_listing_t *l = c->server->listings;
+    if (l != NULL && l->conn == c) {
+        l->conn = c->next;
+        l->sess = NULL;
+        l->entered = false;
+    }
+}
+
+void inspect__session_gone(session_t *sess)
+{
+    inspect_listing_t *l = sess->conn->server->listings;
+    if (l != NULL && l->sess == sess)
+        l->sess = sess->next;
+}
+
+/* ---- The stats op and the health gauges ---- */
 
 void inspect__stats(server_t *s, proto_stats_t *st)
 {
@@ -154,4 +396,14 @@ void inspect__stats(server_t *s, proto_stats_t *st)
     st->released_shutdown = metrics_released(METRICS_RELEASE_SHUTDOWN);
     st->uptime_seconds = (uv_hrtime() - s->start_ns) / 1000000000u;
     st->threads = s->cfg->threads;
+}
+
+void inspect__health(void *arg, bool *draining, bool *wedged)
+{
+    server_t *s = arg;
+
+    *draining = s->draining;
+    *wedged =
+        s->workers != NULL &&
+        worker_pool_wedged(s->workers, uv_hrtime(), (uint64_t)s->cfg->wedge_timeout * 1000000000u);
 }

@@ -5,11 +5,31 @@
 #ifndef SLOTD_SERVER_INSPECT_INT_H
 #define SLOTD_SERVER_INSPECT_INT_H
 
+#include "admin.h"
 #include "server_int.h"
 
-/** Appends the JSON body of GET /sessions: the total of live sessions and
- * the `limit` largest (see inspect.c).  SLOTD_OK or SLOTD_ENOMEM. */
-int inspect__sessions(server_t *s, size_t limit, proto_buf_t *out);
+/** admin_hooks_t.sessions: begins GET /sessions for `arg`, the server:
+ * the total of live sessions and the `limit` largest (see inspect.c),
+ * gathered over several loop turns and written on libuv's thread pool.
+ * `done(ctx, ...)` is called once, on the loop thread and never from
+ * within this call, unless the listing is canceled first.  Returns the
+ * listing, owned by inspect.c until `done` or inspect__sessions_cancel(),
+ * or NULL without memory. */
+void *inspect__sessions(void *arg, size_t limit, admin_body_cb done, void *ctx);
+/** admin_hooks_t.sessions_cancel: `done` will not be called; the listing
+ * is freed once its handle and any job on the thread pool are through. */
+void inspect__sessions_cancel(void *listing);
+/** Moves the cursor of a listing being gathered off connection `c`, which
+ * has just left server->conns (c->next still names its successor), and
+ * off session `sess`, which is leaving its connection's list. */
+void inspect__conn_gone(conn_t *c);
+void inspect__session_gone(session_t *sess);
+/** admin_hooks_t.health: whether the daemon drains and whether a worker
+ * is wedged (worker_pool_wedged() with --wedge-timeout). */
+void inspect__health(void *arg, bool *draining, bool *wedged);
+/** The pool bytes a session of model `m` with `entries` entries holds:
+ * its chain's blocks and its state, each rounded up to 64 bytes. */
+uint64_t inspect__pool_bytes(const model_t *m, uint32_t entries);
 /** Fills the stats object (the stats op and the admin port). */
 void inspect__stats(server_t *s, proto_stats_t *st);
 

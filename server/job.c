@@ -323,7 +323,10 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
  * line's read, is observed. */
 static void job_begun(unsigned shard, uint64_t t, const req_t *r)
 {
-    metrics_observe_request_wait(shard, t > r->read_ns ? t - r->read_ns : 0, r->rq.op);
+    const model_t *m = r->rq.op == PROTO_OP_STEP ? r->cs.model : r->model;
+    metrics_observe_request_wait(
+        shard, t > r->read_ns ? t - r->read_ns : 0,
+        metrics_op_model(r->rq.op, m != NULL ? model_preset_index(m) : MODEL_NPRESETS));
 }
 
 /* Whether step job `cand` may join the batch `first` leads (worker.h's
@@ -418,7 +421,8 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
     now = uv_hrtime();
     for (size_t i = 0; i < n; i++)
         if (ran[i])
-            metrics_observe_step(worker_index(w), now - worker_job_start(w), now);
+            metrics_observe_step(worker_index(w), now - worker_job_start(w), now,
+                                 model_preset_index(m));
     /* Each step's share of the batch's time. */
     if (k > 0) {
         job_costs_t *c = costs_of(s, m);
@@ -537,7 +541,8 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
     {
         uint64_t now = uv_hrtime();
         if (r->rq.op == PROTO_OP_STEP)
-            metrics_observe_step_alone(shard, now - t0, now);
+            metrics_observe_step_alone(shard, now - t0, now,
+                                       m != NULL ? model_preset_index(m) : MODEL_NPRESETS);
         cost_measured(s, r, cpu_timed ? thread_cpu_ns() - cpu0 : now - t0);
     }
 }

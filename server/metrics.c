@@ -174,6 +174,33 @@ static const char *name_close(size_t i)
     return close_name[i];
 }
 
+/* Label indexes of metrics_op_model(). */
+#define OP_MODEL_COUNT (PROTO_OP__COUNT * (MODEL_NPRESETS + 1))
+
+/* The pair (op, model) of metrics_op_model() is rendered with the one key
+ * "op" and a value that closes its quote and adds the model's:
+ * `step",model="tiny` makes `op="step",model="tiny"`.  Filled by
+ * metrics_init(). */
+static char op_model_text[OP_MODEL_COUNT][48];
+
+static const char *name_op_model(size_t i)
+{
+    return op_model_text[i];
+}
+
+static void fill_op_model_text(void)
+{
+    for (size_t i = 0; i < OP_MODEL_COUNT; i++) {
+        size_t model = i % (MODEL_NPRESETS + 1);
+        if (model < MODEL_NPRESETS)
+            snprintf(op_model_text[i], sizeof(op_model_text[i]), "%s\",model=\"%s",
+                     name_op(i / (MODEL_NPRESETS + 1)), model_preset_name(model));
+        else
+            snprintf(op_model_text[i], sizeof(op_model_text[i]), "%s",
+                     name_op(i / (MODEL_NPRESETS + 1)));
+    }
+}
+
 /* Every label set: its name, the label's key, how many values it has and
  * the value at an index; INDEX_<set>(label) gives the index of a label
  * argument (the count or beyond: not counted).  Samples whose values are
@@ -185,7 +212,8 @@ static const char *name_close(size_t i)
     XX(code, "code", NERRORS, name_code)                                                           \
     XX(release, "reason", METRICS_RELEASE__COUNT, name_release)                                    \
     XX(close, "reason", METRICS_CLOSE__COUNT, name_close)                                          \
-    XX(model, "model", MODEL_NPRESETS, model_preset_name)
+    XX(model, "model", MODEL_NPRESETS, model_preset_name)                                          \
+    XX(op_model, "op", OP_MODEL_COUNT, name_op_model)
 
 #define INDEX_NONE(label) ((size_t)0)
 #define INDEX_op(label) index_op(label)
@@ -193,6 +221,29 @@ static const char *name_close(size_t i)
 #define INDEX_release(label) ((size_t)(unsigned)(label))
 #define INDEX_close(label) ((size_t)(unsigned)(label))
 #define INDEX_model(label) ((size_t)(label))
+#define INDEX_op_model(label) ((size_t)(label))
+
+/* metrics_model_served(): the presets --models allows. */
+static bool model_served[MODEL_NPRESETS];
+
+/* Whether a histogram renders the series of label index l: every one but
+ * the model label's presets not served, and of (op, model) the ops workers
+ * run with the models served. */
+static bool shown_op_model(size_t l)
+{
+    size_t op = l / (MODEL_NPRESETS + 1), model = l % (MODEL_NPRESETS + 1);
+    bool worker_op = op == PROTO_OP_START || op == PROTO_OP_STEP || op == PROTO_OP_LOGITS ||
+                     op == PROTO_OP_GENERATE;
+    return worker_op && model < MODEL_NPRESETS && model_served[model];
+}
+
+#define SHOWN_NONE(l) true
+#define SHOWN_op(l) true
+#define SHOWN_code(l) true
+#define SHOWN_release(l) true
+#define SHOWN_close(l) true
+#define SHOWN_model(l) model_served[(l)]
+#define SHOWN_op_model(l) shown_op_model(l)
 
 #define XX(set, key, count, name)                                                                  \
     enum { NL_##set = (count) };                                                                   \
@@ -468,6 +519,8 @@ static int render_buckets(proto_buf_t *b, const char *name, const char *lab, con
     static int render_##stem(proto_buf_t *b, const char *name)                                     \
     {                                                                                              \
         for (size_t l_ = 0; l_ < NL_##labels; l_++) {                                              \
+            if (!SHOWN_##labels(l_))                                                               \
+                continue;                                                                          \
             uint64_t counts_[NB_##arg + 1] = {0}, sum_ = 0;                                        \
             for (size_t k_ = 0; k_ < METRICS_COPIES; k_++) {                                       \
                 for (size_t i_ = 0; i_ <= NB_##arg; i_++)                                          \
@@ -475,8 +528,12 @@ static int render_buckets(proto_buf_t *b, const char *name, const char *lab, con
                 sum_ += LOAD(shards[k_].stem.sum[l_]);                                             \
             }                                                                                      \
             char lab_[128] = "";                                                                   \
-            if (key_##labels != NULL)                                                              \
-                snprintf(lab_, sizeof(lab_), "%s=\"%s\",", key_##labels, lname_##labels(l_));      \
+            if (key_##labels != NULL) {                                                            \
+                int n_ = snprintf(lab_, sizeof(lab_), "%s=\"%s\",", key_##labels,                  \
+                                  lname_##labels(l_));                                             \
+                if (n_ < 0 || (size_t)n_ >= sizeof(lab_))                                          \
+                    return SLOTD_EINVAL;                                                           \
+            }                                                                                      \
             TRY(render_buckets(b, name, lab_, counts_, le_##arg, NB_##arg, sum_, scale_##arg));    \
         }                                                                                          \
         return SLOTD_OK;                                                                           \
@@ -511,6 +568,8 @@ void metrics_init(uint64_t now_ns)
     METRICS_BUCKET_SETS(XX)
 #undef XX
     STORE(m.start_ns, now_ns);
+    memset(model_served, 0, sizeof(model_served));
+    fill_op_model_text();
 #define INIT_COUNTER(stem, labels) ZERO(m.stem);
 #define INIT_GAUGE(stem, labels) ZERO(m.stem);
 #define INIT_HISTOGRAM(stem, labels)                                                               \
@@ -543,21 +602,29 @@ static void stamp_step(metrics_shard_t *s, uint64_t now_ns)
     }
 }
 
-void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
+void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns, size_t model)
 {
     metrics_shard_t *s = shard_of(shard);
 
-    observe_step_seconds(s, duration_ns, 0);
+    if (model < NL_model)
+        observe_step_seconds(s, duration_ns, model);
     stamp_step(s, now_ns);
 }
 
-void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns)
+void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns, size_t model)
 {
     metrics_shard_t *s = shard_of(shard);
 
-    observe_step_seconds(s, duration_ns, 0);
+    if (model < NL_model)
+        observe_step_seconds(s, duration_ns, model);
     observe_batch_size(s, 1, 0);
     stamp_step(s, now_ns);
+}
+
+void metrics_model_served(size_t model)
+{
+    if (model < MODEL_NPRESETS)
+        model_served[model] = true;
 }
 
 void metrics_observe_loop_request_durations(uint64_t now_ns, const uint64_t *read_ns,

@@ -18,7 +18,8 @@
  *   STAT_GAUGE, STAT_COUNTER  rendered from the proto_stats_t field `arg`;
  *   DERIVED_GAUGE  rendered by the function `arg` in metrics.c.
  * `labels` is NONE (the functions then take no label) or a label set of
- * METRICS_LABEL_SETS in metrics.c (op, code, release, close, model); a new
+ * METRICS_LABEL_SETS in metrics.c (op, code, release, close, model,
+ * op_model); a new
  * set is one line there plus its two METRICS_LABEL_PARAM macros here.
  *
  * DESIGN.  Counters and gauges are C11 atomics updated and read with
@@ -36,6 +37,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/model.h"
 #include "proto/proto.h"
 
 typedef enum metrics_release {
@@ -68,6 +70,17 @@ typedef enum metrics_close {
 #define METRICS_LABEL_PARAMC_close , metrics_close_t label
 #define METRICS_LABEL_PARAM_model size_t label /* a preset's index, as model_preset_name() */
 #define METRICS_LABEL_PARAMC_model , size_t label
+#define METRICS_LABEL_PARAM_op_model size_t label /* metrics_op_model() */
+#define METRICS_LABEL_PARAMC_op_model , size_t label
+
+/** The index of the label pair (op, model) of slotd_request_wait_seconds:
+ * `model` a preset's index (model_preset_index()), MODEL_NPRESETS or more
+ * for none.  An index, so that an observation costs no lookup. */
+static inline size_t metrics_op_model(proto_op_t op, size_t model)
+{
+    size_t o = (unsigned)op < PROTO_OP__COUNT ? (size_t)op : (size_t)PROTO_OP_NONE;
+    return o * (MODEL_NPRESETS + 1) + (model < MODEL_NPRESETS ? model : MODEL_NPRESETS);
+}
 
 /* Every metric, in rendering order.  Names, types, help texts and labels
  * are part of the operator contract (docs/operations.md, deploy/ alerts). */
@@ -116,8 +129,8 @@ typedef enum metrics_close {
        "Batches of two or more single steps of one model run as one (--max-batch).")               \
     XX(COUNTER, batched_step, NONE, _, "slotd_batched_steps_total",                                \
        "Steps that ran in such batches.")                                                          \
-    XX(HISTOGRAM, step_seconds, NONE, seconds, "slotd_step_seconds",                               \
-       "Latency of step requests (one observation per request, whatever its n).")                  \
+    XX(HISTOGRAM, step_seconds, model, seconds, "slotd_step_seconds",                              \
+       "Latency of step requests by model (one observation per request, whatever its n).")         \
     XX(GAUGE, steps_in_flight, NONE, _, "slotd_steps_in_flight",                                   \
        "Step requests handed to the workers and not back yet: queued or running.")                 \
     XX(DERIVED_GAUGE, requests_waiting, NONE, render_requests_waiting, "slotd_requests_waiting",   \
@@ -125,8 +138,9 @@ typedef enum metrics_close {
        "step of their session.")                                                                   \
     XX(DERIVED_GAUGE, requests_running, NONE, render_requests_running, "slotd_requests_running",   \
        "Requests a worker has begun and not handed back yet.")                                     \
-    XX(HISTOGRAM, request_wait, op, seconds, "slotd_request_wait_seconds",                         \
-       "Time from reading a request to a worker beginning it, by op (the ops workers run).")       \
+    XX(HISTOGRAM, request_wait, op_model, seconds, "slotd_request_wait_seconds",                   \
+       "Time from reading a request to a worker beginning it, by op (the ops workers run) and "    \
+       "model.")                                                                                   \
     XX(HISTOGRAM, request_duration, op, seconds, "slotd_request_duration_seconds",                 \
        "Time from reading a request to its reply going to the connection's output, by op.")        \
     XX(HISTOGRAM, batch_size, NONE, steps, "slotd_batch_size",                                     \
@@ -135,6 +149,12 @@ typedef enum metrics_close {
        "Seconds since the last completed step; no sample before the first step.")                  \
     XX(DERIVED_GAUGE, uptime, NONE, render_uptime, "slotd_uptime_seconds",                         \
        "Seconds since the daemon started.")                                                        \
+    XX(GAUGE, healthy, NONE, _, "slotd_healthy",                                                   \
+       "1 while GET /health answers 200, else 0 (draining, or a worker wedged).")                  \
+    XX(GAUGE, draining, NONE, _, "slotd_draining",                                                 \
+       "1 while the daemon drains (SIGTERM or SIGINT received), else 0.")                          \
+    XX(GAUGE, wedged, NONE, _, "slotd_wedged",                                                     \
+       "1 while a worker is wedged (--wedge-timeout), else 0.")                                    \
     XX(STAT_GAUGE, threads, NONE, threads, "slotd_threads", "Worker threads.")
 
 /* The declarations each kind generates (see ADDING A METRIC).  Any thread
@@ -167,15 +187,24 @@ METRICS_MAP(XX)
 void metrics_init(uint64_t now_ns);
 
 /** Records one model request's latency (a step request, whatever its n)
- * in slotd_step_seconds and stamps `now_ns` as the time of the last
+ * in slotd_step_seconds under its model's preset index `model`
+ * (model_preset_index()) and stamps `now_ns` as the time of the last
  * completed step.  Any thread; `shard` picks the copy of the histogram it
  * goes to (any number does): give each thread its own, such as its worker
  * number, and threads do not share the histogram's cache lines. */
-void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns);
+void metrics_observe_step(unsigned shard, uint64_t duration_ns, uint64_t now_ns, size_t model);
 
 /** The same for a step request a worker ran alone, not in a batch: with
  * it one observation of 1 in slotd_batch_size. */
-void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns);
+void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t now_ns,
+                                size_t model);
+
+/** Marks the preset of index `model` as served (--models): histograms
+ * with a model label render its series, and only the served presets', so
+ * that their series are there from the start and their number is bounded
+ * by the configuration.  Call after metrics_init(), before any thread
+ * renders. */
+void metrics_model_served(size_t model);
 
 /** Observes n request durations in slotd_request_duration_seconds, each
  * from read_ns[i] to now_ns, with op label ops[i]: the replies of one

@@ -116,6 +116,7 @@ int models__load(server_t *s)
             return rc;
         }
         s->models[s->nmodels++] = m;
+        metrics_model_served(model_preset_index(m));
         p->model = m;
         p->server = s;
         p->index = model_preset_index(m);

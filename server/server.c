@@ -143,11 +143,6 @@ static void trim_timer_cb(uv_timer_t *h)
         malloc_trim(0);
 }
 
-static int admin_sessions_cb(void *arg, size_t limit, proto_buf_t *out)
-{
-    return inspect__sessions(arg, limit, out);
-}
-
 static bool admin_healthy_cb(void *arg, const char **why)
 {
     server_t *s = arg;
@@ -653,7 +648,9 @@ int server_run(const server_config_t *cfg)
     memset(&hooks, 0, sizeof(hooks));
     hooks.stats = admin_stats_cb;
     hooks.healthy = admin_healthy_cb;
-    hooks.sessions = admin_sessions_cb;
+    hooks.sessions = inspect__sessions;
+    hooks.sessions_cancel = inspect__sessions_cancel;
+    hooks.health = inspect__health;
     hooks.arg = s;
     hooks.token = cfg->auth_token;
     hooks.token_len = cfg->auth_token_len;

@@ -72,6 +72,7 @@ typedef struct server server_t;
 typedef struct conn conn_t;
 typedef struct session session_t;
 typedef struct req req_t;
+typedef struct inspect_listing inspect_listing_t;
 
 typedef enum req_state {
     REQ_NEW = 0, /* just taken from the free list */
@@ -358,6 +359,7 @@ struct server {
     uint64_t next_serial;
     size_t admitted;                /* session records in some connection's map */
     size_t live_sessions;           /* session records holding a slot */
+    struct inspect_listing *listings; /* GET /sessions being gathered, in order (inspect.c) */
     TAILQ_HEAD(, session) lru;      /* idle sessions, oldest first (session.c) */
     req_t *free_reqs;
     size_t nfree_reqs;

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "conn_int.h"
+#include "inspect_int.h"
 #include "launch_int.h"
 #include "log.h"
 #include "req_int.h"
@@ -149,6 +150,7 @@ void session__discard(session_t *sess)
     server_t *s = c->server;
 
     assert(sess->running == NULL && !sess->in_map && !sess->in_lru);
+    inspect__session_gone(sess);
     session_release(sess, c->release_reason);
     if (sess->prev != NULL)
         sess->prev->next = sess->next;
@@ -243,6 +245,7 @@ void session__detach(conn_t *c)
     req_t *r, *rnext;
     session_t *sess, *snext;
 
+    inspect__conn_gone(c);
     for (r = c->order_head; r != NULL; r = rnext) {
         rnext = r->order_next;
         if (r->uncounted) /* read behind a barrier that never lifted */

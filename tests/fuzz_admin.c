@@ -156,7 +156,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!inited) {
         metrics_init(1000000000ull);
         metrics_process_figures(false); /* the same bytes for both runs */
-        metrics_observe_step(0, 12345, 2000000000ull);
+        metrics_observe_step(0, 12345, 2000000000ull, 0);
         inited = true;
     }
     proto_buf_t whole, split;

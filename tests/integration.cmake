@@ -60,3 +60,11 @@ set_tests_properties(test_integration_drain PROPERTIES ENVIRONMENT "${_itest_env
 add_test(NAME test_integration_drain_proxy COMMAND test_integration_drain proxy)
 set_tests_properties(test_integration_drain_proxy PROPERTIES ENVIRONMENT "${_itest_env}"
                      TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS integration)
+
+# GET /sessions over 50,000 live sessions while the session port is used:
+# a few hundred thousand lines, so a longer timeout for the sanitizer builds.
+slotd_check_test(test_integration_listing SOURCES test_integration_listing.c
+                 LIBS slotd_itest slotd_core cjson TIMEOUT 300)
+add_dependencies(test_integration_listing slotd)
+set_tests_properties(test_integration_listing PROPERTIES ENVIRONMENT "${_itest_env}"
+                     LABELS integration)

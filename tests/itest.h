@@ -110,8 +110,9 @@ int itest_daemon_stop(itest_daemon_t *d);
 /** True while the daemon has not exited (reaps it if it has). */
 bool itest_daemon_alive(itest_daemon_t *d);
 
-/** The value of the unlabelled sample `name` in the daemon's GET /metrics;
- * fails the test if the sample is missing or negative. */
+/** The value of the unlabelled sample `name` in the daemon's GET /metrics,
+ * or without one, the sum of its samples `name{...}` over every label;
+ * fails the test if there is neither, or the value is negative. */
 int64_t itest_metric(const itest_daemon_t *d, const char *name);
 
 /** Waits until itest_metric(d, name) is at least `min`, polling; fails the

@@ -712,12 +712,43 @@ START_TEST(test_sessions_states)
 }
 END_TEST
 
+/* slotd_step_seconds and slotd_request_wait_seconds have a series for each
+ * model served, and a request counts in its own model's only. */
+START_TEST(test_step_seconds_by_model)
+{
+    itest_daemon_t *d = itest_daemon_start("--models", "hash,tiny", NULL);
+    itest_conn_t *c = itest_connect(d);
+    cJSON *r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"a\",\"model\":\"tiny\",\"prompt\":[1,2]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(c, "{\"op\":\"step\",\"id\":\"a\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    ck_assert_int_eq(itest_await_metric(d, "slotd_step_seconds_count{model=\"tiny\"}", 1, 5000), 1);
+    ck_assert_int_eq(itest_metric(d, "slotd_step_seconds_count{model=\"hash\"}"), 0);
+    /* The waits for a worker likewise, by op and model. */
+    ck_assert_int_eq(
+        itest_metric(d, "slotd_request_wait_seconds_count{op=\"start\",model=\"tiny\"}"), 1);
+    ck_assert_int_eq(
+        itest_metric(d, "slotd_request_wait_seconds_count{op=\"step\",model=\"tiny\"}"), 1);
+    ck_assert_int_eq(
+        itest_metric(d, "slotd_request_wait_seconds_count{op=\"step\",model=\"hash\"}"), 0);
+    itest_http_t h;
+    itest_http_get(d, "/metrics", &h);
+    ck_assert_ptr_null(strstr(h.body, "slotd_step_seconds_count{model=\"small\"}"));
+    ck_assert_ptr_null(strstr(h.body, "slotd_step_seconds_count{model=\"base\"}"));
+    itest_http_free(&h);
+    itest_close(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_admin");
     ITEST_ADD(s, test_health);
     ITEST_ADD(s, test_stats_endpoint);
     ITEST_ADD(s, test_metrics);
+    ITEST_ADD(s, test_step_seconds_by_model);
     ITEST_ADD(s, test_admin_errors);
     ITEST_ADD(s, test_admin_limit_keeps_health);
     ITEST_ADD(s, test_admin_idle_timeout);

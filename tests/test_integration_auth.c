@@ -200,6 +200,44 @@ START_TEST(test_auth_admin)
 }
 END_TEST
 
+/* Lines of the daemon's log so far that contain `what`. */
+static int log_lines_with(const itest_daemon_t *d, const char *what)
+{
+    FILE *f = fopen(d->log, "r");
+    char line[1024];
+    int n = 0;
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f) != NULL)
+        n += strstr(line, what) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* Wrong Bearer tokens on the admin port are logged, and a flood of them
+ * makes one line, not one per request. */
+START_TEST(test_auth_admin_logged)
+{
+    itest_daemon_t *d = itest_daemon_start("--auth-token-file", token_file(TOKEN, 0400), NULL);
+    itest_http_t h;
+
+    admin_get(d, "/stats", "Bearer wrong-token-0123456789", &h);
+    ck_assert_int_eq(h.status, 401);
+    itest_http_free(&h);
+    ck_assert_int_eq(log_lines_with(d, "wrong Bearer token"), 1);
+    for (int i = 0; i < 200; i++) {
+        admin_get(d, "/metrics", "Bearer wrong-token-0123456789", &h);
+        ck_assert_int_eq(h.status, 401);
+        itest_http_free(&h);
+    }
+    ck_assert_int_eq(auth_failures(d), 201);
+    /* 201 failures, well within the 10 s between lines (the test's time
+     * scale stretches a slow build's run, not the daemon's interval): at
+     * most two lines. */
+    ck_assert_int_le(log_lines_with(d, "wrong Bearer token"), 2);
+    token_unlink();
+}
+END_TEST
+
 /* Runs slotd with `flags` (NULL-terminated, after free ports) and returns
  * its exit status; its stderr into *err (malloc). */
 static int run_slotd(const char *const *flags, char **err)
@@ -322,6 +360,7 @@ int main(void)
     ITEST_ADD(s, test_auth_off);
     ITEST_ADD(s, test_auth_session);
     ITEST_ADD(s, test_auth_admin);
+    ITEST_ADD(s, test_auth_admin_logged);
     ITEST_ADD(s, test_token_file_checks);
     ITEST_ADD(s, test_protected_mode);
     return itest_main(s);

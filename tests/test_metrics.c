@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/model.h"
 #include "proto/proto.h"
 #include "server/config.h"
 #include "server/metrics.h"
@@ -62,6 +63,7 @@ static const uint64_t observed[] = {
 static void fill(void)
 {
     metrics_init(1 * SEC);
+    metrics_model_served(0); /* hash */
     for (int op = 0; op < PROTO_OP__COUNT; op++)
         for (int i = 0; i <= op; i++)
             metrics_count_request((proto_op_t)op); /* op k counted k+1 times */
@@ -96,7 +98,8 @@ static void fill(void)
     for (int i = 0; i < 8; i++)
         metrics_count_auth_failure();
     for (size_t i = 0; i < NOBSERVED; i++)
-        metrics_observe_step((unsigned)i * 7, observed[i], 90 * SEC - i); /* out of order stamps, several copies */
+        /* Out of order stamps, several copies. */
+        metrics_observe_step((unsigned)i * 7, observed[i], 90 * SEC - i, 0);
 }
 
 static char *render(const proto_stats_t *st, uint64_t now_ns)
@@ -185,6 +188,9 @@ START_TEST(test_every_family)
         {"slotd_step_batches_total", "counter"},
         {"slotd_batched_steps_total", "counter"},
         {"slotd_uptime_seconds", "gauge"},
+        {"slotd_healthy", "gauge"},
+        {"slotd_draining", "gauge"},
+        {"slotd_wedged", "gauge"},
         {"slotd_threads", "gauge"},
         {"process_cpu_seconds_total", "counter"},
         {"process_resident_memory_bytes", "gauge"},
@@ -382,17 +388,18 @@ START_TEST(test_histogram)
     double prev = 0;
     for (size_t i = 0; i < sizeof(le) / sizeof(le[0]); i++) {
         char prefix[96];
-        snprintf(prefix, sizeof(prefix), "slotd_step_seconds_bucket{le=\"%s\"}", le[i]);
+        snprintf(prefix, sizeof(prefix), "slotd_step_seconds_bucket{model=\"hash\",le=\"%s\"}",
+                 le[i]);
         double v = sample(t, prefix);
         ck_assert_msg(v >= prev, "bucket %s not cumulative", le[i]);
         ck_assert_double_eq(v, expect[i]);
         prev = v;
     }
-    ck_assert_double_eq(sample(t, "slotd_step_seconds_count"), (double)NOBSERVED);
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_count{model=\"hash\"}"), (double)NOBSERVED);
     double sum = 0;
     for (size_t i = 0; i < NOBSERVED; i++)
         sum += (double)observed[i] / 1e9;
-    ck_assert_double_eq_tol(sample(t, "slotd_step_seconds_sum"), sum, 1e-6);
+    ck_assert_double_eq_tol(sample(t, "slotd_step_seconds_sum{model=\"hash\"}"), sum, 1e-6);
     free(t);
 }
 END_TEST
@@ -400,7 +407,7 @@ END_TEST
 /* Every bucket boundary of both bucket sets, and every power of two: each
  * value in the bucket a scan of the rendered bounds puts it in (the
  * observation starts its search from the value's bit length). */
-static void check_placement(const char *name, double scale,
+static void check_placement(const char *name, const char *lab, double scale,
                             void (*observe)(unsigned, uint64_t))
 {
     char prefix[128], *t;
@@ -409,9 +416,11 @@ static void check_placement(const char *name, double scale,
     uint64_t vals[64 * 3 + 64 * 3], nv = 0;
 
     metrics_init(1 * SEC);
+
+    metrics_model_served(0); /* hash */
     t = render(&known_stats, 2 * SEC);
     /* The bounds, from the rendering: `name_bucket{le="X"}` lines. */
-    snprintf(prefix, sizeof(prefix), "%s_bucket{le=\"", name);
+    snprintf(prefix, sizeof(prefix), "%s_bucket{%sle=\"", name, lab);
     for (const char *p = strstr(t, prefix); p != NULL && nb < 64; p = strstr(p + 1, prefix)) {
         const char *x = p + strlen(prefix);
         if (strncmp(x, "+Inf", 4) != 0)
@@ -438,7 +447,7 @@ static void check_placement(const char *name, double scale,
         char line[160];
         for (size_t j = 0; j < nv; j++)
             want += vals[j] <= b;
-        snprintf(line, sizeof(line), "%s_bucket{le=\"", name);
+        snprintf(line, sizeof(line), "%s_bucket{%sle=\"", name, lab);
         /* The i-th bound's line: found again by its position. */
         const char *p = strstr(t, line);
         for (size_t j = 0; j < i; j++)
@@ -448,14 +457,17 @@ static void check_placement(const char *name, double scale,
         ck_assert_msg(strtoull(p + 2, NULL, 10) == want, "%s: %llu at or under bound %zu, not %llu",
                       name, strtoull(p + 2, NULL, 10), i, (unsigned long long)want);
     }
-    snprintf(prefix, sizeof(prefix), "%s_count", name);
+    if (*lab)
+        snprintf(prefix, sizeof(prefix), "%s_count{%.*s}", name, (int)strlen(lab) - 1, lab);
+    else
+        snprintf(prefix, sizeof(prefix), "%s_count", name);
     ck_assert_double_eq(sample(t, prefix), (double)nv);
     free(t);
 }
 
 static void observe_step_seconds(unsigned shard, uint64_t v)
 {
-    metrics_observe_step_seconds(shard, v);
+    metrics_observe_step_seconds(shard, v, 0);
 }
 
 static void observe_batch_size(unsigned shard, uint64_t v)
@@ -465,8 +477,8 @@ static void observe_batch_size(unsigned shard, uint64_t v)
 
 START_TEST(test_histogram_placement)
 {
-    check_placement("slotd_step_seconds", 1e9, observe_step_seconds);
-    check_placement("slotd_batch_size", 1, observe_batch_size);
+    check_placement("slotd_step_seconds", "model=\"hash\",", 1e9, observe_step_seconds);
+    check_placement("slotd_batch_size", "", 1, observe_batch_size);
 }
 END_TEST
 
@@ -478,6 +490,8 @@ START_TEST(test_request_durations)
     const proto_op_t ops[] = {PROTO_OP_STEP, PROTO_OP_FINISH, PROTO_OP_STEP, (proto_op_t)999};
 
     metrics_init(1 * SEC);
+
+    metrics_model_served(0); /* hash */
     metrics_observe_loop_request_durations(2 * SEC, read, ops, 4);
     /* step: 1 s, and 0 for a read stamped after the end (clamped, not
      * wrapped); finish: 1 us. */
@@ -502,18 +516,19 @@ END_TEST
 START_TEST(test_last_step)
 {
     metrics_init(1 * SEC);
+    metrics_model_served(0); /* hash */
     ck_assert_uint_eq(metrics_last_step_ns(), 0);
     char *t = render(&known_stats, 2 * SEC);
     /* Announced, but no sample before the first step. */
     assert_family(t, "slotd_last_step_age_seconds", "gauge");
     ck_assert_ptr_null(strstr(t, "\nslotd_last_step_age_seconds "));
-    ck_assert(has_line(t, "slotd_step_seconds_count 0"));
-    ck_assert(has_line(t, "slotd_step_seconds_bucket{le=\"+Inf\"} 0"));
+    ck_assert(has_line(t, "slotd_step_seconds_count{model=\"hash\"} 0"));
+    ck_assert(has_line(t, "slotd_step_seconds_bucket{model=\"hash\",le=\"+Inf\"} 0"));
     free(t);
 
-    metrics_observe_step(0, 1000, 50 * SEC);
-    metrics_observe_step(1, 1000, 40 * SEC); /* finished earlier, reported later */
-    metrics_observe_step(16, 1000, 45 * SEC); /* the copy of worker 0 again */
+    metrics_observe_step(0, 1000, 50 * SEC, 0);
+    metrics_observe_step(1, 1000, 40 * SEC, 0);  /* finished earlier, reported later */
+    metrics_observe_step(16, 1000, 45 * SEC, 0); /* the copy of worker 0 again */
     ck_assert_uint_eq(metrics_last_step_ns(), 50 * SEC);
     t = render(&known_stats, 52 * SEC + SEC / 2);
     ck_assert_double_eq_tol(sample(t, "slotd_last_step_age_seconds"), 2.5, 1e-9);
@@ -527,6 +542,7 @@ START_TEST(test_last_step)
     metrics_count_refused();
     metrics_count_audit();
     metrics_init(0);
+    metrics_model_served(0); /* hash */
     ck_assert_uint_eq(metrics_last_step_ns(), 0);
     ck_assert_uint_eq(metrics_requests_total(), 0);
     ck_assert_uint_eq(metrics_refused_value(), 0);
@@ -540,11 +556,12 @@ END_TEST
 START_TEST(test_requests_waiting_running)
 {
     metrics_init(1 * SEC);
+    metrics_model_served(0); /* hash */
     for (int i = 0; i < 5; i++)
         metrics_job_out();
-    metrics_observe_request_wait(0, 2000000, PROTO_OP_STEP); /* 2 ms */
-    metrics_observe_request_wait(1, 1000, PROTO_OP_STEP);
-    metrics_observe_request_wait(1, 30000, PROTO_OP_START);
+    metrics_observe_request_wait(0, 2000000, metrics_op_model(PROTO_OP_STEP, 0)); /* 2 ms */
+    metrics_observe_request_wait(1, 1000, metrics_op_model(PROTO_OP_STEP, 0));
+    metrics_observe_request_wait(1, 30000, metrics_op_model(PROTO_OP_START, 0));
     metrics_job_back(true);
     metrics_job_back(false); /* taken back, never begun */
     metrics_observe_request_duration(METRICS_LOOP_SHARD, 3000000, PROTO_OP_FINISH);
@@ -554,10 +571,17 @@ START_TEST(test_requests_waiting_running)
     char *t = render(&known_stats, 2 * SEC);
     ck_assert(has_line(t, "slotd_requests_waiting 1")); /* 5 out - 1 back unbegun - 3 begun */
     ck_assert(has_line(t, "slotd_requests_running 2")); /* 3 begun - 1 back */
-    ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"step\"} 2"));
-    ck_assert(has_line(t, "slotd_request_wait_seconds_bucket{op=\"step\",le=\"0.001\"} 1"));
-    ck_assert(has_line(t, "slotd_request_wait_seconds_bucket{op=\"step\",le=\"0.0025\"} 2"));
-    ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"start\"} 1"));
+    ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"step\",model=\"hash\"} 2"));
+    ck_assert(has_line(
+        t, "slotd_request_wait_seconds_bucket{op=\"step\",model=\"hash\",le=\"0.001\"} 1"));
+    ck_assert(has_line(
+        t, "slotd_request_wait_seconds_bucket{op=\"step\",model=\"hash\",le=\"0.0025\"} 2"));
+    ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"start\",model=\"hash\"} 1"));
+    /* Only the ops workers run, with the models served. */
+    ck_assert(has_line(t, "slotd_request_wait_seconds_count{op=\"logits\",model=\"hash\"} 0"));
+    ck_assert_ptr_null(strstr(t, "slotd_request_wait_seconds_count{op=\"stats\""));
+    ck_assert_ptr_null(strstr(t, "slotd_request_wait_seconds_count{op=\"finish\""));
+    ck_assert_ptr_null(strstr(t, "slotd_request_wait_seconds_count{op=\"step\",model=\"tiny\"}"));
     ck_assert(has_line(t, "slotd_request_duration_seconds_count{op=\"finish\"} 1"));
     ck_assert(has_line(t, "slotd_batch_size_bucket{le=\"1\"} 1"));
     ck_assert(has_line(t, "slotd_batch_size_bucket{le=\"16\"} 1"));
@@ -577,6 +601,7 @@ END_TEST
 START_TEST(test_steps_in_flight)
 {
     metrics_init(1 * SEC);
+    metrics_model_served(0); /* hash */
     char *t = render(&known_stats, 2 * SEC);
     ck_assert(has_line(t, "slotd_steps_in_flight 0"));
     free(t);
@@ -588,6 +613,7 @@ START_TEST(test_steps_in_flight)
     ck_assert(has_line(t, "slotd_steps_in_flight 2"));
     free(t);
     metrics_init(0);
+    metrics_model_served(0); /* hash */
     t = render(&known_stats, 2 * SEC);
     ck_assert(has_line(t, "slotd_steps_in_flight 0"));
     free(t);
@@ -602,7 +628,7 @@ static void *observer(void *arg)
     uintptr_t k = (uintptr_t)arg;
     for (uint64_t i = 0; i < PER_THREAD; i++) {
         /* Two threads to a copy of the histogram. */
-        metrics_observe_step((unsigned)(k / 2), (i * 7919 + k) % (20 * SEC), i + 1);
+        metrics_observe_step((unsigned)(k / 2), (i * 7919 + k) % (20 * SEC), i + 1, 0);
         metrics_count_request(PROTO_OP_STEP);
         metrics_count_error(SLOTD_ECONTEXT_FULL);
     }
@@ -612,6 +638,7 @@ static void *observer(void *arg)
 START_TEST(test_concurrent)
 {
     metrics_init(0);
+    metrics_model_served(0); /* hash */
     pthread_t th[NTHREADS];
     for (uintptr_t i = 0; i < NTHREADS; i++)
         ck_assert_int_eq(pthread_create(&th[i], NULL, observer, (void *)i), 0);
@@ -621,8 +648,35 @@ START_TEST(test_concurrent)
     ck_assert_uint_eq(metrics_errors_total(), NTHREADS * PER_THREAD);
     ck_assert_uint_eq(metrics_last_step_ns(), PER_THREAD);
     char *t = render(&known_stats, SEC);
-    ck_assert_double_eq(sample(t, "slotd_step_seconds_count"), NTHREADS * PER_THREAD);
-    ck_assert_double_eq(sample(t, "slotd_step_seconds_bucket{le=\"+Inf\"}"), NTHREADS * PER_THREAD);
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_count{model=\"hash\"}"),
+                        NTHREADS * PER_THREAD);
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_bucket{model=\"hash\",le=\"+Inf\"}"),
+                        NTHREADS * PER_THREAD);
+    free(t);
+}
+END_TEST
+
+/* slotd_step_seconds by model: a step of one model is not in another's
+ * series, and a preset not served has none at all. */
+START_TEST(test_step_seconds_by_model)
+{
+    metrics_init(1 * SEC);
+    metrics_model_served(0); /* hash */
+    metrics_model_served(3); /* base */
+    metrics_observe_step(0, 50, 2 * SEC, 0);
+    metrics_observe_step(0, 60, 2 * SEC, 0);
+    metrics_observe_step_alone(1, 2 * SEC, 3 * SEC, 3);
+    metrics_observe_step(2, 1000, 3 * SEC, MODEL_NPRESETS); /* no preset: not counted */
+    char *t = render(&known_stats, 4 * SEC);
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_count{model=\"hash\"}"), 2);
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_bucket{model=\"hash\",le=\"1e-07\"}"), 2);
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_count{model=\"base\"}"), 1);
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_bucket{model=\"base\",le=\"1\"}"), 0);
+    ck_assert_double_eq(sample(t, "slotd_step_seconds_bucket{model=\"base\",le=\"2.5\"}"), 1);
+    ck_assert_ptr_null(strstr(t, "slotd_step_seconds_count{model=\"tiny\"}"));
+    ck_assert_ptr_null(strstr(t, "slotd_step_seconds_count{model=\"small\"}"));
+    ck_assert_ptr_null(strstr(t, "slotd_step_seconds_count "));
+    ck_assert_uint_eq(metrics_step_seconds_value(), 3);
     free(t);
 }
 END_TEST
@@ -632,6 +686,7 @@ static Suite *metrics_suite(void)
     Suite *s = suite_create("metrics");
     TCase *tc = tcase_create("render");
     tcase_add_test(tc, test_every_family);
+    tcase_add_test(tc, test_step_seconds_by_model);
     tcase_add_test(tc, test_stats_figures);
     tcase_add_test(tc, test_process_figures);
     tcase_add_test(tc, test_requests_by_op);
@@ -650,9 +705,10 @@ static Suite *metrics_suite(void)
 
 static int dump(const char *path, bool fresh)
 {
-    if (fresh)
+    if (fresh) {
         metrics_init(1 * SEC); /* no step yet: no age sample */
-    else
+        metrics_model_served(0); /* hash */
+    } else
         fill();
     proto_buf_t b;
     proto_buf_init(&b);
