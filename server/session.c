@@ -211,9 +211,9 @@ int session__share_check_full(conn_t *c, const req_t *r, const session_t *sess,
             most = cfg->max_sessions_per_conn;
         if (c->share_sessions >= (most > 0 ? most : 1))
             return slotd_error_set(err, SLOTD_ECACHE_FULL,
-                                   "start: this connection holds %u sessions, its share "
-                                   "(--max-sessions-per-connection, --max-connection-share); "
-                                   "retry after it finishes one",
+                                   "start: this connection's share of sessions is in use: it "
+                                   "holds %u (--max-sessions-per-connection, "
+                                   "--max-connection-share); retry after it finishes one",
                                    c->share_sessions);
     }
     /* A share of the whole pool is no limit of its own: the pool refuses,
