@@ -55,12 +55,12 @@ static int session__pool_error(cache_pool_t *p, slotd_error_t *err, int rc, bool
                                op, who);
     if (whole > st.bytes_capacity)
         return slotd_error_set(err, rc,
-                               "%s: %s needs %" PRIu64 " bytes, more than the whole pool's %" PRIu64
-                               " (--cache-mb): it can never fit",
+                               "%s: %s needs %" PRIu64 " bytes, more than the pool's whole "
+                               "memory, %" PRIu64 " (--cache-mb): it can never fit",
                                op, who, whole, st.bytes_capacity);
     return slotd_error_set(err, rc,
-                           "%s: the pool is full: %s needs %" PRIu64 " more bytes, %" PRIu64
-                           " of its %" PRIu64
+                           "%s: the pool's memory is full: %s needs %" PRIu64
+                           " more bytes, %" PRIu64 " of its %" PRIu64
                            " are free%s (--cache-mb); retry when sessions finish",
                            op, who, need, st.bytes_free, st.bytes_capacity,
                            st.bytes_free >= need ? ", in pages of other sizes" : "");

@@ -231,7 +231,7 @@ START_TEST(test_pool_message_figures)
         cJSON_Delete(r);
     }
     ck_assert_ptr_nonnull(m);
-    ck_assert_msg(strstr(m, "the pool is full") != NULL && strstr(m, "retry") != NULL, "%s", m);
+    ck_assert_msg(strstr(m, "the pool's memory is full") != NULL && strstr(m, "retry") != NULL, "%s", m);
     cJSON *st = itest_stats(c);
     int64_t used = itest_int(st, "pool_bytes_used"), total = itest_int(st, "pool_bytes_total");
     cJSON_Delete(st);
@@ -247,7 +247,7 @@ START_TEST(test_pool_message_figures)
                       "cache_full");
     ck_assert_msg(strstr(m, "can never fit") != NULL, "%s", m);
     ck_assert_int_eq(number_after(m, "needs "), slot_bytes("small", 1001));
-    ck_assert_int_eq(number_after(m, "whole pool's "), total);
+    ck_assert_int_eq(number_after(m, "pool's whole memory, "), total);
     free(m);
     ck_assert_int_eq(itest_metric(d, "slotd_refusals_total{reason=\"pool\"}"), 2);
 
