@@ -73,7 +73,7 @@ const proto_field_def_t proto_fields[PROTO_FIELD__COUNT] = {
 };
 
 _Static_assert(PROTO_ID_MAX == 64 && PROTO_MODEL_MAX == 32 && PROTO_AUTH_TOKEN_MAX == 4096 &&
-                   PROTO__INT_LIMIT == 9007199254740992.0,
+                   (long long)PROTO__INT_LIMIT == 9007199254740992LL,
                "the limits are spelled out in the error words above");
 
 const char *proto_op_name(proto_op_t op)
