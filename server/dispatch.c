@@ -1,8 +1,8 @@
 /*
  * dispatch.c: request dispatch, a line in and a job or an answer out.  It
  * parses each line read into a request record in read order (the order
- * FIFO), checks it (auth, the model, the map, the session limit, the
- * connection's share, the pool's room) and applies it: to a session's FIFO
+ * FIFO), checks it (auth, the model, the map, a step's context, the
+ * session limit, the connection's share, the pool's room) and applies it: to a session's FIFO
  * (session.c), to the workers (launch.c), or answered at once; a stats
  * waits for the head of the FIFO, with the lines after it held behind it
  * (the barrier), and a request for a model not built yet waits for its
@@ -272,28 +272,32 @@ static int room_check(conn_t *c, req_t *r, const model_t *m, const session_t *se
 }
 
 /* The context check of a step of `sess` (model `m`), which comes before
- * its capacity checks: on a session with nothing pending, context_full
- * now; on one with requests pending whose chain, if they all succeed,
- * leaves no room for it, the step waits for them (it is decided then).
- * SLOTD_OK, ROOM_DEFERRED, or the code of the error set in `err`. */
-static int step_context(conn_t *c, req_t *r, const session_t *sess, const model_t *m,
+ * its capacity checks.  On a session with nothing pending, context_full
+ * now.  On one with requests pending, the worker checks it first when the
+ * step runs: the step is charged to its connection's share as if it
+ * filled the session's context at most (`g`), so that a refusal for the
+ * share waits for the pending requests (room_check()) and the step is
+ * then decided here, context first.  SLOTD_OK with `g` set, or the code
+ * of the error set in `err`. */
+static int step_context(const req_t *r, const session_t *sess, const model_t *m, session_grow_t *g,
                         slotd_error_t *err)
 {
     uint32_t max = model_max_ctx(m), n = r->rq.n;
 
-    if (sess->has_slot && sess->running == NULL && sess->fifo_head == NULL) {
-        if (sess->cs.entries <= max && n <= max - sess->cs.entries)
-            return SLOTD_OK;
+    if (sess->has_slot && sess->running == NULL && sess->fifo_head == NULL &&
+        (sess->cs.entries > max || n > max - sess->cs.entries))
+        /* In the words of the worker's check (job.c), which answers the
+         * same step when it runs behind pending ones. */
         return slotd_error_set(err, SLOTD_ECONTEXT_FULL,
-                               "step: '%s' holds %" PRIu32 " of %" PRIu32 " positions, %" PRIu32
-                               " more do not fit",
-                               r->rq.id, sess->cs.entries, max, n);
-    }
-    if (sess->share_entries <= max && n <= max - sess->share_entries)
-        return SLOTD_OK;
-    assert(earlier_pending(c, r)); /* the session's pending requests were read before */
-    req_defer(c, r, false);
-    return ROOM_DEFERRED;
+                               "step: %" PRIu32 " more entries would pass max_ctx %" PRIu32
+                               " (session '%s' holds %" PRIu32 ")",
+                               n, max, r->rq.id, sess->cs.entries);
+    if (sess->share_entries >= max)
+        n = 0;
+    else if (n > max - sess->share_entries)
+        n = max - sess->share_entries;
+    session__grow_step(sess, m, n, g);
+    return SLOTD_OK;
 }
 
 /* Validates a start against the model, the map and the session limit, and
@@ -402,12 +406,10 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
         const model_t *m = session_model(sess);
         session_grow_t g;
         uint64_t bytes, slots;
-        int rc = step_context(c, r, sess, m, err);
+        int rc = step_context(r, sess, m, &g, err);
 
-        if (rc == SLOTD_OK) {
-            session__grow_step(sess, m, r->rq.n, &g);
+        if (rc == SLOTD_OK)
             rc = room_check(c, r, m, sess, &g, false, &bytes, &slots, err);
-        }
         if (rc != SLOTD_OK)
             return rc == ROOM_DEFERRED ? SLOTD_OK : rc;
         session__share_take(c, sess, &g, false); /* room_check() admitted it */

@@ -103,8 +103,9 @@ typedef struct session_grow {
 void session__grow_start(const model_t *m, uint32_t n, session_grow_t *g);
 
 /** The growth of a step of `n` of `sess` (model `m`), on the chain its
- * charged requests build; share_entries + n must be within max_ctx.
- * Inline: most steps fit in the room of the chain's last block. */
+ * charged requests build; share_entries + n must be within max_ctx (a
+ * step that may pass it is charged up to max_ctx, dispatch.c).  Inline:
+ * most steps fit in the room of the chain's last block. */
 static inline void session__grow_step(const session_t *sess, const model_t *m, uint32_t n,
                                       session_grow_t *g)
 {
