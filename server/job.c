@@ -193,8 +193,9 @@ static void cost_measured(server_t *s, const req_t *r, uint64_t ns)
  * model is not timed yet) makes the model calls cache_session_step() and
  * model_generate() would, in the same order on the same slot, but a few
  * positions at a time: picks and runs one by one, a prompt or a rerun
- * prefix through model_prefill() in chunks (which gives the entries,
- * state and counters of one call over them all).  The result is bit for
+ * prefix through model_prefill() a batch call at a time (which gives the
+ * entries, state and counters of one call over them all); a slice is at
+ * least one such call.  The result is bit for
  * bit theirs.  At the end of each slice the job counts its positions
  * (worker_progress(), which is what keeps /health at 200) and lets the
  * worker run other flows' jobs that the scheduler puts first
@@ -203,7 +204,9 @@ static void cost_measured(server_t *s, const req_t *r, uint64_t ns)
  * so a refusal changes nothing, and then the unsliced call is made for
  * its error. */
 
-/* Others' jobs may run for up to this many slices at one yield. */
+/* Others' jobs may run for up to this many slices at one yield, each
+ * estimated at this many slices at most (an estimate: a `tiny` step's,
+ * timed by the wall clock, grows on a loaded machine). */
 #define JOB_YIELD_SLICES 8
 
 /* The time of others' jobs run within this thread's current job, for
@@ -253,7 +256,6 @@ typedef struct job_slicer {
     uint64_t t0;        /* the current slice's start */
     uint64_t own_ns;    /* the job's own time, its slices' */
     uint64_t positions; /* done in the current slice */
-    size_t chunk;       /* prefill_sliced()'s positions per call */
 } job_slicer_t;
 
 static void slicer_begin(job_slicer_t *sl, const server_t *s, worker_t *w, const req_t *r)
@@ -262,7 +264,6 @@ static void slicer_begin(job_slicer_t *sl, const server_t *s, worker_t *w, const
     sl->w = w;
     sl->job = &r->job;
     sl->slice_ns = job__long_slice(s);
-    sl->chunk = 1;
     sl->t0 = uv_hrtime();
 }
 
@@ -278,8 +279,8 @@ static void slicer_tick(job_slicer_t *sl, uint64_t positions)
     sl->own_ns += now - sl->t0;
     worker_progress(sl->w, sl->positions);
     sl->positions = 0;
-    job_lent_ns += worker_yield(sl->w, sl->job, &sl->place, sl->own_ns, sl->slice_ns,
-                                JOB_YIELD_SLICES * sl->slice_ns);
+    job_lent_ns += worker_yield(sl->w, sl->job, &sl->place, sl->own_ns,
+                                JOB_YIELD_SLICES * sl->slice_ns, JOB_YIELD_SLICES * sl->slice_ns);
     sl->t0 = uv_hrtime();
 }
 
@@ -289,26 +290,20 @@ static void slicer_end(job_slicer_t *sl)
         worker_progress(sl->w, sl->positions);
 }
 
-/* model_prefill() of tokens[0 .. n-1] on `kv`, in chunks of as many
- * positions as the last chunk's pace fits in a slice (1 to a batch call's
- * MODEL_BATCH_MAX). */
+/* model_prefill() of tokens[0 .. n-1] on `kv`, in chunks of a batch
+ * call's MODEL_BATCH_MAX positions: what the one call would do, at the
+ * same cost.  Smaller chunks would end slices sooner, but a position run
+ * alone reads every weight for itself and costs many times more. */
 static void prefill_sliced(job_slicer_t *sl, const model_t *m, model_kv_t *kv,
                            const uint32_t *tokens, size_t n, void *scratch)
 {
     while (n > 0) {
-        size_t k = sl->chunk < n ? sl->chunk : n;
-        uint64_t t = uv_hrtime(), per;
+        size_t k = n < MODEL_BATCH_MAX ? n : MODEL_BATCH_MAX;
 
         model_prefill(m, kv, tokens, k, scratch);
-        per = (uv_hrtime() - t) / k + 1;
         tokens += k;
         n -= k;
         slicer_tick(sl, k);
-        sl->chunk = sl->slice_ns / per;
-        if (sl->chunk < 1)
-            sl->chunk = 1;
-        else if (sl->chunk > MODEL_BATCH_MAX)
-            sl->chunk = MODEL_BATCH_MAX;
     }
 }
 
