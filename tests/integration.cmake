@@ -45,3 +45,12 @@ slotd_check_test(test_integration_sched SOURCES test_integration_sched.c
 add_dependencies(test_integration_sched slotd)
 set_tests_properties(test_integration_sched PROPERTIES ENVIRONMENT "${_itest_env}"
                      LABELS integration)
+
+# Long jobs in slices (docs/design.md, "Long jobs"): results against the
+# reference, a light client served beside a long generate, /health kept at
+# 200 by progress, and a worker without progress still wedged.
+slotd_check_test(test_integration_long SOURCES test_integration_long.c
+                 LIBS slotd_itest slotd_core cjson Threads::Threads TIMEOUT 600)
+add_dependencies(test_integration_long slotd)
+set_tests_properties(test_integration_long PROPERTIES ENVIRONMENT "${_itest_env}"
+                     LABELS integration)
