@@ -239,10 +239,13 @@ static bool step_is_long(const server_t *s, const model_t *m, uint32_t n)
                         atomic_load_explicit(&c->step_ns, memory_order_relaxed), n);
 }
 
-/* Whether generate `r`, of `positions` in all, runs in slices. */
-static bool generate_is_long(const server_t *s, const req_t *r, uint64_t positions)
+/* Whether generate `r` runs in slices. */
+static bool generate_is_long(const server_t *s, const req_t *r)
 {
     const job_costs_t *c = job__costs(s, r->model);
+    uint64_t n = r->rq.ntokens, steps = (uint64_t)r->rq.steps;
+    /* Positions run: uncached, each pick runs its whole prefix again. */
+    uint64_t positions = r->rq.use_cache ? n + steps : steps * n + steps * (steps - 1) / 2;
 
     return job__is_long(s, job_cost(s, r),
                         atomic_load_explicit(&c->prefill_ns, memory_order_relaxed), positions);
@@ -526,7 +529,7 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 
     if (tokens == NULL || logits == NULL)
         return SLOTD_ENOMEM;
-    if (steps > 0 && generate_is_long(s, r, total))
+    if (steps > 0 && generate_is_long(s, r))
         rc = generate_sliced(s, w, r, tokens, logits, &rows, err);
     else
         rc = cache_session_generate(s->pool, r->model, r->rq.tokens, r->rq.ntokens, r->rq.steps,
