@@ -286,13 +286,15 @@ void worker_progress(worker_t *w, uint64_t positions);
 
 /** From within `run` (not from a job worker_yield() runs, where it does
  * nothing): `job`, running in slices (`sl`), has done `done_ns` of work.
- * While the scheduler would serve another flow's next job before the rest
- * of `job` (as if each slice were a job of its flow: sched.h) and that
- * job's cost is at most `light_ns`, runs such a job on this worker (alone,
- * with its own token and logit buffers; the scratch is shared, so the
- * caller must hold nothing in it across the call) and hands it to `done`,
- * for `budget_ns` at most in all.  Jobs of `job`'s own flow are left
- * queued.  Returns the nanoseconds spent on others' jobs. */
+ * Runs here, for `budget_ns` at most in all, jobs that would otherwise
+ * wait for it: first those the worker took with `job` and has not begun,
+ * in order, while each costs at most `light_ns`; then, while the
+ * scheduler would serve another flow's next job before the rest of `job`
+ * (as if each slice were a job of its flow: sched.h), that job, if it
+ * costs at most `light_ns`.  `job`'s own flow's queued jobs wait.  Each
+ * runs alone, with token and logit buffers of its own (the scratch is
+ * shared: the caller must hold nothing in it across the call), and goes
+ * to `done` at once.  Returns the nanoseconds spent on them. */
 uint64_t worker_yield(worker_t *w, const worker_job_t *job, worker_slices_t *sl, uint64_t done_ns,
                       uint64_t light_ns, uint64_t budget_ns);
 

@@ -1238,6 +1238,39 @@ START_TEST(test_yield_to_other_flows)
 }
 END_TEST
 
+/* A cheap job taken with the long one into the worker's local batch (both
+ * submitted together, one worker) runs between the long one's slices,
+ * not after it. */
+START_TEST(test_yield_runs_taken_jobs)
+{
+    uv_loop_t loop;
+    worker_pool_config_t cfg = test_config(1, long_run_cb, NULL, 0);
+    worker_pool_t *wp = pool_start(&loop, &cfg);
+    worker_batch_t b = WORKER_BATCH_INIT;
+    worker_flow_t fa, fb;
+    test_job_t jobs[2];
+
+    worker_flow_init(&fa);
+    worker_flow_init(&fb);
+    memset(jobs, 0, sizeof(jobs));
+    for (int i = 0; i < 2; i++) {
+        jobs[i].index = i;
+        jobs[i].job.flow = i == 0 ? &fa : &fb;
+        worker_job_set_cost(&jobs[i].job, 1000);
+        worker_batch_push(&b, &jobs[i].job);
+    }
+    worker_pool_submit(wp, &b);
+    while (done_count < 1)
+        uv_run(&loop, UV_RUN_ONCE);
+    ck_assert_int_eq(jobs[1].done_order, 1);
+    ck_assert_int_eq(atomic_load(&jobs[0].ran), 0);
+    atomic_store(&gate_open, 1);
+    while (done_count < 2)
+        uv_run(&loop, UV_RUN_ONCE);
+    pool_end(&loop, wp);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("worker");
@@ -1267,6 +1300,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_sched_batch);
     tcase_add_test(tc, test_progress_not_wedged);
     tcase_add_test(tc, test_yield_to_other_flows);
+    tcase_add_test(tc, test_yield_runs_taken_jobs);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     return s;
