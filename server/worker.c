@@ -699,6 +699,19 @@ static void run_nested(worker_t *w, worker_job_t *job)
     w->nested = false;
 }
 
+/* Whether a worker other than w is in no job (asleep, or on its way to
+ * the queue).  Worker w. */
+static bool other_idle(const worker_t *w)
+{
+    const worker_pool_t *wp = w->pool;
+
+    for (unsigned k = 0; k < wp->nworkers; k++)
+        if (&wp->workers[k] != w &&
+            atomic_load_explicit(&wp->workers[k].job_start, memory_order_relaxed) == 0)
+            return true;
+    return false;
+}
+
 uint64_t worker_yield(worker_t *w, const worker_job_t *job, worker_slices_t *sl, uint64_t done_ns,
                       uint64_t light_ns, uint64_t budget_ns)
 {
@@ -724,6 +737,10 @@ uint64_t worker_yield(worker_t *w, const worker_job_t *job, worker_slices_t *sl,
             now = uv_hrtime();
             continue;
         }
+        /* Queued jobs are left to another worker that is free: it is
+         * woken for them (the wake-up rule counts a long job as stuck). */
+        if (other_idle(w))
+            break;
         pthread_mutex_lock(&wp->queue_lock);
         /* The job's slices count from the virtual time it was first seen
          * at: its flow's start then was no later. */

@@ -288,10 +288,10 @@ void worker_progress(worker_t *w, uint64_t positions);
  * nothing): `job`, running in slices (`sl`), has done `done_ns` of work.
  * Runs here, for `budget_ns` at most in all, jobs that would otherwise
  * wait for it: first those the worker took with `job` and has not begun,
- * in order, while each costs at most `light_ns`; then, while the
- * scheduler would serve another flow's next job before the rest of `job`
- * (as if each slice were a job of its flow: sched.h), that job, if it
- * costs at most `light_ns`.  `job`'s own flow's queued jobs wait.  Each
+ * in order, while each costs at most `light_ns`; then, unless another
+ * worker is free to take them, while the scheduler would serve another
+ * flow's next job before the rest of `job` (as if each slice were a job
+ * of its flow: sched.h), that job, if it costs at most `light_ns`.  `job`'s own flow's queued jobs wait.  Each
  * runs alone, with token and logit buffers of its own (the scratch is
  * shared: the caller must hold nothing in it across the call), and goes
  * to `done` at once.  Returns the nanoseconds spent on them. */
