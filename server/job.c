@@ -189,17 +189,16 @@ static void cost_measured(server_t *s, const req_t *r, uint64_t ns)
 /* ---- Long jobs, in slices (worker.h, "Long jobs") ----
  *
  * A step of many positions or a generate estimated dearer than a slice
- * (job__long_slice(); or of more than a batch call's positions while its
+ * (long_slice_ns(); or of more than a batch call's positions while its
  * model is not timed yet) makes the model calls cache_session_step() and
  * model_generate() would, in the same order on the same slot, but a few
  * positions at a time: picks and runs one by one, a prompt or a rerun
  * prefix through model_prefill() a batch call at a time (which gives the
  * entries, state and counters of one call over them all); a slice is at
- * least one such call.  The result is bit for
- * bit theirs.  At the end of each slice the job counts its positions
- * (worker_progress(), which is what keeps /health at 200) and lets the
- * worker run other flows' jobs that the scheduler puts first
- * (worker_yield()).  Nothing lives in the scratch between two calls, so
+ * least one such call.  The result is bit for bit theirs.  At the end of
+ * each slice the job counts its positions (worker_progress(), which is
+ * what keeps /health at 200) and lets the worker run jobs that would wait
+ * for it (worker_yield()).  Nothing lives in the scratch between two calls, so
  * those jobs may use it; the slot is reserved before the first position,
  * so a refusal changes nothing, and then the unsliced call is made for
  * its error. */
@@ -215,7 +214,7 @@ static _Thread_local uint64_t job_lent_ns;
 
 /* A long job's slice: the chain's, or JOB_CHAIN_SLICE_NS with --batch-us
  * 0 (a long job runs in slices whatever the batch bound). */
-static uint64_t job__long_slice(const server_t *s)
+static uint64_t long_slice_ns(const server_t *s)
 {
     uint64_t slice = job__chain_slice(s);
 
@@ -225,9 +224,9 @@ static uint64_t job__long_slice(const server_t *s)
 /* Whether a job of `positions` model positions and estimated `cost`, of a
  * model whose mean per position is `mean` (0: not timed yet), runs in
  * slices. */
-static bool job__is_long(const server_t *s, uint64_t cost, uint64_t mean, uint64_t positions)
+static bool cost_is_long(const server_t *s, uint64_t cost, uint64_t mean, uint64_t positions)
 {
-    return cost > job__long_slice(s) || (mean == 0 && positions > MODEL_BATCH_MAX);
+    return cost > long_slice_ns(s) || (mean == 0 && positions > MODEL_BATCH_MAX);
 }
 
 /* Whether a step of `n` positions of model `m` runs in slices. */
@@ -235,7 +234,7 @@ static bool step_is_long(const server_t *s, const model_t *m, uint32_t n)
 {
     const job_costs_t *c = job__costs(s, m);
 
-    return job__is_long(s, job__step_cost(c, n),
+    return cost_is_long(s, job__step_cost(c, n),
                         atomic_load_explicit(&c->step_ns, memory_order_relaxed), n);
 }
 
@@ -247,7 +246,7 @@ static bool generate_is_long(const server_t *s, const req_t *r)
     /* Positions run: uncached, each pick runs its whole prefix again. */
     uint64_t positions = r->rq.use_cache ? n + steps : steps * n + steps * (steps - 1) / 2;
 
-    return job__is_long(s, job_cost(s, r),
+    return cost_is_long(s, job_cost(s, r),
                         atomic_load_explicit(&c->prefill_ns, memory_order_relaxed), positions);
 }
 
@@ -266,7 +265,7 @@ static void slicer_begin(job_slicer_t *sl, const server_t *s, worker_t *w, const
     memset(sl, 0, sizeof(*sl));
     sl->w = w;
     sl->job = &r->job;
-    sl->slice_ns = job__long_slice(s);
+    sl->slice_ns = long_slice_ns(s);
     sl->t0 = uv_hrtime();
 }
 
