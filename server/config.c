@@ -95,7 +95,7 @@ static const option_t options[] = {
     {"shutdown-timeout", OPT_UINT, 1, 86400, FIELD(shutdown_timeout),
      "seconds a shutdown may take (10)"},
     {"wedge-timeout", OPT_UINT, 1, 86400, FIELD(wedge_timeout),
-     "seconds one job may run before /health fails (10)"},
+     "seconds a worker in a job may make no progress before /health fails (10)"},
     {"reply-hold-us", OPT_UINT, 0, 10000000, FIELD(reply_hold_us),
      "microseconds replies may wait for more of their connection's jobs, 0 for never (100)"},
     {"models", OPT_MODELS, 0, 0, 0, 0,
