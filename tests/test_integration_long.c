@@ -198,6 +198,39 @@ START_TEST(test_light_beside_long)
 }
 END_TEST
 
+/* A generate of no steps, a job with no logits at all, run inside a long
+ * one on its worker: it is answered like any other (the nested job's
+ * buffers start empty, and a request for none of them is not a failure). */
+START_TEST(test_nested_generate_no_steps)
+{
+    itest_daemon_t *d = itest_daemon_start("--models", "tiny,small", "--preload", "tiny,small",
+                                           "--threads", "1", NULL);
+    itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
+    int beside = 0;
+    cJSON *r;
+
+    ck_assert(itest_sendf(a, "{\"op\":\"generate\",\"model\":\"small\",\"tokens\":[1,2,3],"
+                             "\"steps\":100,\"tag\":1}\n"));
+    ck_assert_int_ge(itest_await_metric(d, "slotd_requests_running", 1, itest_scale_ms(10000)), 1);
+    while (!has_reply(a, 0)) {
+        r = itest_rpc(b, "{\"op\":\"generate\",\"model\":\"tiny\",\"tokens\":[1,2],\"steps\":0}");
+        ck_assert_msg(r != NULL, "no reply to a generate of no steps beside the long one");
+        ck_assert_msg(cJSON_GetObjectItem(r, "error") == NULL, "a generate of no steps failed: %s",
+                      itest_last_line(b));
+        ck_assert_str_eq(itest_last_line(b), "{\"tokens\":[1,2],\"logits\":[],\"rows\":0}");
+        cJSON_Delete(r);
+        beside++;
+    }
+    ck_assert_msg(beside >= 2, "only %d requests were answered beside the long generate", beside);
+    r = itest_read_reply(a);
+    itest_expect_tag(r, "1");
+    expect_reference("small", r, itest_last_line(a), 100);
+    cJSON_Delete(r);
+    itest_close(a);
+    itest_close(b);
+}
+END_TEST
+
 /* GET /health's status. */
 static int health(const itest_daemon_t *d)
 {
@@ -326,6 +359,7 @@ int main(void)
 
     itest_add(s, "sliced_results", test_sliced_results);
     itest_add(s, "light_beside_long", test_light_beside_long);
+    itest_add(s, "nested_generate_no_steps", test_nested_generate_no_steps);
     itest_add(s, "long_generate_keeps_health", test_long_generate_keeps_health);
     itest_add(s, "no_progress_is_wedged", test_no_progress_is_wedged);
     return itest_main(s);
