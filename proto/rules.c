@@ -267,6 +267,18 @@ int proto__request_fill(const proto__value_t *f, proto__ints_reader rd, proto_re
                 return member_error(o, d, d->must, err);
             base[d->at] = v->kind == PROTO__TRUE;
             break;
+        case PROTO_TYPE_SAMPLE:
+        case PROTO_TYPE_STOP:
+        case PROTO_TYPE_SCORES: {
+            char words[128];
+            const char *why;
+            if (v->kind != PROTO__RAW)
+                return member_error(o, d, d->must, err);
+            why = proto__decode_read(d->type, d->must, v->s, v->len, &r->dec, words, sizeof(words));
+            if (why != NULL)
+                return member_error(o, d, why, err);
+            break;
+        }
         default: /* tag and op are no op's members */
             return member_error(o, d, "is not a member", err);
         }
@@ -324,6 +336,8 @@ void proto_request_free(proto_request_t *r)
         free(r->token);
         r->token = NULL;
     }
+    if (r->dec.set)
+        memset(&r->dec, 0, sizeof(r->dec));
     name_clear(r->id, sizeof(r->id));
     name_clear(r->model, sizeof(r->model));
     r->ntokens = 0;
