@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "controls.h"
 #include "job_int.h"
 #include "log.h"
 
@@ -216,7 +217,7 @@ static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
  * and logits become the reference's, and the slot is rebuilt from the
  * corrected tokens so that later steps continue the right sequence. */
 static void audit_step(server_t *s, worker_t *w, req_t *r, uint32_t n, uint32_t *tokens,
-                       double *logits)
+                       double *logits, const controls_t *ctl)
 {
     unsigned wi = worker_index(w);
     uint32_t len = r->toks.len, bad;
@@ -224,7 +225,9 @@ static void audit_step(server_t *s, worker_t *w, req_t *r, uint32_t n, uint32_t 
 
     assert(len + n == r->cs.entries); /* the recording follows the slot */
 
-    if (!audit_due(s->audit, wi)) {
+    /* The reference picks greedily: sampled picks are recorded only. */
+    logits = controls_logits(ctl, logits);
+    if (!audit_due(s->audit, wi) || controls_samples(ctl)) {
         audit_tokens_append(&r->toks, tokens, n);
         return;
     }
@@ -256,10 +259,13 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     const model_t *m = r->cs.model;
     uint32_t n = r->rq.n, vocab = model_vocab(m), max_ctx = model_max_ctx(m);
     bool attn = model_family(m) == MODEL_FAMILY_ATTN;
-    uint32_t *tokens;
+    uint32_t *tokens, picked = 0;
     double *logits = NULL;
+    controls_t ctl;
     int rc;
 
+    if ((rc = controls_prepare(&ctl, &r->rq, m, err)) != SLOTD_OK)
+        return rc;
     /* Checked before the buffers are sized: n comes from the client. */
     if (r->cs.entries > max_ctx || n > max_ctx - r->cs.entries)
         return slotd_error_set(
@@ -274,14 +280,15 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     /* The audit's room first, so that a step that ran can always be recorded. */
     if (s->audit != NULL && audit_tokens_reserve(&r->toks, n) != SLOTD_OK)
         return SLOTD_ENOMEM;
-    rc = cache_session_step(s->pool, &r->cs, n, worker_scratch(w), tokens, logits, err);
+    rc = cache_session_decode(s->pool, &r->cs, n, controls_dc(&ctl), worker_scratch(w), tokens,
+                              logits, &picked, err);
     if (rc != SLOTD_OK)
         return rc;
     if (s->audit != NULL)
-        audit_step(s, w, r, n, tokens, logits);
+        audit_step(s, w, r, picked, tokens, logits, &ctl);
     JOB_FAULT_AFTER_STEP(s, r);
-    return proto_reply_step(&r->reply, r->rq.tag, r->rq.id, tokens, n, logits, vocab,
-                            r->cs.entries);
+    return controls_reply_step(&ctl, &r->reply, &r->rq, m, tokens, picked,
+                               controls_logits(&ctl, logits), r->cs.entries, worker_scratch(w));
 }
 
 static int run_logits(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
@@ -308,15 +315,22 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     uint32_t *tokens = worker_tokens(w, total);
     double *logits = worker_logits(w, steps * vocab);
     uint64_t rows = 0;
+    size_t picked = steps;
+    controls_t ctl;
     int rc;
 
+    if ((rc = controls_prepare(&ctl, &r->rq, r->model, err)) != SLOTD_OK)
+        return rc;
     if (tokens == NULL || logits == NULL)
         return SLOTD_ENOMEM;
-    rc = cache_session_generate(s->pool, r->model, r->rq.tokens, r->rq.ntokens, r->rq.steps,
-                                r->rq.use_cache, worker_scratch(w), tokens, logits, &rows, err);
+    rc = cache_session_generate_decode(s->pool, r->model, r->rq.tokens, r->rq.ntokens, r->rq.steps,
+                                       r->rq.use_cache, controls_dc(&ctl), worker_scratch(w),
+                                       tokens, logits, &picked, &rows, err);
     if (rc != SLOTD_OK)
         return rc;
-    return proto_reply_generate(&r->reply, r->rq.tag, tokens, total, logits, steps, vocab, rows);
+    return controls_reply_generate(&ctl, &r->reply, &r->rq, r->model, tokens,
+                                   r->rq.ntokens + picked, controls_logits(&ctl, logits), picked,
+                                   rows, worker_scratch(w));
 }
 
 /* Worker `shard` begins `r` at `t` (its job's start): its wait, from its
@@ -370,8 +384,10 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
     double *lg[MODEL_BATCH_MAX];
     uint32_t picks[MODEL_BATCH_MAX];
     int rc[MODEL_BATCH_MAX];
-    bool ran[MODEL_BATCH_MAX];
+    bool ran[MODEL_BATCH_MAX], any_ctl = false;
     slotd_error_t err[MODEL_BATCH_MAX];
+    controls_t ctl[MODEL_BATCH_MAX];
+    const model_decode_t *dc[MODEL_BATCH_MAX];
     double *logits = worker_logits(w, n * vocab);
     size_t k = 0;
     uint64_t now, cpu0 = thread_cpu_ns();
@@ -393,12 +409,19 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
             continue;
         }
         slotd_error_clear(&err[k]);
+        if (controls_prepare(&ctl[k], &r->rq, m, &err[k]) != SLOTD_OK) {
+            job_finish(r, err[k].code, &err[k]);
+            continue;
+        }
+        dc[k] = controls_dc(&ctl[k]);
+        any_ctl = any_ctl || dc[k] != NULL;
         cs[k] = &r->cs;
         lg[k] = logits + k * vocab;
         rs[k++] = r;
     }
     if (k > 0) {
-        cache_session_step_batch(s->pool, cs, k, worker_scratch(w), picks, lg, rc, err);
+        cache_session_decode_batch(s->pool, cs, k, any_ctl ? dc : NULL, worker_scratch(w), picks,
+                                   lg, rc, err);
         metrics_observe_batch_size(worker_index(w), k);
     }
     if (k > 1)
@@ -408,10 +431,11 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
 
         if (rc[i] == SLOTD_OK) {
             if (s->audit != NULL)
-                audit_step(s, w, r, 1, &picks[i], lg[i]);
+                audit_step(s, w, r, 1, &picks[i], lg[i], &ctl[i]);
             JOB_FAULT_AFTER_STEP(s, r);
-            rc[i] = proto_reply_step(&r->reply, r->rq.tag, r->rq.id, &picks[i], 1, lg[i], vocab,
-                                     r->cs.entries);
+            rc[i] = controls_reply_step(&ctl[i], &r->reply, &r->rq, m, &picks[i], 1,
+                                        controls_logits(&ctl[i], lg[i]), r->cs.entries,
+                                        worker_scratch(w));
         }
         job_finish(r, rc[i], &err[i]);
     }
