@@ -1467,7 +1467,8 @@ static void ck_same(const char *what, int rc_a, const proto_request_t *a, const 
         strcmp(a->model, b->model) != 0 || a->ntokens != b->ntokens ||
         (a->tokens == NULL) != (b->tokens == NULL) ||
         (a->ntokens > 0 && memcmp(a->tokens, b->tokens, a->ntokens * sizeof(*a->tokens)) != 0) ||
-        a->steps != b->steps || a->use_cache != b->use_cache || a->n != b->n)
+        a->steps != b->steps || a->use_cache != b->use_cache || a->n != b->n ||
+        memcmp(&a->dec, &b->dec, sizeof(a->dec)) != 0)
         ck_abort_msg("%s: the requests differ", what);
 }
 
@@ -1722,6 +1723,68 @@ START_TEST(test_parse_paths_agree)
             expect_paths_len(full, n, DECLINED);
         expect_paths_len(full, sizeof(full) - 1, TAKEN);
     }
+}
+END_TEST
+
+/* The decoding controls: both paths read their values from the line's
+ * text, exactly (a seed up to 2^64 - 1, a temperature of 0.7), and give
+ * the same request or the same error naming the member. */
+START_TEST(test_parse_decode_controls)
+{
+    static const struct {
+        const char *line;
+        int want;
+    } cases[] = {
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"temperature\":0.7,\"top_k\":40,"
+         "\"top_p\":0.9,\"seed\":18446744073709551615},\"stop\":[0,5],\"scores\":3}",
+         TAKEN},
+        {"{\"op\":\"generate\",\"tokens\":[1],\"steps\":2,\"scores\":\"none\",\"stop\":[]}", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{},\"scores\":\"all\"}", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"seed\":1e3,\"top_k\":2.0,\"x\":[1]}}", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"seed\":1,\"seed\":-1},\"stop\":[1.0]}",
+         TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"scores\":\"\\u006eone\"}", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sampl\\u0065\":{\"t\\u0065mperature\":2}}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":1.0,\"sample\":{\"temperature\":0.25}}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"temperature\":-1}}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"seed\":18446744073709551616}}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"top_p\":0}}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"top_k\":0}}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":null}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"stop\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}",
+         DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"stop\":[-1]}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"stop\":[\"1\"]}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"scores\":0}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"scores\":\"some\"}", DECLINED},
+        /* Not members of other ops: ignored there. */
+        {"{\"op\":\"finish\",\"id\":\"a\",\"sample\":null,\"scores\":0}", TAKEN},
+    };
+    proto_request_t r;
+    slotd_error_t e;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        expect_paths(cases[i].line, cases[i].want);
+
+    proto_request_init(&r);
+    ck_assert_int_eq(parse(cases[0].line, &r, &e), SLOTD_OK);
+    ck_assert(r.dec.set && r.dec.has_sample && r.dec.has_stop);
+    ck_assert(r.dec.temperature == 0.7 && r.dec.top_p == 0.9);
+    ck_assert_uint_eq(r.dec.top_k, 40);
+    ck_assert(r.dec.seed == UINT64_MAX);
+    ck_assert_uint_eq(r.dec.nstop, 2);
+    ck_assert_uint_eq(r.dec.stop[1], 5);
+    ck_assert_int_eq(r.dec.scores, PROTO_SCORES_TOP);
+    ck_assert_uint_eq(r.dec.top, 3);
+    ck_assert_int_eq(parse(cases[4].line, &r, &e), SLOTD_OK);
+    ck_assert(r.dec.seed == 1 && r.dec.temperature == 1.0 && r.dec.top_k == UINT64_MAX);
+    ck_assert_uint_eq(r.dec.stop[0], 1);
+    /* A request without them is as before: nothing set. */
+    ck_assert_int_eq(parse("{\"op\":\"step\",\"id\":\"a\"}", &r, &e), SLOTD_OK);
+    ck_assert(!r.dec.set && r.dec.scores == PROTO_SCORES_ALL);
+    ck_assert_int_eq(parse(cases[8].line, &r, &e), SLOTD_EBAD_REQUEST);
+    ck_assert_str_eq(e.message, "step: `sample` temperature must be a number >= 0");
+    proto_request_free(&r);
 }
 END_TEST
 
@@ -2500,6 +2563,7 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, test_parse_arena_other_cjson);
     tcase_add_test(tc, test_parse_flat_common);
     tcase_add_test(tc, test_parse_paths_agree);
+    tcase_add_test(tc, test_parse_decode_controls);
     tcase_add_test(tc, test_parse_flat_long);
     tcase_add_test(tc, test_request_free_restores);
     tcase_add_test(tc, test_parse_flat_nomem);
