@@ -10,10 +10,10 @@
  * that the Python implementation in tests/crosscheck.py agrees pick for
  * pick.
  *
- * The order is produced lazily from a binary heap of token indices
- * (heapify O(V), then one pop per token taken), so a pick with neither
- * cut sorts nothing and one with top_k K sorts K tokens.  Any correct
- * ordering gives the same result: the order is total (ties by token).
+ * A pick with neither cut sorts nothing; with top_k K it pops K tokens
+ * off a binary heap (heapify O(V)); with top_p alone it sorts every token
+ * (a radix sort, order_all()).  Any correct ordering gives the same
+ * result: the order is total (ties by token).
  *
  * Pure functions of their arguments and the work memory the caller lends:
  * any thread, no lock, no allocation.
@@ -24,16 +24,18 @@
 #include <math.h>
 #include <string.h>
 
-/* The work memory: w[V] doubles, heap[V] tokens, in[V] flags. */
+/* The work memory: w[V] weights, key[2][V] sort keys, heap[V] and
+ * tok[V] tokens, in[V] flags. */
 typedef struct sample_work {
     double *w;
-    uint32_t *heap;
+    uint64_t *key[2];
+    uint32_t *heap, *tok;
     unsigned char *in;
 } sample_work_t;
 
 size_t model_sample_work_size(uint32_t vocab)
 {
-    size_t n = (size_t)vocab * (sizeof(double) + sizeof(uint32_t) + 1);
+    size_t n = (size_t)vocab * (sizeof(double) + 2 * sizeof(uint64_t) + 2 * sizeof(uint32_t) + 1);
 
     return (n + 7) / 8 * 8;
 }
@@ -43,9 +45,53 @@ static sample_work_t work_of(void *work, uint32_t vocab)
     sample_work_t sw;
 
     sw.w = work;
-    sw.heap = (uint32_t *)(sw.w + vocab);
-    sw.in = (unsigned char *)(sw.heap + vocab);
+    sw.key[0] = (uint64_t *)(sw.w + vocab);
+    sw.key[1] = sw.key[0] + vocab;
+    sw.heap = (uint32_t *)(sw.key[1] + vocab);
+    sw.tok = sw.heap + vocab;
+    sw.in = (unsigned char *)(sw.tok + vocab);
     return sw;
+}
+
+/* Every token in the order into sw->heap: a stable radix sort, least
+ * significant byte first, of keys that put a higher score first (the
+ * double's bits made to sort as unsigned integers, then inverted; -0.0 as
+ * 0.0), the tokens starting in ascending order so that equal scores keep
+ * it.  A pick with top_p and no top_k walks most of the order: this is
+ * several times cheaper than popping the heap for each token. */
+static void order_all(const double *l, uint32_t vocab, sample_work_t *sw)
+{
+    uint64_t *k = sw->key[0], *k2 = sw->key[1];
+    uint32_t *t = sw->heap, *t2 = sw->tok;
+
+    for (uint32_t c = 0; c < vocab; c++) {
+        double x = l[c] == 0.0 ? 0.0 : l[c];
+        uint64_t u;
+        memcpy(&u, &x, sizeof(u));
+        u = (u >> 63) ? ~u : u | 0x8000000000000000u;
+        k[c] = ~u;
+        t[c] = c;
+    }
+    for (unsigned shift = 0; shift < 64; shift += 8) {
+        size_t count[257] = {0};
+        for (uint32_t i = 0; i < vocab; i++)
+            count[((k[i] >> shift) & 0xFF) + 1]++;
+        if (count[((k[0] >> shift) & 0xFF) + 1] == vocab)
+            continue; /* one byte value throughout: this pass would change nothing */
+        for (int b = 0; b < 256; b++)
+            count[b + 1] += count[b];
+        for (uint32_t i = 0; i < vocab; i++) {
+            size_t at = count[(k[i] >> shift) & 0xFF]++;
+            k2[at] = k[i];
+            t2[at] = t[i];
+        }
+        uint64_t *sk = k;
+        uint32_t *st = t;
+        k = k2, k2 = sk;
+        t = t2, t2 = st;
+    }
+    if (t != sw->heap)
+        memcpy(sw->heap, t, vocab * sizeof(*t));
 }
 
 /* Whether token a comes before token b: higher score, or the same score
@@ -115,9 +161,13 @@ uint32_t model_sample_pick(const model_sample_t *sp, const double *raw, uint32_t
     uint32_t last = 0;
 
     assert(!model_sample_greedy(sp) && vocab >= 1);
-    /* The candidates, flagged in sw.in, and the largest logit. */
-    if (cut_k || cut_p)
+    /* The candidates, flagged in sw.in, and the largest logit; the order,
+     * when the nucleus needs it, in sw.heap: from its end for top_k (as
+     * heap_pop() leaves it), from its start without. */
+    if (cut_k)
         heap_build(raw, sw.heap, vocab);
+    else if (cut_p)
+        order_all(raw, vocab, &sw);
     if (cut_k) {
         memset(sw.in, 0, vocab);
         mx = raw[sw.heap[0]];
@@ -148,7 +198,7 @@ uint32_t model_sample_pick(const model_sample_t *sp, const double *raw, uint32_t
         size_t taken = 0, ncand = cut_k ? sp->top_k : vocab;
         acc = 0.0;
         while (taken < ncand) {
-            uint32_t c = cut_k ? sw.heap[vocab - 1 - taken] : heap_pop(raw, sw.heap, &nheap);
+            uint32_t c = sw.heap[cut_k ? vocab - 1 - taken : taken];
             taken++;
             acc += sw.w[c];
             sw.in[c] = 2;
