@@ -92,7 +92,7 @@ START_TEST(test_greedy_equivalents)
         if (want == NULL)
             want = got;
         else {
-            ck_assert_msg(strcmp(got, want) == 0, "%s:\n%s\nnot\n%s", extras[i], got, want);
+            ck_assert_msg(strcmp(got, want) == 0, "%s:\n%.300s\nnot\n%.300s", extras[i], got, want);
             free(got);
         }
         snprintf(line, sizeof(line),
@@ -102,7 +102,8 @@ START_TEST(test_greedy_equivalents)
         if (want_gen == NULL)
             want_gen = got;
         else {
-            ck_assert_msg(strcmp(got, want_gen) == 0, "%s:\n%s\nnot\n%s", extras[i], got, want_gen);
+            ck_assert_msg(strcmp(got, want_gen) == 0, "%s:\n%.300s\nnot\n%.300s", extras[i], got,
+                          want_gen);
             free(got);
         }
     }
