@@ -136,11 +136,12 @@ int cache_session_decode(cache_pool_t *p, cache_session_t *s, uint32_t n, const 
     assert(kv.len == s->entries);
 
     while (i < n) {
+        double *row = want_logits ? logits + (size_t)i * vocab : NULL;
         uint32_t t =
-            model_decode_pick(m, &kv, dc, want_logits ? logits + (size_t)i * vocab : NULL, scratch);
+            dc == NULL ? model_pick(m, &kv, row) : model_decode_pick(m, &kv, dc, row, scratch);
         tokens[i++] = t;
         model_run(m, &kv, t, scratch);
-        if (model_decode_stops(dc, t)) {
+        if (dc != NULL && model_decode_stops(dc, t)) {
             break;
         }
     }

@@ -19,9 +19,13 @@
 #include <assert.h>
 #include <stddef.h>
 
-#define OP(nm, kd, worker, ...)                                                                    \
+#define OP(nm, kd, worker, ...) OP_ROW(nm, kd, worker, false, __VA_ARGS__)
+/* An op that also takes the decoding controls. */
+#define OP_DECODING(nm, kd, worker, ...) OP_ROW(nm, kd, worker, true, __VA_ARGS__)
+#define OP_ROW(nm, kd, worker, dec, ...)                                                           \
     {                                                                                              \
         .name = nm, .len = sizeof(nm) - 1, .kind = PROTO_KIND_##kd, .on_worker = worker,           \
+        .decodes = dec,                                                                            \
         .nmembers = sizeof((proto_member_t[]){__VA_ARGS__}) / sizeof(proto_member_t),              \
         .members = {__VA_ARGS__},                                                                  \
     }
@@ -31,13 +35,12 @@
 const proto_op_def_t proto_ops[PROTO_OP__COUNT] = {
     [PROTO_OP_NONE] = {.name = "none", .len = 4, .kind = PROTO_KIND_NONE, .on_worker = false},
     [PROTO_OP_START] = OP("start", OPEN, true, REQ(ID), OPT(MODEL), REQ(PROMPT)),
-    [PROTO_OP_STEP] = OP("step", SESSION, true, REQ(ID), OPT(N), OPT(SAMPLE), OPT(STOP),
-                         OPT(SCORES)),
+    [PROTO_OP_STEP] = OP_DECODING("step", SESSION, true, REQ(ID), OPT(N)),
     [PROTO_OP_FINISH] = OP("finish", SESSION, false, REQ(ID)),
     [PROTO_OP_LOGITS] = OP("logits", STATELESS, true, REQ(TOKENS), OPT(MODEL)),
     [PROTO_OP_GENERATE] =
-        OP("generate", STATELESS, true, REQ(TOKENS), REQ(STEPS), OPT(USE_CACHE), OPT(MODEL),
-           OPT(SAMPLE), OPT(STOP), OPT(SCORES)),
+        OP_DECODING("generate", STATELESS, true, REQ(TOKENS), REQ(STEPS), OPT(USE_CACHE),
+                    OPT(MODEL)),
     [PROTO_OP_STATS] = {.name = "stats", .len = 5, .kind = PROTO_KIND_BARRIER}, /* no members */
     [PROTO_OP_AUTH] = OP("auth", CONN, false, REQ(TOKEN)),
 };

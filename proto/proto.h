@@ -149,7 +149,7 @@ typedef struct proto_field_def {
     const char *missing;
 } proto_field_def_t;
 
-#define PROTO_OP_MEMBERS_MAX 7
+#define PROTO_OP_MEMBERS_MAX 4
 
 typedef struct proto_member {
     proto_field_t field;
@@ -167,13 +167,15 @@ typedef enum proto_op_kind {
 } proto_op_kind_t;
 
 /** One op: its wire name, what it acts on, its members in the order their
- * errors win, and whether it runs on a worker (false: the loop thread
- * answers it). */
+ * errors win, whether it takes the decoding controls (`sample`, `stop`,
+ * `scores`: optional, checked after its members, in that order), and
+ * whether it runs on a worker (false: the loop thread answers it). */
 typedef struct proto_op_def {
     const char *name;
     unsigned char len;
     proto_op_kind_t kind;
     bool on_worker;
+    bool decodes;
     unsigned char nmembers;
     proto_member_t members[PROTO_OP_MEMBERS_MAX];
 } proto_op_def_t;

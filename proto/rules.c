@@ -267,20 +267,25 @@ int proto__request_fill(const proto__value_t *f, proto__ints_reader rd, proto_re
                 return member_error(o, d, d->must, err);
             base[d->at] = v->kind == PROTO__TRUE;
             break;
-        case PROTO_TYPE_SAMPLE:
-        case PROTO_TYPE_STOP:
-        case PROTO_TYPE_SCORES: {
-            char words[128];
-            const char *why;
-            if (v->kind != PROTO__RAW)
-                return member_error(o, d, d->must, err);
-            why = proto__decode_read(d->type, d->must, v->s, v->len, &r->dec, words, sizeof(words));
-            if (why != NULL)
-                return member_error(o, d, why, err);
-            break;
-        }
         default: /* tag and op are no op's members */
             return member_error(o, d, "is not a member", err);
+        }
+    }
+    /* The decoding controls, after the members, when any was given. */
+    if (def->decodes && (f[PROTO_FIELD_SAMPLE].kind | f[PROTO_FIELD_STOP].kind |
+                         f[PROTO_FIELD_SCORES].kind) != PROTO__ABSENT) {
+        for (int k = PROTO_FIELD_SAMPLE; k <= PROTO_FIELD_SCORES; k++) {
+            const proto_field_def_t *d = &proto_fields[k];
+            char words[128];
+            const char *why;
+            if (f[k].kind == PROTO__ABSENT)
+                continue;
+            if (f[k].kind != PROTO__RAW)
+                return member_error(o, d, d->must, err);
+            why = proto__decode_read(d->type, d->must, f[k].s, f[k].len, &r->dec, words,
+                                     sizeof(words));
+            if (why != NULL)
+                return member_error(o, d, why, err);
         }
     }
     for (unsigned k = 0; k < nlater; k++) {

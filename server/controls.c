@@ -16,17 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-int controls_prepare(controls_t *c, const proto_request_t *rq, const model_t *m, slotd_error_t *err)
+int controls__check(controls_t *c, const proto_request_t *rq, const model_t *m, slotd_error_t *err)
 {
     const proto_decode_t *d = &rq->dec;
     const uint32_t vocab = model_vocab(m);
     const char *op = proto_op_name(rq->op);
     const bool attn = model_family(m) == MODEL_FAMILY_ATTN;
 
-    c->rq = d;
-    c->on = d->set;
-    if (!c->on)
-        return SLOTD_OK;
     if (d->has_sample && !attn)
         return slotd_error_set(err, SLOTD_EBAD_REQUEST,
                                "%s: `sample` needs an attn model; '%s' has no logits to sample", op,
@@ -76,16 +72,14 @@ static int picks_of(const controls_t *c, const model_t *m, const double *logits,
     return SLOTD_OK;
 }
 
-int controls_reply_step(const controls_t *c, proto_buf_t *b, const proto_request_t *rq,
-                        const model_t *m, const uint32_t *tokens, uint32_t n, const double *logits,
-                        uint32_t entries, void *scratch)
+int controls__reply_step(const controls_t *c, proto_buf_t *b, const proto_request_t *rq,
+                         const model_t *m, const uint32_t *tokens, uint32_t n, const double *logits,
+                         uint32_t entries, void *scratch)
 {
     proto_picks_t pk;
     uint32_t *top;
     int rc;
 
-    if (!c->on)
-        return proto_reply_step(b, rq->tag, rq->id, tokens, n, logits, model_vocab(m), entries);
     rc = picks_of(c, m, logits, n, n > 0 && model_decode_stops(&c->dc, tokens[n - 1]), scratch, &pk,
                   &top);
     if (rc == SLOTD_OK)

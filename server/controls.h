@@ -25,13 +25,22 @@ typedef struct controls {
     bool on; /* the request carries a control: dc applies and the reply is written under it */
 } controls_t;
 
-/** Checks the controls of request `rq` (op `op`) against model `m` and
- * fills `c`: a stop token not below V is bad_request naming `stop`; a
- * hash model takes no `sample` (bad_request naming `sample`) and no top K
- * scores (`scores`), having no logits.  SLOTD_OK or the code set in
- * `err`; nothing else is touched. */
-int controls_prepare(controls_t *c, const proto_request_t *rq, const model_t *m,
-                     slotd_error_t *err);
+/** controls_prepare() of a request that carries a control. */
+int controls__check(controls_t *c, const proto_request_t *rq, const model_t *m, slotd_error_t *err);
+
+/** Checks the controls of request `rq` against model `m` and fills `c`: a
+ * stop token not below V is bad_request naming `stop`; a hash model takes
+ * no `sample` (bad_request naming `sample`) and no top K scores
+ * (`scores`), having no logits.  SLOTD_OK or the code set in `err`;
+ * nothing else is touched.  Inline: a request without controls (most)
+ * costs a load and a branch. */
+static inline int controls_prepare(controls_t *c, const proto_request_t *rq, const model_t *m,
+                                   slotd_error_t *err)
+{
+    c->rq = &rq->dec;
+    c->on = rq->dec.set;
+    return c->on ? controls__check(c, rq, m, err) : SLOTD_OK;
+}
 
 /** The decoding controls for the model calls: NULL when the request has
  * none (every call then is exactly as without controls). */
@@ -53,12 +62,23 @@ static inline double *controls_logits(const controls_t *c, double *logits)
     return c->on && !c->dc.logits ? NULL : logits;
 }
 
+/** The step reply of `n` picks under controls that are on. */
+int controls__reply_step(const controls_t *c, proto_buf_t *b, const proto_request_t *rq,
+                         const model_t *m, const uint32_t *tokens, uint32_t n, const double *logits,
+                         uint32_t entries, void *scratch);
+
 /** The step reply of `n` picks under the controls (proto_reply_step()
  * when there are none): `scratch` is the model's, free after the step.
  * SLOTD_OK or SLOTD_ENOMEM. */
-int controls_reply_step(const controls_t *c, proto_buf_t *b, const proto_request_t *rq,
-                        const model_t *m, const uint32_t *tokens, uint32_t n, const double *logits,
-                        uint32_t entries, void *scratch);
+static inline int controls_reply_step(const controls_t *c, proto_buf_t *b,
+                                      const proto_request_t *rq, const model_t *m,
+                                      const uint32_t *tokens, uint32_t n, const double *logits,
+                                      uint32_t entries, void *scratch)
+{
+    if (!c->on)
+        return proto_reply_step(b, rq->tag, rq->id, tokens, n, logits, model_vocab(m), entries);
+    return controls__reply_step(c, b, rq, m, tokens, n, logits, entries, scratch);
+}
 
 /** The generate reply of `picked` picks after `ntokens` input tokens. */
 int controls_reply_generate(const controls_t *c, proto_buf_t *b, const proto_request_t *rq,
