@@ -2350,6 +2350,51 @@ START_TEST(test_reply_locale)
 }
 END_TEST
 
+/* The replies under decoding controls: the scores left out, the top
+ * pairs in the order given, `stopped`; without controls, the plain ones. */
+START_TEST(test_reply_picks)
+{
+    const double logits[2 * 3] = {0.5, -1.25, 2.0, 0.0, 1e-7, -0.0000004};
+    const uint32_t toks[] = {7, 2, 1}, top[] = {2, 0, 1, 0};
+    const proto_picks_t top2 = {.scores = PROTO_SCORES_TOP,
+                                .k = 2,
+                                .top = top,
+                                .has_stop = true,
+                                .stopped = true},
+                        none = {.scores = PROTO_SCORES_NONE, .has_stop = true},
+                        all = {.scores = PROTO_SCORES_ALL};
+    proto_buf_t b, plain;
+
+    proto_buf_init(&b);
+    proto_buf_init(&plain);
+    ck_assert_int_eq(proto_reply_step_picks(&b, "3", "a", toks + 1, 2, logits, 3, 9, &top2),
+                     SLOTD_OK);
+    ck_assert_int_eq(proto_reply_step_picks(&b, NULL, "a", toks + 1, 2, logits, 3, 9, &none),
+                     SLOTD_OK);
+    ck_assert_int_eq(proto_reply_generate_picks(&b, NULL, toks, 3, logits, 2, 3, 4, &none),
+                     SLOTD_OK);
+    ck_assert_int_eq(proto_reply_step_picks(&b, NULL, "h", toks, 1, NULL, 3, 9, &top2), SLOTD_OK);
+    ck_assert_int_eq(proto_buf_append(&b, "", 1), SLOTD_OK);
+    ck_assert_str_eq(
+        b.data, "{\"tag\":3,\"id\":\"a\",\"tokens\":[2,1],\"top\":[[[2,2.000000],[0,0.500000]],"
+                "[[1,0.000000],[0,0.000000]]],\"stopped\":true,\"entries\":9}\n"
+                "{\"id\":\"a\",\"tokens\":[2,1],\"stopped\":false,\"entries\":9}\n"
+                "{\"tokens\":[7,2,1],\"stopped\":false,\"rows\":4}\n"
+                "{\"id\":\"h\",\"tokens\":[7],\"stopped\":true,\"entries\":9}\n");
+    /* scores all and no stop: byte for byte the plain writers. */
+    b.len = 0;
+    ck_assert_int_eq(proto_reply_step_picks(&b, "1", "a", toks, 2, logits, 3, 5, &all), SLOTD_OK);
+    ck_assert_int_eq(proto_reply_generate_picks(&b, NULL, toks, 3, logits, 2, 3, 4, &all),
+                     SLOTD_OK);
+    ck_assert_int_eq(proto_reply_step(&plain, "1", "a", toks, 2, logits, 3, 5), SLOTD_OK);
+    ck_assert_int_eq(proto_reply_generate(&plain, NULL, toks, 3, logits, 2, 3, 4), SLOTD_OK);
+    ck_assert_uint_eq(b.len, plain.len);
+    ck_assert(memcmp(b.data, plain.data, b.len) == 0);
+    proto_buf_free(&b);
+    proto_buf_free(&plain);
+}
+END_TEST
+
 /* Out of memory anywhere in a writer leaves the buffer as it was. */
 START_TEST(test_reply_nomem)
 {
@@ -2357,9 +2402,16 @@ START_TEST(test_reply_nomem)
     const uint32_t toks[] = {1, 2, 3};
     proto_stats_t st = {0};
     slotd_error_t e;
+    const uint32_t top[] = {5, 0, 1, 2};
+    const proto_picks_t pk_top = {.scores = PROTO_SCORES_TOP,
+                                  .k = 2,
+                                  .top = top,
+                                  .has_stop = true,
+                                  .stopped = true},
+                        pk_none = {.scores = PROTO_SCORES_NONE, .has_stop = true};
 
     slotd_error_set(&e, SLOTD_EBAD_REQUEST, "start: `prompt` must be a non-empty array");
-    for (int kind = 0; kind < 7; kind++) {
+    for (int kind = 0; kind < 9; kind++) {
         for (size_t prefill = 0; prefill < 600; prefill += 37) {
             proto_buf_t b;
             int rc;
@@ -2385,6 +2437,12 @@ START_TEST(test_reply_nomem)
                 break;
             case 5:
                 rc = proto_reply_generate(&b, "1", toks, 3, logits, 2, 6, 9);
+                break;
+            case 6:
+                rc = proto_reply_step_picks(&b, "1", "id", toks, 2, logits, 6, 9, &pk_top);
+                break;
+            case 7:
+                rc = proto_reply_generate_picks(&b, "1", toks, 3, logits, 2, 6, 9, &pk_none);
                 break;
             default:
                 rc = proto_reply_stats(&b, "1", &st);
@@ -2579,6 +2637,7 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, test_reply_strings);
     tcase_add_test(tc, test_reply_locale);
     tcase_add_test(tc, test_reply_nomem);
+    tcase_add_test(tc, test_reply_picks);
     tcase_add_test(tc, test_fmt6);
     suite_add_tcase(s, tc);
     return s;
