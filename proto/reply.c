@@ -487,11 +487,11 @@ static int put_top_rows(proto_buf_t *b, const double *v, uint64_t rows, uint32_t
     if (PUT_LIT(b, "[") != SLOTD_OK)
         return SLOTD_ENOMEM;
     for (uint64_t r = 0; r < rows; r++) {
-        if (put(b, ",[" + (r == 0), 2 - (r == 0)) != SLOTD_OK)
+        if (put(b, &",["[r == 0], 2 - (r == 0)) != SLOTD_OK)
             return SLOTD_ENOMEM;
         for (uint32_t i = 0; i < k; i++) {
             const uint32_t t = top[r * k + i];
-            if (put(b, ",[" + (i == 0), 2 - (i == 0)) != SLOTD_OK || put_u64(b, t) != SLOTD_OK ||
+            if (put(b, &",["[i == 0], 2 - (i == 0)) != SLOTD_OK || put_u64(b, t) != SLOTD_OK ||
                 PUT_LIT(b, ",") != SLOTD_OK || room(b, FMT6_FAST_MAX) != SLOTD_OK)
                 return SLOTD_ENOMEM;
             if (fabs(v[r * vocab + t]) < 1e9)
