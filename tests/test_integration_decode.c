@@ -16,6 +16,8 @@
  *   full logits, score descending, ties by token ascending.
  * - Every bad value is bad_request naming its field and changes nothing:
  *   the session's next step is what it would have been.
+ * - With --audit-rate 1, replies are those of a daemon without the audit:
+ *   sampled steps are not "corrected" to the greedy reference.
  */
 #include <math.h>
 #include <stdio.h>
@@ -461,6 +463,38 @@ START_TEST(test_bad_values)
 }
 END_TEST
 
+/* With every step audited, sampled steps are recorded but not held to the
+ * greedy reference (no divergence, and their tokens stand), and greedy
+ * steps under the controls are checked as usual. */
+START_TEST(test_audited)
+{
+    itest_daemon_t *d =
+        itest_daemon_start("--models", "tiny,small", "--threads", "2", "--audit-rate", "1", NULL);
+    itest_daemon_t *plain = itest_daemon_start("--models", "tiny,small", "--threads", "2", NULL);
+    static const char *const steps[] = {
+        "{\"op\":\"step\",\"id\":\"a\",\"n\":4,\"sample\":{\"temperature\":1.5,\"seed\":8}}",
+        "{\"op\":\"step\",\"id\":\"a\",\"n\":3,\"scores\":\"none\",\"stop\":[511]}",
+        "{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"temperature\":0.9,\"seed\":2},"
+        "\"scores\":2}",
+        "{\"op\":\"step\",\"id\":\"a\",\"n\":2,\"scores\":3}",
+    };
+    itest_conn_t *c = itest_connect(d), *p = itest_connect(plain);
+
+    start(c, "a", "small", "[3,1,4]");
+    start(p, "a", "small", "[3,1,4]");
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        char *got = reply_of(c, steps[i]), *want = reply_of(p, steps[i]);
+        ck_assert_msg(strcmp(got, want) == 0, "%s:\n%.300s\nnot\n%.300s", steps[i], got, want);
+        free(got);
+        free(want);
+    }
+    ck_assert_int_eq(itest_metric(d, "slotd_cache_divergence_total"), 0);
+    ck_assert_int_ge(itest_metric(d, "slotd_cache_audits_total"), 2);
+    itest_close(c);
+    itest_close(p);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_decode");
@@ -470,5 +504,6 @@ int main(void)
     itest_add(s, "stop_tokens", test_stop_tokens);
     itest_add(s, "scores", test_scores);
     itest_add(s, "bad_values", test_bad_values);
+    itest_add(s, "audited", test_audited);
     return itest_main(s);
 }
