@@ -67,6 +67,12 @@ typedef struct bench_config {
     uint32_t vocab;
     uint32_t max_ctx;
     bool has_logits;
+    /* --temperature, --top-k, --top-p, --sample-seed, --scores: the members
+     * every step request carries after its id and n (",\"sample\":{...}"),
+     * "" for none; `scores_all` when the replies carry every logit. */
+    char decode[256];
+    bool scores_all;
+    bool samples;
 } bench_config_t;
 
 /** The control block shared by all threads.  Every field is atomic. */

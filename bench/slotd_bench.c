@@ -109,6 +109,10 @@ static void usage(FILE *f)
                "      --redis HOST:PORT    drive Redis with INCR (one key per session) instead\n"
                "      --no-check-drain     do not fail if the daemon holds entries at the end\n"
                "      --max-report N       diagnostic lines printed at most (default 20)\n"
+               "      --temperature T      sample each step (with --top-k K, --top-p P and\n"
+               "                           --sample-seed S as the protocol's sample object);\n"
+               "                           --verify then checks no tokens\n"
+               "      --scores all|none|K  which scores each step reply carries (default all)\n"
                "  -j, --json               print one JSON object instead of the table\n"
                "  -q, --quiet              no progress line on stderr\n"
                "      --help               this text\n");
@@ -191,6 +195,11 @@ enum {
     OPT_MAX_REPORT,
     OPT_SESS_PIPELINE,
     OPT_AUTH_FILE,
+    OPT_TEMPERATURE,
+    OPT_TOP_K,
+    OPT_TOP_P,
+    OPT_SAMPLE_SEED,
+    OPT_SCORES,
     OPT_HELP,
 };
 
@@ -218,6 +227,11 @@ static const struct option long_opts[] = {
     {"auth-token-file", required_argument, NULL, OPT_AUTH_FILE},
     {"no-check-drain", no_argument, NULL, OPT_NO_DRAIN},
     {"max-report", required_argument, NULL, OPT_MAX_REPORT},
+    {"temperature", required_argument, NULL, OPT_TEMPERATURE},
+    {"top-k", required_argument, NULL, OPT_TOP_K},
+    {"top-p", required_argument, NULL, OPT_TOP_P},
+    {"sample-seed", required_argument, NULL, OPT_SAMPLE_SEED},
+    {"scores", required_argument, NULL, OPT_SCORES},
     {"json", no_argument, NULL, 'j'},
     {"quiet", no_argument, NULL, 'q'},
     {"help", no_argument, NULL, OPT_HELP},
@@ -277,10 +291,48 @@ static void config_release(bench_config_t *cfg)
     }
 }
 
+/* The decoding members of every step request, from the options: `sample`
+ * holds the sample object's members written so far (",\"top_k\":5"...). */
+static int decode_members(bench_config_t *cfg, const char *sample, const char *scores)
+{
+    int n = 0;
+
+    if (sample[0] != '\0')
+        n = snprintf(cfg->decode, sizeof(cfg->decode), ",\"sample\":{%s}", sample + 1);
+    if (scores != NULL) {
+        bool word = strcmp(scores, "all") == 0 || strcmp(scores, "none") == 0;
+        uint64_t k;
+        if (!word && parse_u64(scores, "--scores", 1, UINT32_MAX, &k) != 0)
+            return -1;
+        n += snprintf(cfg->decode + n, sizeof(cfg->decode) - (size_t)n,
+                      word ? ",\"scores\":\"%s\"" : ",\"scores\":%s", scores);
+        cfg->scores_all = strcmp(scores, "all") == 0;
+    }
+    cfg->samples = sample[0] != '\0';
+    return n < (int)sizeof(cfg->decode) ? 0 : -1;
+}
+
+/* Appends `,"key":value` to the sample object's members. */
+static int sample_member(char *sample, size_t size, const char *key, const char *value)
+{
+    size_t len = strlen(sample);
+    char *end;
+
+    (void)strtod(value, &end);
+    if (*end != '\0' || value[0] == '\0' || strspn(value, "0123456789.eE+-") != strlen(value)) {
+        fprintf(stderr, "slotd-bench: --%s needs a number\n", key);
+        return -1;
+    }
+    return snprintf(sample + len, size - len, ",\"%s\":%s", key, value) < (int)(size - len) ? 0
+                                                                                            : -1;
+}
+
 /* Returns 0, -1 on a usage error, or 1 after --help. */
 static int parse_args(int argc, char **argv, bench_config_t *cfg)
 {
     const char *token_file = NULL;
+    char sample[200] = "";
+    const char *scores = NULL;
     bool sessions_set = false;
     bool steps_set = false;
     uint32_t u32 = 0;
@@ -300,6 +352,7 @@ static int parse_args(int argc, char **argv, bench_config_t *cfg)
     cfg->max_report = 20;
     cfg->check_drain = true;
     cfg->model_name = "tiny";
+    cfg->scores_all = true;
 
     while ((opt = getopt_long(argc, argv, "h:p:c:s:n:P:t:d:r:m:jq", long_opts, NULL)) != -1) {
         int rc = 0;
@@ -394,6 +447,21 @@ static int parse_args(int argc, char **argv, bench_config_t *cfg)
         case OPT_MAX_REPORT:
             rc = parse_u32(optarg, "--max-report", 0, 1u << 30, &cfg->max_report);
             break;
+        case OPT_TEMPERATURE:
+            rc = sample_member(sample, sizeof(sample), "temperature", optarg);
+            break;
+        case OPT_TOP_K:
+            rc = sample_member(sample, sizeof(sample), "top_k", optarg);
+            break;
+        case OPT_TOP_P:
+            rc = sample_member(sample, sizeof(sample), "top_p", optarg);
+            break;
+        case OPT_SAMPLE_SEED:
+            rc = sample_member(sample, sizeof(sample), "seed", optarg);
+            break;
+        case OPT_SCORES:
+            scores = optarg;
+            break;
         case 'j':
             cfg->json = true;
             break;
@@ -413,6 +481,10 @@ static int parse_args(int argc, char **argv, bench_config_t *cfg)
     }
     if (optind < argc) {
         fprintf(stderr, "slotd-bench: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (decode_members(cfg, sample, scores) != 0) {
+        fprintf(stderr, "slotd-bench: bad --scores or sample options\n");
         return -1;
     }
 
@@ -1153,14 +1225,13 @@ join:
     /* A window much shorter than asked means the generator's threads were
      * busy elsewhere (e.g. computing --verify references on long prompts)
      * when it should have opened: its rates would be meaningless. */
-    bool short_window = cfg.duration > 0 && !got_signal && t.fatal == NULL &&
-                        t.window_s < 0.5 * cfg.duration;
+    bool short_window =
+        cfg.duration > 0 && !got_signal && t.fatal == NULL && t.window_s < 0.5 * cfg.duration;
     if (t.fatal != NULL) {
         fprintf(stderr, "slotd-bench: %s\n", t.fatal);
         status = EXIT_SETUP;
     } else if (t.st.mismatches > 0 || t.st.protocol_errors > 0 || t.st.conn_errors > 0 ||
-               (cfg.verify && t.st.errors > 0) || (cfg.check_drain && !t.drained) ||
-               short_window) {
+               (cfg.verify && t.st.errors > 0) || (cfg.check_drain && !t.drained) || short_window) {
         status = EXIT_FAIL;
     }
     if (cfg.json) {

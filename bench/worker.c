@@ -619,7 +619,7 @@ static int send_step(conn_t *c, uint32_t i, uint64_t now)
     if (k > cfg->step_n) {
         k = cfg->step_n;
     }
-    p = out_reserve(c, 96);
+    p = out_reserve(c, 96 + sizeof(cfg->decode));
     if (p == NULL) {
         worker_fatal(c->w, "out of memory");
         return -1;
@@ -629,6 +629,11 @@ static int send_step(conn_t *c, uint32_t i, uint64_t now)
     if (cfg->step_n > 1) {
         p = PUT_LIT(p, ",\"n\":");
         p = put_u64(p, k);
+    }
+    if (cfg->decode[0] != '\0') {
+        size_t n = strlen(cfg->decode);
+        memcpy(p, cfg->decode, n);
+        p += n;
     }
     pd = pend_push(c);
     *pd = (pending_t){.sess = i, .op = OP_STEP, .n = k, .sent_ns = now};
@@ -824,6 +829,8 @@ static void verify_step(conn_t *c, uint32_t i, const pending_t *pd, const scan_r
 
     check_id(c, i, first + 1, r->id);
     check_int(c, i, first + pd->n, "entries", r->entries, (int64_t)s->entries + pd->n);
+    if (w->cfg->samples) /* the reference is greedy: the sampled picks are not its */
+        return;
 
     if (scan_iter_init(&it, r->tokens) != 0) {
         mismatch(c, i, first + 1, "tokens", "an array", r->tokens.p, r->tokens.n);
@@ -845,6 +852,12 @@ static void verify_step(conn_t *c, uint32_t i, const pending_t *pd, const scan_r
         }
     }
 
+    if (!w->cfg->scores_all) { /* --scores none or K: no logits member */
+        if (r->logits.p != NULL)
+            mismatch(c, i, first + 1, "logits", "(absent under --scores)", r->logits.p,
+                     r->logits.n);
+        return;
+    }
     if (!w->cfg->has_logits) {
         if (r->logits.p != NULL) {
             mismatch(c, i, first + 1, "logits", "(absent for a hash model)", r->logits.p,

@@ -133,8 +133,15 @@ fail_release:
 int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
                        uint32_t *tokens, double *logits, slotd_error_t *err)
 {
+    return cache_session_decode(p, s, n, NULL, scratch, tokens, logits, NULL, err);
+}
+
+int cache_session_decode(cache_pool_t *p, cache_session_t *s, uint32_t n, const model_decode_t *dc,
+                         void *scratch, uint32_t *tokens, double *logits, uint32_t *picked,
+                         slotd_error_t *err)
+{
     const model_t *m = s->model;
-    uint32_t vocab = model_vocab(m);
+    uint32_t vocab = model_vocab(m), i = 0;
     bool want_logits = logits != NULL && model_family(m) == MODEL_FAMILY_ATTN;
     model_kv_t kv;
     int rc;
@@ -154,10 +161,15 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
     }
     assert(kv.len == s->entries);
 
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t t = model_pick(m, &kv, want_logits ? logits + (size_t)i * vocab : NULL);
-        tokens[i] = t;
+    while (i < n) {
+        double *row = want_logits ? logits + (size_t)i * vocab : NULL;
+        uint32_t t =
+            dc == NULL ? model_pick(m, &kv, row) : model_decode_pick(m, &kv, dc, row, scratch);
+        tokens[i++] = t;
         model_run(m, &kv, t, scratch);
+        if (dc != NULL && model_decode_stops(dc, t)) {
+            break;
+        }
     }
     rc = cache_pool_commit(p, s->handle, &s->owner, &kv);
     if (rc != SLOTD_OK) {
@@ -170,6 +182,9 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
     }
     s->entries = kv.len;
     cache_pool_hint(p, s->handle, &s->hint);
+    if (picked != NULL) {
+        *picked = i;
+    }
     return SLOTD_OK;
 }
 
@@ -177,6 +192,14 @@ void cache_session_step_batch(cache_pool_t *p, cache_session_t *const *s, size_t
                               void *scratch, uint32_t *tokens, double *const *logits, int *rc,
                               slotd_error_t *err)
 {
+    cache_session_decode_batch(p, s, nb, NULL, scratch, tokens, logits, rc, err);
+}
+
+void cache_session_decode_batch(cache_pool_t *p, cache_session_t *const *s, size_t nb,
+                                const model_decode_t *const *dc, void *scratch, uint32_t *tokens,
+                                double *const *logits, int *rc, slotd_error_t *err)
+{
+    const model_decode_t *dk[MODEL_BATCH_MAX];
     model_kv_t kv[MODEL_BATCH_MAX], *run[MODEL_BATCH_MAX];
     double *lg[MODEL_BATCH_MAX];
     uint32_t picks[MODEL_BATCH_MAX];
@@ -204,12 +227,14 @@ void cache_session_step_batch(cache_pool_t *p, cache_session_t *const *s, size_t
         assert(kv[k].len == s[b]->entries);
         run[k] = &kv[k];
         lg[k] = want && model_family(m) == MODEL_FAMILY_ATTN ? logits[b] : NULL;
+        dk[k] = dc != NULL ? dc[b] : NULL;
         idx[k++] = b;
     }
     if (k == 0) {
         return;
     }
-    model_pick_batch(m, (const model_kv_t *const *)run, k, picks, lg, scratch);
+    model_decode_pick_batch(m, (const model_kv_t *const *)run, k, dc != NULL ? dk : NULL, picks, lg,
+                            scratch);
     model_run_batch(m, run, picks, k, scratch);
     for (size_t i = 0; i < k; i++) {
         const size_t b = idx[i];
@@ -345,6 +370,16 @@ int cache_session_generate(cache_pool_t *p, const model_t *m, const int64_t *tok
                            int64_t steps, bool use_cache, void *scratch, uint32_t *out_tokens,
                            double *logits, uint64_t *rows, slotd_error_t *err)
 {
+    return cache_session_generate_decode(p, m, tokens, n, steps, use_cache, NULL, scratch,
+                                         out_tokens, logits, NULL, rows, err);
+}
+
+int cache_session_generate_decode(cache_pool_t *p, const model_t *m, const int64_t *tokens,
+                                  size_t n, int64_t steps, bool use_cache,
+                                  const model_decode_t *dc, void *scratch, uint32_t *out_tokens,
+                                  double *logits, size_t *picked, uint64_t *rows,
+                                  slotd_error_t *err)
+{
     cache_handle_t h;
     model_kv_t kv;
     int rc;
@@ -357,8 +392,8 @@ int cache_session_generate(cache_pool_t *p, const model_t *m, const int64_t *tok
     if (rc != SLOTD_OK) {
         return rc;
     }
-    rc =
-        model_generate(m, tokens, n, steps, use_cache, &kv, scratch, out_tokens, logits, rows, err);
+    rc = model_generate_decode(m, tokens, n, steps, use_cache, dc, &kv, scratch, out_tokens, logits,
+                               picked, rows, err);
     session__give_back(p, h);
     return rc;
 }

@@ -19,6 +19,7 @@
 
 #include "cache/pool.h"
 #include "core/model.h"
+#include "core/sample.h"
 
 /** A live session: its slot, model and owner.  A plain value the caller
  * keeps (the server embeds it in its session record); the memory it names
@@ -49,6 +50,17 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
 int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
                        uint32_t *tokens, double *logits, slotd_error_t *err);
 
+/** cache_session_step() under decoding controls `dc` (core/sample.h; NULL
+ * is cache_session_step()): each pick is model_decode_pick()'s, and the
+ * steps end early after the first pick that is one of dc's stop tokens,
+ * which is run and kept.  *picked (if not NULL) gets the number of picks
+ * (and entries added); `tokens` and `logits` hold that many.  When dc
+ * samples, `logits` (V doubles a step) must not be NULL: without
+ * dc->logits it is work memory. */
+int cache_session_decode(cache_pool_t *p, cache_session_t *s, uint32_t n, const model_decode_t *dc,
+                         void *scratch, uint32_t *tokens, double *logits, uint32_t *picked,
+                         slotd_error_t *err);
+
 /** One greedy step (n = 1) of each of nb (1 .. MODEL_BATCH_MAX) sessions
  * of one model, as one batch: each is checked and reserved as
  * cache_session_step() would (rc[b] and err[b] get its error, and it
@@ -62,6 +74,13 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
 void cache_session_step_batch(cache_pool_t *p, cache_session_t *const *s, size_t nb,
                               void *scratch, uint32_t *tokens, double *const *logits, int *rc,
                               slotd_error_t *err);
+
+/** cache_session_step_batch() under decoding controls: dc[b] (the array
+ * may be NULL, and so may each) for session b, as cache_session_decode()
+ * takes them; logits[b] must not be NULL for a session whose dc samples. */
+void cache_session_decode_batch(cache_pool_t *p, cache_session_t *const *s, size_t nb,
+                                const model_decode_t *const *dc, void *scratch, uint32_t *tokens,
+                                double *const *logits, int *rc, slotd_error_t *err);
 
 /** Releases the slot; *released gets the entries it held.  The session
  * value is dead afterwards (a second finish gets SLOTD_ESTALE from the pool). */
@@ -97,5 +116,12 @@ int cache_session_logits(cache_pool_t *p, const model_t *m, const int64_t *token
 int cache_session_generate(cache_pool_t *p, const model_t *m, const int64_t *tokens, size_t n,
                            int64_t steps, bool use_cache, void *scratch, uint32_t *out_tokens,
                            double *logits, uint64_t *rows, slotd_error_t *err);
+
+/** model_generate_decode() in a borrowed slot, as cache_session_logits(). */
+int cache_session_generate_decode(cache_pool_t *p, const model_t *m, const int64_t *tokens,
+                                  size_t n, int64_t steps, bool use_cache,
+                                  const model_decode_t *dc, void *scratch, uint32_t *out_tokens,
+                                  double *logits, size_t *picked, uint64_t *rows,
+                                  slotd_error_t *err);
 
 #endif

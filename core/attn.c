@@ -19,6 +19,7 @@
  */
 #include "model_impl.h"
 #include "kern.h"
+#include "sample.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -43,6 +44,9 @@ static void attn_sizes(model_t *m)
     m->entry_size = 2 * (size_t)m->shape.layers * d * sizeof(double);
     m->state_size = d * sizeof(double);
     m->scratch_size = (single > batch ? single : batch) * sizeof(double);
+    /* A pick's sampler (sample.h) borrows the scratch between the pick and the run. */
+    if (m->scratch_size < model_sample_work_size(m->shape.vocab))
+        m->scratch_size = model_sample_work_size(m->shape.vocab);
 }
 
 /* The i-th draw of the weight stream, turned into a weight of `scale`. */
@@ -658,7 +662,8 @@ static void attn_prefill(const model_t *m, model_kv_t *kv, const uint32_t *token
  * whole batch: each sequence's logits reach pick_offer() in ascending
  * order, as in attn_pick(). */
 static void attn_pick_batch(const model_t *m, const model_kv_t *const *kv, size_t nb,
-                            uint32_t *tokens, double *const *logits, void *scratch)
+                            uint32_t *tokens, double *const *logits, double *const *raw,
+                            void *scratch)
 {
     const size_t d = m->shape.d, cols = m->shape.vocab;
     const model__mm_fn mm = model__kern()->mm;
@@ -676,10 +681,11 @@ static void attn_pick_batch(const model_t *m, const model_kv_t *const *kv, size_
         mm(X, d, nb, m->unemb, cols, d, c0, c1, strip, PICK_STRIP);
         for (size_t b = 0; b < nb; b++) {
             double *out = logits != NULL ? logits[b] : NULL;
+            double *rout = raw != NULL ? raw[b] : NULL;
             for (size_t c = c0; c < c1; c++) {
                 const double v = strip[b * PICK_STRIP + (c - c0)];
                 pick_offer(v, (uint32_t)c, &best_v[b], &tokens[b]);
-                pick_write(v, c, out, NULL);
+                pick_write(v, c, out, rout);
             }
         }
     }

@@ -13,6 +13,7 @@
  * model points to.
  */
 #include "model_impl.h"
+#include "sample.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -359,13 +360,22 @@ void model_pick_batch(const model_t *m, const model_kv_t *const *kv, size_t nb, 
     for (size_t b = 0; b < nb; b++) {
         assert(kv[b]->len >= 1 && kv[b]->state != NULL);
     }
+    model_pick_batch_rows(m, kv, nb, tokens, logits, NULL, scratch);
+}
+
+void model_pick_batch_rows(const model_t *m, const model_kv_t *const *kv, size_t nb,
+                           uint32_t *tokens, double *const *logits, double *const *raw,
+                           void *scratch)
+{
+    assert(m != NULL && nb <= MODEL_BATCH_MAX);
     if (m->ops->pick_batch == NULL || nb == 1) {
         for (size_t b = 0; b < nb; b++) {
-            tokens[b] = m->ops->pick(m, kv[b], logits != NULL ? logits[b] : NULL, NULL);
+            tokens[b] = m->ops->pick(m, kv[b], logits != NULL ? logits[b] : NULL,
+                                     raw != NULL ? raw[b] : NULL);
         }
         return;
     }
-    m->ops->pick_batch(m, kv, nb, tokens, logits, scratch);
+    m->ops->pick_batch(m, kv, nb, tokens, logits, raw, scratch);
 }
 
 void model_prefill(const model_t *m, model_kv_t *kv, const uint32_t *tokens, size_t n,
@@ -578,7 +588,16 @@ int model_generate(const model_t *m, const int64_t *tokens, size_t n, int64_t st
                    model_kv_t *kv, void *scratch, uint32_t *out_tokens, double *logits,
                    uint64_t *rows, slotd_error_t *err)
 {
-    size_t vocab = m->shape.vocab;
+    return model_generate_decode(m, tokens, n, steps, use_cache, NULL, kv, scratch, out_tokens,
+                                 logits, NULL, rows, err);
+}
+
+int model_generate_decode(const model_t *m, const int64_t *tokens, size_t n, int64_t steps,
+                          bool use_cache, const model_decode_t *dc, model_kv_t *kv, void *scratch,
+                          uint32_t *out_tokens, double *logits, size_t *picked, uint64_t *rows,
+                          slotd_error_t *err)
+{
+    size_t vocab = m->shape.vocab, k = 0;
     uint64_t runs = 0;
     call_t c;
     int rc;
@@ -600,23 +619,32 @@ int model_generate(const model_t *m, const int64_t *tokens, size_t n, int64_t st
         /* Each position runs once; the last pick is never run. */
         model_prefill(m, c.kv, out_tokens, n, c.scratch);
         runs = n;
-        for (size_t k = 0; k < (size_t)steps; k++) {
+        while (k < (size_t)steps) {
             double *row = logits != NULL ? logits + k * vocab : NULL;
-            out_tokens[n + k] = model_pick(m, c.kv, row);
-            if (k + 1 < (size_t)steps) {
-                model_run(m, c.kv, out_tokens[n + k], c.scratch);
+            out_tokens[n + k] = model_decode_pick(m, c.kv, dc, row, c.scratch);
+            k++;
+            if (model_decode_stops(dc, out_tokens[n + k - 1]))
+                break;
+            if (k < (size_t)steps) {
+                model_run(m, c.kv, out_tokens[n + k - 1], c.scratch);
                 runs++;
             }
         }
     } else if (!use_cache) {
         /* Every pick starts from an empty chain and reruns every position. */
-        for (size_t k = 0; k < (size_t)steps; k++) {
+        while (k < (size_t)steps) {
             double *row = logits != NULL ? logits + k * vocab : NULL;
             model_kv_rewind(c.kv);
             model_prefill(m, c.kv, out_tokens, n + k, c.scratch);
             runs += n + k;
-            out_tokens[n + k] = model_pick(m, c.kv, row);
+            out_tokens[n + k] = model_decode_pick(m, c.kv, dc, row, c.scratch);
+            k++;
+            if (model_decode_stops(dc, out_tokens[n + k - 1]))
+                break;
         }
+    }
+    if (picked != NULL) {
+        *picked = k;
     }
     call_end(&c);
     if (rows != NULL) {

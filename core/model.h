@@ -206,6 +206,13 @@ void model_run_batch(const model_t *m, model_kv_t *const *kv, const uint32_t *to
 void model_pick_batch(const model_t *m, const model_kv_t *const *kv, size_t nb, uint32_t *tokens,
                       double *const *logits, void *scratch);
 
+/** model_pick_batch(), writing each sequence's logits unrounded to
+ * raw[b] and rounded to logits[b], each when asked for: either array, and
+ * any of their rows, may be NULL. */
+void model_pick_batch_rows(const model_t *m, const model_kv_t *const *kv, size_t nb,
+                           uint32_t *tokens, double *const *logits, double *const *raw,
+                           void *scratch);
+
 /** Runs tokens[0 .. n-1] at positions kv->len .. kv->len + n - 1: the
  * same entries, state and counters as n model_run() calls, computed layer
  * by layer over up to MODEL_BATCH_MAX positions at a time (the products
@@ -282,6 +289,19 @@ int model_logits(const model_t *m, const int64_t *tokens, size_t n, model_kv_t *
 int model_generate(const model_t *m, const int64_t *tokens, size_t n, int64_t steps, bool use_cache,
                    model_kv_t *kv, void *scratch, uint32_t *out_tokens, double *logits,
                    uint64_t *rows, slotd_error_t *err);
+
+typedef struct model_decode model_decode_t;
+
+/** model_generate() under decoding controls `dc` (core/sample.h; NULL is
+ * model_generate()): each pick is model_decode_pick()'s, and the picks end
+ * early after the first of dc's stop tokens, which is kept.  *picked (if
+ * not NULL) gets the number of picks made, and the work counts only
+ * those.  `logits` may be NULL only when dc does not sample; when it
+ * samples without dc->logits, `logits` is work memory. */
+int model_generate_decode(const model_t *m, const int64_t *tokens, size_t n, int64_t steps,
+                          bool use_cache, const model_decode_t *dc, model_kv_t *kv, void *scratch,
+                          uint32_t *out_tokens, double *logits, size_t *picked, uint64_t *rows,
+                          slotd_error_t *err);
 
 /* ---- A heap chain, for callers without a pool (tests, bench, references) ---- */
 

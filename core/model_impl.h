@@ -55,7 +55,7 @@ typedef struct model__ops {
     void (*run_batch)(const model_t *m, model_kv_t *const *kv, const uint32_t *tokens, size_t nb,
                       void *scratch);
     void (*pick_batch)(const model_t *m, const model_kv_t *const *kv, size_t nb, uint32_t *tokens,
-                       double *const *logits, void *scratch);
+                       double *const *logits, double *const *raw, void *scratch);
     void (*prefill)(const model_t *m, model_kv_t *kv, const uint32_t *tokens, size_t n,
                     void *scratch);
     /* Doubles of scratch a batch of nb needs (NULL: model_scratch_size()). */

@@ -301,7 +301,15 @@ static int flat_scan(proto__scan_t *j, proto__value_t *f, flat_ints_t *t)
         i = flat_ws(s, i + 1, n);
         if (i >= n)
             return -1;
-        if (k >= 0 && f[k].kind == PROTO__ABSENT) {
+        if (k >= 0 && f[k].kind == PROTO__ABSENT && proto__is_raw(k)) {
+            /* A decoding control: its text, for decode.c. */
+            j->i = i;
+            if (flat_skip(j) != 0)
+                return -1;
+            f[k].kind = PROTO__RAW;
+            f[k].s = (const char *)s + i;
+            f[k].len = j->i - i;
+        } else if (k >= 0 && f[k].kind == PROTO__ABSENT) {
             proto__value_t *v = &f[k];
             size_t q = i + 1;
 

@@ -19,9 +19,13 @@
 #include <assert.h>
 #include <stddef.h>
 
-#define OP(nm, kd, worker, ...)                                                                    \
+#define OP(nm, kd, worker, ...) OP_ROW(nm, kd, worker, false, __VA_ARGS__)
+/* An op that also takes the decoding controls. */
+#define OP_DECODING(nm, kd, worker, ...) OP_ROW(nm, kd, worker, true, __VA_ARGS__)
+#define OP_ROW(nm, kd, worker, dec, ...)                                                           \
     {                                                                                              \
         .name = nm, .len = sizeof(nm) - 1, .kind = PROTO_KIND_##kd, .on_worker = worker,           \
+        .decodes = dec,                                                                            \
         .nmembers = sizeof((proto_member_t[]){__VA_ARGS__}) / sizeof(proto_member_t),              \
         .members = {__VA_ARGS__},                                                                  \
     }
@@ -31,11 +35,12 @@
 const proto_op_def_t proto_ops[PROTO_OP__COUNT] = {
     [PROTO_OP_NONE] = {.name = "none", .len = 4, .kind = PROTO_KIND_NONE, .on_worker = false},
     [PROTO_OP_START] = OP("start", OPEN, true, REQ(ID), OPT(MODEL), REQ(PROMPT)),
-    [PROTO_OP_STEP] = OP("step", SESSION, true, REQ(ID), OPT(N)),
+    [PROTO_OP_STEP] = OP_DECODING("step", SESSION, true, REQ(ID), OPT(N)),
     [PROTO_OP_FINISH] = OP("finish", SESSION, false, REQ(ID)),
     [PROTO_OP_LOGITS] = OP("logits", STATELESS, true, REQ(TOKENS), OPT(MODEL)),
     [PROTO_OP_GENERATE] =
-        OP("generate", STATELESS, true, REQ(TOKENS), REQ(STEPS), OPT(USE_CACHE), OPT(MODEL)),
+        OP_DECODING("generate", STATELESS, true, REQ(TOKENS), REQ(STEPS), OPT(USE_CACHE),
+                    OPT(MODEL)),
     [PROTO_OP_STATS] = {.name = "stats", .len = 5, .kind = PROTO_KIND_BARRIER}, /* no members */
     [PROTO_OP_AUTH] = OP("auth", CONN, false, REQ(TOKEN)),
 };
@@ -70,6 +75,14 @@ const proto_field_def_t proto_fields[PROTO_FIELD__COUNT] = {
     [PROTO_FIELD_TOKEN] = FIELD("token", PROTO_TYPE_BYTES, .lo = 1, .hi = PROTO_AUTH_TOKEN_MAX,
                                 .at = AT(token), .at_len = AT(token_len),
                                 .must = "must be a string of 1-4096 bytes", .missing = "is required"),
+    /* The decoding controls: decode.c reads each value and words its
+     * errors; `must` is what it says of a value of the wrong kind. */
+    [PROTO_FIELD_SAMPLE] = FIELD("sample", PROTO_TYPE_SAMPLE, .at = AT(dec),
+                                 .must = "must be an object {temperature, top_k, top_p, seed}"),
+    [PROTO_FIELD_STOP] = FIELD("stop", PROTO_TYPE_STOP, .at = AT(dec),
+                               .must = "must be an array of at most 16 tokens"),
+    [PROTO_FIELD_SCORES] = FIELD("scores", PROTO_TYPE_SCORES, .at = AT(dec),
+                                 .must = "must be \"all\", \"none\" or an integer >= 1"),
 };
 
 _Static_assert(PROTO_ID_MAX == 64 && PROTO_MODEL_MAX == 32 && PROTO_AUTH_TOKEN_MAX == 4096 &&

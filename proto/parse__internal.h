@@ -4,7 +4,8 @@
  *
  *   request.c  -> flat.c, rules.c, scan.c, arena.c, utf8.c
  *   flat.c     -> rules.c, scan.c, utf8.c
- *   rules.c    -> reply.c (proto__put_json_string), buf.c
+ *   rules.c    -> decode.c, reply.c (proto__put_json_string), buf.c
+ *   decode.c   -> scan.c
  *   arena.c    -> ops.c (proto_init() builds its indexes)
  *   scan.c, ops.c, utf8.c -> nothing in proto/
  * and all of them read the table of ops.c.
@@ -101,7 +102,8 @@ typedef enum proto__kind {
     PROTO__INTS,   /* an array of n elements, the first not an integer at `bad` (n if none) */
     PROTO__TRUE,
     PROTO__FALSE,
-    PROTO__OTHER /* anything else (the one-pass path: anything it did not read) */
+    PROTO__OTHER, /* anything else (the one-pass path: anything it did not read) */
+    PROTO__RAW    /* a decoding control's value (proto__is_raw()): s, len, its JSON text */
 } proto__kind_t;
 
 typedef struct proto__value {
@@ -128,6 +130,29 @@ typedef void (*proto__ints_reader)(const void *first, int64_t *out, size_t n);
  * array of the tree path (`tree`).  SLOTD_OK or the code set in `err`. */
 int proto__request_fill(const proto__value_t *f, proto__ints_reader rd, proto_request_t *r,
                         slotd_error_t *err);
+
+/* ---- decode.c: the decoding controls, from their JSON text ---- */
+
+/** Whether field `k`'s value goes to the rules as its JSON text
+ * (PROTO__RAW) rather than read by either path: the decoding controls. */
+static inline bool proto__is_raw(int k)
+{
+    return proto_fields[k].type >= PROTO_TYPE_SAMPLE;
+}
+
+/** Reads the value of a member of `type` (SAMPLE, STOP, SCORES) from its
+ * JSON text, the `n` bytes at `s` (syntax-checked), into `dec` (setting
+ * its defaults first, once).  NULL, or the words of its error: `must`
+ * (the field's) or a more precise text written into `words` (`cap`
+ * bytes). */
+const char *proto__decode_read(proto_type_t type, const char *must, const char *s, size_t n,
+                               proto_decode_t *dec, char *words, size_t cap);
+
+/** The JSON text of the value of the `index`-th member (0-based, duplicates
+ * counted) of the object that the syntax-checked line `line` holds: the
+ * tree path's way to the text of a member cJSON read.  False if there are
+ * not that many. */
+bool proto__member_span(const char *line, size_t len, size_t index, const char **s, size_t *n);
 
 /* ---- ops.c: the table ---- */
 

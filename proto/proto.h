@@ -119,6 +119,9 @@ typedef enum proto_field {
     PROTO_FIELD_STEPS,
     PROTO_FIELD_USE_CACHE,
     PROTO_FIELD_TOKEN,
+    PROTO_FIELD_SAMPLE,
+    PROTO_FIELD_STOP,
+    PROTO_FIELD_SCORES,
     PROTO_FIELD__COUNT
 } proto_field_t;
 
@@ -130,7 +133,11 @@ typedef enum proto_type {
     PROTO_TYPE_BYTES, /* a string of lo..hi bytes, malloc'd */
     PROTO_TYPE_INTS,  /* a non-empty array of integers, malloc'd */
     PROTO_TYPE_INT,   /* an integer from lo to hi */
-    PROTO_TYPE_BOOL
+    PROTO_TYPE_BOOL,
+    /* Decoding controls (decode.c), read from the value's JSON text: */
+    PROTO_TYPE_SAMPLE, /* {"temperature":T,"top_k":K,"top_p":P,"seed":S} */
+    PROTO_TYPE_STOP,   /* an array of at most PROTO_STOP_MAX tokens */
+    PROTO_TYPE_SCORES  /* "all", "none" or an integer >= 1 */
 } proto_type_t;
 
 /** One member: its wire name, its validator and limits, where its value
@@ -167,13 +174,15 @@ typedef enum proto_op_kind {
 } proto_op_kind_t;
 
 /** One op: its wire name, what it acts on, its members in the order their
- * errors win, and whether it runs on a worker (false: the loop thread
- * answers it). */
+ * errors win, whether it takes the decoding controls (`sample`, `stop`,
+ * `scores`: optional, checked after its members, in that order), and
+ * whether it runs on a worker (false: the loop thread answers it). */
 typedef struct proto_op_def {
     const char *name;
     unsigned char len;
     proto_op_kind_t kind;
     bool on_worker;
+    bool decodes;
     unsigned char nmembers;
     proto_member_t members[PROTO_OP_MEMBERS_MAX];
 } proto_op_def_t;
@@ -205,6 +214,33 @@ void proto_init(void);
 /** The longest auth token, in bytes. */
 #define PROTO_AUTH_TOKEN_MAX 4096
 
+/** The most stop tokens a request may carry. */
+#define PROTO_STOP_MAX 16
+
+/** Which scores a step or generate reply carries. */
+typedef enum proto_scores {
+    PROTO_SCORES_ALL = 0, /* `logits`, every score of every pick (the default) */
+    PROTO_SCORES_NONE,    /* no scores */
+    PROTO_SCORES_TOP      /* `top`: the k best [token, score] pairs of each pick */
+} proto_scores_t;
+
+/** The decoding controls of a step or generate, as parsed: types and
+ * ranges that need no model (a stop token's bound V is the caller's).
+ * A plain value inside the request. */
+typedef struct proto_decode {
+    bool set;         /* any of the three members was given */
+    bool has_sample;  /* `sample` was given */
+    bool has_stop;    /* `stop` was given (the reply then says `stopped`) */
+    double temperature; /* >= 0, finite; default 1 */
+    double top_p;       /* in (0, 1]; default 1 */
+    uint64_t seed;      /* default 0 */
+    uint64_t top_k;     /* >= 1; default UINT64_MAX (no cut) */
+    uint32_t nstop;
+    uint32_t stop[PROTO_STOP_MAX]; /* < 2^32; checked against V by the caller */
+    proto_scores_t scores;
+    uint64_t top; /* PROTO_SCORES_TOP: k >= 1 */
+} proto_decode_t;
+
 /** A validated request.  Owns `tag`, `tokens` and `token` (malloc), freed
  * by proto_request_free(). */
 typedef struct proto_request {
@@ -219,6 +255,7 @@ typedef struct proto_request {
     uint32_t n;     /* step: default 1, >= 1 */
     char *token;    /* auth: 1..PROTO_AUTH_TOKEN_MAX bytes, NUL-terminated */
     size_t token_len;
+    proto_decode_t dec; /* step, generate: `sample`, `stop`, `scores` */
 } proto_request_t;
 
 void proto_request_init(proto_request_t *r);
@@ -274,6 +311,30 @@ int proto_reply_logits(proto_buf_t *b, const char *tag, const double *logits, ui
 /** `tokens` holds ntokens (input plus picks); `logits` steps*V values. */
 int proto_reply_generate(proto_buf_t *b, const char *tag, const uint32_t *tokens, size_t ntokens,
                          const double *logits, uint64_t steps, uint32_t vocab, uint64_t rows);
+
+/** What a step or generate reply carries under decoding controls, besides
+ * its tokens.  Borrowed for the call. */
+typedef struct proto_picks {
+    proto_scores_t scores; /* ALL: `logits`; NONE: no scores; TOP: `top` */
+    uint32_t k;            /* TOP: pairs per pick */
+    const uint32_t *top;   /* TOP: k tokens per pick, in the order written */
+    bool has_stop;         /* write `stopped` */
+    bool stopped;
+} proto_picks_t;
+
+/** proto_reply_step() under `pk`: `logits` (n*V rounded values, or NULL
+ * for hash) are written whole (ALL), not at all (NONE), or as the pairs
+ * [top[i], logits[top[i]]] of each pick (TOP); then "stopped" if
+ * pk->has_stop.  pk NULL is proto_reply_step(). */
+int proto_reply_step_picks(proto_buf_t *b, const char *tag, const char *id, const uint32_t *tokens,
+                           uint32_t n, const double *logits, uint32_t vocab, uint32_t entries,
+                           const proto_picks_t *pk);
+
+/** proto_reply_generate() under `pk`, as proto_reply_step_picks(): `steps`
+ * is the number of picks made. */
+int proto_reply_generate_picks(proto_buf_t *b, const char *tag, const uint32_t *tokens,
+                               size_t ntokens, const double *logits, uint64_t steps,
+                               uint32_t vocab, uint64_t rows, const proto_picks_t *pk);
 int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st);
 /** The reply to a successful auth: {"ok":true}. */
 int proto_reply_auth(proto_buf_t *b, const char *tag);

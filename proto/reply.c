@@ -479,6 +479,93 @@ int proto_reply_generate(proto_buf_t *b, const char *tag, const uint32_t *tokens
     return put_close(b, start);
 }
 
+/* "[[[t,s],[t,s],...],...]": for each of `rows` picks, its k pairs of a
+ * token and its score in that pick's row of `v`. */
+static int put_top_rows(proto_buf_t *b, const double *v, uint64_t rows, uint32_t vocab,
+                        const uint32_t *top, uint32_t k)
+{
+    if (PUT_LIT(b, "[") != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    for (uint64_t r = 0; r < rows; r++) {
+        if (put(b, &",["[r == 0], 2 - (r == 0)) != SLOTD_OK)
+            return SLOTD_ENOMEM;
+        for (uint32_t i = 0; i < k; i++) {
+            const uint32_t t = top[r * k + i];
+            if (put(b, &",["[i == 0], 2 - (i == 0)) != SLOTD_OK || put_u64(b, t) != SLOTD_OK ||
+                PUT_LIT(b, ",") != SLOTD_OK || room(b, FMT6_FAST_MAX) != SLOTD_OK)
+                return SLOTD_ENOMEM;
+            if (fabs(v[r * vocab + t]) < 1e9)
+                b->len += fmt6_fast(b->data + b->len, v[r * vocab + t]);
+            else if (put_f6_slow(b, v[r * vocab + t]) != SLOTD_OK)
+                return SLOTD_ENOMEM;
+            if (PUT_LIT(b, "]") != SLOTD_OK)
+                return SLOTD_ENOMEM;
+        }
+        if (PUT_LIT(b, "]") != SLOTD_OK)
+            return SLOTD_ENOMEM;
+    }
+    return PUT_LIT(b, "]");
+}
+
+/* The scores of `rows` picks under `pk` (with the comma before them),
+ * then "stopped" when asked for. */
+static int put_picks(proto_buf_t *b, const double *logits, uint64_t rows, uint32_t vocab,
+                     const proto_picks_t *pk)
+{
+    if (logits != NULL) {
+        switch (pk->scores) {
+        case PROTO_SCORES_ALL:
+            if (PUT_MEMBER(b, ",\"logits\":", put_f6_rows, logits, rows, vocab) != SLOTD_OK)
+                return SLOTD_ENOMEM;
+            break;
+        case PROTO_SCORES_NONE:
+            break;
+        case PROTO_SCORES_TOP:
+            if (PUT_MEMBER(b, ",\"top\":", put_top_rows, logits, rows, vocab, pk->top, pk->k) !=
+                SLOTD_OK)
+                return SLOTD_ENOMEM;
+            break;
+        }
+    }
+    if (!pk->has_stop)
+        return SLOTD_OK;
+    return pk->stopped ? PUT_LIT(b, ",\"stopped\":true") : PUT_LIT(b, ",\"stopped\":false");
+}
+
+int proto_reply_step_picks(proto_buf_t *b, const char *tag, const char *id, const uint32_t *tokens,
+                           uint32_t n, const double *logits, uint32_t vocab, uint32_t entries,
+                           const proto_picks_t *pk)
+{
+    size_t start = b->len;
+
+    if (pk == NULL)
+        return proto_reply_step(b, tag, id, tokens, n, logits, vocab, entries);
+    TRY(put_open(b, tag));
+    TRY(PUT_MEMBER(b, "\"id\":", put_str, id));
+    TRY(PUT_MEMBER(b, ",\"tokens\":", put_u32_array, tokens, n));
+    TRY(put_picks(b, logits, n, vocab, pk));
+    TRY(PUT_MEMBER(b, ",\"entries\":", put_u64, entries));
+    return put_close(b, start);
+}
+
+int proto_reply_generate_picks(proto_buf_t *b, const char *tag, const uint32_t *tokens,
+                               size_t ntokens, const double *logits, uint64_t steps, uint32_t vocab,
+                               uint64_t rows, const proto_picks_t *pk)
+{
+    size_t start = b->len;
+
+    if (pk == NULL)
+        return proto_reply_generate(b, tag, tokens, ntokens, logits, steps, vocab, rows);
+    assert(logits != NULL || steps == 0 || vocab == 0 || pk->scores == PROTO_SCORES_NONE);
+    TRY(put_open(b, tag));
+    TRY(PUT_MEMBER(b, "\"tokens\":", put_u32_array, tokens, ntokens));
+    if (logits == NULL && pk->scores == PROTO_SCORES_ALL)
+        TRY(PUT_LIT(b, ",\"logits\":[]")); /* as proto_reply_generate() of no steps */
+    TRY(put_picks(b, logits, steps, vocab, pk));
+    TRY(PUT_MEMBER(b, ",\"rows\":", put_u64, rows));
+    return put_close(b, start);
+}
+
 int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st)
 {
     const struct {

@@ -84,16 +84,24 @@ static void tree_value(const cJSON *it, int k, proto__value_t *v)
 
 /* The request from the tree of a line: the tag first, so that even an
  * unknown_op reply can echo it; then the rules. */
-static int tree_fill(const cJSON *root, proto_request_t *r, slotd_error_t *err)
+static int tree_fill(const cJSON *root, const char *line, size_t len, proto_request_t *r,
+                     slotd_error_t *err)
 {
     proto__value_t f[PROTO_FIELD__COUNT];
+    size_t index = 0;
 
     for (int k = 0; k < PROTO_FIELD__COUNT; k++)
         f[k].kind = PROTO__ABSENT;
-    for (const cJSON *it = root->child; it != NULL; it = it->next) {
+    for (const cJSON *it = root->child; it != NULL; it = it->next, index++) {
         size_t n = strlen(it->string);
         int k = proto__field_index(it->string, n, n + 1);
-        if (k >= 0 && f[k].kind == PROTO__ABSENT)
+        if (k < 0 || f[k].kind != PROTO__ABSENT)
+            continue;
+        /* A decoding control is read from the line's own text: the
+         * members of the tree are those of the line, in its order. */
+        if (proto__is_raw(k) && proto__member_span(line, len, index, &f[k].s, &f[k].len))
+            f[k].kind = PROTO__RAW;
+        else
             tree_value(it, k, &f[k]);
     }
     return proto__request_fill(f, tree_ints, r, err);
@@ -148,7 +156,7 @@ static int parse_tree(const char *line, size_t len, proto_request_t *r, slotd_er
         proto__arena_end();
         return slotd_error_set(err, SLOTD_ENOMEM, "out of memory");
     }
-    rc = tree_fill(root, r, err);
+    rc = tree_fill(root, line, len, r, err);
     if (!own_tree)
         cJSON_Delete(root);
     proto__arena_end();

@@ -271,6 +271,23 @@ int proto__request_fill(const proto__value_t *f, proto__ints_reader rd, proto_re
             return member_error(o, d, "is not a member", err);
         }
     }
+    /* The decoding controls, after the members, when any was given. */
+    if (def->decodes && (f[PROTO_FIELD_SAMPLE].kind | f[PROTO_FIELD_STOP].kind |
+                         f[PROTO_FIELD_SCORES].kind) != PROTO__ABSENT) {
+        for (int k = PROTO_FIELD_SAMPLE; k <= PROTO_FIELD_SCORES; k++) {
+            const proto_field_def_t *d = &proto_fields[k];
+            char words[128];
+            const char *why;
+            if (f[k].kind == PROTO__ABSENT)
+                continue;
+            if (f[k].kind != PROTO__RAW)
+                return member_error(o, d, d->must, err);
+            why = proto__decode_read(d->type, d->must, f[k].s, f[k].len, &r->dec, words,
+                                     sizeof(words));
+            if (why != NULL)
+                return member_error(o, d, why, err);
+        }
+    }
     for (unsigned k = 0; k < nlater; k++) {
         const proto_member_t *m = later[k];
         if (member_alloc(&proto_fields[m->field], &f[m->field], rd, base) != SLOTD_OK)
@@ -324,6 +341,8 @@ void proto_request_free(proto_request_t *r)
         free(r->token);
         r->token = NULL;
     }
+    if (r->dec.set)
+        memset(&r->dec, 0, sizeof(r->dec));
     name_clear(r->id, sizeof(r->id));
     name_clear(r->model, sizeof(r->model));
     r->ntokens = 0;

@@ -57,11 +57,12 @@ static cli_kind_t build_quit(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 
 static const cli_cmd_t cmds[] = {
     {"start", "ID [-m MODEL] TOKEN...", "start session ID with the prompt TOKEN...", build_start},
-    {"step", "ID [N]", "N greedy steps of session ID (default 1)", build_step},
+    {"step", "ID [N] [DECODE...]", "N steps of session ID (default 1), greedy unless DECODE says",
+     build_step},
     {"finish", "ID", "release session ID", build_finish},
     {"logits", "[-m MODEL] TOKEN...", "the scores of the token after TOKEN...", build_logits},
-    {"generate", "[-m MODEL] [--cache] STEPS TOKEN...",
-     "STEPS greedy tokens after TOKEN..., no session", build_generate},
+    {"generate", "[-m MODEL] [--cache] [DECODE...] STEPS TOKEN...",
+     "STEPS tokens after TOKEN..., no session; DECODE as for step", build_generate},
     {"stats", "", "the daemon's figures", build_stats},
     {"health", "", "admin /health", build_health},
     {"metrics", "[PATTERN]", "admin /metrics, the lines holding PATTERN", build_metrics},
@@ -109,6 +110,8 @@ void cli_cmd_help_all(FILE *f)
         if (strcmp(cmds[i].name, "exit") != 0)
             print_usage(f, &cmds[i]);
     fprintf(f, "Tokens are integers, separated by blanks or commas.  MODEL: tiny, small, hash...\n"
+               "DECODE: --temp T --top-k K --top-p P --seed S (sampling), --stop TOKEN (each\n"
+               "  token its own --stop), --scores all|none|K (K: the K best [token, score])\n"
                "Example: start a -m small 1 2 3, then step a 4, then finish a\n");
 }
 
@@ -205,6 +208,84 @@ static bool take_options(const cli_cmd_t *c, cmd_args_t *a, const char **model, 
     return true;
 }
 
+/* Whether `word` is a JSON number literal (sent as it is, for the daemon
+ * to judge its value). */
+static bool json_number(const char *word)
+{
+    char *end;
+
+    if (word[0] == '\0' || word[0] == '+' || word[0] == '.' ||
+        strspn(word, "0123456789.eE+-") != strlen(word))
+        return false;
+    (void)strtod(word, &end);
+    return *end == '\0';
+}
+
+/* Adds `word` under `key` of `to` as the JSON number it spells. */
+static bool add_number(const cmd_args_t *a, const char *cmd, cJSON *to, const char *key,
+                       const char *word)
+{
+    cJSON *num;
+
+    if (!json_number(word)) {
+        cli_out_error(a->o, "%s: %s '%s' is not a number", cmd, key, word);
+        return false;
+    }
+    if ((num = cJSON_CreateRaw(word)) == NULL)
+        return false;
+    cJSON_AddItemToObject(to, key, num);
+    return true;
+}
+
+/* One decoding option, taken from the front of the words into `o`:
+ * --temp T, --top-k K, --top-p P, --seed S (together the "sample" object),
+ * --stop T (repeated for more tokens: words are split at commas too) and
+ * --scores all|none|K.  Returns 1 if it took one, 0 if the front word is
+ * none of them, -1 after printing why a value is bad. */
+static int take_decode(const cli_cmd_t *c, cmd_args_t *a, cJSON *o)
+{
+    static const char *const sample_opts[][2] = {
+        {"--temp", "temperature"}, {"--top-k", "top_k"}, {"--top-p", "top_p"}, {"--seed", "seed"}};
+    const char *opt = a->n > 0 ? a->w[0] : "";
+    cJSON *to;
+
+    if (a->n < 2)
+        return 0;
+    for (size_t k = 0; k < sizeof(sample_opts) / sizeof(sample_opts[0]); k++) {
+        if (strcmp(opt, sample_opts[k][0]) != 0)
+            continue;
+        to = cJSON_GetObjectItemCaseSensitive(o, "sample");
+        if (to == NULL && (to = cJSON_AddObjectToObject(o, "sample")) == NULL)
+            return -1;
+        cJSON_DeleteItemFromObjectCaseSensitive(to, sample_opts[k][1]);
+        if (!add_number(a, c->name, to, sample_opts[k][1], a->w[1]))
+            return -1;
+        a->w += 2;
+        a->n -= 2;
+        return 1;
+    }
+    if (strcmp(opt, "--stop") == 0) {
+        to = cJSON_GetObjectItemCaseSensitive(o, "stop");
+        if (to == NULL && (to = cJSON_AddArrayToObject(o, "stop")) == NULL)
+            return -1;
+        if (!add_int(a, c->name, "stop token", to, NULL, a->w[1]))
+            return -1;
+    } else if (strcmp(opt, "--scores") == 0) {
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "scores");
+        if (strcmp(a->w[1], "all") == 0 || strcmp(a->w[1], "none") == 0) {
+            if (cJSON_AddStringToObject(o, "scores", a->w[1]) == NULL)
+                return -1;
+        } else if (!add_int(a, c->name, "scores", o, "scores", a->w[1])) {
+            return -1;
+        }
+    } else {
+        return 0;
+    }
+    a->w += 2;
+    a->n -= 2;
+    return 1;
+}
+
 /* Appends the remaining words to obj[key] as integers. */
 static bool add_tokens(const cli_cmd_t *c, cmd_args_t *a, cJSON *obj, const char *key)
 {
@@ -271,13 +352,33 @@ static cli_kind_t build_start(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 
 static cli_kind_t build_step(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
 {
-    if (a->n < 1)
-        return missing(c, a, "ID");
-    if (a->n > 2)
-        return too_many(c, a, 2);
+    const char *pos[2] = {NULL, NULL}; /* ID and N; the options anywhere around them */
+    int npos = 0, rc;
     cJSON *o = new_request("step");
-    if (o == NULL || cJSON_AddStringToObject(o, "id", a->w[0]) == NULL ||
-        (a->n == 2 && !add_int(a, c->name, "N", o, "n", a->w[1]))) {
+
+    if (o == NULL)
+        return CLI_LOCAL_ERR;
+    while (a->n > 0) {
+        if ((rc = take_decode(c, a, o)) < 0) {
+            cJSON_Delete(o);
+            return CLI_LOCAL_ERR;
+        }
+        if (rc > 0)
+            continue;
+        if (npos == 2) {
+            cJSON_Delete(o);
+            return too_many(c, a, 0);
+        }
+        pos[npos++] = a->w[0];
+        a->w++;
+        a->n--;
+    }
+    if (npos == 0) {
+        cJSON_Delete(o);
+        return missing(c, a, "ID");
+    }
+    if (cJSON_AddStringToObject(o, "id", pos[0]) == NULL ||
+        (pos[1] != NULL && !add_int(a, c->name, "N", o, "n", pos[1]))) {
         cJSON_Delete(o);
         return CLI_LOCAL_ERR;
     }
@@ -316,12 +417,38 @@ static cli_kind_t build_generate(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *r
 {
     const char *model = NULL;
     bool cache = false;
-    if (!take_options(c, a, &model, &cache))
-        return CLI_LOCAL_ERR;
-    if (a->n < 1)
-        return missing(c, a, "STEPS");
+    int rc = 0;
     cJSON *o = new_request("generate");
-    if (o == NULL || (model != NULL && cJSON_AddStringToObject(o, "model", model) == NULL) ||
+    if (o == NULL)
+        return CLI_LOCAL_ERR;
+    /* The decoding options mixed with -m and --cache, in any order. */
+    do {
+        if ((rc = take_decode(c, a, o)) < 0) {
+            cJSON_Delete(o);
+            return CLI_LOCAL_ERR;
+        }
+        if (rc == 0 && a->n > 0 &&
+            (strcmp(a->w[0], "-m") == 0 || strcmp(a->w[0], "--model") == 0 ||
+             strcmp(a->w[0], "--cache") == 0)) {
+            cmd_args_t one = {.w = a->w, .n = strcmp(a->w[0], "--cache") == 0 ? 1 : 2, .o = a->o};
+            if (one.n > a->n || !take_options(c, &one, &model, &cache)) {
+                cJSON_Delete(o);
+                return one.n > a->n ? missing(c, a, "MODEL after -m") : CLI_LOCAL_ERR;
+            }
+            a->n -= (int)(one.w - a->w);
+            a->w = one.w;
+            rc = 1;
+        }
+    } while (rc > 0);
+    if (!take_options(c, a, &model, &cache)) {
+        cJSON_Delete(o);
+        return CLI_LOCAL_ERR;
+    }
+    if (a->n < 1) {
+        cJSON_Delete(o);
+        return missing(c, a, "STEPS");
+    }
+    if ((model != NULL && cJSON_AddStringToObject(o, "model", model) == NULL) ||
         !add_int(a, c->name, "STEPS", o, "steps", a->w[0]) ||
         (cache && cJSON_AddTrueToObject(o, "use_cache") == NULL)) {
         cJSON_Delete(o);

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "controls.h"
 #include "job_int.h"
 #include "log.h"
 
@@ -309,42 +310,56 @@ static void prefill_sliced(job_slicer_t *sl, const model_t *m, model_kv_t *kv,
     }
 }
 
-/* cache_session_step() of `n` positions in slices. */
-static int step_sliced(server_t *s, worker_t *w, req_t *r, uint32_t n, uint32_t *tokens,
-                       double *logits, slotd_error_t *err)
+/* cache_session_decode() of `n` positions in slices: the same picks under
+ * the same controls `dc` (NULL: greedy), ending after a stop token; the
+ * picks made in *picked. */
+static int step_sliced(server_t *s, worker_t *w, req_t *r, uint32_t n, const model_decode_t *dc,
+                       uint32_t *tokens, double *logits, uint32_t *picked, slotd_error_t *err)
 {
     const model_t *m = r->cs.model;
     size_t vocab = model_vocab(m);
+    bool want_logits = logits != NULL && model_family(m) == MODEL_FAMILY_ATTN;
+    void *scratch = worker_scratch(w);
+    uint32_t i = 0;
     job_slicer_t sl;
     model_kv_t kv;
     int rc;
 
     if (cache_pool_reserve(s->pool, r->cs.handle, &r->cs.owner, n, &kv) != SLOTD_OK)
-        return cache_session_step(s->pool, &r->cs, n, worker_scratch(w), tokens, logits, err);
+        return cache_session_decode(s->pool, &r->cs, n, dc, scratch, tokens, logits, picked, err);
     slicer_begin(&sl, s, w, r);
-    for (uint32_t i = 0; i < n; i++) {
-        tokens[i] = model_pick(m, &kv, logits != NULL ? logits + (size_t)i * vocab : NULL);
-        model_run(m, &kv, tokens[i], worker_scratch(w));
+    while (i < n) {
+        double *row = want_logits ? logits + (size_t)i * vocab : NULL;
+        uint32_t t = model_decode_pick(m, &kv, dc, row, scratch);
+
+        tokens[i++] = t;
+        model_run(m, &kv, t, scratch);
         slicer_tick(&sl, 1);
+        if (dc != NULL && model_decode_stops(dc, t))
+            break;
     }
     slicer_end(&sl);
     rc = cache_pool_commit(s->pool, r->cs.handle, &r->cs.owner, &kv);
-    if (rc != SLOTD_OK) /* as cache_session_step(): a released slot, a bug */
+    if (rc != SLOTD_OK) /* as cache_session_decode(): a released slot, a bug */
         return slotd_error_set(err, rc, "step: %s ('%s')", slotd_strerror(rc), r->rq.id);
     r->cs.entries = kv.len;
     cache_pool_hint(s->pool, r->cs.handle, &r->cs.hint);
+    *picked = i;
     return SLOTD_OK;
 }
 
-/* cache_session_generate() in slices, into `tokens` (room for n + steps)
- * and `logits` (steps rows); steps >= 1. */
-static int generate_sliced(server_t *s, worker_t *w, req_t *r, uint32_t *tokens, double *logits,
-                           uint64_t *rows, slotd_error_t *err)
+/* cache_session_generate_decode() in slices, into `tokens` (room for n +
+ * steps) and `logits` (steps rows): the same picks under the same controls
+ * `dc` (NULL: greedy), ending after a stop token, as model_generate_decode()
+ * makes them; the picks made in *picked.  steps >= 1. */
+static int generate_sliced(server_t *s, worker_t *w, req_t *r, const model_decode_t *dc,
+                           uint32_t *tokens, double *logits, size_t *picked, uint64_t *rows,
+                           slotd_error_t *err)
 {
     /* The owner of a borrowed slot, as cache/session.c's: no client's. */
     static const cache_owner_t borrower = {.key = 0, .id = ""};
     const model_t *m = r->model;
-    size_t n = r->rq.ntokens, steps = (size_t)r->rq.steps, vocab = model_vocab(m);
+    size_t n = r->rq.ntokens, steps = (size_t)r->rq.steps, vocab = model_vocab(m), k = 0;
     void *scratch = worker_scratch(w);
     uint64_t runs = 0;
     cache_handle_t h;
@@ -368,32 +383,42 @@ static int generate_sliced(server_t *s, worker_t *w, req_t *r, uint32_t *tokens,
         /* Each position runs once; the last pick is never run. */
         prefill_sliced(&sl, m, &kv, tokens, n, scratch);
         runs = n;
-        for (size_t k = 0; k < steps; k++) {
-            tokens[n + k] = model_pick(m, &kv, logits != NULL ? logits + k * vocab : NULL);
-            if (k + 1 < steps) {
-                model_run(m, &kv, tokens[n + k], scratch);
+        while (k < steps) {
+            double *row = logits != NULL ? logits + k * vocab : NULL;
+            tokens[n + k] = model_decode_pick(m, &kv, dc, row, scratch);
+            k++;
+            if (dc != NULL && model_decode_stops(dc, tokens[n + k - 1]))
+                break;
+            if (k < steps) {
+                model_run(m, &kv, tokens[n + k - 1], scratch);
                 runs++;
                 slicer_tick(&sl, 1);
             }
         }
     } else {
         /* Every pick starts from an empty chain and reruns every position. */
-        for (size_t k = 0; k < steps; k++) {
+        while (k < steps) {
+            double *row = logits != NULL ? logits + k * vocab : NULL;
             model_kv_rewind(&kv);
             prefill_sliced(&sl, m, &kv, tokens, n + k, scratch);
             runs += n + k;
-            tokens[n + k] = model_pick(m, &kv, logits != NULL ? logits + k * vocab : NULL);
+            tokens[n + k] = model_decode_pick(m, &kv, dc, row, scratch);
+            k++;
+            if (dc != NULL && model_decode_stops(dc, tokens[n + k - 1]))
+                break;
         }
     }
     slicer_end(&sl);
     rc = cache_pool_release(s->pool, h, &borrower, NULL);
     assert(rc == SLOTD_OK);
     *rows = (uint64_t)model_layers(m) * runs;
+    *picked = k;
     return SLOTD_OK;
 
 unsliced: /* no room: the one call says so, in its words */
-    return cache_session_generate(s->pool, m, r->rq.tokens, n, r->rq.steps, r->rq.use_cache,
-                                  scratch, tokens, logits, rows, err);
+    return cache_session_generate_decode(s->pool, m, r->rq.tokens, n, r->rq.steps,
+                                         r->rq.use_cache, dc, scratch, tokens, logits, picked,
+                                         rows, err);
 }
 
 static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
@@ -429,7 +454,7 @@ static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
  * and logits become the reference's, and the slot is rebuilt from the
  * corrected tokens so that later steps continue the right sequence. */
 static void audit_step(server_t *s, worker_t *w, req_t *r, uint32_t n, uint32_t *tokens,
-                       double *logits)
+                       double *logits, const controls_t *ctl)
 {
     unsigned wi = worker_index(w);
     uint32_t len = r->toks.len, bad;
@@ -437,7 +462,9 @@ static void audit_step(server_t *s, worker_t *w, req_t *r, uint32_t n, uint32_t 
 
     assert(len + n == r->cs.entries); /* the recording follows the slot */
 
-    if (!audit_due(s->audit, wi)) {
+    /* The reference picks greedily: sampled picks are recorded only. */
+    logits = controls_logits(ctl, logits);
+    if (!audit_due(s->audit, wi) || controls_samples(ctl)) {
         audit_tokens_append(&r->toks, tokens, n);
         return;
     }
@@ -469,10 +496,13 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     const model_t *m = r->cs.model;
     uint32_t n = r->rq.n, vocab = model_vocab(m), max_ctx = model_max_ctx(m);
     bool attn = model_family(m) == MODEL_FAMILY_ATTN;
-    uint32_t *tokens;
+    uint32_t *tokens, picked = 0;
     double *logits = NULL;
+    controls_t ctl;
     int rc;
 
+    if ((rc = controls_prepare(&ctl, &r->rq, m, err)) != SLOTD_OK)
+        return rc;
     /* Checked before the buffers are sized: n comes from the client. */
     if (r->cs.entries > max_ctx || n > max_ctx - r->cs.entries)
         return slotd_error_set(
@@ -488,16 +518,17 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     if (s->audit != NULL && audit_tokens_reserve(&r->toks, n) != SLOTD_OK)
         return SLOTD_ENOMEM;
     if (n > 1 && step_is_long(s, m, n))
-        rc = step_sliced(s, w, r, n, tokens, logits, err);
+        rc = step_sliced(s, w, r, n, controls_dc(&ctl), tokens, logits, &picked, err);
     else
-        rc = cache_session_step(s->pool, &r->cs, n, worker_scratch(w), tokens, logits, err);
+        rc = cache_session_decode(s->pool, &r->cs, n, controls_dc(&ctl), worker_scratch(w), tokens,
+                                  logits, &picked, err);
     if (rc != SLOTD_OK)
         return rc;
     if (s->audit != NULL)
-        audit_step(s, w, r, n, tokens, logits);
+        audit_step(s, w, r, picked, tokens, logits, &ctl);
     JOB_FAULT_AFTER_STEP(s, r);
-    return proto_reply_step(&r->reply, r->rq.tag, r->rq.id, tokens, n, logits, vocab,
-                            r->cs.entries);
+    return controls_reply_step(&ctl, &r->reply, &r->rq, m, tokens, picked,
+                               controls_logits(&ctl, logits), r->cs.entries, worker_scratch(w));
 }
 
 static int run_logits(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
@@ -524,18 +555,25 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     uint32_t *tokens = worker_tokens(w, total);
     double *logits = worker_logits(w, steps * vocab);
     uint64_t rows = 0;
+    size_t picked = steps;
+    controls_t ctl;
     int rc;
 
+    if ((rc = controls_prepare(&ctl, &r->rq, r->model, err)) != SLOTD_OK)
+        return rc;
     if (tokens == NULL || logits == NULL)
         return SLOTD_ENOMEM;
     if (steps > 0 && generate_is_long(s, r))
-        rc = generate_sliced(s, w, r, tokens, logits, &rows, err);
+        rc = generate_sliced(s, w, r, controls_dc(&ctl), tokens, logits, &picked, &rows, err);
     else
-        rc = cache_session_generate(s->pool, r->model, r->rq.tokens, r->rq.ntokens, r->rq.steps,
-                                    r->rq.use_cache, worker_scratch(w), tokens, logits, &rows, err);
+        rc = cache_session_generate_decode(s->pool, r->model, r->rq.tokens, r->rq.ntokens,
+                                           r->rq.steps, r->rq.use_cache, controls_dc(&ctl),
+                                           worker_scratch(w), tokens, logits, &picked, &rows, err);
     if (rc != SLOTD_OK)
         return rc;
-    return proto_reply_generate(&r->reply, r->rq.tag, tokens, total, logits, steps, vocab, rows);
+    return controls_reply_generate(&ctl, &r->reply, &r->rq, r->model, tokens,
+                                   r->rq.ntokens + picked, controls_logits(&ctl, logits), picked,
+                                   rows, worker_scratch(w));
 }
 
 /* Worker `shard` begins `r` at `t` (its job's start): its wait, from its
@@ -592,8 +630,10 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
     double *lg[MODEL_BATCH_MAX];
     uint32_t picks[MODEL_BATCH_MAX];
     int rc[MODEL_BATCH_MAX];
-    bool ran[MODEL_BATCH_MAX];
+    bool ran[MODEL_BATCH_MAX], any_ctl = false;
     slotd_error_t err[MODEL_BATCH_MAX];
+    controls_t ctl[MODEL_BATCH_MAX];
+    const model_decode_t *dc[MODEL_BATCH_MAX];
     double *logits = worker_logits(w, n * vocab);
     size_t k = 0;
     uint64_t now, cpu0 = thread_cpu_ns();
@@ -615,12 +655,19 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
             continue;
         }
         slotd_error_clear(&err[k]);
+        if (controls_prepare(&ctl[k], &r->rq, m, &err[k]) != SLOTD_OK) {
+            job_finish(r, err[k].code, &err[k]);
+            continue;
+        }
+        dc[k] = controls_dc(&ctl[k]);
+        any_ctl = any_ctl || dc[k] != NULL;
         cs[k] = &r->cs;
         lg[k] = logits + k * vocab;
         rs[k++] = r;
     }
     if (k > 0) {
-        cache_session_step_batch(s->pool, cs, k, worker_scratch(w), picks, lg, rc, err);
+        cache_session_decode_batch(s->pool, cs, k, any_ctl ? dc : NULL, worker_scratch(w), picks,
+                                   lg, rc, err);
         metrics_observe_batch_size(worker_index(w), k);
     }
     if (k > 1)
@@ -630,10 +677,11 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
 
         if (rc[i] == SLOTD_OK) {
             if (s->audit != NULL)
-                audit_step(s, w, r, 1, &picks[i], lg[i]);
+                audit_step(s, w, r, 1, &picks[i], lg[i], &ctl[i]);
             JOB_FAULT_AFTER_STEP(s, r);
-            rc[i] = proto_reply_step(&r->reply, r->rq.tag, r->rq.id, &picks[i], 1, lg[i], vocab,
-                                     r->cs.entries);
+            rc[i] = controls_reply_step(&ctl[i], &r->reply, &r->rq, m, &picks[i], 1,
+                                        controls_logits(&ctl[i], lg[i]), r->cs.entries,
+                                        worker_scratch(w));
         }
         job_finish(r, rc[i], &err[i]);
     }

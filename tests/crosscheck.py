@@ -13,7 +13,12 @@ case, with tests/ref/slotd_ref.py:
   chosen values, exact ties and near-ties among them;
 - batches of small sequences stepped together (model_prefill(),
   model_pick_batch(), model_run_batch()): each sequence's picks and
-  rounded logits against the reference run of that sequence alone.
+  rounded logits against the reference run of that sequence alone;
+- the sampler (model_sample_pick()) against slotd_ref.Sampler, pick for
+  pick, on the unrounded logits of tiny, small and base sequences and on
+  made-up rows full of ties, over temperatures 0.1 to 2, top_k and top_p
+  each on and off, seeds across the whole 64-bit range: at least
+  SAMPLE_PICKS_MIN picks.
 
 A difference between Python's round(x, 6) and printf("%.6f") is reported
 as such, apart from a model mismatch.  Exit status 0 when everything
@@ -171,6 +176,75 @@ def compare_batch(report, model, batch, c):
     return compared
 
 
+SAMPLE_PICKS_MIN = 100000
+SAMPLE_TEMPS = (0.1, 0.3, 0.7, 1.0, 1.5, 2.0)
+SAMPLE_TOPP = (1.0, 0.95, 0.8, 0.5, 0.1)
+
+
+def sample_vectors(seed):
+    """(line, draws per setting) of the vectors the sampler is run on: the
+    logits after seeded prompts of each preset, and made-up rows with ties
+    (values from a few, some far below the rest, so that weights
+    underflow to 0)."""
+    rnd = random.Random(seed + 3)
+    out = []
+    for preset, count, vocab, longest, draws in (("tiny", 6, 6, 7, 100), ("small", 6, 512, 20, 40),
+                                                  ("base", 2, 4096, 5, 10)):
+        for _ in range(count):
+            prompt = [rnd.randrange(vocab) for _ in range(rnd.randint(1, longest))]
+            out.append(("rawvec %s %s" % (preset, " ".join(map(str, prompt))), draws))
+    for v in (8, 17, 64, 300):
+        vals = [rnd.choice((0.5, 0.25, -1.0, 2.0, 2.0, 0.0, -0.0, -800.0, 2.0 - 2.0 ** -50))
+                for _ in range(v)]
+        out.append(("vec %s" % " ".join(x.hex() for x in vals), 50))
+    return out
+
+
+def sample_lines(seed, vectors):
+    """The `sample` lines: for each vector, each setting, `draws` pairs."""
+    rnd = random.Random(seed + 4)
+    lines = []
+    for vid, (_, draws) in enumerate(vectors):
+        for t in SAMPLE_TEMPS:
+            for k in ("off", 2, 10, 50):
+                for p in SAMPLE_TOPP:
+                    pairs = []
+                    for i in range(draws):
+                        s = (0, (1 << 64) - 1)[i] if i < 2 else rnd.getrandbits(64)
+                        pairs.append((s, rnd.randrange(5000)))
+                    lines.append((vid, t, k, p, pairs))
+    return lines
+
+
+def compare_samples(report, vectors, answers, lines, picks_answers):
+    """Each pick of the C sampler against slotd_ref.Sampler."""
+    rows = []
+    for (line, _), ans in zip(vectors, answers):
+        if "raw" in ans:
+            rows.append([float.fromhex(x) for x in ans["raw"]])
+        else:
+            rows.append([float.fromhex(x) for x in line.split()[1:]])
+            if ans.get("vec") != len(rows[-1]):
+                report.fail("sample", "the dump kept another vector")
+    orders = [sorted(range(len(r)), key=lambda c, r=r: (-r[c], c)) for r in rows]
+    compared = 0
+    for (vid, t, k, p, pairs), ans in zip(lines, picks_answers):
+        row = rows[vid]
+        top_k = len(row) if k == "off" else k
+        sampler = slotd_ref.Sampler(row, t, top_k, p, orders[vid])
+        got = ans["picks"]
+        if len(got) != len(pairs):
+            report.fail("sample", "%d picks for %d draws" % (len(got), len(pairs)))
+            continue
+        for (s, pos), c in zip(pairs, got):
+            want = sampler.draw(s, pos)
+            if c != want:
+                report.fail("sample vector %d T %r top_k %s top_p %r seed %d position %d" %
+                            (vid, t, k, p, s, pos), "C picks %d, Python %d" % (c, want))
+        compared += len(pairs)
+    return compared
+
+
 def round6_values(seed):
     """Values for model_round6() against round(x, 6): the logits' range,
     exact ties (odd multiples of 1/128), near-ties a few ulps either side,
@@ -231,15 +305,25 @@ def main():
     text += "".join("batch small %d %d %s\n"
                     % (steps, len(ps), " ".join("%d %s" % (len(p), " ".join(map(str, p))) for p in ps))
                     for steps, ps in step_batches)
+    vectors = sample_vectors(args.seed)
+    slines = sample_lines(args.seed, vectors)
+    text += "".join(line + "\n" for line, _ in vectors)
+    text += "".join("sample %d %s %s %s %s\n"
+                    % (vid, float(t).hex(), 1 << 40 if k == "off" else k, float(p).hex(),
+                       " ".join("%d %d" % sp for sp in pairs))
+                    for vid, t, k, p, pairs in slines)
     proc = subprocess.run([args.dump], input=text, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         print("crosscheck: %s failed (%d): %s" % (args.dump, proc.returncode, proc.stderr))
         return 1
     lines = proc.stdout.splitlines()
-    if len(lines) != len(cases) + len(batches) + len(step_batches):
+    sampled_at = len(cases) + len(batches) + len(step_batches)
+    if len(lines) != sampled_at + len(vectors) + len(slines):
         print("crosscheck: %d cases, %d answers"
-              % (len(cases) + len(batches) + len(step_batches), len(lines)))
+              % (sampled_at + len(vectors) + len(slines), len(lines)))
         return 1
+    sample_answers = [json.loads(x) for x in lines[sampled_at:]]
+    lines = lines[:sampled_at]
 
     models = {name: slotd_ref.make_model(name) for name in ("hash", "tiny", "small")}
     report = Report()
@@ -254,6 +338,11 @@ def main():
         if case[0] != "hash":
             logits_compared += 3 * case[2] * models[case[0]].vocab
 
+    picks = compare_samples(report, vectors, sample_answers[:len(vectors)], slines,
+                            sample_answers[len(vectors):])
+    if picks < SAMPLE_PICKS_MIN:
+        report.fail("sample", "only %d picks compared, fewer than %d" % (picks, SAMPLE_PICKS_MIN))
+
     for r in report.round_vs_printf[:20]:
         print("crosscheck: Python round(x, 6) and printf differ:", r)
     shown = [f for f in report.failures if f is not None]
@@ -261,9 +350,10 @@ def main():
         print("crosscheck: MISMATCH", f)
     if len(report.failures) > len(shown):
         print("crosscheck: ... and %d more" % (len(report.failures) - len(shown)))
-    print("crosscheck: %d cases (hash, tiny, small), %d logits, %d batched small logits and "
-          "%d round6 values compared, %d mismatches, %d round/printf differences"
-          % (len(cases), logits_compared, batched, len(rvals), len(report.failures),
+    print("crosscheck: %d cases (hash, tiny, small), %d logits, %d batched small logits, "
+          "%d round6 values and %d sampled picks compared, %d mismatches, "
+          "%d round/printf differences"
+          % (len(cases), logits_compared, batched, len(rvals), picks, len(report.failures),
              len(report.round_vs_printf)))
     return 1 if report.failures or report.round_vs_printf else 0
 

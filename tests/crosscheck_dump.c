@@ -21,6 +21,15 @@
  * A line `batch ...` (dump_batch()) answers what a batch of sequences
  * stepped together computes.
  *
+ * Sampling (core/sample.h), against docs/models.md's sampler:
+ *   `rawvec <preset> <token> ...` runs the tokens and keeps the unrounded
+ *   logits after them as the next vector, answering {"raw": ["%a", ...]};
+ *   `vec <x> <x> ...` keeps the given values (as "%a") as the next vector,
+ *   answering {"vec": V};
+ *   `sample <vector> <T> <K> <P> <seed> <position> ...` answers
+ *   {"picks": [...]}, model_sample_pick() of that vector (numbered from 0
+ *   in input order) for each (seed, position) pair.
+ *
  * A line `round6 <x> <x> ...` (each x as C's "%a" or Python's float.hex()
  * writes it) answers {"round6": [[printf("%.6f", x), printf("%a",
  * model_round6(x))], ...]}, to set model_round6() beside Python's round().
@@ -30,6 +39,7 @@
 #include <string.h>
 
 #include "core/model.h"
+#include "core/sample.h"
 
 #define MAX_MODELS 4
 
@@ -241,6 +251,121 @@ static int dump_batch(const char *args)
     return 0;
 }
 
+/* The vectors of `rawvec` and `vec` lines, kept for `sample` lines. */
+#define MAX_VECS 64
+static double *vecs[MAX_VECS];
+static uint32_t vec_len[MAX_VECS];
+static size_t nvecs;
+
+static int keep_vec(double *v, uint32_t n)
+{
+    if (nvecs == MAX_VECS) {
+        fprintf(stderr, "crosscheck_dump: too many vectors\n");
+        free(v);
+        return 1;
+    }
+    vecs[nvecs] = v;
+    vec_len[nvecs++] = n;
+    return 0;
+}
+
+static int dump_rawvec(const char *args)
+{
+    char name[16];
+    int used;
+    long long t;
+    size_t n = 0;
+    int64_t in[4096];
+    model_t *m;
+    model_kv_t kv;
+    void *scratch;
+    double *raw;
+
+    if (sscanf(args, "%15s%n", name, &used) != 1 || (m = find_model(name)) == NULL) {
+        fprintf(stderr, "crosscheck_dump: bad rawvec line\n");
+        return 1;
+    }
+    args += used;
+    while (n < 4096 && sscanf(args, "%lld%n", &t, &used) == 1) {
+        in[n++] = t;
+        args += used;
+    }
+    raw = malloc(model_vocab(m) * sizeof(double));
+    scratch = malloc(model_scratch_size(m) + 1);
+    if (raw == NULL || scratch == NULL || n == 0 ||
+        model_kv_heap_alloc(m, (uint32_t)n, &kv) != SLOTD_OK) {
+        fprintf(stderr, "crosscheck_dump: rawvec failed\n");
+        free(raw);
+        free(scratch);
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        model_run(m, &kv, (uint32_t)in[i], scratch);
+    }
+    (void)model_pick_raw(m, &kv, raw);
+    model_kv_heap_free(&kv);
+    free(scratch);
+    printf("{\"raw\":[");
+    for (uint32_t c = 0; c < model_vocab(m); c++) {
+        printf("%s\"%a\"", c ? "," : "", raw[c]);
+    }
+    printf("]}\n");
+    return keep_vec(raw, model_vocab(m));
+}
+
+static int dump_vec(const char *args)
+{
+    double *v = malloc(4096 * sizeof(double));
+    uint32_t n = 0;
+    char *end;
+
+    if (v == NULL) {
+        return 1;
+    }
+    for (;;) {
+        double x = strtod(args, &end);
+        if (end == args || n == 4096) {
+            break;
+        }
+        v[n++] = x;
+        args = end;
+    }
+    printf("{\"vec\":%u}\n", n);
+    return keep_vec(v, n);
+}
+
+static int dump_sample(const char *args)
+{
+    unsigned long long k, seed, pos;
+    unsigned long id;
+    char ts[64], ps[64];
+    int used, first = 1;
+    model_sample_t sp;
+    void *work;
+
+    if (sscanf(args, "%lu %63s %llu %63s%n", &id, ts, &k, ps, &used) != 4 || id >= nvecs) {
+        fprintf(stderr, "crosscheck_dump: bad sample line\n");
+        return 1;
+    }
+    args += used;
+    sp.temperature = strtod(ts, NULL);
+    sp.top_p = strtod(ps, NULL);
+    sp.top_k = k < vec_len[id] ? (uint32_t)k : vec_len[id];
+    if ((work = malloc(model_sample_work_size(vec_len[id]))) == NULL) {
+        return 1;
+    }
+    printf("{\"picks\":[");
+    while (sscanf(args, "%llu %llu%n", &seed, &pos, &used) == 2) {
+        sp.seed = seed;
+        printf("%s%u", first ? "" : ",", model_sample_pick(&sp, vecs[id], vec_len[id], pos, work));
+        first = 0;
+        args += used;
+    }
+    printf("]}\n");
+    free(work);
+    return 0;
+}
+
 static int dump_round6(const char *args)
 {
     const char *p = args;
@@ -278,6 +403,15 @@ int main(void)
             rc = dump_round6(line + used);
             continue;
         }
+        if (sscanf(line, "%15s%n", name, &used) == 1 &&
+            (strcmp(name, "rawvec") == 0 || strcmp(name, "vec") == 0 ||
+             strcmp(name, "sample") == 0)) {
+            rc = name[0] == 'r'   ? dump_rawvec(line + used)
+                 : name[0] == 'v' ? dump_vec(line + used)
+                                  : dump_sample(line + used);
+            fflush(stdout);
+            continue;
+        }
         if (sscanf(line, "%15s%n", name, &used) == 1 && strcmp(name, "batch") == 0) {
             rc = dump_batch(line + used);
             fflush(stdout);
@@ -302,6 +436,9 @@ int main(void)
     }
     for (int i = 0; i < MAX_MODELS; i++) {
         model_destroy(models[i]);
+    }
+    for (size_t i = 0; i < nvecs; i++) {
+        free(vecs[i]);
     }
     return rc;
 }

@@ -77,3 +77,12 @@ slotd_check_test(test_integration_long SOURCES test_integration_long.c
 add_dependencies(test_integration_long slotd)
 set_tests_properties(test_integration_long PROPERTIES ENVIRONMENT "${_itest_env}"
                      LABELS integration)
+
+# Decoding controls (sample, stop, scores): greedy equivalents byte for
+# byte, sampled steps batched against the same alone, stop tokens, scores,
+# and every bad value refused with nothing changed.
+slotd_check_test(test_integration_decode SOURCES test_integration_decode.c
+                 LIBS slotd_itest slotd_core cjson TIMEOUT 300)
+add_dependencies(test_integration_decode slotd)
+set_tests_properties(test_integration_decode PROPERTIES ENVIRONMENT "${_itest_env}"
+                     LABELS integration)

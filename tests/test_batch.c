@@ -15,6 +15,9 @@
  * without running them.  Histories run through the model are covered by
  * the prefill cases and the stepping of batches several times over.
  *
+ * The decoding controls' batch pick (model_decode_pick_batch()) is held
+ * to the single picks the same way, greedy and sampled members mixed.
+ *
  * `test_batch` runs the light cases (label unit, also under valgrind);
  * `test_batch heavy` (label heavy) adds base at every batch size from 1
  * to 12 and 31 to 33 and 64, and the long prefills.
@@ -27,6 +30,7 @@
 
 #include "core/model.h"
 #include "core/model_impl.h"
+#include "core/sample.h"
 #include "test_model_util.h"
 
 static bool heavy;
@@ -115,8 +119,8 @@ static void same_entries(const model_t *m, const model_kv_t *a, const model_kv_t
             y = y->next;
         }
         if (d == 0) {
-            ck_assert_int_eq(memcmp(x->data + (p - x->first) * es, y->data + (p - y->first) * es, es),
-                             0);
+            ck_assert_int_eq(
+                memcmp(x->data + (p - x->first) * es, y->data + (p - y->first) * es, es), 0);
             continue;
         }
         for (size_t l = 0; l < L; l++) {
@@ -488,6 +492,98 @@ START_TEST(test_batch_counters)
 }
 END_TEST
 
+/* model_decode_pick_batch() of nb sequences with mixed decoding controls
+ * (greedy with and without logits, sampled with and without logits, each
+ * cut) against model_decode_pick() of each alone: the same picks and the
+ * same bytes in every row that holds logits; and a greedy equivalent
+ * (temperature 0, top_k 1) picks as model_pick() with its rounded row. */
+static void decode_case(const model_t *m, size_t nb)
+{
+    const uint32_t v = model_vocab(m);
+    void *scratch = malloc(model_scratch_size(m));
+    model_kv_t a[MODEL_BATCH_MAX], b[MODEL_BATCH_MAX];
+    const model_kv_t *pa[MODEL_BATCH_MAX];
+    model_sample_t sp[MODEL_BATCH_MAX];
+    model_decode_t dc[MODEL_BATCH_MAX];
+    const model_decode_t *pdc[MODEL_BATCH_MAX];
+    double *rows_a[MODEL_BATCH_MAX], *rows_b = malloc(v * sizeof(double));
+    double *greedy = malloc(v * sizeof(double));
+    uint32_t picks[MODEL_BATCH_MAX];
+    static const double temps[] = {0.0, 0.1, 0.8, 2.0};
+    static const uint32_t ks[] = {1, 3, 50, UINT32_MAX};
+
+    ck_assert_ptr_nonnull(scratch);
+    for (size_t i = 0; i < nb; i++) {
+        uint32_t len = 1 + (uint32_t)(rng_next() % 40);
+        fake_history(m, &a[i], len, len + 1);
+        clone_chain(m, &a[i], &b[i], len + 1);
+        memcpy(b[i].state, a[i].state, model_state_size(m));
+        b[i].len = len;
+        set_tail(&b[i]);
+        pa[i] = &a[i];
+        rows_a[i] = malloc(v * sizeof(double));
+        sp[i].temperature = temps[i % 4];
+        sp[i].top_k = ks[(i / 4) % 4] < v ? ks[(i / 4) % 4] : v;
+        sp[i].top_p = i % 3 == 0 ? 1.0 : 0.9;
+        sp[i].seed = rng_next();
+        memset(&dc[i], 0, sizeof(dc[i]));
+        dc[i].sample = i % 5 == 4 ? NULL : &sp[i];
+        dc[i].logits = i % 2 == 0;
+        pdc[i] = &dc[i];
+    }
+    model_decode_pick_batch(m, pa, nb, pdc, picks, rows_a, scratch);
+    for (size_t i = 0; i < nb; i++) {
+        uint32_t t = model_decode_pick(m, &b[i], &dc[i], rows_b, scratch);
+        ck_assert_uint_eq(picks[i], t);
+        if (dc[i].logits)
+            ck_assert_int_eq(memcmp(rows_a[i], rows_b, v * sizeof(double)), 0);
+        if (model_sample_greedy(dc[i].sample)) {
+            ck_assert_uint_eq(t, model_pick(m, &b[i], greedy));
+            if (dc[i].logits)
+                ck_assert_int_eq(memcmp(greedy, rows_b, v * sizeof(double)), 0);
+        }
+        model_kv_heap_free(&a[i]);
+        model_kv_heap_free(&b[i]);
+        free(rows_a[i]);
+    }
+    free(rows_b);
+    free(greedy);
+    free(scratch);
+}
+
+START_TEST(test_decode_batch)
+{
+    model_t *m = create("small");
+
+    rng_state = 31;
+    EACH_VARIANT({
+        decode_case(m, 1);
+        decode_case(m, 13);
+        decode_case(m, MODEL_BATCH_MAX);
+    });
+    model_destroy(m);
+    m = create("tiny");
+    EACH_VARIANT({ decode_case(m, 9); });
+    model_destroy(m);
+}
+END_TEST
+
+/* The top scores: score descending, ties by token ascending. */
+START_TEST(test_top_scores)
+{
+    const double row[8] = {0.5, 2.0, -1.0, 2.0, 0.5, 3.0, 2.0, -0.0};
+    const uint32_t want[8] = {5, 1, 3, 6, 0, 4, 7, 2};
+    uint32_t got[8];
+    void *work = malloc(model_sample_work_size(8));
+
+    for (uint32_t k = 1; k <= 8; k++) {
+        model_top_scores(row, 8, k, got, work);
+        ck_assert_int_eq(memcmp(got, want, k * sizeof(uint32_t)), 0);
+    }
+    free(work);
+}
+END_TEST
+
 static Suite *batch_suite(void)
 {
     Suite *s = suite_create("batch");
@@ -501,6 +597,8 @@ static Suite *batch_suite(void)
     tcase_add_test(tc, test_batch_small);
     tcase_add_test(tc, test_batch_base);
     tcase_add_test(tc, test_prefill);
+    tcase_add_test(tc, test_decode_batch);
+    tcase_add_test(tc, test_top_scores);
     suite_add_tcase(s, tc);
     return s;
 }

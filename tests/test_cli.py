@@ -230,6 +230,23 @@ def run_batch(d, work):
     r = cli(d, "--raw", *cmds, env=env)
     check("--raw: the daemon's lines byte for byte", r.stdout == b"".join(want_raw),
           "got:\n%r\nwant:\n%r" % (r.stdout, b"".join(want_raw)))
+    # The decoding options: each command sends the JSON written beside it.
+    decode = [
+        ("start dq -m small 1 2", '{"op":"start","id":"dq","model":"small","prompt":[1,2]}'),
+        ("step dq 3 --scores none --temp 0.5 --seed 18446744073709551615 --stop 7 --stop 9",
+         '{"op":"step","id":"dq","n":3,"scores":"none","sample":{"temperature":0.5,'
+         '"seed":18446744073709551615},"stop":[7,9]}'),
+        ("step --top-k 3 --top-p 0.9 --temp 1 dq --scores 2",
+         '{"op":"step","id":"dq","sample":{"top_k":3,"top_p":0.9,"temperature":1},"scores":2}'),
+        ("generate --scores 1 -m tiny --seed 4 --cache --temp 2 3 0 1",
+         '{"op":"generate","model":"tiny","steps":3,"use_cache":true,"scores":1,'
+         '"sample":{"seed":4,"temperature":2},"tokens":[0,1]}'),
+        ("finish dq", '{"op":"finish","id":"dq"}'),
+    ]
+    r = cli(d, "--raw", *[c for c, _ in decode], env=env)
+    want_dec = b"".join(d.lines([j for _, j in decode]))
+    check("decoding options: the replies of the JSON they stand for",
+          r.returncode == 0 and r.stdout == want_dec, "got:\n%r\nwant:\n%r" % (r.stdout, want_dec))
     r = cli(d, "--full", *cmds[:4], env=env)
     check("--full: logits in full, six decimals",
           r.stdout.decode().splitlines() == [fmt_reply(l, full=True) for l in want_raw[:4]],
@@ -320,7 +337,7 @@ def run_batch(d, work):
                                      "health", "metrics", "help", "quit"]), out)
     r = cli(d, "help", "generate", env=env)
     check("help COMMAND: its usage", r.returncode == 0 and
-          r.stdout.decode().startswith("  generate [-m MODEL] [--cache] STEPS TOKEN...\n"), repr(r.stdout))
+          r.stdout.decode().startswith("  generate [-m MODEL] [--cache] [DECODE...] STEPS TOKEN...\n"), repr(r.stdout))
     before = d.requests_total()
     r = cli(d, "bogus thing", "stats", env=env)
     after = d.requests_total()
@@ -332,18 +349,18 @@ def run_batch(d, work):
           r.returncode == 1 and r.stdout.decode().startswith("cache_entries: "), r.stdout.decode())
     # Too few or too many words: what is missing, or the first word too
     # many, and the usage; an extra word is never dropped in silence.
-    for line, msg in [("step", "(error) step: missing ID; usage: step ID [N]"),
+    for line, msg in [("step", "(error) step: missing ID; usage: step ID [N] [DECODE...]"),
                       ("start a 1 x", "(error) start: token 'x' is not an integer"),
-                      ("step a 1 2", "(error) step: one argument too many, '2'; usage: step ID [N]"),
+                      ("step a 1 2", "(error) step: one argument too many, '2'; usage: step ID [N] [DECODE...]"),
                       ("step a 1 2 3",
-                       "(error) step: 2 arguments too many, from '2'; usage: step ID [N]"),
+                       "(error) step: 2 arguments too many, from '2'; usage: step ID [N] [DECODE...]"),
                       ("finish", "(error) finish: missing ID; usage: finish ID"),
                       ("finish a b", "(error) finish: one argument too many, 'b'; usage: finish ID"),
                       ("start", "(error) start: missing ID; usage: start ID [-m MODEL] TOKEN..."),
                       ("start a -m", "(error) start: missing MODEL after -m; "
                        "usage: start ID [-m MODEL] TOKEN..."),
                       ("generate -m small", "(error) generate: missing STEPS; "
-                       "usage: generate [-m MODEL] [--cache] STEPS TOKEN..."),
+                       "usage: generate [-m MODEL] [--cache] [DECODE...] STEPS TOKEN..."),
                       ("health stats", "(error) health: takes no arguments, got 'stats' "
                        "(two commands? give each its own line)"),
                       ("stats now", "(error) stats: takes no arguments, got 'now'"),
@@ -351,6 +368,8 @@ def run_batch(d, work):
                        "(error) metrics: one argument too many, 'b'; usage: metrics [PATTERN]"),
                       ("help step x", "(error) help: one argument too many, 'x'; usage: help [COMMAND]"),
                       ("quit now", "(error) quit: takes no arguments, got 'now'"),
+                      ("step a --temp x", "(error) step: temperature 'x' is not a number"),
+                      ("step a --stop x", "(error) step: stop token 'x' is not an integer"),
                       ("logits -x 1", "(error) logits: unknown option '-x'")]:
         before = d.requests_total()
         r = cli(d, line, env=env)
@@ -389,7 +408,8 @@ def run_batch(d, work):
     r = subprocess.run([CLI, "--help"], capture_output=True, timeout=60 * SCALE, env=e)
     out = r.stdout.decode()
     check("--help shows the commands and the exit statuses",
-          r.returncode == 0 and "generate [-m MODEL] [--cache] STEPS TOKEN..." in out
+          r.returncode == 0 and "generate [-m MODEL] [--cache] [DECODE...] STEPS TOKEN..." in out
+          and "--temp T --top-k K --top-p P --seed S" in out
           and "Exit status" in out and "SLOTD_HISTFILE" in out and "NO_COLOR" in out, out)
     check("--help names --auth-token-file, SLOTD_AUTH_TOKEN_FILE and the auth command",
           "--auth-token-file PATH" in out and "SLOTD_AUTH_TOKEN_FILE" in out

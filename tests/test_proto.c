@@ -1514,7 +1514,8 @@ static void ck_same(const char *what, int rc_a, const proto_request_t *a, const 
         strcmp(a->model, b->model) != 0 || a->ntokens != b->ntokens ||
         (a->tokens == NULL) != (b->tokens == NULL) ||
         (a->ntokens > 0 && memcmp(a->tokens, b->tokens, a->ntokens * sizeof(*a->tokens)) != 0) ||
-        a->steps != b->steps || a->use_cache != b->use_cache || a->n != b->n)
+        a->steps != b->steps || a->use_cache != b->use_cache || a->n != b->n ||
+        memcmp(&a->dec, &b->dec, sizeof(a->dec)) != 0)
         ck_abort_msg("%s: the requests differ", what);
 }
 
@@ -1769,6 +1770,68 @@ START_TEST(test_parse_paths_agree)
             expect_paths_len(full, n, DECLINED);
         expect_paths_len(full, sizeof(full) - 1, TAKEN);
     }
+}
+END_TEST
+
+/* The decoding controls: both paths read their values from the line's
+ * text, exactly (a seed up to 2^64 - 1, a temperature of 0.7), and give
+ * the same request or the same error naming the member. */
+START_TEST(test_parse_decode_controls)
+{
+    static const struct {
+        const char *line;
+        int want;
+    } cases[] = {
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"temperature\":0.7,\"top_k\":40,"
+         "\"top_p\":0.9,\"seed\":18446744073709551615},\"stop\":[0,5],\"scores\":3}",
+         TAKEN},
+        {"{\"op\":\"generate\",\"tokens\":[1],\"steps\":2,\"scores\":\"none\",\"stop\":[]}", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{},\"scores\":\"all\"}", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"seed\":1e3,\"top_k\":2.0,\"x\":[1]}}", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"seed\":1,\"seed\":-1},\"stop\":[1.0]}",
+         TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"scores\":\"\\u006eone\"}", TAKEN},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sampl\\u0065\":{\"t\\u0065mperature\":2}}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"n\":1.0,\"sample\":{\"temperature\":0.25}}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"temperature\":-1}}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"seed\":18446744073709551616}}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"top_p\":0}}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"top_k\":0}}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"sample\":null}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"stop\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}",
+         DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"stop\":[-1]}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"stop\":[\"1\"]}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"scores\":0}", DECLINED},
+        {"{\"op\":\"step\",\"id\":\"a\",\"scores\":\"some\"}", DECLINED},
+        /* Not members of other ops: ignored there. */
+        {"{\"op\":\"finish\",\"id\":\"a\",\"sample\":null,\"scores\":0}", TAKEN},
+    };
+    proto_request_t r;
+    slotd_error_t e;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        expect_paths(cases[i].line, cases[i].want);
+
+    proto_request_init(&r);
+    ck_assert_int_eq(parse(cases[0].line, &r, &e), SLOTD_OK);
+    ck_assert(r.dec.set && r.dec.has_sample && r.dec.has_stop);
+    ck_assert(r.dec.temperature == 0.7 && r.dec.top_p == 0.9);
+    ck_assert_uint_eq(r.dec.top_k, 40);
+    ck_assert(r.dec.seed == UINT64_MAX);
+    ck_assert_uint_eq(r.dec.nstop, 2);
+    ck_assert_uint_eq(r.dec.stop[1], 5);
+    ck_assert_int_eq(r.dec.scores, PROTO_SCORES_TOP);
+    ck_assert_uint_eq(r.dec.top, 3);
+    ck_assert_int_eq(parse(cases[4].line, &r, &e), SLOTD_OK);
+    ck_assert(r.dec.seed == 1 && r.dec.temperature == 1.0 && r.dec.top_k == UINT64_MAX);
+    ck_assert_uint_eq(r.dec.stop[0], 1);
+    /* A request without them is as before: nothing set. */
+    ck_assert_int_eq(parse("{\"op\":\"step\",\"id\":\"a\"}", &r, &e), SLOTD_OK);
+    ck_assert(!r.dec.set && r.dec.scores == PROTO_SCORES_ALL);
+    ck_assert_int_eq(parse(cases[8].line, &r, &e), SLOTD_EBAD_REQUEST);
+    ck_assert_str_eq(e.message, "step: `sample` temperature must be a number >= 0");
+    proto_request_free(&r);
 }
 END_TEST
 
@@ -2334,6 +2397,51 @@ START_TEST(test_reply_locale)
 }
 END_TEST
 
+/* The replies under decoding controls: the scores left out, the top
+ * pairs in the order given, `stopped`; without controls, the plain ones. */
+START_TEST(test_reply_picks)
+{
+    const double logits[2 * 3] = {0.5, -1.25, 2.0, 0.0, 1e-7, -0.0000004};
+    const uint32_t toks[] = {7, 2, 1}, top[] = {2, 0, 1, 0};
+    const proto_picks_t top2 = {.scores = PROTO_SCORES_TOP,
+                                .k = 2,
+                                .top = top,
+                                .has_stop = true,
+                                .stopped = true},
+                        none = {.scores = PROTO_SCORES_NONE, .has_stop = true},
+                        all = {.scores = PROTO_SCORES_ALL};
+    proto_buf_t b, plain;
+
+    proto_buf_init(&b);
+    proto_buf_init(&plain);
+    ck_assert_int_eq(proto_reply_step_picks(&b, "3", "a", toks + 1, 2, logits, 3, 9, &top2),
+                     SLOTD_OK);
+    ck_assert_int_eq(proto_reply_step_picks(&b, NULL, "a", toks + 1, 2, logits, 3, 9, &none),
+                     SLOTD_OK);
+    ck_assert_int_eq(proto_reply_generate_picks(&b, NULL, toks, 3, logits, 2, 3, 4, &none),
+                     SLOTD_OK);
+    ck_assert_int_eq(proto_reply_step_picks(&b, NULL, "h", toks, 1, NULL, 3, 9, &top2), SLOTD_OK);
+    ck_assert_int_eq(proto_buf_append(&b, "", 1), SLOTD_OK);
+    ck_assert_str_eq(
+        b.data, "{\"tag\":3,\"id\":\"a\",\"tokens\":[2,1],\"top\":[[[2,2.000000],[0,0.500000]],"
+                "[[1,0.000000],[0,0.000000]]],\"stopped\":true,\"entries\":9}\n"
+                "{\"id\":\"a\",\"tokens\":[2,1],\"stopped\":false,\"entries\":9}\n"
+                "{\"tokens\":[7,2,1],\"stopped\":false,\"rows\":4}\n"
+                "{\"id\":\"h\",\"tokens\":[7],\"stopped\":true,\"entries\":9}\n");
+    /* scores all and no stop: byte for byte the plain writers. */
+    b.len = 0;
+    ck_assert_int_eq(proto_reply_step_picks(&b, "1", "a", toks, 2, logits, 3, 5, &all), SLOTD_OK);
+    ck_assert_int_eq(proto_reply_generate_picks(&b, NULL, toks, 3, logits, 2, 3, 4, &all),
+                     SLOTD_OK);
+    ck_assert_int_eq(proto_reply_step(&plain, "1", "a", toks, 2, logits, 3, 5), SLOTD_OK);
+    ck_assert_int_eq(proto_reply_generate(&plain, NULL, toks, 3, logits, 2, 3, 4), SLOTD_OK);
+    ck_assert_uint_eq(b.len, plain.len);
+    ck_assert(memcmp(b.data, plain.data, b.len) == 0);
+    proto_buf_free(&b);
+    proto_buf_free(&plain);
+}
+END_TEST
+
 /* Out of memory anywhere in a writer leaves the buffer as it was. */
 START_TEST(test_reply_nomem)
 {
@@ -2341,9 +2449,16 @@ START_TEST(test_reply_nomem)
     const uint32_t toks[] = {1, 2, 3};
     proto_stats_t st = {0};
     slotd_error_t e;
+    const uint32_t top[] = {5, 0, 1, 2};
+    const proto_picks_t pk_top = {.scores = PROTO_SCORES_TOP,
+                                  .k = 2,
+                                  .top = top,
+                                  .has_stop = true,
+                                  .stopped = true},
+                        pk_none = {.scores = PROTO_SCORES_NONE, .has_stop = true};
 
     slotd_error_set(&e, SLOTD_EBAD_REQUEST, "start: `prompt` must be a non-empty array");
-    for (int kind = 0; kind < 7; kind++) {
+    for (int kind = 0; kind < 9; kind++) {
         for (size_t prefill = 0; prefill < 600; prefill += 37) {
             proto_buf_t b;
             int rc;
@@ -2369,6 +2484,12 @@ START_TEST(test_reply_nomem)
                 break;
             case 5:
                 rc = proto_reply_generate(&b, "1", toks, 3, logits, 2, 6, 9);
+                break;
+            case 6:
+                rc = proto_reply_step_picks(&b, "1", "id", toks, 2, logits, 6, 9, &pk_top);
+                break;
+            case 7:
+                rc = proto_reply_generate_picks(&b, "1", toks, 3, logits, 2, 6, 9, &pk_none);
                 break;
             default:
                 rc = proto_reply_stats(&b, "1", &st);
@@ -2548,6 +2669,7 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, test_parse_arena_other_cjson);
     tcase_add_test(tc, test_parse_flat_common);
     tcase_add_test(tc, test_parse_paths_agree);
+    tcase_add_test(tc, test_parse_decode_controls);
     tcase_add_test(tc, test_parse_flat_long);
     tcase_add_test(tc, test_request_free_restores);
     tcase_add_test(tc, test_parse_flat_nomem);
@@ -2563,6 +2685,7 @@ static Suite *proto_suite(void)
     tcase_add_test(tc, test_reply_strings);
     tcase_add_test(tc, test_reply_locale);
     tcase_add_test(tc, test_reply_nomem);
+    tcase_add_test(tc, test_reply_picks);
     tcase_add_test(tc, test_fmt6);
     suite_add_tcase(s, tc);
     return s;

@@ -214,6 +214,61 @@ def generate(model, tokens, steps, use_cache):
     return seq, picks_logits, model.calls - before
 
 
+class Sampler:
+    """The sampler of docs/models.md ("Sampling") on one row of unrounded
+    logits, for one temperature, top_k and top_p (not the greedy pick:
+    temperature > 0 and top_k > 1).  The weights, the candidates and the
+    nucleus depend on those alone; draw() then picks for a seed and a
+    position."""
+
+    def __init__(self, logits, temperature, top_k, top_p, order=None):
+        v = len(logits)
+        if order is None:
+            order = sorted(range(v), key=lambda c: (-logits[c], c))
+        cand = order[:min(top_k, v)]
+        top = logits[order[0]]
+        w = {}
+        for c in cand:
+            w[c] = math.exp((logits[c] - top) / temperature)
+        z = 0.0
+        for c in sorted(cand):
+            z += w[c]
+        if top_p < 1.0:
+            bound = top_p * z
+            nucleus = []
+            acc = 0.0
+            for c in cand:
+                acc += w[c]
+                nucleus.append(c)
+                if acc >= bound:
+                    break
+        else:
+            nucleus = cand
+        self.nucleus = sorted(nucleus)
+        self.weights = [w[c] for c in self.nucleus]
+        zn = 0.0
+        for x in self.weights:
+            zn += x
+        self.total = zn
+
+    @staticmethod
+    def unit(seed, position):
+        """The draw for `position` from the stream of `seed`, in [0, 1)."""
+        return (mix64((seed + position * GOLDEN) & MASK) >> 11) * 2.0 ** -53
+
+    def draw(self, seed, position):
+        target = self.unit(seed, position) * self.total
+        acc = 0.0
+        last = None
+        for c, x in zip(self.nucleus, self.weights):
+            acc += x
+            if target < acc:
+                return c
+            if x > 0.0:
+                last = c
+        return last
+
+
 def check_golden():
     """The golden values of docs/models.md; returns a list of failures."""
     bad = []
