@@ -750,7 +750,7 @@ END_TEST
  * model label. */
 static void rpc_expect(itest_conn_t *c, const char *line, const char *code)
 {
-    cJSON *r = itest_rpc(c, line);
+    cJSON *r = itest_rpc(c, "%s", line);
     if (code == NULL)
         itest_expect_ok(r);
     else
