@@ -48,7 +48,8 @@ typedef struct server_config {
     uint32_t conn_timeout;                  /* seconds a connection with no live session and no
                                                request in flight may sit silent; 0 = forever */
     uint32_t shutdown_timeout;              /* seconds a drain may take before exit 1 */
-    uint32_t wedge_timeout;                 /* seconds one job may run before /health fails */
+    uint32_t wedge_timeout;                 /* seconds a worker in a job may make no progress
+                                               before /health fails (a long job counts its) */
     uint32_t reply_hold_us;                 /* microseconds a connection's replies may wait for
                                                its other jobs out; 0 = never */
     size_t nmodels;                         /* presets that may be served, in the order given */

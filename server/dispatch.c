@@ -147,11 +147,14 @@ static void req_resume(conn_t *c, req_t *r)
 
 /* ---- Replies in read order ---- */
 
+_Static_assert(PROTO_OP__COUNT * (MODEL_NPRESETS + 1) <= UINT16_MAX && MODEL_NPRESETS < UINT8_MAX,
+               "a reply's (op, model) fits replied_label, its model req_t's model_label");
+
 void dispatch__observe_replies(server_t *s)
 {
     if (s->nreplied == 0)
         return;
-    metrics_observe_loop_request_durations(uv_hrtime(), s->replied_ns, s->replied_op,
+    metrics_observe_loop_request_durations(uv_hrtime(), s->replied_ns, s->replied_label,
                                            s->nreplied);
     s->nreplied = 0;
 }
@@ -203,7 +206,8 @@ static void conn_advance(conn_t *c)
         if (s->nreplied == SERVER_REPLIED_MAX)
             dispatch__observe_replies(s);
         s->replied_ns[s->nreplied] = r->read_ns;
-        s->replied_op[s->nreplied++] = r->rq.op;
+        s->replied_label[s->nreplied++] = (uint16_t)metrics_op_model(
+            r->rq.op, r->model_label != 0 ? (size_t)r->model_label - 1 : MODEL_NPRESETS);
         if (c->barrier == r) /* a deferred request that a drain failed */
             release_barrier(c, r);
         req__put(s, r);
@@ -220,6 +224,14 @@ nomem:
 
 /* ---- Requests as they are read ---- */
 
+/* Notes `m`, the model `r` named or its session's, as the model label of
+ * its duration (conn_advance()), whatever its reply turns out to be. */
+static void req_model_found(req_t *r, const model_t *m)
+{
+    if (m != NULL)
+        r->model_label = (uint8_t)(model_preset_index(m) + 1);
+}
+
 /* The model a start, logits or generate names (or the default one).  One
  * not built yet makes `r` wait for its build (REQ_BUILD) as the
  * connection's barrier: NULL with `err` left clear, which its caller
@@ -234,6 +246,7 @@ static const model_t *resolve_model(conn_t *c, req_t *r, slotd_error_t *err)
         slotd_error_set(err, SLOTD_EBAD_REQUEST, "model: '%s' is not loaded", r->rq.model);
         return NULL;
     }
+    req_model_found(r, m);
     if (!models__ready(s, m)) {
         assert(c->barrier == NULL || c->barrier == r); /* r is being applied */
         r->model = m;
@@ -395,6 +408,7 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
         return slotd_error_set(err, SLOTD_EUNKNOWN_ID,
                                "%s: no live session '%s' on this connection",
                                proto_op_name(r->rq.op), r->rq.id);
+    req_model_found(r, session_model(sess));
     if (r->rq.op == PROTO_OP_FINISH) {
         /* Its room must not reach an earlier request that may not fit
          * without it. */

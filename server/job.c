@@ -808,12 +808,14 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
     r->rc = rc;
     {
         uint64_t now = uv_hrtime();
+        /* The jobs a long one ran inside it (worker_yield()) are observed
+         * and measured as their own, not again as part of it. */
+        lent = job_lent_ns - lent;
         if (r->rq.op == PROTO_OP_STEP)
-            metrics_observe_step_alone(shard, now - t0, now,
+            metrics_observe_step_alone(shard, now - t0 > lent ? now - t0 - lent : 0, now,
                                        m != NULL ? model_preset_index(m) : MODEL_NPRESETS);
         uint64_t ns = cpu_timed ? thread_cpu_ns() - cpu0 : now - t0;
 
-        lent = job_lent_ns - lent;
         cost_measured(s, r, ns > lent ? ns - lent : 0);
     }
 }

@@ -225,7 +225,8 @@ static void fill_op_model_text(void)
     XX(refusal, "reason", METRICS_REFUSAL__COUNT, name_refusal)                                    \
     XX(close, "reason", METRICS_CLOSE__COUNT, name_close)                                          \
     XX(model, "model", MODEL_NPRESETS, model_preset_name)                                          \
-    XX(op_model, "op", OP_MODEL_COUNT, name_op_model)
+    XX(op_model, "op", OP_MODEL_COUNT, name_op_model)                                              \
+    XX(op_model_all, "op", OP_MODEL_COUNT, name_op_model)
 
 #define INDEX_NONE(label) ((size_t)0)
 #define INDEX_op(label) index_op(label)
@@ -235,6 +236,7 @@ static void fill_op_model_text(void)
 #define INDEX_close(label) ((size_t)(unsigned)(label))
 #define INDEX_model(label) ((size_t)(label))
 #define INDEX_op_model(label) ((size_t)(label))
+#define INDEX_op_model_all(label) ((size_t)(label))
 
 /* metrics_model_served(): the presets --models allows. */
 static bool model_served[MODEL_NPRESETS];
@@ -250,6 +252,17 @@ static bool shown_op_model(size_t l)
     return worker_op && model < MODEL_NPRESETS && model_served[model];
 }
 
+/* Of (op, model) for every op: each op with no model (the requests that
+ * named none, found none, or have none: stats, auth, invalid lines), and
+ * the ops that act on a model with each model served; at most
+ * PROTO_OP__COUNT + 5 * (models served) series. */
+static bool shown_op_model_all(size_t l)
+{
+    size_t op = l / (MODEL_NPRESETS + 1), model = l % (MODEL_NPRESETS + 1);
+    bool model_op = op != PROTO_OP_NONE && op != PROTO_OP_STATS && op != PROTO_OP_AUTH;
+    return model == MODEL_NPRESETS || (model_op && model_served[model]);
+}
+
 #define SHOWN_NONE(l) true
 #define SHOWN_op(l) true
 #define SHOWN_code(l) true
@@ -257,6 +270,7 @@ static bool shown_op_model(size_t l)
 #define SHOWN_close(l) true
 #define SHOWN_model(l) model_served[(l)]
 #define SHOWN_op_model(l) shown_op_model(l)
+#define SHOWN_op_model_all(l) shown_op_model_all(l)
 
 #define XX(set, key, count, name)                                                                  \
     enum { NL_##set = (count) };                                                                   \
@@ -641,11 +655,11 @@ void metrics_model_served(size_t model)
 }
 
 void metrics_observe_loop_request_durations(uint64_t now_ns, const uint64_t *read_ns,
-                                            const proto_op_t *ops, size_t n)
+                                            const uint16_t *op_models, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        size_t l = index_op(ops[i]);
-        if (l < NL_op)
+        size_t l = op_models[i];
+        if (l < NL_op_model_all)
             observe_loop_request_duration(now_ns > read_ns[i] ? now_ns - read_ns[i] : 0, l);
     }
 }

@@ -19,7 +19,7 @@
  *   DERIVED_GAUGE  rendered by the function `arg` in metrics.c.
  * `labels` is NONE (the functions then take no label) or a label set of
  * METRICS_LABEL_SETS in metrics.c (op, code, release, refusal, close, model,
- * op_model); a new
+ * op_model, op_model_all); a new
  * set is one line there plus its two METRICS_LABEL_PARAM macros here.
  *
  * DESIGN.  Counters and gauges are C11 atomics updated and read with
@@ -84,10 +84,13 @@ typedef enum metrics_close {
 #define METRICS_LABEL_PARAMC_model , size_t label
 #define METRICS_LABEL_PARAM_op_model size_t label /* metrics_op_model() */
 #define METRICS_LABEL_PARAMC_op_model , size_t label
+#define METRICS_LABEL_PARAM_op_model_all size_t label /* metrics_op_model() */
+#define METRICS_LABEL_PARAMC_op_model_all , size_t label
 
-/** The index of the label pair (op, model) of slotd_request_wait_seconds:
- * `model` a preset's index (model_preset_index()), MODEL_NPRESETS or more
- * for none.  An index, so that an observation costs no lookup. */
+/** The index of the label pair (op, model) of slotd_request_wait_seconds
+ * and slotd_request_duration_seconds: `model` a preset's index
+ * (model_preset_index()), MODEL_NPRESETS or more for none (rendered with
+ * no model label).  An index, so that an observation costs no lookup. */
 static inline size_t metrics_op_model(proto_op_t op, size_t model)
 {
     size_t o = (unsigned)op < PROTO_OP__COUNT ? (size_t)op : (size_t)PROTO_OP_NONE;
@@ -155,8 +158,9 @@ static inline size_t metrics_op_model(proto_op_t op, size_t model)
     XX(HISTOGRAM, request_wait, op_model, seconds, "slotd_request_wait_seconds",                   \
        "Time from reading a request to a worker beginning it, by op (the ops workers run) and "    \
        "model.")                                                                                   \
-    XX(HISTOGRAM, request_duration, op, seconds, "slotd_request_duration_seconds",                 \
-       "Time from reading a request to its reply going to the connection's output, by op.")        \
+    XX(HISTOGRAM, request_duration, op_model_all, seconds, "slotd_request_duration_seconds",       \
+       "Time from reading a request to its reply going to the connection's output, by op and "     \
+       "model (no model label for a request that found no model).")                                \
     XX(HISTOGRAM, batch_size, NONE, steps, "slotd_batch_size",                                     \
        "Steps a worker ran in one pass of a model: 1 for a step run alone.")                       \
     XX(DERIVED_GAUGE, last_step_age, NONE, render_last_step_age, "slotd_last_step_age_seconds",    \
@@ -221,11 +225,11 @@ void metrics_observe_step_alone(unsigned shard, uint64_t duration_ns, uint64_t n
 void metrics_model_served(size_t model);
 
 /** Observes n request durations in slotd_request_duration_seconds, each
- * from read_ns[i] to now_ns, with op label ops[i]: the replies of one
- * loop turn at once (dispatch.c).  Loop thread only: it writes the loop's
- * copy (METRICS_LOOP_SHARD) without locked instructions. */
+ * from read_ns[i] to now_ns, with labels op_models[i] (metrics_op_model()):
+ * the replies of one loop turn at once (dispatch.c).  Loop thread only: it
+ * writes the loop's copy (METRICS_LOOP_SHARD) without locked instructions. */
 void metrics_observe_loop_request_durations(uint64_t now_ns, const uint64_t *read_ns,
-                                            const proto_op_t *ops, size_t n);
+                                            const uint16_t *op_models, size_t n);
 
 /** Monotonic ns of the last completed step; 0 if none yet. */
 uint64_t metrics_last_step_ns(void);

@@ -102,6 +102,8 @@ struct req {
     bool again;          /* REQ_DEFER after its job ran: run it again, not apply it */
     uint8_t refusal;     /* a cache_full: what ran out (metrics_refusal_t), counted when answered */
     bool uncounted;      /* read behind a barrier: counted in requests_total when it lifts */
+    uint8_t model_label; /* model_preset_index() + 1 of the model it named or its session's,
+                            once found (slotd_request_duration_seconds); 0: none */
     req_state_t state;
 
     /* Loop thread only.  Set for each line by whoever took the record
@@ -355,7 +357,7 @@ struct server {
      * all with one reading. */
     uint64_t turn_ns;
     uint64_t replied_ns[SERVER_REPLIED_MAX];   /* their lines' read_ns */
-    proto_op_t replied_op[SERVER_REPLIED_MAX]; /* and ops */
+    uint16_t replied_label[SERVER_REPLIED_MAX]; /* and (op, model): metrics_op_model() */
     size_t nreplied;
     conn_t *conns;        /* open connections */
     size_t nconns;        /* open connections */

@@ -71,7 +71,8 @@ set_tests_properties(test_integration_listing PROPERTIES ENVIRONMENT "${_itest_e
 
 # Long jobs in slices (docs/design.md, "Long jobs"): results against the
 # reference, a light client served beside a long generate, /health kept at
-# 200 by progress, and a worker without progress still wedged.
+# 200 by progress, a worker without progress still wedged, and a step run
+# inside a long one observed once.
 slotd_check_test(test_integration_long SOURCES test_integration_long.c
                  LIBS slotd_itest slotd_core cjson Threads::Threads TIMEOUT 600)
 add_dependencies(test_integration_long slotd)

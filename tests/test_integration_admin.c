@@ -18,6 +18,7 @@
  * idle ones are closed after --admin-idle-timeout.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -742,6 +743,73 @@ START_TEST(test_step_seconds_by_model)
 }
 END_TEST
 
+/* slotd_request_duration_seconds by op and model: each request in its
+ * model's series, a step or finish in its session's, a request that fails
+ * once its model is found in that model's too, and one that found no model
+ * (unknown session, model not loaded, stats) in its op's series with no
+ * model label. */
+static void rpc_expect(itest_conn_t *c, const char *line, const char *code)
+{
+    cJSON *r = itest_rpc(c, "%s", line);
+    if (code == NULL)
+        itest_expect_ok(r);
+    else
+        itest_expect_error(r, NULL, code, NULL);
+    cJSON_Delete(r);
+}
+
+START_TEST(test_request_duration_by_model)
+{
+    itest_daemon_t *d = itest_daemon_start("--models", "hash,tiny", NULL);
+    itest_conn_t *c = itest_connect(d);
+    rpc_expect(c, "{\"op\":\"start\",\"id\":\"h\",\"model\":\"hash\",\"prompt\":[1,2]}", NULL);
+    rpc_expect(c, "{\"op\":\"step\",\"id\":\"h\"}", NULL);
+    rpc_expect(c, "{\"op\":\"step\",\"id\":\"h\"}", NULL);
+    rpc_expect(c, "{\"op\":\"finish\",\"id\":\"h\"}", NULL);
+    rpc_expect(c, "{\"op\":\"start\",\"id\":\"t\",\"model\":\"tiny\",\"prompt\":[1,2]}", NULL);
+    rpc_expect(c, "{\"op\":\"step\",\"id\":\"t\"}", NULL);
+    rpc_expect(c, "{\"op\":\"logits\",\"model\":\"tiny\",\"tokens\":[1,2]}", NULL);
+    rpc_expect(c, "{\"op\":\"logits\",\"model\":\"hash\",\"tokens\":[1,2]}", "bad_request");
+    rpc_expect(c, "{\"op\":\"step\",\"id\":\"nobody\"}", "unknown_id");
+    rpc_expect(c, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"small\",\"prompt\":[1]}",
+               "bad_request");
+    rpc_expect(c, "{\"op\":\"stats\"}", NULL);
+
+    /* Observed at the end of the loop turn that sent the last reply. */
+    itest_await_metric(d, "slotd_request_duration_seconds_count{op=\"stats\"}", 1, 5000);
+    static const struct {
+        const char *series;
+        int64_t n;
+    } want[] = {
+        {"{op=\"start\",model=\"hash\"}", 1},
+        {"{op=\"step\",model=\"hash\"}", 2},
+        {"{op=\"finish\",model=\"hash\"}", 1},
+        {"{op=\"start\",model=\"tiny\"}", 1},
+        {"{op=\"step\",model=\"tiny\"}", 1},
+        {"{op=\"finish\",model=\"tiny\"}", 0},
+        {"{op=\"logits\",model=\"tiny\"}", 1},
+        {"{op=\"logits\",model=\"hash\"}", 1},
+        {"{op=\"step\"}", 1},
+        {"{op=\"start\"}", 1},
+        {"{op=\"stats\"}", 1},
+        {"{op=\"generate\",model=\"tiny\"}", 0},
+    };
+    char name[160];
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        snprintf(name, sizeof(name), "slotd_request_duration_seconds_count%s", want[i].series);
+        ck_assert_msg(itest_metric(d, name) == want[i].n, "%s: %" PRId64 ", not %" PRId64, name,
+                      itest_metric(d, name), want[i].n);
+    }
+    itest_http_t h;
+    itest_http_get(d, "/metrics", &h);
+    ck_assert_ptr_null(
+        strstr(h.body, "slotd_request_duration_seconds_count{op=\"step\",model=\"small\"}"));
+    ck_assert_ptr_null(strstr(h.body, "slotd_request_duration_seconds_count{op=\"stats\",model="));
+    itest_http_free(&h);
+    itest_close(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_admin");
@@ -749,6 +817,7 @@ int main(void)
     ITEST_ADD(s, test_stats_endpoint);
     ITEST_ADD(s, test_metrics);
     ITEST_ADD(s, test_step_seconds_by_model);
+    ITEST_ADD(s, test_request_duration_by_model);
     ITEST_ADD(s, test_admin_errors);
     ITEST_ADD(s, test_admin_limit_keeps_health);
     ITEST_ADD(s, test_admin_idle_timeout);

@@ -12,9 +12,10 @@
  * reaches the client: its reply differs from the reference, which is what
  * the audit is for.
  *
- * --fault-wedge-after N holds the worker of the N-th job: /health answers
- * 503 once the job has run past --wedge-timeout 1 while the other worker
- * serves on, and 200 again after SIGUSR1 releases it; a SIGTERM during the
+ * --fault-wedge-after N holds the worker of the N-th job before its first
+ * position: /health answers 503 once that worker has made no progress for
+ * --wedge-timeout 1 while the other worker serves on, and 200 again after
+ * SIGUSR1 releases it; a SIGTERM during the
  * wedge drains cleanly (exit status 0) with the job answered; and a reply
  * held back for a later job of its connection (--reply-hold-us) leaves when
  * its hold ends, though that job is wedged; slotd_steps_in_flight counts

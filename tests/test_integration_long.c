@@ -10,7 +10,9 @@
  * time), whose reply is still the reference's and still comes before the
  * next line of its own connection.  A long generate keeps /health at 200
  * past a 1 s --wedge-timeout, while a worker that makes no progress (the
- * test build's --fault-wedge-after) still turns it to 503.
+ * test build's --fault-wedge-after) still turns it to 503.  A step run
+ * inside a long one counts in slotd_step_seconds once, not again in the
+ * long step's.
  */
 #include <poll.h>
 #include <pthread.h>
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "itest.h"
 
@@ -307,6 +310,91 @@ START_TEST(test_long_generate_keeps_health)
 }
 END_TEST
 
+static bool have_fault_hooks(void);
+
+/* The value of the sample `name` (labels as rendered) in GET /metrics, as
+ * a double; fails the test if there is none. */
+static double metric_double(const itest_daemon_t *d, const char *name)
+{
+    itest_http_t h;
+    size_t len = strlen(name);
+    const char *p;
+    double v;
+
+    itest_http_get(d, "/metrics", &h);
+    for (p = h.body; p != NULL; p = strchr(p, '\n'), p = p != NULL ? p + 1 : NULL)
+        if (strncmp(p, name, len) == 0 && p[len] == ' ')
+            break;
+    ck_assert_msg(p != NULL, "no sample %s in /metrics", name);
+    v = strtod(p + len + 1, NULL);
+    itest_http_free(&h);
+    return v;
+}
+
+/* The jobs a long step runs inside it are timed as their own, not again
+ * in its slotd_step_seconds.  On one worker a `small` step of 1000
+ * positions yields to a light step of another connection, which the test
+ * build holds (--fault-wedge-after 4: the starts are jobs 1 and 2, the
+ * long step 3) until /health turns 503 and SIGUSR1 lets it go.  Every step
+ * observed then ran apart from the others, so their times add up to no
+ * more than the time from the long step's line to its reply; with the
+ * held step counted twice, once in the long step's, they pass it by the
+ * hold, a second or more. */
+START_TEST(test_lent_time_observed_once)
+{
+    itest_daemon_t *d;
+    itest_conn_t *a, *b;
+    double sum0, sum;
+    int64_t t0, t1;
+    cJSON *r;
+
+    if (!have_fault_hooks()) {
+        fprintf(stderr, "test_lent_time_observed_once: no fault hooks, skipped\n");
+        return;
+    }
+    d = itest_daemon_start("--models", "small", "--threads", "1", "--wedge-timeout", "1",
+                           "--fault-wedge-after", "4", NULL);
+    a = itest_connect(d);
+    b = itest_connect(d);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"long\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"q\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    sum0 = metric_double(d, "slotd_step_seconds_sum{model=\"small\"}");
+
+    t0 = itest_now_ms();
+    ck_assert(itest_send_str(a, "{\"op\":\"step\",\"id\":\"long\",\"n\":1000}\n"));
+    ck_assert_int_ge(itest_await_metric(d, "slotd_requests_running", 1, itest_scale_ms(10000)), 1);
+    ck_assert(itest_send_str(b, "{\"op\":\"step\",\"id\":\"q\"}\n"));
+    while (health(d) != 503) {
+        ck_assert_msg(itest_now_ms() - t0 < itest_scale_ms(15000),
+                      "/health never turned 503 with the light step held");
+        ck_assert(!has_reply(b, 20));
+    }
+    /* Held inside the long step, not after it: that one has not ended. */
+    ck_assert_msg(!has_reply(a, 0), "the long step ended before the light one ran: not a test");
+    itest_daemon_signal(d, SIGUSR1);
+    r = itest_read_reply(b);
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_read_reply(a);
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    t1 = itest_now_ms();
+
+    sum = metric_double(d, "slotd_step_seconds_sum{model=\"small\"}") - sum0;
+    ck_assert_msg(sum * 1000.0 <= (double)(t1 - t0) + 1.0,
+                  "slotd_step_seconds_sum grew by %.3f s over the %lld ms of the two steps: the "
+                  "held step's time counted twice",
+                  sum, (long long)(t1 - t0));
+    ck_assert_int_eq(health(d), 200);
+    itest_close(a);
+    itest_close(b);
+}
+END_TEST
+
 /* True if this daemon was built with the fault hooks (--fault-wedge-after). */
 static bool have_fault_hooks(void)
 {
@@ -362,5 +450,6 @@ int main(void)
     itest_add(s, "nested_generate_no_steps", test_nested_generate_no_steps);
     itest_add(s, "long_generate_keeps_health", test_long_generate_keeps_health);
     itest_add(s, "no_progress_is_wedged", test_no_progress_is_wedged);
+    itest_add(s, "lent_time_observed_once", test_lent_time_observed_once);
     return itest_main(s);
 }

@@ -501,32 +501,59 @@ START_TEST(test_histogram_placement)
 END_TEST
 
 /* The loop's replies of one turn, observed at once: each from its read,
- * by its op; an op outside the table counts as invalid. */
+ * by its op and model; a request with no model (a stats, or a step that
+ * found no session) in the op's series with no model label; an op outside
+ * the table counts as invalid; series only for the models served. */
 START_TEST(test_request_durations)
 {
-    const uint64_t read[] = {1 * SEC, 2 * SEC - 1000, 2 * SEC + 5, 2 * SEC - 30};
-    const proto_op_t ops[] = {PROTO_OP_STEP, PROTO_OP_FINISH, PROTO_OP_STEP, (proto_op_t)999};
+    const uint64_t read[] = {1 * SEC,       2 * SEC - 1000, 2 * SEC + 5, 2 * SEC - 30,
+                             2 * SEC - 200, 2 * SEC - 3000, 2 * SEC - 40};
+    const uint16_t labels[] = {
+        metrics_op_model(PROTO_OP_STEP, 0),
+        metrics_op_model(PROTO_OP_FINISH, 0),
+        metrics_op_model(PROTO_OP_STEP, 0),
+        metrics_op_model((proto_op_t)999, MODEL_NPRESETS),
+        metrics_op_model(PROTO_OP_STEP, 1),
+        metrics_op_model(PROTO_OP_STATS, MODEL_NPRESETS),
+        metrics_op_model(PROTO_OP_STEP, MODEL_NPRESETS),
+    };
 
     metrics_init(1 * SEC);
 
     metrics_model_served(0); /* hash */
-    metrics_observe_loop_request_durations(2 * SEC, read, ops, 4);
-    /* step: 1 s, and 0 for a read stamped after the end (clamped, not
-     * wrapped); finish: 1 us. */
+    metrics_model_served(1); /* tiny */
+    metrics_observe_loop_request_durations(2 * SEC, read, labels, 7);
+    /* step of hash: 1 s, and 0 for a read stamped after the end (clamped,
+     * not wrapped); finish: 1 us; step of tiny: 200 ns. */
     static const char *const want[] = {
-        "count{op=\"step\"} 2",
-        "bucket{op=\"step\",le=\"2.5e-08\"} 1",
-        "bucket{op=\"step\",le=\"0.5\"} 1",
-        "bucket{op=\"step\",le=\"1\"} 2",
-        "bucket{op=\"finish\",le=\"5e-07\"} 0",
-        "bucket{op=\"finish\",le=\"1e-06\"} 1",
+        "count{op=\"step\",model=\"hash\"} 2",
+        "bucket{op=\"step\",model=\"hash\",le=\"2.5e-08\"} 1",
+        "bucket{op=\"step\",model=\"hash\",le=\"0.5\"} 1",
+        "bucket{op=\"step\",model=\"hash\",le=\"1\"} 2",
+        "bucket{op=\"finish\",model=\"hash\",le=\"5e-07\"} 0",
+        "bucket{op=\"finish\",model=\"hash\",le=\"1e-06\"} 1",
+        "count{op=\"step\",model=\"tiny\"} 1",
+        "bucket{op=\"step\",model=\"tiny\",le=\"1e-07\"} 0",
+        "bucket{op=\"step\",model=\"tiny\",le=\"2.5e-07\"} 1",
+        "count{op=\"finish\",model=\"tiny\"} 0",
+        "count{op=\"step\"} 1",
+        "count{op=\"stats\"} 1",
         "count{op=\"invalid\"} 1",
+        "count{op=\"auth\"} 0",
     };
     char *t = render(&known_stats, 2 * SEC), line[160];
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
         snprintf(line, sizeof(line), "slotd_request_duration_seconds_%s", want[i]);
         ck_assert_msg(has_line(t, line), "no line %s", line);
     }
+    /* No series of a model not served, nor of a model for an op that has
+     * none. */
+    ck_assert_ptr_null(
+        strstr(t, "slotd_request_duration_seconds_count{op=\"step\",model=\"small\"}"));
+    ck_assert_ptr_null(strstr(t, "slotd_request_duration_seconds_count{op=\"stats\",model="));
+    ck_assert_ptr_null(strstr(t, "slotd_request_duration_seconds_count{op=\"invalid\",model="));
+    ck_assert_uint_eq(metrics_request_duration_value(), 7);
+    ck_assert_uint_eq(metrics_request_duration_value_at(metrics_op_model(PROTO_OP_STEP, 1)), 1);
     free(t);
 }
 END_TEST
@@ -582,7 +609,8 @@ START_TEST(test_requests_waiting_running)
     metrics_observe_request_wait(1, 30000, metrics_op_model(PROTO_OP_START, 0));
     metrics_job_back(true);
     metrics_job_back(false); /* taken back, never begun */
-    metrics_observe_request_duration(METRICS_LOOP_SHARD, 3000000, PROTO_OP_FINISH);
+    metrics_observe_request_duration(METRICS_LOOP_SHARD, 3000000,
+                                     metrics_op_model(PROTO_OP_FINISH, 0));
     metrics_observe_batch_size(0, 1);
     metrics_observe_batch_size(1, 32);
     metrics_observe_batch_size(1, 20);
@@ -600,7 +628,7 @@ START_TEST(test_requests_waiting_running)
     ck_assert_ptr_null(strstr(t, "slotd_request_wait_seconds_count{op=\"stats\""));
     ck_assert_ptr_null(strstr(t, "slotd_request_wait_seconds_count{op=\"finish\""));
     ck_assert_ptr_null(strstr(t, "slotd_request_wait_seconds_count{op=\"step\",model=\"tiny\"}"));
-    ck_assert(has_line(t, "slotd_request_duration_seconds_count{op=\"finish\"} 1"));
+    ck_assert(has_line(t, "slotd_request_duration_seconds_count{op=\"finish\",model=\"hash\"} 1"));
     ck_assert(has_line(t, "slotd_batch_size_bucket{le=\"1\"} 1"));
     ck_assert(has_line(t, "slotd_batch_size_bucket{le=\"16\"} 1"));
     ck_assert(has_line(t, "slotd_batch_size_bucket{le=\"32\"} 3"));
@@ -725,7 +753,7 @@ static Suite *metrics_suite(void)
 static int dump(const char *path, bool fresh)
 {
     if (fresh) {
-        metrics_init(1 * SEC); /* no step yet: no age sample */
+        metrics_init(1 * SEC);   /* no step yet: no age sample */
         metrics_model_served(0); /* hash */
     } else
         fill();

@@ -2,8 +2,9 @@
  * test_worker.c: the Check suite of server/worker.c, the worker pool: a
  * batch submitted at once runs on every thread and comes back whole
  * through the completion callback; jobs not yet started are taken back in
- * queue order and never run; a job running too long shows as wedged;
- * closing the pool runs what is queued and hands back every completion;
+ * queue order and never run; a job that counts no progress for too long
+ * shows as wedged, one that counts its progress does not; closing the
+ * pool runs what is queued and hands back every completion;
  * the per-worker buffers grow for a large job.  Workers take several jobs
  * at a time: two jobs submitted together still run on two workers, a job
  * taken by a worker that is stuck on another is run by an idle worker, and
