@@ -147,6 +147,60 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
     return SLOTD_OK;
 }
 
+int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tokens, size_t n,
+                         void *scratch, uint32_t *cached, slotd_error_t *err)
+{
+    const model_t *m = s->model;
+    uint32_t max_ctx = model_max_ctx(m);
+    model_kv_t kv;
+    int rc;
+
+    if (n == 0) {
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                               "append: `tokens` must be a non-empty array of integers");
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= (int64_t)model_vocab(m)) {
+            return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                                   "append: `tokens` must hold integers from 0 to %" PRIu32
+                                   " (model '%s'); element %zu is %" PRId64,
+                                   model_vocab(m) - 1, model_name(m), i, tokens[i]);
+        }
+    }
+    if (s->entries > max_ctx || n > (size_t)(max_ctx - s->entries)) {
+        return slotd_error_set(err, SLOTD_ECONTEXT_FULL,
+                               "append: '%s' holds %" PRIu32 " of %" PRIu32 " positions, %zu more "
+                               "do not fit",
+                               s->owner.id, s->entries, max_ctx, n);
+    }
+    rc = cache_pool_reserve(p, s->handle, &s->owner, (uint32_t)n, &kv);
+    if (rc != SLOTD_OK) {
+        return session__pool_error(p, err, rc, false, "append", s->owner.id);
+    }
+    assert(kv.len == s->entries);
+    for (size_t i = 0; i < n;) {
+        uint32_t chunk[MODEL_BATCH_MAX];
+        size_t k = 0;
+        for (; k < MODEL_BATCH_MAX && i + k < n; k++) {
+            chunk[k] = (uint32_t)tokens[i + k];
+        }
+        model_prefill(m, &kv, chunk, k, scratch);
+        i += k;
+    }
+    rc = cache_pool_commit(p, s->handle, &s->owner, &kv);
+    if (rc != SLOTD_OK) {
+        /* As in cache_session_step(): only a broken one-thread-per-session
+         * rule gets here. */
+        return session__pool_error(p, err, rc, false, "append", s->owner.id);
+    }
+    s->entries = kv.len;
+    cache_pool_hint(p, s->handle, &s->hint);
+    if (cached != NULL) {
+        *cached = 0;
+    }
+    return SLOTD_OK;
+}
+
 void cache_session_step_batch(cache_pool_t *p, cache_session_t *const *s, size_t nb,
                               void *scratch, uint32_t *tokens, double *const *logits, int *rc,
                               slotd_error_t *err)

@@ -38,6 +38,7 @@ const proto_op_def_t proto_ops[PROTO_OP__COUNT] = {
         OP("generate", STATELESS, true, REQ(TOKENS), REQ(STEPS), OPT(USE_CACHE), OPT(MODEL)),
     [PROTO_OP_STATS] = {.name = "stats", .len = 5, .kind = PROTO_KIND_BARRIER}, /* no members */
     [PROTO_OP_AUTH] = OP("auth", CONN, false, REQ(TOKEN)),
+    [PROTO_OP_APPEND] = OP("append", SESSION, true, REQ(ID), REQ(TOKENS)),
 };
 
 #define AT(m) offsetof(proto_request_t, m)

@@ -99,6 +99,7 @@ typedef enum proto_op {
     PROTO_OP_GENERATE,
     PROTO_OP_STATS,
     PROTO_OP_AUTH,
+    PROTO_OP_APPEND,
     PROTO_OP__COUNT
 } proto_op_t;
 
@@ -210,9 +211,9 @@ void proto_init(void);
 typedef struct proto_request {
     proto_op_t op;
     char *tag;                       /* the tag as JSON text ("7", "\"x\""), NULL if absent */
-    char id[PROTO_ID_MAX + 1];       /* start, step, finish: 1-64 of [A-Za-z0-9_.:-] */
+    char id[PROTO_ID_MAX + 1];       /* start, step, finish, append: 1-64 of [A-Za-z0-9_.:-] */
     char model[PROTO_MODEL_MAX + 1]; /* start, logits, generate: "" when absent */
-    int64_t *tokens;                 /* start: the prompt; logits, generate: the tokens */
+    int64_t *tokens;                 /* start: the prompt; logits, generate, append: the tokens */
     size_t ntokens;
     int64_t steps;  /* generate: required, >= 0 */
     bool use_cache; /* generate: default false */
@@ -268,6 +269,10 @@ int proto_reply_start(proto_buf_t *b, const char *tag, const char *id, const cha
 /** `logits` is NULL (hash) or n*V values, printed "%.6f". */
 int proto_reply_step(proto_buf_t *b, const char *tag, const char *id, const uint32_t *tokens,
                      uint32_t n, const double *logits, uint32_t vocab, uint32_t entries);
+/** The reply to an append: the session's entries after it, and how many
+ * of the appended ones were reused rather than computed. */
+int proto_reply_append(proto_buf_t *b, const char *tag, const char *id, uint32_t entries,
+                       uint32_t cached);
 int proto_reply_finish(proto_buf_t *b, const char *tag, const char *id, uint32_t released);
 int proto_reply_logits(proto_buf_t *b, const char *tag, const double *logits, uint32_t vocab,
                        uint64_t rows);

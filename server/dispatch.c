@@ -60,8 +60,9 @@ static bool earlier_pending(const conn_t *c, const req_t *r)
 
 /* An upper bound on the pool room `r` may take with model `m`: bytes of
  * state and blocks, and slots.  The slot's chain grows from empty for a
- * start and for the borrowed slot of logits and generate; a step of n adds
- * at most n entries' blocks, and one more block. */
+ * start and for the borrowed slot of logits and generate; a step of n, or
+ * an append of n tokens, adds at most n entries' blocks, and one more
+ * block. */
 static void req_need(const req_t *r, const model_t *m, uint64_t *bytes, uint64_t *slots)
 {
     size_t chain = 0;
@@ -69,10 +70,11 @@ static void req_need(const req_t *r, const model_t *m, uint64_t *bytes, uint64_t
 
     switch (r->rq.op) {
     case PROTO_OP_STEP:
-        if (r->rq.n <= 1)
+    case PROTO_OP_APPEND:
+        if (req__adds(r) <= 1)
             chain = model_block_bytes(m);
         else
-            model_chain_blocks(m, r->rq.n + model_block_positions(m), 64, &chain);
+            model_chain_blocks(m, (uint32_t)req__adds(r) + model_block_positions(m), 64, &chain);
         *bytes = chain + 64;
         *slots = 0;
         return;
@@ -244,16 +246,16 @@ static const model_t *resolve_model(conn_t *c, req_t *r, slotd_error_t *err)
 
 #define ROOM_DEFERRED 1 /* room_check(): `r` waits (REQ_DEFER) */
 
-/* The capacity checks of a start or step of `entries` positions of `m`,
+/* The capacity checks of a start, step or append of `entries` positions of `m`,
  * in order: the connection's share (a refusal waits while an earlier line
  * is pending, whose charge may come back), then the pool's room
  * (conn_must_wait()).  SLOTD_OK with the room `r` may take in *bytes and
  * *slots; ROOM_DEFERRED when `r` was deferred; or the code of the error
  * set in `err`. */
-static int room_check(conn_t *c, req_t *r, const model_t *m, uint64_t entries, bool start,
-                      bool new_session, uint64_t *bytes, uint64_t *slots, slotd_error_t *err)
+static int room_check(conn_t *c, req_t *r, const model_t *m, uint64_t entries, bool new_session,
+                      uint64_t *bytes, uint64_t *slots, slotd_error_t *err)
 {
-    if (session__share_charge(c, NULL, m, entries, start, new_session, err) != SLOTD_OK) {
+    if (session__share_charge(c, NULL, m, entries, r->rq.op, new_session, err) != SLOTD_OK) {
         if (!earlier_pending(c, r))
             return err->code;
         req_defer(c, r, false);
@@ -295,7 +297,7 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
                                "start: the daemon holds %u sessions, its limit (--max-sessions)",
                                s->cfg->max_sessions);
     }
-    rc = room_check(c, r, m, r->rq.ntokens, true, sess == NULL, &bytes, &slots, err);
+    rc = room_check(c, r, m, r->rq.ntokens, sess == NULL, &bytes, &slots, err);
     if (rc != SLOTD_OK)
         return rc == ROOM_DEFERRED ? SLOTD_OK : rc;
     r->model = m;
@@ -304,7 +306,7 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
         /* The id's start has not succeeded yet: this one is decided after
          * it, duplicate_id if it succeeds, run if it fails. */
         /* Checked above. */
-        (void)session__share_charge(c, sess, m, r->rq.ntokens, true, false, err);
+        (void)session__share_charge(c, sess, m, r->rq.ntokens, PROTO_OP_START, false, err);
         req_count_need(c, r, bytes, slots);
         session__enqueue(sess, r);
         return SLOTD_OK;
@@ -325,7 +327,7 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     sess->in_map = true;
     sess->born = uv_now(&s->loop);
     s->admitted++;
-    (void)session__share_charge(c, sess, m, r->rq.ntokens, true, true, err); /* checked above */
+    (void)session__share_charge(c, sess, m, r->rq.ntokens, PROTO_OP_START, true, err); /* checked above */
     c->share_sessions++;
     sess->conn = c;
     sess->cs.model = m; /* for the room its steps may take, before it has a slot */
@@ -350,6 +352,32 @@ static const model_t *session_model(const session_t *sess)
     return sess->fifo_head != NULL ? sess->fifo_head->model : NULL;
 }
 
+/* The checks of an append of `sess` (model `m`) before its room: every
+ * token in [0, V), then its length against max_ctx when the session is
+ * live and idle, so that context_full comes before any refusal of the
+ * connection's share.  Otherwise the worker checks the length, with the
+ * entries the session holds by then (cache_session_append(), which words
+ * it the same). */
+static int append_check(const session_t *sess, const model_t *m, const req_t *r,
+                        slotd_error_t *err)
+{
+    const cache_session_t *cs = &sess->cs;
+
+    for (size_t i = 0; m != NULL && i < r->rq.ntokens; i++)
+        if (r->rq.tokens[i] < 0 || r->rq.tokens[i] >= (int64_t)model_vocab(m))
+            return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                                   "append: `tokens` must hold integers from 0 to %" PRIu32
+                                   " (model '%s'); element %zu is %" PRId64,
+                                   model_vocab(m) - 1, model_name(m), i, r->rq.tokens[i]);
+    if (sess->has_slot && sess->running == NULL && sess->fifo_head == NULL &&
+        (uint64_t)cs->entries + r->rq.ntokens > model_max_ctx(m))
+        return slotd_error_set(err, SLOTD_ECONTEXT_FULL,
+                               "append: '%s' holds %" PRIu32 " of %" PRIu32
+                               " positions, %zu more do not fit",
+                               r->rq.id, cs->entries, model_max_ctx(m), r->rq.ntokens);
+    return SLOTD_OK;
+}
+
 static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
 {
     session_t *sess = session__find(c, r->rq.id);
@@ -369,11 +397,14 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
     } else {
         const model_t *m = session_model(sess);
         uint64_t bytes, slots;
-        int rc = room_check(c, r, m, r->rq.n, false, false, &bytes, &slots, err);
+        int rc;
 
+        if (r->rq.op == PROTO_OP_APPEND && append_check(sess, m, r, err) != SLOTD_OK)
+            return err->code;
+        rc = room_check(c, r, m, req__adds(r), false, &bytes, &slots, err);
         if (rc != SLOTD_OK)
             return rc == ROOM_DEFERRED ? SLOTD_OK : rc;
-        session__share_add(c, sess, m, r->rq.n); /* room_check() admitted it */
+        session__share_add(c, sess, m, req__adds(r)); /* room_check() admitted it */
         req_count_need(c, r, bytes, slots);
     }
     session__enqueue(sess, r);
@@ -614,7 +645,7 @@ void dispatch__job_done(req_t *r)
     /* Refused for room while an earlier line has yet to take effect, which
      * may make room: not answered, but run again once they all have. */
     if (r->rc == SLOTD_ECACHE_FULL && !c->closed && !s->draining && earlier_pending(c, r)) {
-        if (sess != NULL && r->rq.op == PROTO_OP_STEP) {
+        if (sess != NULL && req__on_slot(r)) {
             /* The step may have moved the audit's recording (realloc) before
              * the pool refused it: the session keeps what the job left. */
             sess->cs = r->cs;

@@ -93,7 +93,7 @@ struct req {
     worker_job_t job; /* the pool's while REQ_RUNNING */
 
     /* Loop thread only.  Cleared by req__put(), with `job`. */
-    session_t *session;  /* start, step, finish: the session acted on */
+    session_t *session;  /* start, step, append, finish: the session acted on */
     req_t *session_next; /* the session's FIFO */
     req_t *park_next;    /* conn->park_head while REQ_PARKED */
     size_t reply_bound;  /* a job: its reply's most bytes; in conn->reserved while out */
@@ -134,6 +134,20 @@ struct req {
     /* Set by the worker as it begins the job; read by GET /sessions. */
     _Atomic bool started;
 };
+
+/** Whether `r` runs on its live session's slot, which its job copies from
+ * the session record at submit and gives back when it comes back: a step
+ * or an append. */
+static inline bool req__on_slot(const req_t *r)
+{
+    return r->rq.op == PROTO_OP_STEP || r->rq.op == PROTO_OP_APPEND;
+}
+
+/** The positions a step or an append asks to add to its session's slot. */
+static inline uint64_t req__adds(const req_t *r)
+{
+    return r->rq.op == PROTO_OP_APPEND ? (uint64_t)r->rq.ntokens : (uint64_t)r->rq.n;
+}
 
 /** A session record: one start on one connection, from its parse until
  * its last queued request has run and its slot is released.  Freed by

@@ -183,12 +183,13 @@ void session__unmap(session_t *sess)
  * given back when it fails or its session leaves the map: so a client
  * that pipelines cannot pass its share before its requests have run. */
 int session__share_charge_full(conn_t *c, session_t *sess, const model_t *m, uint64_t entries,
-                               bool start, bool new_session, slotd_error_t *err)
+                               proto_op_t opc, bool new_session, slotd_error_t *err)
 {
+    const bool start = opc == PROTO_OP_START;
     const server_config_t *cfg = c->server->cfg;
     uint64_t need =
         m == NULL ? 0 : entries * model_entry_size(m) + (start ? model_state_size(m) : 0);
-    const char *op = start ? "start" : "step";
+    const char *op = proto_op_name(opc);
 
     if (new_session) {
         uint64_t most = (uint64_t)((double)cfg->max_sessions * cfg->max_conn_share);
@@ -215,8 +216,8 @@ int session__share_charge_full(conn_t *c, session_t *sess, const model_t *m, uin
     return SLOTD_OK;
 }
 
-/* Gives back what `r` (a start or step of `sess`, which failed or never
- * ran) had charged to its connection's share. */
+/* Gives back what `r` (a start, step or append of `sess`, which failed or
+ * never ran) had charged to its connection's share. */
 void session__give_back(session_t *sess, const req_t *r)
 {
     /* A start charged its own model (a start queued behind another of the
@@ -228,7 +229,7 @@ void session__give_back(session_t *sess, const req_t *r)
         return; /* session__unmap() gave everything back */
     back = r->rq.op == PROTO_OP_START
                ? (uint64_t)r->rq.ntokens * model_entry_size(m) + model_state_size(m)
-               : (uint64_t)r->rq.n * model_entry_size(m);
+               : req__adds(r) * model_entry_size(m);
     back = back < sess->charged ? back : sess->charged;
     sess->charged -= back;
     sess->conn->share_bytes -= back;
@@ -318,7 +319,7 @@ static bool session_finish(session_t *sess, req_t *r)
 }
 
 /* Answers `r`, taken from the head of the session's FIFO, which does not
- * run as a job: a drain, a finish, a step with no live session, a start
+ * run as a job: a drain, a finish, a step or append with no live session, a start
  * of an id already live.  False if the connection closed (no memory).  Out
  * of line: session__run_fifo() stays small for the jobs, most requests. */
 static __attribute__((noinline)) bool session_answer(session_t *sess, req_t *r)
@@ -332,9 +333,9 @@ static __attribute__((noinline)) bool session_answer(session_t *sess, req_t *r)
     if (r->rq.op == PROTO_OP_FINISH)
         return session_finish(sess, r);
     session__give_back(sess, r);
-    if (r->rq.op == PROTO_OP_STEP) { /* its start failed */
-        slotd_error_set(&err, SLOTD_EUNKNOWN_ID, "step: no live session '%s' on this connection",
-                        r->rq.id);
+    if (req__on_slot(r)) { /* its start failed */
+        slotd_error_set(&err, SLOTD_EUNKNOWN_ID, "%s: no live session '%s' on this connection",
+                        proto_op_name(r->rq.op), r->rq.id);
     } else { /* a start: the one before it succeeded */
         assert(r->rq.op == PROTO_OP_START && sess->has_slot);
         slotd_error_set(&err, SLOTD_EDUPLICATE_ID,

@@ -46,12 +46,13 @@ void session__discard(session_t *sess);
 void session__lru_remove(server_t *s, session_t *sess);
 
 /** Whether `r`, at the head of its session's FIFO, runs as a job: a
- * start of an id not live (yet), a step of a live session, no drain.
+ * start of an id not live (yet), a step or append of a live session, no
+ * drain.
  * session.c answers the others in the FIFO's order. */
 static inline bool session__runs(const session_t *sess, const req_t *r)
 {
     return !sess->conn->server->draining && r->rq.op != PROTO_OP_FINISH &&
-           !(r->rq.op == PROTO_OP_STEP && !sess->has_slot) &&
+           !(req__on_slot(r) && !sess->has_slot) &&
            !(r->rq.op == PROTO_OP_START && sess->has_slot);
 }
 
@@ -94,26 +95,27 @@ static inline uint64_t session__share_cap(conn_t *c)
 /** session__share_charge() in full: its admission of a new session, its
  * refusals with their messages. */
 int session__share_charge_full(conn_t *c, session_t *sess, const model_t *m, uint64_t entries,
-                               bool start, bool new_session, slotd_error_t *err);
+                               proto_op_t op, bool new_session, slotd_error_t *err);
 
-/** Checks a start or step of `entries` positions of `m` against the
+/** Checks a start, step or append (`op`) of `entries` positions of `m` against the
  * connection's share of the pool (--max-connection-share,
  * --max-sessions-per-connection; `new_session`: a start of an id not in
  * the map), and with `sess` charges it.  SLOTD_OK or the code of the error
  * set in `err`.  Inline for what every step asks, the bytes admitted; the
  * rest in session__share_charge_full(). */
 static inline int session__share_charge(conn_t *c, session_t *sess, const model_t *m,
-                                        uint64_t entries, bool start, bool new_session,
+                                        uint64_t entries, proto_op_t op, bool new_session,
                                         slotd_error_t *err)
 {
+    const bool start = op == PROTO_OP_START;
     const server_config_t *cfg = c->server->cfg;
     uint64_t need;
 
     if (new_session || m == NULL)
-        return session__share_charge_full(c, sess, m, entries, start, new_session, err);
+        return session__share_charge_full(c, sess, m, entries, op, new_session, err);
     need = entries * model_entry_size(m) + (start ? model_state_size(m) : 0);
     if (cfg->max_conn_share < 1.0 && c->share_bytes + need > session__share_cap(c))
-        return session__share_charge_full(c, sess, m, entries, start, new_session, err);
+        return session__share_charge_full(c, sess, m, entries, op, new_session, err);
     if (sess != NULL) {
         sess->charged += need;
         c->share_bytes += need;
