@@ -46,6 +46,7 @@ typedef struct cli_cmd {
 static cli_kind_t build_start(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_step(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_finish(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
+static cli_kind_t build_append(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_logits(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_generate(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_stats(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
@@ -59,6 +60,7 @@ static const cli_cmd_t cmds[] = {
     {"start", "ID [-m MODEL] TOKEN...", "start session ID with the prompt TOKEN...", build_start},
     {"step", "ID [N]", "N greedy steps of session ID (default 1)", build_step},
     {"finish", "ID", "release session ID", build_finish},
+    {"append", "ID TOKEN...", "run TOKEN... into session ID after its entries", build_append},
     {"logits", "[-m MODEL] TOKEN...", "the scores of the token after TOKEN...", build_logits},
     {"generate", "[-m MODEL] [--cache] STEPS TOKEN...",
      "STEPS greedy tokens after TOKEN..., no session", build_generate},
@@ -292,6 +294,24 @@ static cli_kind_t build_finish(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req
         return too_many(c, a, 1);
     cJSON *o = new_request("finish");
     if (o == NULL || cJSON_AddStringToObject(o, "id", a->w[0]) == NULL) {
+        cJSON_Delete(o);
+        return CLI_LOCAL_ERR;
+    }
+    return finish_json(o, req, a);
+}
+
+static cli_kind_t build_append(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
+{
+    if (a->n < 1)
+        return missing(c, a, "ID");
+    if (a->n < 2)
+        return missing(c, a, "TOKEN");
+    const char *id = a->w[0];
+    a->w++;
+    a->n--;
+    cJSON *o = new_request("append");
+    if (o == NULL || cJSON_AddStringToObject(o, "id", id) == NULL ||
+        !add_tokens(c, a, o, "tokens")) {
         cJSON_Delete(o);
         return CLI_LOCAL_ERR;
     }
