@@ -26,6 +26,7 @@
 #include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 /* The owner of borrowed slots: the empty id is not a valid request id. */
 static const cache_owner_t session__borrower = {.key = 0, .id = ""};
@@ -198,6 +199,56 @@ int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tok
     if (cached != NULL) {
         *cached = 0;
     }
+    return SLOTD_OK;
+}
+
+int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache_owner_t *owner,
+                       cache_session_t *s, slotd_error_t *err)
+{
+    const model_t *m = from->model;
+    model_kv_t src, dst;
+    cache_handle_t h;
+    int rc;
+
+    /* A reserve of nothing: from's chain as it stands, no block taken. */
+    rc = cache_pool_reserve(p, from->handle, &from->owner, 0, &src);
+    if (rc != SLOTD_OK) {
+        return session__pool_error(p, err, rc, false, "fork", owner->id);
+    }
+    assert(src.len == from->entries);
+    rc = cache_pool_acquire(p, m, owner, &h);
+    if (rc != SLOTD_OK) {
+        return session__pool_error(p, err, rc, true, "fork", owner->id);
+    }
+    rc = cache_pool_reserve(p, h, owner, src.len, &dst);
+    if (rc != SLOTD_OK) {
+        (void)cache_pool_release(p, h, owner, NULL);
+        return session__pool_error(p, err, rc, false, "fork", owner->id);
+    }
+    assert(dst.len == 0);
+    /* Block i of every chain of m holds model_block_capacity(m, i)
+     * positions from the same first one: the bytes of each block that
+     * holds an entry go over as they are. */
+    for (const model_block_t *a = src.head, *b = dst.head; a != NULL && a->first < src.len;
+         a = a->next, b = b->next) {
+        assert(b != NULL && b->capacity == a->capacity && b->first == a->first);
+        memcpy(((model_block_t *)b)->data, a->data,
+               model_block_bytes_for(m, a->capacity) - MODEL_BLOCK_HEADER);
+    }
+    if (model_state_size(m) > 0) {
+        memcpy(dst.state, src.state, model_state_size(m));
+    }
+    dst.len = src.len;
+    rc = cache_pool_commit(p, h, owner, &dst);
+    if (rc != SLOTD_OK) {
+        (void)cache_pool_release(p, h, owner, NULL);
+        return session__pool_error(p, err, rc, false, "fork", owner->id);
+    }
+    s->handle = h;
+    s->model = m;
+    s->owner = *owner;
+    s->entries = dst.len;
+    cache_pool_hint(p, h, &s->hint);
     return SLOTD_OK;
 }
 

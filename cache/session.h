@@ -61,6 +61,17 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
 int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tokens, size_t n,
                          void *scratch, uint32_t *cached, slotd_error_t *err);
 
+/** Starts session `s` for `owner` holding exactly the sequence of the live
+ * session `from`: a slot of from's model with room for its entries, into
+ * which every entry and the state are copied, block by block (the chains
+ * of one model have the same blocks at the same places, and the bytes are
+ * the model's, copied as they are).  No model call is made; from is only
+ * read, and must not run meanwhile (the caller's rule).  Afterwards the two
+ * are independent: nothing done to one changes the other.  SLOTD_ECACHE_FULL
+ * (nothing held), SLOTD_ESTALE for a finished `from`. */
+int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache_owner_t *owner,
+                       cache_session_t *s, slotd_error_t *err);
+
 /** One greedy step (n = 1) of each of nb (1 .. MODEL_BATCH_MAX) sessions
  * of one model, as one batch: each is checked and reserved as
  * cache_session_step() would (rc[b] and err[b] get its error, and it

@@ -39,6 +39,7 @@ const proto_op_def_t proto_ops[PROTO_OP__COUNT] = {
     [PROTO_OP_STATS] = {.name = "stats", .len = 5, .kind = PROTO_KIND_BARRIER}, /* no members */
     [PROTO_OP_AUTH] = OP("auth", CONN, false, REQ(TOKEN)),
     [PROTO_OP_APPEND] = OP("append", SESSION, true, REQ(ID), REQ(TOKENS)),
+    [PROTO_OP_FORK] = OP("fork", BRANCH, true, REQ(ID), REQ(FROM)),
 };
 
 #define AT(m) offsetof(proto_request_t, m)
@@ -67,6 +68,8 @@ const proto_field_def_t proto_fields[PROTO_FIELD__COUNT] = {
     [PROTO_FIELD_TOKEN] = FIELD("token", PROTO_TYPE_BYTES, .lo = 1, .hi = PROTO_AUTH_TOKEN_MAX,
                                 .at = AT(token), .at_len = AT(token_len),
                                 .must = "must be a string of 1-4096 bytes", .missing = "is required"),
+    [PROTO_FIELD_FROM] = FIELD("from", PROTO_TYPE_NAME, .lo = 1, .hi = PROTO_ID_MAX, .at = AT(from),
+                               .must = NAME_MUST(64), .missing = "is required"),
 };
 
 _Static_assert(PROTO_ID_MAX == 64 && PROTO_MODEL_MAX == 32 && PROTO_AUTH_TOKEN_MAX == 4096,

@@ -36,6 +36,7 @@
 
 static bool req_apply(conn_t *c, req_t *r);
 static void release_barrier(conn_t *c, req_t *r);
+static bool fork_apply(conn_t *c, req_t *r);
 
 /* ---- Pipelined order under pressure (docs/design.md, "Pipelining") ----
  *
@@ -176,6 +177,12 @@ static void conn_advance(conn_t *c)
         if (r->state != REQ_DONE) {
             proto_stats_t st;
             int rc;
+            if (r->rq.op == PROTO_OP_FORK && r->state == REQ_WAITING && r->session == NULL) {
+                /* Every earlier line has taken effect: the fork runs now. */
+                if (!fork_apply(c, r))
+                    return; /* closed */
+                continue;
+            }
             if (r->rq.op != PROTO_OP_STATS || r->state != REQ_WAITING)
                 break;
             if (s->draining) {
@@ -327,7 +334,8 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     sess->in_map = true;
     sess->born = uv_now(&s->loop);
     s->admitted++;
-    (void)session__share_charge(c, sess, m, r->rq.ntokens, PROTO_OP_START, true, err); /* checked above */
+    /* Checked above. */
+    (void)session__share_charge(c, sess, m, r->rq.ntokens, PROTO_OP_START, true, err);
     c->share_sessions++;
     sess->conn = c;
     sess->cs.model = m; /* for the room its steps may take, before it has a slot */
@@ -358,8 +366,7 @@ static const model_t *session_model(const session_t *sess)
  * connection's share.  Otherwise the worker checks the length, with the
  * entries the session holds by then (cache_session_append(), which words
  * it the same). */
-static int append_check(const session_t *sess, const model_t *m, const req_t *r,
-                        slotd_error_t *err)
+static int append_check(const session_t *sess, const model_t *m, const req_t *r, slotd_error_t *err)
 {
     const cache_session_t *cs = &sess->cs;
 
@@ -446,6 +453,99 @@ static int read_barrier(conn_t *c, req_t *r, slotd_error_t *err)
     return SLOTD_OK;
 }
 
+/* A fork that reached the head of its connection's order FIFO: every
+ * earlier line has taken effect, and the later ones are held behind it
+ * until its job is back (dispatch__job_done()), so the session it forks
+ * runs nothing meanwhile and its slot is what the worker copies.  The
+ * checks, in the protocol's order: `from` live on this connection
+ * (unknown_id), `id` not (duplicate_id), the session limit and the
+ * connection's share (cache_full).  Then the new session's record is made
+ * as a start's, with the fork as its first request.  The forked session is
+ * taken off the idle list until the job is back, and is not released
+ * while the job reads it (session_t.forks_out, counted at submit).  False
+ * if the connection closed. */
+static bool fork_apply(conn_t *c, req_t *r)
+{
+    server_t *s = c->server;
+    session_t *from, *sess;
+    const model_t *m;
+    slotd_error_t err;
+    size_t chain = 0;
+
+    slotd_error_clear(&err);
+    if (s->draining) {
+        slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+        goto fail;
+    }
+    from = session__find(c, r->rq.from);
+    if (from == NULL || !from->has_slot) {
+        slotd_error_set(&err, SLOTD_EUNKNOWN_ID, "fork: no live session '%s' on this connection",
+                        r->rq.from);
+        goto fail;
+    }
+    assert(from->running == NULL && from->fifo_head == NULL); /* nothing earlier pending */
+    if (session__find(c, r->rq.id) != NULL) {
+        slotd_error_set(&err, SLOTD_EDUPLICATE_ID,
+                        "fork: session '%s' is already live on this connection", r->rq.id);
+        goto fail;
+    }
+    if (s->admitted >= s->cfg->max_sessions) {
+        slotd_error_set(&err, SLOTD_ECACHE_FULL,
+                        "fork: the daemon holds %u sessions, its limit (--max-sessions)",
+                        s->cfg->max_sessions);
+        goto fail;
+    }
+    m = from->cs.model;
+    if (session__share_charge(c, NULL, m, from->cs.entries, PROTO_OP_FORK, true, &err) != SLOTD_OK)
+        goto fail;
+
+    sess = session__get(s);
+    if (sess == NULL)
+        goto nomem;
+    sess->cs.owner.key = c->serial;
+    memcpy(sess->cs.owner.id, r->rq.id, sizeof(sess->cs.owner.id));
+    sess->node.id = sess->cs.owner.id;
+    if (session_map_insert(&c->map, &sess->node) != SLOTD_OK) {
+        session__put(s, sess);
+        goto nomem;
+    }
+    sess->in_map = true;
+    sess->born = uv_now(&s->loop);
+    s->admitted++;
+    (void)session__share_charge(c, sess, m, from->cs.entries, PROTO_OP_FORK, true, &err);
+    c->share_sessions++;
+    sess->conn = c;
+    sess->cs.model = m;
+    sess->prev = NULL;
+    sess->next = c->sessions;
+    if (c->sessions != NULL)
+        c->sessions->prev = sess;
+    c->sessions = sess;
+
+    if (from->in_lru)
+        session__lru_remove(s, from);
+    r->fork_from = from;
+    r->from_cs = from->cs;
+    r->from_toks = from->toks;
+    r->model = m;
+    r->owner_key = c->serial;
+    /* The room of a start of as many positions (req_need()). */
+    model_chain_blocks(m, from->cs.entries, 64, &chain);
+    req_count_need(c, r, chain + model_state_size(m) + 128, 1);
+    session__enqueue(sess, r);
+    return !c->closed;
+
+fail:
+    if (!req__fail(r, &err))
+        return false;
+    release_barrier(c, r);
+    return !c->closed;
+nomem:
+    log_error("connection %" PRIu64 ": no memory for a request; closing it", c->serial);
+    conn__close(c);
+    return false;
+}
+
 /* How a request is applied, by what its op acts on (proto/ops.c's table):
  * a new op of a kind already here needs no edit in this file. */
 static int (*const read_kind[])(conn_t *, req_t *, slotd_error_t *) = {
@@ -453,6 +553,7 @@ static int (*const read_kind[])(conn_t *, req_t *, slotd_error_t *) = {
     [PROTO_KIND_SESSION] = read_session_op,
     [PROTO_KIND_STATELESS] = read_stateless,
     [PROTO_KIND_BARRIER] = read_barrier,
+    [PROTO_KIND_BRANCH] = read_barrier, /* applied at the head: fork_apply() */
 };
 
 /* Applies a parsed request, already in the order FIFO, to the
@@ -635,7 +736,7 @@ void dispatch__job_done(req_t *r)
 {
     conn_t *c = r->conn;
     server_t *s = c->server;
-    session_t *sess = r->session;
+    session_t *sess = r->session, *from;
 
     if (!c->closed)
         c->reserved -= r->reply_bound;
@@ -660,12 +761,12 @@ void dispatch__job_done(req_t *r)
      * end, so that a close here leaves it for the code below. */
     if (sess != NULL) {
         assert(sess->running == r);
-        if (r->rq.op == PROTO_OP_START && r->rc == SLOTD_OK) {
+        if (req__opens(r) && r->rc == SLOTD_OK) {
             sess->cs = r->cs;
             sess->toks = r->toks;
             sess->has_slot = true;
             s->live_sessions++;
-        } else if (r->rq.op == PROTO_OP_START) {
+        } else if (req__opens(r)) {
             /* No trace: the steps and finish queued behind it get
              * unknown_id, a start queued behind it runs, and with nothing
              * queued the id is free again (session.c: session__settle()). */
@@ -685,6 +786,13 @@ void dispatch__job_done(req_t *r)
     if (sess != NULL)
         sess->running = r->chain_next; /* a chain's next step runs on */
     r->chain_next = NULL;
+    if ((from = r->fork_from) != NULL) { /* the forked session is free to go on */
+        r->fork_from = NULL;
+        assert(from->forks_out > 0);
+        from->forks_out--;
+        if (c->closed && from->forks_out == 0 && from->running == NULL && !from->in_map)
+            session__discard(from); /* conn__close() left it for now */
+    }
 
     if (c->closed) {
         if (sess != NULL && sess->running == NULL)
@@ -694,6 +802,11 @@ void dispatch__job_done(req_t *r)
         req__done(r);
         if (sess != NULL && sess->running == NULL)
             session__kick(sess);
+        if (r->rq.op == PROTO_OP_FORK) {
+            if (from != NULL && from->running == NULL)
+                session__kick(from);
+            release_barrier(c, r); /* the lines held behind it now apply */
+        }
         conn_advance(c);
         conn__update(c);
     }

@@ -1,6 +1,7 @@
 /*
  * job.c: what a worker thread does with a request record: the model call
- * of a start (prefill), a step, an append, a logits or a generate, and the formatting
+ * of a start (prefill), a step, an append, a logits or a generate, the
+ * copy of a fork, and the formatting
  * of its reply line into the record; with --audit-rate, the recording of a
  * session's tokens and the audit of sampled steps (see audit.h); and the
  * batches of single steps of one model (job_group(), job_run_batch(),
@@ -158,6 +159,8 @@ uint64_t job_cost(const server_t *s, const req_t *r)
         n = (uint64_t)r->rq.steps;
         return JOB_COST_FIXED_NS + r->rq.ntokens * prefill +
                n * (r->rq.use_cache ? step : (r->rq.ntokens + n) * prefill);
+    case PROTO_OP_FORK: /* a copy, no model call */
+        return JOB_COST_FIXED_NS;
     case PROTO_OP_START:
     case PROTO_OP_LOGITS:
     case PROTO_OP_APPEND: /* a prompt */
@@ -320,6 +323,36 @@ static int run_append(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
         r->toks.len = r->cs.entries;
     }
     return proto_reply_append(&r->reply, r->rq.tag, r->rq.id, r->cs.entries, cached);
+}
+
+/* A fork: a new slot holding a copy of the forked session's entries and
+ * state (cache_session_fork(), no model call), and a copy of its recorded
+ * tokens for the audit, which comes first so that nothing is undone if
+ * there is no memory. */
+static int run_fork(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
+{
+    cache_owner_t owner;
+    int rc;
+
+    (void)w;
+    owner.key = r->owner_key;
+    memcpy(owner.id, r->rq.id, sizeof(owner.id));
+    if (s->audit != NULL) {
+        if (audit_tokens_reserve(&r->toks, r->from_toks.len) != SLOTD_OK)
+            return SLOTD_ENOMEM;
+        audit_tokens_append(&r->toks, r->from_toks.v, r->from_toks.len);
+    }
+    rc = cache_session_fork(s->pool, &r->from_cs, &owner, &r->cs, err);
+    if (rc == SLOTD_OK) {
+        /* Every entry was reused (copied), none computed. */
+        rc = proto_reply_fork(&r->reply, r->rq.tag, r->rq.id, model_name(r->model), r->cs.entries,
+                              r->cs.entries);
+        if (rc != SLOTD_OK) /* no reply, no session: give the slot back */
+            (void)cache_session_finish(s->pool, &r->cs, &(uint32_t){0});
+    }
+    if (rc != SLOTD_OK) /* no session: nobody else will free them */
+        audit_tokens_free(&r->toks);
+    return rc;
 }
 
 static int run_logits(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
@@ -530,6 +563,7 @@ static const job_run_fn job_runs[PROTO_OP__COUNT] = {
     [PROTO_OP_LOGITS] = run_logits,
     [PROTO_OP_GENERATE] = run_generate,
     [PROTO_OP_APPEND] = run_append,
+    [PROTO_OP_FORK] = run_fork,
 };
 
 /* job_run() of one request. */

@@ -59,7 +59,8 @@ static size_t req_reply_bound(const req_t *r)
         tokens = r->rq.ntokens + picks;
         break;
     case PROTO_OP_START:
-    case PROTO_OP_APPEND: /* id, entries, cached: in REPLY_FIXED */
+    case PROTO_OP_FORK:
+    case PROTO_OP_APPEND: /* id, model, entries, cached: in REPLY_FIXED */
     case PROTO_OP_NONE:
     case PROTO_OP_FINISH:
     case PROTO_OP_STATS:
@@ -193,6 +194,8 @@ static inline void req_submit(req_t *r)
         memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));
         r->job.lone = true;
         cost = job_cost(c->server, r);
+        if (r->fork_from != NULL)
+            r->fork_from->forks_out++; /* read by the job: kept until it is back */
     }
     r->job.flow = &c->flow;
     r->state = REQ_RUNNING;

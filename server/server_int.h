@@ -116,6 +116,13 @@ struct req {
     const model_t *model; /* start, logits, generate */
     uint64_t owner_key;   /* the connection's serial number */
     req_t *chain_next;    /* a step: the next step of its session run in the same job (launch.c) */
+    /* A fork: the session forked, its slot and its recorded tokens as they
+     * stood when the fork was applied (dispatch.c: fork_apply()).  The
+     * session runs nothing until the fork's job is back (the fork is its
+     * connection's barrier), so they stay what the worker reads. */
+    session_t *fork_from;
+    cache_session_t from_cs;
+    audit_tokens_t from_toks; /* a view of fork_from->toks: not owned */
 
     /* The job's result: written by its worker while REQ_RUNNING, by the
      * loop thread otherwise. */
@@ -141,6 +148,13 @@ struct req {
 static inline bool req__on_slot(const req_t *r)
 {
     return r->rq.op == PROTO_OP_STEP || r->rq.op == PROTO_OP_APPEND;
+}
+
+/** Whether `r` opens its session: a start, or a fork (whose slot is a copy
+ * of another session's). */
+static inline bool req__opens(const req_t *r)
+{
+    return r->rq.op == PROTO_OP_START || r->rq.op == PROTO_OP_FORK;
 }
 
 /** The positions a step or an append asks to add to its session's slot. */
@@ -182,6 +196,7 @@ struct session {
     /* GET /sessions and the connection's share (session.c). */
     uint64_t born;    /* uv_now() when its start was read */
     uint64_t charged; /* its part of conn->share_bytes while in_map */
+    uint32_t forks_out; /* fork jobs out reading its slot: it is not released while > 0 */
 };
 
 /** Which timed list of the server a connection is on (conn->wait_link). */

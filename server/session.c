@@ -185,7 +185,7 @@ void session__unmap(session_t *sess)
 int session__share_charge_full(conn_t *c, session_t *sess, const model_t *m, uint64_t entries,
                                proto_op_t opc, bool new_session, slotd_error_t *err)
 {
-    const bool start = opc == PROTO_OP_START;
+    const bool start = opc == PROTO_OP_START || opc == PROTO_OP_FORK; /* the state too */
     const server_config_t *cfg = c->server->cfg;
     uint64_t need =
         m == NULL ? 0 : entries * model_entry_size(m) + (start ? model_state_size(m) : 0);
@@ -222,14 +222,17 @@ void session__give_back(session_t *sess, const req_t *r)
 {
     /* A start charged its own model (a start queued behind another of the
      * same id may name another one). */
-    const model_t *m = r->rq.op == PROTO_OP_START ? r->model : sess->cs.model;
+    const model_t *m = req__opens(r) ? r->model : sess->cs.model;
     uint64_t back;
 
     if (!sess->in_map || m == NULL)
         return; /* session__unmap() gave everything back */
-    back = r->rq.op == PROTO_OP_START
-               ? (uint64_t)r->rq.ntokens * model_entry_size(m) + model_state_size(m)
-               : req__adds(r) * model_entry_size(m);
+    if (r->rq.op == PROTO_OP_FORK)
+        back = (uint64_t)r->from_cs.entries * model_entry_size(m) + model_state_size(m);
+    else if (r->rq.op == PROTO_OP_START)
+        back = (uint64_t)r->rq.ntokens * model_entry_size(m) + model_state_size(m);
+    else
+        back = req__adds(r) * model_entry_size(m);
     back = back < sess->charged ? back : sess->charged;
     sess->charged -= back;
     sess->conn->share_bytes -= back;
@@ -273,7 +276,7 @@ void session__detach(conn_t *c)
         snext = sess->next;
         sess->fifo_head = sess->fifo_tail = NULL;
         session__unmap(sess);
-        if (sess->running == NULL)
+        if (sess->running == NULL && sess->forks_out == 0) /* else when they come back */
             session__discard(sess);
     }
 }
@@ -286,7 +289,7 @@ void session__settle(session_t *sess)
 
     assert(sess->running == NULL && sess->fifo_head == NULL);
     if (sess->in_map && sess->has_slot) { /* live: after most steps */
-        if (!sess->in_lru && !s->draining && s->cfg->idle_timeout > 0)
+        if (!sess->in_lru && !s->draining && s->cfg->idle_timeout > 0 && sess->forks_out == 0)
             lru_add(s, sess);
         return;
     }

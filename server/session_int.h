@@ -52,8 +52,7 @@ void session__lru_remove(server_t *s, session_t *sess);
 static inline bool session__runs(const session_t *sess, const req_t *r)
 {
     return !sess->conn->server->draining && r->rq.op != PROTO_OP_FINISH &&
-           !(req__on_slot(r) && !sess->has_slot) &&
-           !(r->rq.op == PROTO_OP_START && sess->has_slot);
+           !(req__on_slot(r) && !sess->has_slot) && !(r->rq.op == PROTO_OP_START && sess->has_slot);
 }
 
 /** Queues `r` at the tail of the session's FIFO and runs the FIFO.
@@ -107,7 +106,7 @@ static inline int session__share_charge(conn_t *c, session_t *sess, const model_
                                         uint64_t entries, proto_op_t op, bool new_session,
                                         slotd_error_t *err)
 {
-    const bool start = op == PROTO_OP_START;
+    const bool start = op == PROTO_OP_START || op == PROTO_OP_FORK; /* the state too */
     const server_config_t *cfg = c->server->cfg;
     uint64_t need;
 

@@ -19,150 +19,44 @@
 
 #include "itest.h"
 
-/* A session as the test believes it to be: its whole sequence. */
-typedef struct seq {
-    const char *id;
-    const char *model;
-    int64_t tok[4096];
-    size_t len;
-} seq_t;
-
-/* A deterministic token in [0, V) for the k-th token of a test. */
-static int64_t tok_at(const char *model, size_t k)
-{
-    uint32_t v = model_vocab(itest_model(model));
-    return (int64_t)((k * 2654435761u + 12345u) % v);
-}
-
-static void seq_start(itest_conn_t *c, seq_t *s, const char *id, const char *model, size_t n)
-{
-    s->id = id;
-    s->model = model;
-    s->len = 0;
-    for (size_t i = 0; i < n; i++)
-        s->tok[s->len++] = tok_at(model, i + 7);
-    char *p = itest_json_tokens(s->tok, s->len);
-    cJSON *r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"%s\",\"model\":\"%s\",\"prompt\":%s}", id,
-                         model, p);
-    free(p);
-    itest_expect_ok(r);
-    ck_assert_int_eq(itest_int(r, "entries"), (int64_t)n);
-    cJSON_Delete(r);
-}
-
-/* The append line of `n` tokens from k0 on, malloc'd; the tokens go to `out`. */
-static char *append_line(const seq_t *s, size_t n, size_t k0, int64_t *out)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = tok_at(s->model, k0 + i);
-    char *t = itest_json_tokens(out, n);
-    size_t cap = strlen(t) + 128;
-    char *line = malloc(cap);
-    ck_assert_ptr_nonnull(line);
-    snprintf(line, cap, "{\"op\":\"append\",\"id\":\"%s\",\"tokens\":%s}\n", s->id, t);
-    free(t);
-    return line;
-}
-
-/* Checks an append reply of `n` tokens and counts them into `s`. */
-static void check_append(seq_t *s, const cJSON *r, const int64_t *toks, size_t n)
-{
-    itest_expect_ok(r);
-    ck_assert_str_eq(itest_str(r, "id"), s->id);
-    ck_assert_int_eq(itest_int(r, "entries"), (int64_t)(s->len + n));
-    int64_t cached = itest_int(r, "cached");
-    ck_assert(cached >= 0 && cached <= (int64_t)n);
-    memcpy(s->tok + s->len, toks, n * sizeof(int64_t));
-    s->len += n;
-}
-
-static void seq_append(itest_conn_t *c, seq_t *s, size_t n, size_t k0)
-{
-    int64_t toks[4096];
-    char *line = append_line(s, n, k0, toks);
-    ck_assert(itest_send_str(c, line));
-    free(line);
-    cJSON *r = itest_read_reply(c);
-    check_append(s, r, toks, n);
-    cJSON_Delete(r);
-}
-
-/* Checks a step reply of `n` picks (raw `line`) against the uncached
- * reference of the whole sequence, and counts the picks into `s`. */
-static void check_step(seq_t *s, const cJSON *r, const char *line, uint32_t n)
-{
-    const model_t *m = itest_model(s->model);
-    uint32_t V = model_vocab(m);
-    uint32_t *want = malloc((s->len + n) * sizeof(uint32_t));
-    double *lg = malloc((size_t)n * V * sizeof(double));
-    ck_assert(want != NULL && lg != NULL);
-    itest_reference(s->model, s->tok, s->len, n, want, lg);
-
-    itest_expect_ok(r);
-    ck_assert_str_eq(itest_str(r, "id"), s->id);
-    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(r, "tokens");
-    ck_assert(cJSON_IsArray(tk) && cJSON_GetArraySize(tk) == (int)n);
-    for (uint32_t i = 0; i < n; i++) {
-        const cJSON *t = cJSON_GetArrayItem(tk, (int)i);
-        ck_assert_msg(cJSON_IsNumber(t) && t->valuedouble == (double)want[s->len + i],
-                      "session %s (%s) after %zu entries: pick %u is not the reference's %u: %s",
-                      s->id, s->model, s->len, i, want[s->len + i], line);
-    }
-    if (model_family(m) == MODEL_FAMILY_ATTN)
-        itest_expect_logits(line, lg, (size_t)n * V);
-    ck_assert_int_eq(itest_int(r, "entries"), (int64_t)(s->len + n));
-    for (uint32_t i = 0; i < n; i++)
-        s->tok[s->len + i] = want[s->len + i];
-    s->len += n;
-    free(want);
-    free(lg);
-}
-
-static void seq_step(itest_conn_t *c, seq_t *s, uint32_t n)
-{
-    cJSON *r = itest_rpc(c, "{\"op\":\"step\",\"id\":\"%s\",\"n\":%u}", s->id, n);
-    check_step(s, r, itest_last_line(c), n);
-    cJSON_Delete(r);
-}
-
 /* Turns of appends and steps of `model`, one request at a time, then the
  * same pattern pipelined (every line sent before any reply is read). */
 static void turns(itest_conn_t *c, const char *model, size_t prompt, size_t add, uint32_t n,
                   int rounds)
 {
-    seq_t *s = calloc(1, sizeof(*s));
+    itest_seq_t *s = calloc(1, sizeof(*s));
     ck_assert_ptr_nonnull(s);
-    seq_start(c, s, "one", model, prompt);
+    itest_seq_start(c, s, "one", model, prompt);
     for (int k = 0; k < rounds; k++) {
-        seq_append(c, s, add + (size_t)k, 100 + (size_t)k * 50);
-        seq_step(c, s, n);
+        itest_seq_append(c, s, add + (size_t)k, 100 + (size_t)k * 50);
+        itest_seq_step(c, s, n);
     }
     /* An append right after the start, and two appends in a row. */
-    seq_t *p = calloc(1, sizeof(*p));
+    itest_seq_t *p = calloc(1, sizeof(*p));
     ck_assert_ptr_nonnull(p);
-    seq_start(c, p, "two", model, prompt);
-    seq_append(c, p, 1, 900);
-    seq_append(c, p, add, 901);
-    seq_step(c, p, 1);
+    itest_seq_start(c, p, "two", model, prompt);
+    itest_seq_append(c, p, 1, 900);
+    itest_seq_append(c, p, add, 901);
+    itest_seq_step(c, p, 1);
 
     /* Pipelined: every line out first, then the replies in order. */
-    seq_t *q = calloc(1, sizeof(*q));
+    itest_seq_t *q = calloc(1, sizeof(*q));
     ck_assert_ptr_nonnull(q);
-    seq_start(c, q, "three", model, prompt);
+    itest_seq_start(c, q, "three", model, prompt);
     int64_t(*toks)[4096] = calloc(8, sizeof(*toks));
     ck_assert_ptr_nonnull(toks);
     for (int k = 0; k < rounds; k++) {
-        char *line = append_line(q, add + (size_t)k, 2000 + (size_t)k * 50, toks[k % 8]);
+        char *line = itest_seq_append_line(q, add + (size_t)k, 2000 + (size_t)k * 50, toks[k % 8]);
         ck_assert(itest_send_str(c, line));
         free(line);
         ck_assert(itest_sendf(c, "{\"op\":\"step\",\"id\":\"three\",\"n\":%u}\n", n));
     }
     for (int k = 0; k < rounds; k++) {
         cJSON *r = itest_read_reply(c);
-        check_append(q, r, toks[k % 8], add + (size_t)k);
+        itest_seq_check_append(q, r, toks[k % 8], add + (size_t)k);
         cJSON_Delete(r);
         r = itest_read_reply(c);
-        check_step(q, r, itest_last_line(c), n);
+        itest_seq_check_step(q, r, itest_last_line(c), n);
         cJSON_Delete(r);
     }
     cJSON *st = itest_stats(c);
@@ -217,11 +111,11 @@ START_TEST(test_append_errors)
 {
     itest_daemon_t *d = itest_daemon_start(NULL);
     itest_conn_t *c = itest_connect(d);
-    seq_t *s = calloc(1, sizeof(*s));
+    itest_seq_t *s = calloc(1, sizeof(*s));
     ck_assert_ptr_nonnull(s);
     cJSON *r;
 
-    seq_start(c, s, "a", "tiny", 3);
+    itest_seq_start(c, s, "a", "tiny", 3);
     int64_t bytes = itest_stat(c, "pool_bytes_used");
     static const char *const bad[] = {
         "{\"op\":\"append\",\"id\":\"a\"}",
@@ -251,12 +145,12 @@ START_TEST(test_append_errors)
     itest_expect_error(r, NULL, "context_full", "a", NULL);
     cJSON_Delete(r);
     expect_unchanged(c, 3, bytes);
-    seq_step(c, s, 1);
+    itest_seq_step(c, s, 1);
     /* Found by the worker: a step in flight before it, then 5 + 4 > 8. */
     ck_assert(itest_sendf(c, "{\"op\":\"step\",\"id\":\"a\"}\n"
                              "{\"op\":\"append\",\"id\":\"a\",\"tokens\":[1,2,3,4]}\n"));
     r = itest_read_reply(c);
-    check_step(s, r, itest_last_line(c), 1);
+    itest_seq_check_step(s, r, itest_last_line(c), 1);
     cJSON_Delete(r);
     r = itest_read_reply(c);
     itest_expect_error(r, NULL, "context_full", "a", NULL);
@@ -264,7 +158,7 @@ START_TEST(test_append_errors)
     bytes = itest_stat(c, "pool_bytes_used");
     expect_unchanged(c, 5, bytes);
     /* Exactly max_ctx fits; one more does not. */
-    seq_append(c, s, 3, 40);
+    itest_seq_append(c, s, 3, 40);
     r = itest_rpc(c, "{\"op\":\"append\",\"id\":\"a\",\"tokens\":[0]}");
     itest_expect_error(r, NULL, "context_full", NULL);
     cJSON_Delete(r);
@@ -293,19 +187,19 @@ START_TEST(test_append_cache_full)
 {
     static const char *const share[] = {"1", "0.5"};
     for (int k = 0; k < 2; k++) {
-        itest_daemon_t *d = itest_daemon_start("--cache-mb", "1", "--models", "small",
-                                               "--default-model", "small", "--preload", "small",
-                                               "--max-connection-share", share[k], NULL);
+        itest_daemon_t *d =
+            itest_daemon_start("--cache-mb", "1", "--models", "small", "--default-model", "small",
+                               "--preload", "small", "--max-connection-share", share[k], NULL);
         itest_conn_t *c = itest_connect(d);
-        seq_t *s = calloc(1, sizeof(*s));
+        itest_seq_t *s = calloc(1, sizeof(*s));
         ck_assert_ptr_nonnull(s);
         cJSON *r;
         int64_t toks[4096];
 
-        seq_start(c, s, "a", "small", 4);
+        itest_seq_start(c, s, "a", "small", 4);
         int64_t bytes = itest_stat(c, "pool_bytes_used");
-        /* 1000 entries of small (2 KiB each) are twice the pool. */
-        char *line = append_line(s, 1000, 10, toks);
+        /* 1000 entries of small (4 KiB each) are four times the pool. */
+        char *line = itest_seq_append_line(s, 1000, 10, toks);
         ck_assert(itest_send_str(c, line));
         free(line);
         r = itest_read_reply(c);
@@ -313,16 +207,16 @@ START_TEST(test_append_cache_full)
         cJSON_Delete(r);
         expect_unchanged(c, 4, bytes);
         /* 1021 more pass max_ctx 1024: context_full, not cache_full. */
-        line = append_line(s, 1021, 10, toks);
+        line = itest_seq_append_line(s, 1021, 10, toks);
         ck_assert(itest_send_str(c, line));
         free(line);
         r = itest_read_reply(c);
         itest_expect_error(r, NULL, "context_full", NULL);
         cJSON_Delete(r);
         expect_unchanged(c, 4, bytes);
-        seq_step(c, s, 2);
-        seq_append(c, s, 40, 77);
-        seq_step(c, s, 2);
+        itest_seq_step(c, s, 2);
+        itest_seq_append(c, s, 40, 77);
+        itest_seq_step(c, s, 2);
         free(s);
         itest_close(c);
         itest_teardown();
@@ -337,16 +231,16 @@ START_TEST(test_append_audit)
     itest_daemon_t *d =
         itest_daemon_start("--audit-rate", "1", "--models", "small,tiny,hash", NULL);
     itest_conn_t *c = itest_connect(d);
-    seq_t *s = calloc(1, sizeof(*s));
+    itest_seq_t *s = calloc(1, sizeof(*s));
     ck_assert_ptr_nonnull(s);
     static const char *const models[] = {"tiny", "small", "hash"};
 
     for (int m = 0; m < 3; m++) {
-        seq_start(c, s, models[m], models[m], 2);
-        seq_append(c, s, 1, 3);
-        seq_step(c, s, 1);
-        seq_append(c, s, 2, 5);
-        seq_step(c, s, 1);
+        itest_seq_start(c, s, models[m], models[m], 2);
+        itest_seq_append(c, s, 1, 3);
+        itest_seq_step(c, s, 1);
+        itest_seq_append(c, s, 2, 5);
+        itest_seq_step(c, s, 1);
     }
     ck_assert_int_eq(itest_metric(d, "slotd_cache_audits_total"), 6);
     ck_assert_int_eq(itest_metric(d, "slotd_cache_divergence_total"), 0);
