@@ -1617,7 +1617,12 @@ bool itest_http_raw(int port, const void *req, size_t len, itest_http_t *out)
         }
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
         if (poll(&pfd, 1, (int)left) > 0) {
+            /* fill() may move the buffer: `end` follows it. */
+            size_t end_off = end != NULL ? (size_t)(end - c->buf) : 0;
             fill(c);
+            if (end != NULL) {
+                end = c->buf + end_off;
+            }
         }
     }
     itest_close(c);
