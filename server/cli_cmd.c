@@ -47,6 +47,7 @@ static cli_kind_t build_start(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_step(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_finish(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_append(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
+static cli_kind_t build_fork(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_logits(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_generate(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_stats(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
@@ -61,6 +62,7 @@ static const cli_cmd_t cmds[] = {
     {"step", "ID [N]", "N greedy steps of session ID (default 1)", build_step},
     {"finish", "ID", "release session ID", build_finish},
     {"append", "ID TOKEN...", "run TOKEN... into session ID after its entries", build_append},
+    {"fork", "ID FROM", "start session ID holding session FROM's sequence", build_fork},
     {"logits", "[-m MODEL] TOKEN...", "the scores of the token after TOKEN...", build_logits},
     {"generate", "[-m MODEL] [--cache] STEPS TOKEN...",
      "STEPS greedy tokens after TOKEN..., no session", build_generate},
@@ -312,6 +314,23 @@ static cli_kind_t build_append(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req
     cJSON *o = new_request("append");
     if (o == NULL || cJSON_AddStringToObject(o, "id", id) == NULL ||
         !add_tokens(c, a, o, "tokens")) {
+        cJSON_Delete(o);
+        return CLI_LOCAL_ERR;
+    }
+    return finish_json(o, req, a);
+}
+
+static cli_kind_t build_fork(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
+{
+    if (a->n < 1)
+        return missing(c, a, "ID");
+    if (a->n < 2)
+        return missing(c, a, "FROM");
+    if (a->n > 2)
+        return too_many(c, a, 2);
+    cJSON *o = new_request("fork");
+    if (o == NULL || cJSON_AddStringToObject(o, "id", a->w[0]) == NULL ||
+        cJSON_AddStringToObject(o, "from", a->w[1]) == NULL) {
         cJSON_Delete(o);
         return CLI_LOCAL_ERR;
     }
