@@ -564,6 +564,20 @@ void cache_pool_room(const cache_pool_t *p, uint64_t *bytes_free, uint64_t *slot
     *slots_free = live < p->max_slots ? p->max_slots - live : 0;
 }
 
+uint64_t cache_pool_block_bytes(const model_t *m, uint32_t index, uint32_t *cap)
+{
+    *cap = model_block_capacity(m, index);
+    return cache__round_up(model_block_bytes_for(m, *cap), CACHE__ALIGN);
+}
+
+uint64_t cache_pool_slot_bytes(const model_t *m, uint32_t positions)
+{
+    size_t chain = 0;
+
+    model_chain_blocks(m, positions, CACHE__ALIGN, &chain);
+    return chain + cache__round_up(model_state_size(m), CACHE__ALIGN);
+}
+
 void cache_pool_stats(cache_pool_t *p, cache_pool_stats_t *st)
 {
     pthread_mutex_lock(&p->lock);

@@ -173,6 +173,17 @@ uint64_t cache_pool_entries(const cache_pool_t *p);
  * needs (pool.h, cache_pool_create()). */
 void cache_pool_room(const cache_pool_t *p, uint64_t *bytes_free, uint64_t *slots_free);
 
+/** The bytes the pool counts for block `index` (0-based) of a chain of
+ * `m`, at its 64-byte stride, and the block's capacity in *cap.  Pure;
+ * O(1). */
+uint64_t cache_pool_block_bytes(const model_t *m, uint32_t index, uint32_t *cap);
+
+/** The bytes the pool counts for a slot of `m` holding `positions`
+ * entries (at most max_ctx): its state and its chain's blocks, at their
+ * strides, as cache_pool_stats() counts them in bytes_used.  Pure;
+ * O(blocks). */
+uint64_t cache_pool_slot_bytes(const model_t *m, uint32_t positions);
+
 /** A consistent snapshot of the figures (taken under the lock, with every
  * thread's parked blocks taken back first, which costs each thread one
  * more lock for its next block). */

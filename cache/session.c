@@ -34,26 +34,48 @@ static const cache_owner_t session__borrower = {.key = 0, .id = ""};
 /* Fills `err` for a pool failure met by `op` on behalf of `id`.  A refusal
  * names what ran out: a slot (the table is as large as the session limit
  * allows), which only an acquire (`acquire`) can meet, or the pool's
- * bytes. */
+ * bytes.  For bytes it says what the request needed more (`need`) against
+ * what was free, in the bytes cache_pool_stats() counts, and whether a
+ * retry can succeed: never when the slot would hold more (`whole`) than
+ * the whole pool. */
 static int session__pool_error(cache_pool_t *p, slotd_error_t *err, int rc, bool acquire,
-                               const char *op, const char *id)
+                               const char *op, const char *id, uint64_t need, uint64_t whole)
 {
     char who[CACHE_ID_MAX + 8] = "it";
-    uint64_t bytes, slots;
+    cache_pool_stats_t st;
 
     if (id[0] != '\0')
         snprintf(who, sizeof(who), "'%s'", id);
     if (rc != SLOTD_ECACHE_FULL)
         return slotd_error_set(err, rc, "%s: %s (%s)", op, slotd_strerror(rc), who);
-    cache_pool_room(p, &bytes, &slots);
-    if (acquire && slots == 0)
+    cache_pool_stats(p, &st);
+    if (acquire && st.live_slots >= st.max_slots)
         return slotd_error_set(err, rc,
-                               "%s: no free slot for %s: every slot is taken (the session "
-                               "limit, --max-sessions)",
+                               "%s: no free slot for %s: every slot is taken (--max-sessions); "
+                               "retry when sessions finish",
                                op, who);
-    return slotd_error_set(
-        err, rc, "%s: the cache pool's memory has no room for %s (%" PRIu64 " bytes free)", op, who,
-        bytes);
+    if (whole > st.bytes_capacity)
+        return slotd_error_set(err, rc,
+                               "%s: %s needs %" PRIu64 " bytes, more than the pool's whole "
+                               "memory, %" PRIu64 " (--cache-mb): it can never fit",
+                               op, who, whole, st.bytes_capacity);
+    return slotd_error_set(err, rc,
+                           "%s: the pool's memory is full: %s needs %" PRIu64
+                           " more bytes, %" PRIu64 " of its %" PRIu64
+                           " are free%s (--cache-mb); retry when sessions finish",
+                           op, who, need, st.bytes_free, st.bytes_capacity,
+                           st.bytes_free >= need ? ", in pages of other sizes" : "");
+}
+
+/* session__pool_error() for a step of `n` that the pool refused: it needed
+ * the blocks between the slot's entries and `n` more (the state it has). */
+static int session__step_error(cache_pool_t *p, const cache_session_t *s, uint32_t n, int rc,
+                               slotd_error_t *err)
+{
+    uint64_t before = cache_pool_slot_bytes(s->model, s->entries);
+    uint64_t after = cache_pool_slot_bytes(s->model, s->entries + n);
+
+    return session__pool_error(p, err, rc, false, "step", s->owner.id, after - before, after);
 }
 
 int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
@@ -70,7 +92,9 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
     }
     rc = cache_pool_acquire(p, m, owner, &h);
     if (rc != SLOTD_OK) {
-        return session__pool_error(p, err, rc, true, "start", owner->id);
+        return session__pool_error(p, err, rc, true, "start", owner->id,
+                                   cache_pool_slot_bytes(m, (uint32_t)n),
+                                   cache_pool_slot_bytes(m, (uint32_t)n));
     }
     rc = cache_pool_reserve(p, h, owner, (uint32_t)n, &kv);
     if (rc != SLOTD_OK) {
@@ -102,7 +126,9 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
 
 fail_release:
     (void)cache_pool_release(p, h, owner, NULL);
-    return session__pool_error(p, err, rc, false, "start", owner->id);
+    return session__pool_error(p, err, rc, false, "start", owner->id,
+                               cache_pool_slot_bytes(m, (uint32_t)n),
+                               cache_pool_slot_bytes(m, (uint32_t)n));
 }
 
 int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
@@ -125,7 +151,7 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
     }
     rc = cache_pool_reserve(p, s->handle, &s->owner, n, &kv);
     if (rc != SLOTD_OK) {
-        return session__pool_error(p, err, rc, false, "step", s->owner.id);
+        return session__step_error(p, s, n, rc, err);
     }
     assert(kv.len == s->entries);
 
@@ -141,7 +167,7 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
          * lock, and may catch such a release or not; the rule (a session's
          * slot is released only when no call on it is running) is what
          * keeps a released slot unwritten. */
-        return session__pool_error(p, err, rc, false, "step", s->owner.id);
+        return session__pool_error(p, err, rc, false, "step", s->owner.id, 0, 0);
     }
     s->entries = kv.len;
     cache_pool_hint(p, s->handle, &s->hint);
@@ -176,7 +202,11 @@ int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tok
     }
     rc = cache_pool_reserve(p, s->handle, &s->owner, (uint32_t)n, &kv);
     if (rc != SLOTD_OK) {
-        return session__pool_error(p, err, rc, false, "append", s->owner.id);
+        /* It needed the blocks between the slot's entries and n more. */
+        uint64_t before = cache_pool_slot_bytes(m, s->entries);
+        uint64_t after = cache_pool_slot_bytes(m, s->entries + (uint32_t)n);
+        return session__pool_error(p, err, rc, false, "append", s->owner.id, after - before,
+                                   after);
     }
     assert(kv.len == s->entries);
     for (size_t i = 0; i < n;) {
@@ -192,7 +222,7 @@ int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tok
     if (rc != SLOTD_OK) {
         /* As in cache_session_step(): only a broken one-thread-per-session
          * rule gets here. */
-        return session__pool_error(p, err, rc, false, "append", s->owner.id);
+        return session__pool_error(p, err, rc, false, "append", s->owner.id, 0, 0);
     }
     s->entries = kv.len;
     cache_pool_hint(p, s->handle, &s->hint);
@@ -208,22 +238,24 @@ int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache
     const model_t *m = from->model;
     model_kv_t src, dst;
     cache_handle_t h;
+    uint64_t need;
     int rc;
 
     /* A reserve of nothing: from's chain as it stands, no block taken. */
     rc = cache_pool_reserve(p, from->handle, &from->owner, 0, &src);
     if (rc != SLOTD_OK) {
-        return session__pool_error(p, err, rc, false, "fork", owner->id);
+        return session__pool_error(p, err, rc, false, "fork", owner->id, 0, 0);
     }
+    need = cache_pool_slot_bytes(m, src.len);
     assert(src.len == from->entries);
     rc = cache_pool_acquire(p, m, owner, &h);
     if (rc != SLOTD_OK) {
-        return session__pool_error(p, err, rc, true, "fork", owner->id);
+        return session__pool_error(p, err, rc, true, "fork", owner->id, need, need);
     }
     rc = cache_pool_reserve(p, h, owner, src.len, &dst);
     if (rc != SLOTD_OK) {
         (void)cache_pool_release(p, h, owner, NULL);
-        return session__pool_error(p, err, rc, false, "fork", owner->id);
+        return session__pool_error(p, err, rc, false, "fork", owner->id, need, need);
     }
     assert(dst.len == 0);
     /* Block i of every chain of m holds model_block_capacity(m, i)
@@ -242,7 +274,7 @@ int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache
     rc = cache_pool_commit(p, h, owner, &dst);
     if (rc != SLOTD_OK) {
         (void)cache_pool_release(p, h, owner, NULL);
-        return session__pool_error(p, err, rc, false, "fork", owner->id);
+        return session__pool_error(p, err, rc, false, "fork", owner->id, need, need);
     }
     s->handle = h;
     s->model = m;
@@ -277,7 +309,7 @@ void cache_session_step_batch(cache_pool_t *p, cache_session_t *const *s, size_t
         }
         rc[b] = cache_pool_reserve(p, s[b]->handle, &s[b]->owner, 1, &kv[k]);
         if (rc[b] != SLOTD_OK) {
-            rc[b] = session__pool_error(p, &err[b], rc[b], false, "step", s[b]->owner.id);
+            rc[b] = session__step_error(p, s[b], 1, rc[b], &err[b]);
             continue;
         }
         assert(kv[k].len == s[b]->entries);
@@ -297,7 +329,7 @@ void cache_session_step_batch(cache_pool_t *p, cache_session_t *const *s, size_t
         if (rc[b] != SLOTD_OK) {
             /* As in cache_session_step(): only a broken one-thread-per-
              * session rule gets here. */
-            rc[b] = session__pool_error(p, &err[b], rc[b], false, "step", s[b]->owner.id);
+            rc[b] = session__pool_error(p, &err[b], rc[b], false, "step", s[b]->owner.id, 0, 0);
             continue;
         }
         s[b]->entries = kv[i].len;
@@ -373,14 +405,16 @@ static int session__borrow(cache_pool_t *p, const model_t *m, uint32_t positions
 {
     int rc;
 
+    uint64_t need = cache_pool_slot_bytes(m, positions);
+
     rc = cache_pool_acquire(p, m, &session__borrower, h);
     if (rc != SLOTD_OK) {
-        return session__pool_error(p, err, rc, true, op, "");
+        return session__pool_error(p, err, rc, true, op, "", need, need);
     }
     rc = cache_pool_reserve(p, *h, &session__borrower, positions, kv);
     if (rc != SLOTD_OK) {
         (void)cache_pool_release(p, *h, &session__borrower, NULL);
-        return session__pool_error(p, err, rc, false, op, "");
+        return session__pool_error(p, err, rc, false, op, "", need, need);
     }
     assert(kv->len == 0);
     return SLOTD_OK;
@@ -400,7 +434,7 @@ int cache_session_logits(cache_pool_t *p, const model_t *m, const int64_t *token
     model_kv_t kv;
     int rc;
 
-    rc = model_check_generate(m, tokens, n, 0, err);
+    rc = model_check_logits(m, tokens, n, err);
     if (rc != SLOTD_OK) {
         return rc;
     }

@@ -4,8 +4,9 @@
  * It owns the preset table (made from MODEL__PRESETS, model.h), model
  * creation in two parts (the shape and block plan, then the weights) and
  * destruction, the accessors and counters, the validation of requests
- * (model_check_prompt(), model_check_generate()), the stateless operations
- * built on model_run() and model_pick() (model_logits(), model_generate()),
+ * (model_check_prompt(), model_check_generate(), model_check_logits()),
+ * the stateless operations built on model_run() and model_pick()
+ * (model_logits(), model_generate()),
  * the heap chain, model_round6(), and model__alloc(), through which core/
  * allocates.  The arithmetic of each family, and the bytes inside a block,
  * belong to hash.c and attn.c, reached through the table of functions a
@@ -469,6 +470,21 @@ int model_check_generate(const model_t *m, const int64_t *tokens, size_t n, int6
     return SLOTD_OK;
 }
 
+int model_check_logits(const model_t *m, const int64_t *tokens, size_t n, slotd_error_t *err)
+{
+    int rc = check_tokens(m, "tokens", tokens, n, err);
+
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    if (n > m->shape.max_ctx) {
+        return slotd_error_set(err, SLOTD_ETOO_LONG,
+                               "length: %zu tokens pass max_ctx %u of model '%s'", n,
+                               m->shape.max_ctx, m->shape.name);
+    }
+    return SLOTD_OK;
+}
+
 /* ---- The stateless operations ---- */
 
 /* The chain and scratch one stateless call works with: the caller's, or
@@ -541,7 +557,7 @@ int model_logits(const model_t *m, const int64_t *tokens, size_t n, model_kv_t *
                                "model: '%s' has no logits; logits needs an attn model",
                                m->shape.name);
     }
-    rc = model_check_generate(m, tokens, n, 0, err);
+    rc = model_check_logits(m, tokens, n, err);
     if (rc != SLOTD_OK) {
         return rc;
     }

@@ -249,12 +249,15 @@ uint64_t model_rows(const model_t *m);
  * is SLOTD_ETOO_LONG naming `length`. */
 int model_check_prompt(const model_t *m, const int64_t *prompt, size_t n, slotd_error_t *err);
 
-/** Arguments of logits/generate: tokens 1..max_ctx integers in [0, V)
+/** Arguments of generate: tokens 1..max_ctx integers in [0, V)
  * (SLOTD_EBAD_REQUEST naming `tokens`), steps >= 0 (`steps`), tokens plus
- * steps at most max_ctx (SLOTD_ETOO_LONG naming `length`).  Pass steps 0
- * for logits. */
+ * steps at most max_ctx (SLOTD_ETOO_LONG naming `length`). */
 int model_check_generate(const model_t *m, const int64_t *tokens, size_t n, int64_t steps,
                          slotd_error_t *err);
+
+/** Arguments of logits: model_check_generate() with no steps, whose
+ * too_long message speaks of tokens alone. */
+int model_check_logits(const model_t *m, const int64_t *tokens, size_t n, slotd_error_t *err);
 
 /* ---- The stateless operations ---- */
 
@@ -263,7 +266,7 @@ int model_check_generate(const model_t *m, const int64_t *tokens, size_t n, int6
  * naming `model`).  `kv`: NULL, and the call uses a heap chain of its own;
  * or an empty chain (len 0) with room for n positions, which it leaves
  * holding them.  `scratch`: NULL (allocated here) or model_scratch_size()
- * bytes.  Validates as model_check_generate() with steps 0. */
+ * bytes.  Validates as model_check_logits(). */
 int model_logits(const model_t *m, const int64_t *tokens, size_t n, model_kv_t *kv, void *scratch,
                  double *logits, uint64_t *rows, slotd_error_t *err);
 

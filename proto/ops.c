@@ -43,12 +43,16 @@ const proto_op_def_t proto_ops[PROTO_OP__COUNT] = {
 };
 
 #define AT(m) offsetof(proto_request_t, m)
+/* PROTO__INT_LIMIT: integers beyond it are no integers on the wire. */
+#define INT_LIMIT "9007199254740992"
 #define NAME_MUST(max) "must be a string of 1-" #max " characters from [A-Za-z0-9_.:-]"
 
 #define FIELD(nm, ty, ...) {.name = nm, .len = sizeof(nm) - 1, .type = ty, __VA_ARGS__}
 
 const proto_field_def_t proto_fields[PROTO_FIELD__COUNT] = {
-    [PROTO_FIELD_TAG] = FIELD("tag", PROTO_TYPE_TAG, .must = "must be a string or an integer"),
+    [PROTO_FIELD_TAG] =
+        FIELD("tag", PROTO_TYPE_TAG,
+              .must = "must be a string or an integer from -" INT_LIMIT " to " INT_LIMIT),
     [PROTO_FIELD_OP] = FIELD("op", PROTO_TYPE_OP, .must = "must be a string"),
     [PROTO_FIELD_ID] = FIELD("id", PROTO_TYPE_NAME, .lo = 1, .hi = PROTO_ID_MAX, .at = AT(id),
                              .must = NAME_MUST(64), .missing = "is required"),
@@ -61,8 +65,8 @@ const proto_field_def_t proto_fields[PROTO_FIELD__COUNT] = {
     [PROTO_FIELD_N] = FIELD("n", PROTO_TYPE_INT, .lo = 1, .hi = UINT32_MAX, .at = AT(n), .width = 4,
                             .must = "must be an integer from 1 to 4294967295"),
     [PROTO_FIELD_STEPS] = FIELD("steps", PROTO_TYPE_INT, .lo = 0, .hi = INT64_MAX, .at = AT(steps),
-                                .width = 8, .must = "must be a non-negative integer",
-                                .missing = "is required (a non-negative integer)"),
+                                .width = 8, .must = "must be an integer from 0 to " INT_LIMIT,
+                                .missing = "is required (an integer from 0 to " INT_LIMIT ")"),
     [PROTO_FIELD_USE_CACHE] = FIELD("use_cache", PROTO_TYPE_BOOL, .at = AT(use_cache),
                                     .must = "must be true or false"),
     [PROTO_FIELD_TOKEN] = FIELD("token", PROTO_TYPE_BYTES, .lo = 1, .hi = PROTO_AUTH_TOKEN_MAX,
@@ -72,7 +76,8 @@ const proto_field_def_t proto_fields[PROTO_FIELD__COUNT] = {
                                .must = NAME_MUST(64), .missing = "is required"),
 };
 
-_Static_assert(PROTO_ID_MAX == 64 && PROTO_MODEL_MAX == 32 && PROTO_AUTH_TOKEN_MAX == 4096,
+_Static_assert(PROTO_ID_MAX == 64 && PROTO_MODEL_MAX == 32 && PROTO_AUTH_TOKEN_MAX == 4096 &&
+                   (long long)PROTO__INT_LIMIT == 9007199254740992LL,
                "the limits are spelled out in the error words above");
 
 const char *proto_op_name(proto_op_t op)

@@ -95,7 +95,7 @@ static const option_t options[] = {
     {"shutdown-timeout", OPT_UINT, 1, 86400, FIELD(shutdown_timeout),
      "seconds a shutdown may take (10)"},
     {"wedge-timeout", OPT_UINT, 1, 86400, FIELD(wedge_timeout),
-     "seconds one job may run before /health fails (10)"},
+     "seconds a worker in a job may make no progress before /health fails (10)"},
     {"reply-hold-us", OPT_UINT, 0, 10000000, FIELD(reply_hold_us),
      "microseconds replies may wait for more of their connection's jobs, 0 for never (100)"},
     {"models", OPT_MODELS, 0, 0, 0, 0,
@@ -103,7 +103,8 @@ static const option_t options[] = {
     {"preload", OPT_PRELOAD, 0, 0, 0, 0,
      "presets built at start, comma separated, or none; by default those of tiny,hash that "
      "--models allows (tiny,hash)"},
-    {"default-model", OPT_MODEL, 0, 0, FIELD(default_model), "model of a start without one (tiny)"},
+    {"default-model", OPT_MODEL, 0, 0, FIELD(default_model),
+     "model of a request that names none; the first of --models if tiny is not among them (tiny)"},
     {"log-level", OPT_LEVEL, 0, 0, FIELD(log_level), "debug, info, warn or error (info)"},
     {"audit-rate", OPT_RATE, 0, 0, FIELD(audit_rate),
      "fraction 0..1 of step requests checked against an uncached recompute (0)"},
@@ -279,6 +280,7 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     strcpy(cfg->preload[1], "hash");
     cfg->preload_given = false;
     strcpy(cfg->default_model, "tiny");
+    cfg->default_model_from[0] = '\0';
     cfg->log_level = LOG_LEVEL_INFO;
     cfg->protected_mode = true;
     cfg->worker_sched_batch = true;
@@ -549,6 +551,7 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
             return fail(err, errlen, "%s: unknown model '%s' (known: %s)", src, value,
                         model_presets());
         strcpy(cfg->default_model, value);
+        snprintf(cfg->default_model_from, sizeof(cfg->default_model_from), "%s", src);
         return CONFIG_OK;
     case OPT_LEVEL:
         if (log_level_parse(value, &cfg->log_level) != 0)
@@ -675,8 +678,13 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
     if (version)
         return CONFIG_VERSION;
 
+    /* tiny unless named: the first of --models when tiny is not among them. */
+    if (!model_allowed(cfg, cfg->default_model) && cfg->default_model_from[0] == '\0')
+        strcpy(cfg->default_model, cfg->models[0]);
     if (!model_allowed(cfg, cfg->default_model))
-        return fail(err, errlen, "--default-model: '%s' is not among --models", cfg->default_model);
+        return fail(err, errlen,
+                    "%s: '%s' is not among --models; add it to --models, or name one of them",
+                    cfg->default_model_from, cfg->default_model);
     if ((rc = check_preload(cfg, err, errlen)) != CONFIG_OK)
         return rc;
     if (cfg->port != 0 && cfg->port == cfg->admin_port)

@@ -57,6 +57,7 @@ typedef struct server_config {
     char preload[CONFIG_MAX_MODELS][PROTO_MODEL_MAX + 1];
     bool preload_given;                     /* --preload or SLOTD_PRELOAD was set */
     char default_model[PROTO_MODEL_MAX + 1]; /* one of `models` */
+    char default_model_from[32];             /* the flag or variable that named it; "" if none did */
     log_level_t log_level;
     double audit_rate; /* fraction of step requests recomputed uncached, 0..1 */
     char auth_token_file[CONFIG_PATH_MAX + 1]; /* "" for none */

@@ -1,8 +1,8 @@
 /*
  * dispatch.c: request dispatch, a line in and a job or an answer out.  It
  * parses each line read into a request record in read order (the order
- * FIFO), checks it (auth, the model, the map, the session limit, the
- * connection's share, the pool's room) and applies it: to a session's FIFO
+ * FIFO), checks it (auth, the model, the map, a step's context, the
+ * session limit, the connection's share, the pool's room) and applies it: to a session's FIFO
  * (session.c), to the workers (launch.c), or answered at once; a stats
  * waits for the head of the FIFO, with the lines after it held behind it
  * (the barrier), and a request for a model not built yet waits for its
@@ -207,6 +207,8 @@ static void conn_advance(conn_t *c)
         c->held_bytes -= r->reply.len;
         if (r->rc != SLOTD_OK)
             metrics_count_error(r->rc);
+        if (r->rc == SLOTD_ECACHE_FULL)
+            metrics_count_refusal((metrics_refusal_t)r->refusal);
         if (s->nreplied == SERVER_REPLIED_MAX)
             dispatch__observe_replies(s);
         s->replied_ns[s->nreplied] = r->read_ns;
@@ -253,18 +255,21 @@ static const model_t *resolve_model(conn_t *c, req_t *r, slotd_error_t *err)
 
 #define ROOM_DEFERRED 1 /* room_check(): `r` waits (REQ_DEFER) */
 
-/* The capacity checks of a start, step or append of `entries` positions of `m`,
- * in order: the connection's share (a refusal waits while an earlier line
- * is pending, whose charge may come back), then the pool's room
- * (conn_must_wait()).  SLOTD_OK with the room `r` may take in *bytes and
- * *slots; ROOM_DEFERRED when `r` was deferred; or the code of the error
- * set in `err`. */
-static int room_check(conn_t *c, req_t *r, const model_t *m, uint64_t entries, bool new_session,
-                      uint64_t *bytes, uint64_t *slots, slotd_error_t *err)
+/* The capacity checks of a start or step that grows its session by `g`
+ * (`sess`: a step's session; NULL for a start), in order: the
+ * connection's share (a refusal waits while an earlier line is pending,
+ * whose charge may come back), then the pool's room (conn_must_wait()).
+ * SLOTD_OK with the room `r` may take in *bytes and *slots; ROOM_DEFERRED
+ * when `r` was deferred; or the code of the error set in `err`. */
+static int room_check(conn_t *c, req_t *r, const model_t *m, const session_t *sess,
+                      const session_grow_t *g, bool new_session, uint64_t *bytes, uint64_t *slots,
+                      slotd_error_t *err)
 {
-    if (session__share_charge(c, NULL, m, entries, r->rq.op, new_session, err) != SLOTD_OK) {
-        if (!earlier_pending(c, r))
+    if (session__share_check(c, r, sess, g, new_session, err) != SLOTD_OK) {
+        if (!earlier_pending(c, r)) {
+            r->refusal = METRICS_REFUSAL_SHARE;
             return err->code;
+        }
         req_defer(c, r, false);
         return ROOM_DEFERRED;
     }
@@ -276,6 +281,42 @@ static int room_check(conn_t *c, req_t *r, const model_t *m, uint64_t entries, b
     return SLOTD_OK;
 }
 
+/* The context check of a step or an append of `sess` (model `m`), which
+ * comes before its capacity checks.  On a session with nothing pending, context_full
+ * now.  On one with requests pending, the worker checks it first when the
+ * step runs: the step is charged to its connection's share as if it
+ * filled the session's context at most (`g`), so that a refusal for the
+ * share waits for the pending requests (room_check()) and the step is
+ * then decided here, context first.  SLOTD_OK with `g` set, or the code
+ * of the error set in `err`. */
+static int step_context(const req_t *r, const session_t *sess, const model_t *m, session_grow_t *g,
+                        slotd_error_t *err)
+{
+    uint32_t max = model_max_ctx(m);
+    uint64_t n = req__adds(r);
+
+    if (sess->has_slot && sess->running == NULL && sess->fifo_head == NULL &&
+        (sess->cs.entries > max || n > max - sess->cs.entries)) {
+        /* In the words of the worker's check (job.c, cache/session.c),
+         * which answers the same request when it runs behind pending ones. */
+        if (r->rq.op == PROTO_OP_APPEND)
+            return slotd_error_set(err, SLOTD_ECONTEXT_FULL,
+                                   "append: '%s' holds %" PRIu32 " of %" PRIu32
+                                   " positions, %zu more do not fit",
+                                   r->rq.id, sess->cs.entries, max, r->rq.ntokens);
+        return slotd_error_set(err, SLOTD_ECONTEXT_FULL,
+                               "step: %" PRIu32 " more entries would pass max_ctx %" PRIu32
+                               " (session '%s' holds %" PRIu32 ")",
+                               r->rq.n, max, r->rq.id, sess->cs.entries);
+    }
+    if (sess->share_entries >= max)
+        n = 0;
+    else if (n > max - sess->share_entries)
+        n = max - sess->share_entries;
+    session__grow_step(sess, m, (uint32_t)n, g);
+    return SLOTD_OK;
+}
+
 /* Validates a start against the model, the map and the session limit, and
  * queues it on a new session record.  Returns SLOTD_OK, the code of the
  * error set in `err`, or SLOTD_ENOMEM. */
@@ -284,6 +325,7 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     server_t *s = c->server;
     const model_t *m = resolve_model(c, r, err);
     session_t *sess;
+    session_grow_t g;
     uint64_t bytes, slots;
     int rc;
 
@@ -300,11 +342,14 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
             req_defer(c, r, false);
             return SLOTD_OK;
         }
+        r->refusal = METRICS_REFUSAL_SLOTS;
         return slotd_error_set(err, SLOTD_ECACHE_FULL,
-                               "start: the daemon holds %u sessions, its limit (--max-sessions)",
+                               "start: the daemon holds %u sessions, its limit (--max-sessions); "
+                               "retry when sessions finish",
                                s->cfg->max_sessions);
     }
-    rc = room_check(c, r, m, r->rq.ntokens, sess == NULL, &bytes, &slots, err);
+    session__grow_start(m, (uint32_t)r->rq.ntokens, &g);
+    rc = room_check(c, r, m, NULL, &g, sess == NULL, &bytes, &slots, err);
     if (rc != SLOTD_OK)
         return rc == ROOM_DEFERRED ? SLOTD_OK : rc;
     r->model = m;
@@ -312,8 +357,7 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     if (sess != NULL) {
         /* The id's start has not succeeded yet: this one is decided after
          * it, duplicate_id if it succeeds, run if it fails. */
-        /* Checked above. */
-        (void)session__share_charge(c, sess, m, r->rq.ntokens, PROTO_OP_START, false, err);
+        session__share_take(c, sess, &g, true);
         req_count_need(c, r, bytes, slots);
         session__enqueue(sess, r);
         return SLOTD_OK;
@@ -334,8 +378,7 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     sess->in_map = true;
     sess->born = uv_now(&s->loop);
     s->admitted++;
-    /* Checked above. */
-    (void)session__share_charge(c, sess, m, r->rq.ntokens, PROTO_OP_START, true, err);
+    session__share_take(c, sess, &g, false); /* room_check() admitted it */
     c->share_sessions++;
     sess->conn = c;
     sess->cs.model = m; /* for the room its steps may take, before it has a slot */
@@ -360,28 +403,17 @@ static const model_t *session_model(const session_t *sess)
     return sess->fifo_head != NULL ? sess->fifo_head->model : NULL;
 }
 
-/* The checks of an append of `sess` (model `m`) before its room: every
- * token in [0, V), then its length against max_ctx when the session is
- * live and idle, so that context_full comes before any refusal of the
- * connection's share.  Otherwise the worker checks the length, with the
- * entries the session holds by then (cache_session_append(), which words
- * it the same). */
-static int append_check(const session_t *sess, const model_t *m, const req_t *r, slotd_error_t *err)
+/* The field check of an append against its session's model `m`: every
+ * token in [0, V).  Its length against max_ctx is step_context()'s, as a
+ * step's n is. */
+static int append_check(const model_t *m, const req_t *r, slotd_error_t *err)
 {
-    const cache_session_t *cs = &sess->cs;
-
     for (size_t i = 0; m != NULL && i < r->rq.ntokens; i++)
         if (r->rq.tokens[i] < 0 || r->rq.tokens[i] >= (int64_t)model_vocab(m))
             return slotd_error_set(err, SLOTD_EBAD_REQUEST,
                                    "append: `tokens` must hold integers from 0 to %" PRIu32
                                    " (model '%s'); element %zu is %" PRId64,
                                    model_vocab(m) - 1, model_name(m), i, r->rq.tokens[i]);
-    if (sess->has_slot && sess->running == NULL && sess->fifo_head == NULL &&
-        (uint64_t)cs->entries + r->rq.ntokens > model_max_ctx(m))
-        return slotd_error_set(err, SLOTD_ECONTEXT_FULL,
-                               "append: '%s' holds %" PRIu32 " of %" PRIu32
-                               " positions, %zu more do not fit",
-                               r->rq.id, cs->entries, model_max_ctx(m), r->rq.ntokens);
     return SLOTD_OK;
 }
 
@@ -403,15 +435,19 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
         session__unmap(sess); /* later lines no longer see the id */
     } else {
         const model_t *m = session_model(sess);
+        session_grow_t g;
         uint64_t bytes, slots;
-        int rc;
+        int rc = SLOTD_OK;
 
-        if (r->rq.op == PROTO_OP_APPEND && append_check(sess, m, r, err) != SLOTD_OK)
-            return err->code;
-        rc = room_check(c, r, m, req__adds(r), false, &bytes, &slots, err);
+        if (r->rq.op == PROTO_OP_APPEND)
+            rc = append_check(m, r, err);
+        if (rc == SLOTD_OK)
+            rc = step_context(r, sess, m, &g, err);
+        if (rc == SLOTD_OK)
+            rc = room_check(c, r, m, sess, &g, false, &bytes, &slots, err);
         if (rc != SLOTD_OK)
             return rc == ROOM_DEFERRED ? SLOTD_OK : rc;
-        session__share_add(c, sess, m, req__adds(r)); /* room_check() admitted it */
+        session__share_take(c, sess, &g, false); /* room_check() admitted it */
         req_count_need(c, r, bytes, slots);
     }
     session__enqueue(sess, r);
@@ -421,8 +457,8 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
 static int read_stateless(conn_t *c, req_t *r, slotd_error_t *err)
 {
     const model_t *m = resolve_model(c, r, err);
-    int64_t steps = r->rq.op == PROTO_OP_GENERATE ? r->rq.steps : 0;
     uint64_t bytes, slots;
+    int rc;
 
     if (m == NULL)
         return err->code;
@@ -430,8 +466,11 @@ static int read_stateless(conn_t *c, req_t *r, slotd_error_t *err)
         return slotd_error_set(err, SLOTD_EBAD_REQUEST,
                                "model: '%s' is a hash model; %s needs an attn model", model_name(m),
                                proto_op_name(r->rq.op));
-    if (model_check_generate(m, r->rq.tokens, r->rq.ntokens, steps, err) != SLOTD_OK)
-        return err->code;
+    rc = r->rq.op == PROTO_OP_GENERATE
+             ? model_check_generate(m, r->rq.tokens, r->rq.ntokens, r->rq.steps, err)
+             : model_check_logits(m, r->rq.tokens, r->rq.ntokens, err);
+    if (rc != SLOTD_OK)
+        return rc;
     req_need(r, m, &bytes, &slots);
     if (conn_must_wait(c, r, bytes, slots)) {
         req_defer(c, r, false);
@@ -470,6 +509,7 @@ static bool fork_apply(conn_t *c, req_t *r)
     session_t *from, *sess;
     const model_t *m;
     slotd_error_t err;
+    session_grow_t g;
     size_t chain = 0;
 
     slotd_error_clear(&err);
@@ -490,14 +530,19 @@ static bool fork_apply(conn_t *c, req_t *r)
         goto fail;
     }
     if (s->admitted >= s->cfg->max_sessions) {
+        r->refusal = METRICS_REFUSAL_SLOTS;
         slotd_error_set(&err, SLOTD_ECACHE_FULL,
-                        "fork: the daemon holds %u sessions, its limit (--max-sessions)",
+                        "fork: the daemon holds %u sessions, its limit (--max-sessions); "
+                        "retry when sessions finish",
                         s->cfg->max_sessions);
         goto fail;
     }
     m = from->cs.model;
-    if (session__share_charge(c, NULL, m, from->cs.entries, PROTO_OP_FORK, true, &err) != SLOTD_OK)
+    session__grow_start(m, from->cs.entries, &g);
+    if (session__share_check(c, r, NULL, &g, true, &err) != SLOTD_OK) {
+        r->refusal = METRICS_REFUSAL_SHARE;
         goto fail;
+    }
 
     sess = session__get(s);
     if (sess == NULL)
@@ -512,7 +557,7 @@ static bool fork_apply(conn_t *c, req_t *r)
     sess->in_map = true;
     sess->born = uv_now(&s->loop);
     s->admitted++;
-    (void)session__share_charge(c, sess, m, from->cs.entries, PROTO_OP_FORK, true, &err);
+    session__share_take(c, sess, &g, false);
     c->share_sessions++;
     sess->conn = c;
     sess->cs.model = m;
@@ -757,6 +802,12 @@ void dispatch__job_done(req_t *r)
         conn__unref(c);
         return;
     }
+    if (r->rc == SLOTD_ECACHE_FULL) { /* the pool's: its bytes, or (an acquire) its slots */
+        uint64_t free_bytes, free_slots;
+        cache_pool_room(s->pool, &free_bytes, &free_slots);
+        r->refusal = !req__on_slot(r) && free_slots == 0 ? METRICS_REFUSAL_SLOTS
+                                                         : METRICS_REFUSAL_POOL;
+    }
     /* The session takes the result first; it keeps `running` until the
      * end, so that a close here leaves it for the code below. */
     if (sess != NULL) {
@@ -770,12 +821,12 @@ void dispatch__job_done(req_t *r)
             /* No trace: the steps and finish queued behind it get
              * unknown_id, a start queued behind it runs, and with nothing
              * queued the id is free again (session.c: session__settle()). */
-            session__give_back(sess, r);
+            session__give_back(sess);
         } else {
             sess->cs = r->cs; /* a failed step left it as it was */
             sess->toks = r->toks;
             if (r->rc != SLOTD_OK)
-                session__give_back(sess, r);
+                session__give_back(sess);
         }
     }
     if (!c->closed && (r->rc == SLOTD_ENOMEM || r->rc == SLOTD_ESTALE || r->rc == SLOTD_EINVAL)) {

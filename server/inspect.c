@@ -20,7 +20,7 @@
  * and back on the loop the body goes to the admin port's callback, which
  * sends it out in slices.  `pool_bytes` is what the pool holds for the
  * session: its chain's blocks and its state, each at its 64-byte stride,
- * as the pool counts them (inspect__pool_bytes()).  The state is "running"
+ * as the pool counts them (cache_pool_slot_bytes()).  The state is "running"
  * while a worker runs a job of the session, "queued" while its requests
  * wait, "idle" otherwise; `outstanding` counts its requests not yet
  * answered by the model, the running one included.
@@ -100,14 +100,6 @@ static const model_t *session_model(const session_t *sess)
     return sess->fifo_head != NULL ? sess->fifo_head->model : NULL;
 }
 
-uint64_t inspect__pool_bytes(const model_t *m, uint32_t entries)
-{
-    size_t blocks = 0;
-    uint64_t state = (model_state_size(m) + SLOTD_CACHE_LINE - 1) / SLOTD_CACHE_LINE;
-    model_chain_blocks(m, entries, SLOTD_CACHE_LINE, &blocks);
-    return (uint64_t)blocks + state * SLOTD_CACHE_LINE;
-}
-
 /* The client's address as the handshake recorded it (handshake.c): behind
  * a balancer that sends a PROXY header, the client's, not the balancer's. */
 static int peer_add(inspect_listing_t *l, conn_t *c)
@@ -147,7 +139,7 @@ static int listed_add(inspect_listing_t *l, const session_t *sess)
     bool started = sess->running != NULL &&
                    atomic_load_explicit(&sess->running->started, memory_order_relaxed);
     e->serial = sess->conn->serial;
-    e->bytes = m != NULL && sess->has_slot ? inspect__pool_bytes(m, sess->cs.entries) : 0;
+    e->bytes = m != NULL && sess->has_slot ? cache_pool_slot_bytes(m, sess->cs.entries) : 0;
     e->born = sess->born;
     e->age = (double)(l->now - sess->born) / 1000.0;
     e->idle = sess->in_lru ? (double)(l->now - sess->idle_since) / 1000.0 : 0.0;

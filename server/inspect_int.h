@@ -27,9 +27,6 @@ void inspect__session_gone(session_t *sess);
 /** admin_hooks_t.health: whether the daemon drains and whether a worker
  * is wedged (worker_pool_wedged() with --wedge-timeout). */
 void inspect__health(void *arg, bool *draining, bool *wedged);
-/** The pool bytes a session of model `m` with `entries` entries holds:
- * its chain's blocks and its state, each rounded up to 64 bytes. */
-uint64_t inspect__pool_bytes(const model_t *m, uint32_t entries);
 /** Fills the stats object (the stats op and the admin port). */
 void inspect__stats(server_t *s, proto_stats_t *st);
 

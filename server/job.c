@@ -5,7 +5,9 @@
  * of its reply line into the record; with --audit-rate, the recording of a
  * session's tokens and the audit of sampled steps (see audit.h); and the
  * batches of single steps of one model (job_group(), job_run_batch(),
- * --max-batch), whose records each get their own reply.
+ * --max-batch), whose records each get their own reply; and long jobs (a
+ * step of many positions, a generate) run in slices, between which the
+ * worker counts its progress and serves other flows (worker_yield()).
  *
  * DESIGN.  Runs on the worker threads only, one record per call.  It reads
  * the record's request and input fields and writes only its result fields
@@ -13,7 +15,8 @@
  * immutable after start-up, the pool and the models are thread-safe, and
  * the audit's per-worker part belongs to this worker.  It never touches
  * the connection, the session record or any libuv handle.  Token and logit
- * buffers are the worker's own (worker_tokens(), worker_logits()).
+ * buffers are the worker's own (worker_tokens(), worker_logits()); a job
+ * that worker_yield() runs inside a long one gets buffers of its own.
  */
 #include <assert.h>
 #include <inttypes.h>
@@ -198,6 +201,216 @@ static void cost_measured(server_t *s, const req_t *r, uint64_t ns)
     }
 }
 
+/* ---- Long jobs, in slices (worker.h, "Long jobs") ----
+ *
+ * A step of many positions or a generate estimated dearer than a slice
+ * (long_slice_ns(); or of more than a batch call's positions while its
+ * model is not timed yet) makes the model calls cache_session_step() and
+ * model_generate() would, in the same order on the same slot, but a few
+ * positions at a time: picks and runs one by one, a prompt or a rerun
+ * prefix through model_prefill() a batch call at a time (which gives the
+ * entries, state and counters of one call over them all); a slice is at
+ * least one such call.  The result is bit for bit theirs.  At the end of
+ * each slice the job counts its positions (worker_progress(), which is
+ * what keeps /health at 200) and lets the worker run jobs that would wait
+ * for it (worker_yield()).  Nothing lives in the scratch between two calls, so
+ * those jobs may use it; the slot is reserved before the first position,
+ * so a refusal changes nothing, and then the unsliced call is made for
+ * its error. */
+
+/* Others' jobs may run for up to this many slices at one yield, each
+ * estimated at this many slices at most (an estimate: a `tiny` step's,
+ * timed by the wall clock, grows on a loaded machine). */
+#define JOB_YIELD_SLICES 8
+
+/* The time of others' jobs run within this thread's current job, for
+ * cost_measured(). */
+static _Thread_local uint64_t job_lent_ns;
+
+/* A long job's slice: the chain's, or JOB_CHAIN_SLICE_NS with --batch-us
+ * 0 (a long job runs in slices whatever the batch bound). */
+static uint64_t long_slice_ns(const server_t *s)
+{
+    uint64_t slice = job__chain_slice(s);
+
+    return slice > 0 ? slice : JOB_CHAIN_SLICE_NS;
+}
+
+/* Whether a job of `positions` model positions and estimated `cost`, of a
+ * model whose mean per position is `mean` (0: not timed yet), runs in
+ * slices. */
+static bool cost_is_long(const server_t *s, uint64_t cost, uint64_t mean, uint64_t positions)
+{
+    return cost > long_slice_ns(s) || (mean == 0 && positions > MODEL_BATCH_MAX);
+}
+
+/* Whether a step of `n` positions of model `m` runs in slices. */
+static bool step_is_long(const server_t *s, const model_t *m, uint32_t n)
+{
+    const job_costs_t *c = job__costs(s, m);
+
+    return cost_is_long(s, job__step_cost(c, n),
+                        atomic_load_explicit(&c->step_ns, memory_order_relaxed), n);
+}
+
+/* Whether generate `r` runs in slices. */
+static bool generate_is_long(const server_t *s, const req_t *r)
+{
+    const job_costs_t *c = job__costs(s, r->model);
+    uint64_t n = r->rq.ntokens, steps = (uint64_t)r->rq.steps;
+    /* Positions run: uncached, each pick runs its whole prefix again. */
+    uint64_t positions = r->rq.use_cache ? n + steps : steps * n + steps * (steps - 1) / 2;
+
+    return cost_is_long(s, job_cost(s, r),
+                        atomic_load_explicit(&c->prefill_ns, memory_order_relaxed), positions);
+}
+
+typedef struct job_slicer {
+    worker_t *w;
+    const worker_job_t *job;
+    worker_slices_t place; /* worker_yield()'s */
+    uint64_t slice_ns;
+    uint64_t t0;        /* the current slice's start */
+    uint64_t own_ns;    /* the job's own time, its slices' */
+    uint64_t positions; /* done in the current slice */
+} job_slicer_t;
+
+static void slicer_begin(job_slicer_t *sl, const server_t *s, worker_t *w, const req_t *r)
+{
+    memset(sl, 0, sizeof(*sl));
+    sl->w = w;
+    sl->job = &r->job;
+    sl->slice_ns = long_slice_ns(s);
+    sl->t0 = uv_hrtime();
+}
+
+/* `positions` more are done; at the end of a slice, counts the slice's
+ * and yields. */
+static void slicer_tick(job_slicer_t *sl, uint64_t positions)
+{
+    uint64_t now = uv_hrtime();
+
+    sl->positions += positions;
+    if (now - sl->t0 < sl->slice_ns)
+        return;
+    sl->own_ns += now - sl->t0;
+    worker_progress(sl->w, sl->positions);
+    sl->positions = 0;
+    job_lent_ns += worker_yield(sl->w, sl->job, &sl->place, sl->own_ns,
+                                JOB_YIELD_SLICES * sl->slice_ns, JOB_YIELD_SLICES * sl->slice_ns);
+    sl->t0 = uv_hrtime();
+}
+
+static void slicer_end(job_slicer_t *sl)
+{
+    if (sl->positions > 0)
+        worker_progress(sl->w, sl->positions);
+}
+
+/* model_prefill() of tokens[0 .. n-1] on `kv`, in chunks of a batch
+ * call's MODEL_BATCH_MAX positions: what the one call would do, at the
+ * same cost.  Smaller chunks would end slices sooner, but a position run
+ * alone reads every weight for itself and costs many times more. */
+static void prefill_sliced(job_slicer_t *sl, const model_t *m, model_kv_t *kv,
+                           const uint32_t *tokens, size_t n, void *scratch)
+{
+    while (n > 0) {
+        size_t k = n < MODEL_BATCH_MAX ? n : MODEL_BATCH_MAX;
+
+        model_prefill(m, kv, tokens, k, scratch);
+        tokens += k;
+        n -= k;
+        slicer_tick(sl, k);
+    }
+}
+
+/* cache_session_step() of `n` positions in slices. */
+static int step_sliced(server_t *s, worker_t *w, req_t *r, uint32_t n, uint32_t *tokens,
+                       double *logits, slotd_error_t *err)
+{
+    const model_t *m = r->cs.model;
+    size_t vocab = model_vocab(m);
+    job_slicer_t sl;
+    model_kv_t kv;
+    int rc;
+
+    if (cache_pool_reserve(s->pool, r->cs.handle, &r->cs.owner, n, &kv) != SLOTD_OK)
+        return cache_session_step(s->pool, &r->cs, n, worker_scratch(w), tokens, logits, err);
+    slicer_begin(&sl, s, w, r);
+    for (uint32_t i = 0; i < n; i++) {
+        tokens[i] = model_pick(m, &kv, logits != NULL ? logits + (size_t)i * vocab : NULL);
+        model_run(m, &kv, tokens[i], worker_scratch(w));
+        slicer_tick(&sl, 1);
+    }
+    slicer_end(&sl);
+    rc = cache_pool_commit(s->pool, r->cs.handle, &r->cs.owner, &kv);
+    if (rc != SLOTD_OK) /* as cache_session_step(): a released slot, a bug */
+        return slotd_error_set(err, rc, "step: %s ('%s')", slotd_strerror(rc), r->rq.id);
+    r->cs.entries = kv.len;
+    cache_pool_hint(s->pool, r->cs.handle, &r->cs.hint);
+    return SLOTD_OK;
+}
+
+/* cache_session_generate() in slices, into `tokens` (room for n + steps)
+ * and `logits` (steps rows); steps >= 1. */
+static int generate_sliced(server_t *s, worker_t *w, req_t *r, uint32_t *tokens, double *logits,
+                           uint64_t *rows, slotd_error_t *err)
+{
+    /* The owner of a borrowed slot, as cache/session.c's: no client's. */
+    static const cache_owner_t borrower = {.key = 0, .id = ""};
+    const model_t *m = r->model;
+    size_t n = r->rq.ntokens, steps = (size_t)r->rq.steps, vocab = model_vocab(m);
+    void *scratch = worker_scratch(w);
+    uint64_t runs = 0;
+    cache_handle_t h;
+    job_slicer_t sl;
+    model_kv_t kv;
+    int rc;
+
+    rc = model_check_generate(m, r->rq.tokens, n, r->rq.steps, err);
+    if (rc != SLOTD_OK)
+        return rc;
+    if (cache_pool_acquire(s->pool, m, &borrower, &h) != SLOTD_OK)
+        goto unsliced;
+    if (cache_pool_reserve(s->pool, h, &borrower, (uint32_t)(n + steps), &kv) != SLOTD_OK) {
+        (void)cache_pool_release(s->pool, h, &borrower, NULL);
+        goto unsliced;
+    }
+    for (size_t i = 0; i < n; i++)
+        tokens[i] = (uint32_t)r->rq.tokens[i]; /* validated: in [0, V) */
+    slicer_begin(&sl, s, w, r);
+    if (r->rq.use_cache) {
+        /* Each position runs once; the last pick is never run. */
+        prefill_sliced(&sl, m, &kv, tokens, n, scratch);
+        runs = n;
+        for (size_t k = 0; k < steps; k++) {
+            tokens[n + k] = model_pick(m, &kv, logits != NULL ? logits + k * vocab : NULL);
+            if (k + 1 < steps) {
+                model_run(m, &kv, tokens[n + k], scratch);
+                runs++;
+                slicer_tick(&sl, 1);
+            }
+        }
+    } else {
+        /* Every pick starts from an empty chain and reruns every position. */
+        for (size_t k = 0; k < steps; k++) {
+            model_kv_rewind(&kv);
+            prefill_sliced(&sl, m, &kv, tokens, n + k, scratch);
+            runs += n + k;
+            tokens[n + k] = model_pick(m, &kv, logits != NULL ? logits + k * vocab : NULL);
+        }
+    }
+    slicer_end(&sl);
+    rc = cache_pool_release(s->pool, h, &borrower, NULL);
+    assert(rc == SLOTD_OK);
+    *rows = (uint64_t)model_layers(m) * runs;
+    return SLOTD_OK;
+
+unsliced: /* no room: the one call says so, in its words */
+    return cache_session_generate(s->pool, m, r->rq.tokens, n, r->rq.steps, r->rq.use_cache,
+                                  scratch, tokens, logits, rows, err);
+}
+
 static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 {
     cache_owner_t owner;
@@ -289,7 +502,10 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     /* The audit's room first, so that a step that ran can always be recorded. */
     if (s->audit != NULL && audit_tokens_reserve(&r->toks, n) != SLOTD_OK)
         return SLOTD_ENOMEM;
-    rc = cache_session_step(s->pool, &r->cs, n, worker_scratch(w), tokens, logits, err);
+    if (n > 1 && step_is_long(s, m, n))
+        rc = step_sliced(s, w, r, n, tokens, logits, err);
+    else
+        rc = cache_session_step(s->pool, &r->cs, n, worker_scratch(w), tokens, logits, err);
     if (rc != SLOTD_OK)
         return rc;
     if (s->audit != NULL)
@@ -383,8 +599,11 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 
     if (tokens == NULL || logits == NULL)
         return SLOTD_ENOMEM;
-    rc = cache_session_generate(s->pool, r->model, r->rq.tokens, r->rq.ntokens, r->rq.steps,
-                                r->rq.use_cache, worker_scratch(w), tokens, logits, &rows, err);
+    if (steps > 0 && generate_is_long(s, r))
+        rc = generate_sliced(s, w, r, tokens, logits, &rows, err);
+    else
+        rc = cache_session_generate(s->pool, r->model, r->rq.tokens, r->rq.ntokens, r->rq.steps,
+                                    r->rq.use_cache, worker_scratch(w), tokens, logits, &rows, err);
     if (rc != SLOTD_OK)
         return rc;
     return proto_reply_generate(&r->reply, r->rq.tag, tokens, total, logits, steps, vocab, rows);
@@ -572,6 +791,7 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
     const model_t *m = req__on_slot(r) ? r->cs.model : r->model;
     bool cpu_timed = m != NULL && model_batch_shares(m);
     uint64_t cpu0 = 0, t0 = worker_job_start(w); /* this step's start, in a chain */
+    uint64_t lent = job_lent_ns;                 /* others' time in this job, from here */
     unsigned shard = worker_index(w);
     slotd_error_t err;
     int rc;
@@ -616,7 +836,10 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
         if (r->rq.op == PROTO_OP_STEP)
             metrics_observe_step_alone(shard, now - t0, now,
                                        m != NULL ? model_preset_index(m) : MODEL_NPRESETS);
-        cost_measured(s, r, cpu_timed ? thread_cpu_ns() - cpu0 : now - t0);
+        uint64_t ns = cpu_timed ? thread_cpu_ns() - cpu0 : now - t0;
+
+        lent = job_lent_ns - lent;
+        cost_measured(s, r, ns > lent ? ns - lent : 0);
     }
 }
 

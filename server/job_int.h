@@ -10,7 +10,9 @@
 
 /** The estimated run time of `r`'s job in nanoseconds, from its op, its
  * counts and its model's measured times: its cost for the workers'
- * fairness and batch bound (worker_job_set_cost()).  Loop thread. */
+ * fairness and batch bound (worker_job_set_cost()).  Loop thread; for a
+ * `generate` (which reads no session) also its worker, to decide whether
+ * it runs in slices. */
 uint64_t job_cost(const server_t *s, const req_t *r);
 
 /* What any job costs besides its positions: its hand-offs, its reply. */

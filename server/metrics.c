@@ -127,6 +127,12 @@ static const char *const release_name[METRICS_RELEASE__COUNT] = {
     [METRICS_RELEASE_SHUTDOWN] = "shutdown",
 };
 
+static const char *const refusal_name[METRICS_REFUSAL__COUNT] = {
+    [METRICS_REFUSAL_POOL] = "pool",
+    [METRICS_REFUSAL_SLOTS] = "slots",
+    [METRICS_REFUSAL_SHARE] = "share",
+};
+
 static const char *const close_name[METRICS_CLOSE__COUNT] = {
     [METRICS_CLOSE_TIMEOUT] = "timeout",
     [METRICS_CLOSE_AUTH_TIMEOUT] = "auth_timeout",
@@ -167,6 +173,11 @@ static const char *name_code(size_t i)
 static const char *name_release(size_t i)
 {
     return release_name[i];
+}
+
+static const char *name_refusal(size_t i)
+{
+    return refusal_name[i];
 }
 
 static const char *name_close(size_t i)
@@ -211,6 +222,7 @@ static void fill_op_model_text(void)
     XX(op, "op", PROTO_OP__COUNT, name_op)                                                         \
     XX(code, "code", NERRORS, name_code)                                                           \
     XX(release, "reason", METRICS_RELEASE__COUNT, name_release)                                    \
+    XX(refusal, "reason", METRICS_REFUSAL__COUNT, name_refusal)                                    \
     XX(close, "reason", METRICS_CLOSE__COUNT, name_close)                                          \
     XX(model, "model", MODEL_NPRESETS, model_preset_name)                                          \
     XX(op_model, "op", OP_MODEL_COUNT, name_op_model)
@@ -219,6 +231,7 @@ static void fill_op_model_text(void)
 #define INDEX_op(label) index_op(label)
 #define INDEX_code(label) index_code(label)
 #define INDEX_release(label) ((size_t)(unsigned)(label))
+#define INDEX_refusal(label) ((size_t)(unsigned)(label))
 #define INDEX_close(label) ((size_t)(unsigned)(label))
 #define INDEX_model(label) ((size_t)(label))
 #define INDEX_op_model(label) ((size_t)(label))

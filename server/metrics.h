@@ -18,7 +18,7 @@
  *   STAT_GAUGE, STAT_COUNTER  rendered from the proto_stats_t field `arg`;
  *   DERIVED_GAUGE  rendered by the function `arg` in metrics.c.
  * `labels` is NONE (the functions then take no label) or a label set of
- * METRICS_LABEL_SETS in metrics.c (op, code, release, close, model,
+ * METRICS_LABEL_SETS in metrics.c (op, code, release, refusal, close, model,
  * op_model); a new
  * set is one line there plus its two METRICS_LABEL_PARAM macros here.
  *
@@ -48,6 +48,16 @@ typedef enum metrics_release {
     METRICS_RELEASE__COUNT
 } metrics_release_t;
 
+/* What a cache_full refusal ran out of: the label `reason` of
+ * slotd_refusals_total, and what the operator can change. */
+typedef enum metrics_refusal {
+    METRICS_REFUSAL_POOL = 0, /* the pool's bytes (--cache-mb) */
+    METRICS_REFUSAL_SLOTS,    /* the session limit (--max-sessions) */
+    METRICS_REFUSAL_SHARE,    /* one connection's share (--max-connection-share,
+                                 --max-sessions-per-connection) */
+    METRICS_REFUSAL__COUNT
+} metrics_refusal_t;
+
 typedef enum metrics_close {
     METRICS_CLOSE_TIMEOUT = 0,  /* --conn-timeout */
     METRICS_CLOSE_AUTH_TIMEOUT, /* --auth-timeout: no auth (or PROXY header) in time */
@@ -66,6 +76,8 @@ typedef enum metrics_close {
 #define METRICS_LABEL_PARAMC_code , int label
 #define METRICS_LABEL_PARAM_release metrics_release_t label
 #define METRICS_LABEL_PARAMC_release , metrics_release_t label
+#define METRICS_LABEL_PARAM_refusal metrics_refusal_t label
+#define METRICS_LABEL_PARAMC_refusal , metrics_refusal_t label
 #define METRICS_LABEL_PARAM_close metrics_close_t label
 #define METRICS_LABEL_PARAMC_close , metrics_close_t label
 #define METRICS_LABEL_PARAM_model size_t label /* a preset's index, as model_preset_name() */
@@ -119,6 +131,8 @@ static inline size_t metrics_op_model(proto_op_t op, size_t model)
     XX(COUNTER, request, op, _, "slotd_requests_total",                                            \
        "Request lines by op; op=\"invalid\" counts lines with no valid op.")                       \
     XX(COUNTER, error, code, _, "slotd_errors_total", "Error replies sent, by wire error code.")   \
+    XX(COUNTER, refusal, refusal, _, "slotd_refusals_total",                                       \
+       "cache_full replies sent, by what ran out: pool, slots or share.")                          \
     XX(COUNTER, release, release, _, "slotd_sessions_released_total",                              \
        "Sessions released, by reason.")                                                            \
     XX(COUNTER, divergence, NONE, _, "slotd_cache_divergence_total",                               \

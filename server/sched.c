@@ -207,3 +207,14 @@ bool sched_flow_active(const sched_flow_t *f)
 {
     return f->_active;
 }
+
+uint64_t sched_flow_start(const sched_flow_t *f)
+{
+    assert(f->_active);
+    return f->_start;
+}
+
+uint64_t sched_vtime(const sched_t *s)
+{
+    return s->_vtime;
+}

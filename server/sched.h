@@ -76,4 +76,10 @@ uint64_t sched_served(const sched_flow_t *f);
 /** Whether `f` is in the heap. */
 bool sched_flow_active(const sched_flow_t *f);
 
+/** The virtual start of active flow `f`'s head. */
+uint64_t sched_flow_start(const sched_flow_t *f);
+
+/** The system's virtual time: the start of the job last served. */
+uint64_t sched_vtime(const sched_t *s);
+
 #endif

@@ -151,6 +151,8 @@ static bool admin_healthy_cb(void *arg, const char **why)
         *why = "draining";
         return false;
     }
+    /* No progress, not a long job: a job counts its positions as it runs
+     * (worker_pool_wedged()). */
     if (worker_pool_wedged(s->workers, uv_hrtime(),
                            (uint64_t)s->cfg->wedge_timeout * 1000000000u)) {
         *why = "a worker is stuck on one job";

@@ -100,6 +100,7 @@ struct req {
     uint64_t need_bytes; /* pool room it may take, in conn->pending_bytes until REQ_DONE */
     uint32_t need_slots; /* slots likewise, in conn->pending_slots */
     bool again;          /* REQ_DEFER after its job ran: run it again, not apply it */
+    uint8_t refusal;     /* a cache_full: what ran out (metrics_refusal_t), counted when answered */
     bool uncounted;      /* read behind a barrier: counted in requests_total when it lifts */
     req_state_t state;
 
@@ -195,7 +196,11 @@ struct session {
 
     /* GET /sessions and the connection's share (session.c). */
     uint64_t born;    /* uv_now() when its start was read */
-    uint64_t charged; /* its part of conn->share_bytes while in_map */
+    uint64_t charged; /* its part of conn->share_bytes while in_map, in pool bytes */
+    /* The chain its charged requests build, if they all succeed: positions,
+     * the blocks' room and their number (session__grow_step()). */
+    uint32_t share_entries, share_room, share_blocks;
+    bool share_stale; /* a charged request failed: made exact when it settles */
     uint32_t forks_out; /* fork jobs out reading its slot: it is not released while > 0 */
 };
 
@@ -260,7 +265,7 @@ struct conn {
     /* Its share of the pool (--max-sessions-per-connection,
      * --max-connection-share, session.c) and its auth (dispatch.c). */
     uint32_t share_sessions; /* its sessions in its map */
-    uint64_t share_bytes;    /* the pool bytes they hold, or will once their requests run */
+    uint64_t share_bytes;    /* the pool bytes they hold, or will once their requests run (at most) */
     uint64_t share_cap;      /* 1 + its bound in bytes, once session__share_cap() computed it */
     bool authed;             /* presented the --auth-token-file token */
 

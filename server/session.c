@@ -178,18 +178,34 @@ void session__unmap(session_t *sess)
 }
 
 /* One connection's share of the pool (--max-connection-share,
- * --max-sessions-per-connection).  Bytes are counted as entries x entry
- * size plus the model's state, charged when a start or step is read and
- * given back when it fails or its session leaves the map: so a client
- * that pipelines cannot pass its share before its requests have run. */
-int session__share_charge_full(conn_t *c, session_t *sess, const model_t *m, uint64_t entries,
-                               proto_op_t opc, bool new_session, slotd_error_t *err)
+ * --max-sessions-per-connection), in the bytes the pool counts for the
+ * slots: charged when a start or step is read, with what it adds to the
+ * chain its session's charged requests build, so that a client that
+ * pipelines cannot pass its share before its requests have run.  A
+ * request that fails leaves its charge until its session settles, which
+ * makes the charge what the slot holds (share_resync()): until then the
+ * share counts at most what it may come to, and a refusal is answered
+ * only once every earlier line has settled (dispatch.c). */
+void session__grow_start(const model_t *m, uint32_t n, session_grow_t *g)
 {
-    const bool start = opc == PROTO_OP_START || opc == PROTO_OP_FORK; /* the state too */
+    uint32_t cap;
+
+    g->bytes = cache_pool_slot_bytes(m, 0);
+    g->entries = n;
+    g->room = 0;
+    g->blocks = 0;
+    while (g->room < n) {
+        g->bytes += cache_pool_block_bytes(m, g->blocks++, &cap);
+        g->room += cap;
+    }
+}
+
+int session__share_check_full(conn_t *c, const req_t *r, const session_t *sess,
+                              const session_grow_t *g, bool new_session, slotd_error_t *err)
+{
     const server_config_t *cfg = c->server->cfg;
-    uint64_t need =
-        m == NULL ? 0 : entries * model_entry_size(m) + (start ? model_state_size(m) : 0);
-    const char *op = proto_op_name(opc);
+    const char *op = proto_op_name(r->rq.op);
+    uint64_t cap, whole;
 
     if (new_session) {
         uint64_t most = (uint64_t)((double)cfg->max_sessions * cfg->max_conn_share);
@@ -197,45 +213,45 @@ int session__share_charge_full(conn_t *c, session_t *sess, const model_t *m, uin
             most = cfg->max_sessions_per_conn;
         if (c->share_sessions >= (most > 0 ? most : 1))
             return slotd_error_set(err, SLOTD_ECACHE_FULL,
-                                   "start: this connection's share is used up: it holds %u "
-                                   "sessions (--max-sessions-per-connection, "
-                                   "--max-connection-share)",
-                                   c->share_sessions);
+                                   "%s: this connection's share of sessions is in use: it "
+                                   "holds %u (--max-sessions-per-connection, "
+                                   "--max-connection-share); retry after it finishes one",
+                                   op, c->share_sessions);
     }
     /* A share of the whole pool is no limit of its own: the pool refuses,
      * and says so, when the bytes run out. */
-    if (cfg->max_conn_share < 1.0 && c->share_bytes + need > session__share_cap(c))
+    if (cfg->max_conn_share >= 1.0 || c->share_bytes + g->bytes <= session__share_cap(c))
+        return SLOTD_OK;
+    cap = session__share_cap(c);
+    whole = (sess != NULL && req__on_slot(r) ? sess->charged : 0) + g->bytes;
+    if (whole > cap)
         return slotd_error_set(err, SLOTD_ECACHE_FULL,
-                               "%s: this connection's share of the pool is used up: %" PRIu64
-                               " of its %" PRIu64 " bytes (--max-connection-share)",
-                               op, c->share_bytes, session__share_cap(c));
-    if (sess != NULL) {
-        sess->charged += need;
-        c->share_bytes += need;
-    }
-    return SLOTD_OK;
+                               "%s: '%s' needs %" PRIu64 " bytes, more than this connection's "
+                               "whole share of the pool, %" PRIu64
+                               " (--max-connection-share): it can never fit",
+                               op, r->rq.id, whole, cap);
+    return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                           "%s: this connection's share of the pool is in use: '%s' needs %" PRIu64
+                           " more bytes, %" PRIu64 " of its %" PRIu64
+                           " are free (--max-connection-share); retry after it finishes sessions",
+                           op, r->rq.id, g->bytes, c->share_bytes < cap ? cap - c->share_bytes : 0,
+                           cap);
 }
 
-/* Gives back what `r` (a start, step or append of `sess`, which failed or
- * never ran) had charged to its connection's share. */
-void session__give_back(session_t *sess, const req_t *r)
+/* Makes the charge of a settled session, one of whose requests failed,
+ * what its slot holds. */
+static void share_resync(session_t *sess)
 {
-    /* A start charged its own model (a start queued behind another of the
-     * same id may name another one). */
-    const model_t *m = req__opens(r) ? r->model : sess->cs.model;
-    uint64_t back;
+    conn_t *c = sess->conn;
+    session_grow_t g;
 
-    if (!sess->in_map || m == NULL)
-        return; /* session__unmap() gave everything back */
-    if (r->rq.op == PROTO_OP_FORK)
-        back = (uint64_t)r->from_cs.entries * model_entry_size(m) + model_state_size(m);
-    else if (r->rq.op == PROTO_OP_START)
-        back = (uint64_t)r->rq.ntokens * model_entry_size(m) + model_state_size(m);
-    else
-        back = req__adds(r) * model_entry_size(m);
-    back = back < sess->charged ? back : sess->charged;
-    sess->charged -= back;
-    sess->conn->share_bytes -= back;
+    session__grow_start(sess->cs.model, sess->cs.entries, &g);
+    c->share_bytes = c->share_bytes - sess->charged + g.bytes;
+    sess->charged = g.bytes;
+    sess->share_entries = g.entries;
+    sess->share_room = g.room;
+    sess->share_blocks = g.blocks;
+    sess->share_stale = false;
 }
 
 /* ---- A connection's close ---- */
@@ -289,6 +305,8 @@ void session__settle(session_t *sess)
 
     assert(sess->running == NULL && sess->fifo_head == NULL);
     if (sess->in_map && sess->has_slot) { /* live: after most steps */
+        if (sess->share_stale)
+            share_resync(sess);
         if (!sess->in_lru && !s->draining && s->cfg->idle_timeout > 0 && sess->forks_out == 0)
             lru_add(s, sess);
         return;
@@ -335,7 +353,7 @@ static __attribute__((noinline)) bool session_answer(session_t *sess, req_t *r)
     }
     if (r->rq.op == PROTO_OP_FINISH)
         return session_finish(sess, r);
-    session__give_back(sess, r);
+    session__give_back(sess);
     if (req__on_slot(r)) { /* its start failed */
         slotd_error_set(&err, SLOTD_EUNKNOWN_ID, "%s: no live session '%s' on this connection",
                         proto_op_name(r->rq.op), r->rq.id);

@@ -91,50 +91,81 @@ static inline uint64_t session__share_cap(conn_t *c)
     return c->share_cap - 1;
 }
 
-/** session__share_charge() in full: its admission of a new session, its
- * refusals with their messages. */
-int session__share_charge_full(conn_t *c, session_t *sess, const model_t *m, uint64_t entries,
-                               proto_op_t op, bool new_session, slotd_error_t *err);
+/** What a start or step adds to its session's part of its connection's
+ * share, in the pool's bytes (cache_pool_slot_bytes()), and the chain its
+ * session's charged requests then build: positions, room and blocks. */
+typedef struct session_grow {
+    uint64_t bytes;
+    uint32_t entries, room, blocks;
+} session_grow_t;
 
-/** Checks a start, step or append (`op`) of `entries` positions of `m` against the
- * connection's share of the pool (--max-connection-share,
- * --max-sessions-per-connection; `new_session`: a start of an id not in
- * the map), and with `sess` charges it.  SLOTD_OK or the code of the error
- * set in `err`.  Inline for what every step asks, the bytes admitted; the
- * rest in session__share_charge_full(). */
-static inline int session__share_charge(conn_t *c, session_t *sess, const model_t *m,
-                                        uint64_t entries, proto_op_t op, bool new_session,
-                                        slotd_error_t *err)
+/** The growth of a start of `n` positions of `m`: its state and chain. */
+void session__grow_start(const model_t *m, uint32_t n, session_grow_t *g);
+
+/** The growth of a step of `n` of `sess` (model `m`), on the chain its
+ * charged requests build; share_entries + n must be within max_ctx (a
+ * step that may pass it is charged up to max_ctx, dispatch.c).  Inline:
+ * most steps fit in the room of the chain's last block. */
+static inline void session__grow_step(const session_t *sess, const model_t *m, uint32_t n,
+                                      session_grow_t *g)
 {
-    const bool start = op == PROTO_OP_START || op == PROTO_OP_FORK; /* the state too */
-    const server_config_t *cfg = c->server->cfg;
-    uint64_t need;
-
-    if (new_session || m == NULL)
-        return session__share_charge_full(c, sess, m, entries, op, new_session, err);
-    need = entries * model_entry_size(m) + (start ? model_state_size(m) : 0);
-    if (cfg->max_conn_share < 1.0 && c->share_bytes + need > session__share_cap(c))
-        return session__share_charge_full(c, sess, m, entries, op, new_session, err);
-    if (sess != NULL) {
-        sess->charged += need;
-        c->share_bytes += need;
+    g->bytes = 0;
+    g->entries = sess->share_entries + n;
+    g->room = sess->share_room;
+    g->blocks = sess->share_blocks;
+    while (g->room < g->entries) {
+        uint32_t cap;
+        g->bytes += cache_pool_block_bytes(m, g->blocks++, &cap);
+        g->room += cap;
     }
-    return SLOTD_OK;
 }
-/** Charges `sess` with what a step of `entries` positions of `m`, which
- * session__share_charge() has admitted, adds to its connection's share.
- * Inline: every step does it. */
-static inline void session__share_add(conn_t *c, session_t *sess, const model_t *m,
-                                      uint64_t entries)
-{
-    uint64_t need = m == NULL ? 0 : entries * model_entry_size(m);
 
-    sess->charged += need;
-    c->share_bytes += need;
+/** session__share_check() past its fast path: the session count of a
+ * new session and the refusals, with their messages. */
+int session__share_check_full(conn_t *c, const req_t *r, const session_t *sess,
+                              const session_grow_t *g, bool new_session, slotd_error_t *err);
+
+/** Checks the growth `g` of `r` (a start or step; `sess` its session, or
+ * NULL for a start) against the connection's share of the pool
+ * (--max-connection-share, --max-sessions-per-connection; `new_session`: a
+ * start of an id not in the map).  SLOTD_OK or the code of the cache_full
+ * set in `err`, whose message says needed against available in pool bytes
+ * and whether a retry can succeed.  Inline for what every step asks. */
+static inline int session__share_check(conn_t *c, const req_t *r, const session_t *sess,
+                                       const session_grow_t *g, bool new_session,
+                                       slotd_error_t *err)
+{
+    if (!new_session && (c->server->cfg->max_conn_share >= 1.0 ||
+                         c->share_bytes + g->bytes <= session__share_cap(c)))
+        return SLOTD_OK;
+    return session__share_check_full(c, r, sess, g, new_session, err);
 }
-/** Gives back what `r` (a start or step of `sess`, which failed or never
- * ran) had charged to its connection's share. */
-void session__give_back(session_t *sess, const req_t *r);
+
+/** Charges `sess` with the growth `g` of a start or step that
+ * session__share_check() admitted.  A start on a record whose earlier
+ * start is still pending adds its bytes alone (one of the two will be
+ * refused).  Inline: every step does it. */
+static inline void session__share_take(conn_t *c, session_t *sess, const session_grow_t *g,
+                                       bool restart)
+{
+    sess->charged += g->bytes;
+    c->share_bytes += g->bytes;
+    if (restart) {
+        sess->share_stale = true;
+        return;
+    }
+    sess->share_entries = g->entries;
+    sess->share_room = g->room;
+    sess->share_blocks = g->blocks;
+}
+
+/** A start or step of `sess` failed or never ran: what it charged to its
+ * connection's share comes back when the session settles (its charge is
+ * then made exactly what its slot holds). */
+static inline void session__give_back(session_t *sess)
+{
+    sess->share_stale = true;
+}
 
 /** conn_hooks_t.detach: drops the requests of a closing connection not
  * yet started and releases its sessions with no job out. */

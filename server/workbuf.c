@@ -11,8 +11,12 @@ void *workbuf_room(workbuf_t *b, size_t n, size_t size)
 {
     void *p;
 
-    if (n <= b->len)
+    /* Never NULL for room of none: callers read NULL as out of memory, and
+     * a buffer not grown yet (a nested job's) has no pointer. */
+    if (n <= b->len && b->p != NULL)
         return b->p;
+    if (n < 1)
+        n = 1;
     if (n > SIZE_MAX / size || (p = malloc(n * size)) == NULL)
         return NULL;
     free(b->p);

@@ -19,7 +19,8 @@ typedef struct workbuf {
 } workbuf_t;
 
 /** Room for `n` elements of `size` bytes: the buffer, grown if needed
- * (its contents are then lost); NULL if it cannot grow, the buffer kept. */
+ * (its contents are then lost; room for none still gives a buffer of
+ * one); NULL only if it cannot grow, the buffer kept. */
 void *workbuf_room(workbuf_t *b, size_t n, size_t size);
 
 /** Shrinks a buffer that grew past `base` elements back to `base` (at

@@ -26,10 +26,13 @@
  * `done_top`, a lock-free stack (pushes and whole-stack takes only, both
  * acquire and release); a push that finds it empty sends the async.  Each
  * worker publishes its current job's start time in an atomic (0 when
- * idle) for worker_pool_wedged() and worker_job_start().
+ * idle) for worker_pool_wedged() and worker_job_start(), and the time a
+ * long job last counted positions (worker_progress()).  A long job's
+ * worker_yield() takes other flows' cheap jobs under queue_lock and runs
+ * each inside it, with swapped-in buffers, on the worker's own thread.
  *
  * Design: docs/design.md, "The worker queue and its wake-up rule",
- * "Prefetch hints", "Batches" and "Scheduler".
+ * "Prefetch hints", "Batches", "Scheduler" and "Long jobs".
  */
 #define _GNU_SOURCE /* SCHED_BATCH */
 #include "worker.h"
@@ -68,6 +71,9 @@ struct worker {
     workbuf_t logits;           /* owned; doubles */
     _Atomic uint64_t job_start; /* uv_hrtime() when the current job started; 0 if idle */
     _Atomic uint64_t job_ns;    /* running mean of its jobs' time; written by the worker only */
+    /* Progress within a job (worker_progress()); written by the worker only. */
+    _Atomic uint64_t progress_ns; /* uv_hrtime() when it last counted positions */
+    _Atomic uint64_t positions;   /* positions counted, ever */
 
     /* The local batch: jobs taken and not started are local[claim ..
      * nlocal).  local, local_seq and nlocal are written by the worker under
@@ -85,6 +91,13 @@ struct worker {
     worker_job_t **batch; /* owned; pool->max_batch: the jobs of the batch running */
     size_t nbatch;        /* jobs in `batch`: gathered, then running */
     unsigned nrequeue;    /* jobs of `batch` marked by worker_job_requeue() */
+
+    /* A job run by worker_yield() inside a long one: its batch of one and
+     * its token and logit buffers (owned, grown on first use), swapped in
+     * for those of the long job while it runs.  The worker's only. */
+    bool nested;
+    worker_job_t *nest_batch[1];
+    workbuf_t nest_tokens, nest_logits;
 
     uv_sem_t wake;          /* the worker sleeps on it; posted once per wake-up */
     bool asleep;            /* queue_lock: on the sleepers stack, not yet woken */
@@ -608,6 +621,143 @@ void worker_job_requeue(worker_t *w, worker_job_t *job)
     w->nrequeue++;
 }
 
+static void requeue(worker_t *w, size_t n);
+
+void worker_progress(worker_t *w, uint64_t positions)
+{
+    /* One writer: no read-modify-write needed. */
+    atomic_store_explicit(&w->positions,
+                          atomic_load_explicit(&w->positions, memory_order_relaxed) + positions,
+                          memory_order_relaxed);
+    atomic_store_explicit(&w->progress_ns, uv_hrtime(), memory_order_relaxed);
+}
+
+/* Takes the next queued job worker_yield() may run: from the flow the
+ * scheduler serves first, if that flow is not `mine` and its head starts
+ * before `vpos` and costs at most `light_ns`; flows that fail only the
+ * last two tests are passed over (WORKER_GATHER_SCAN at most) and put
+ * back after.  NULL if there is none.  Called with queue_lock held. */
+static worker_job_t *do_take_light(worker_t *w, const worker_flow_t *mine, uint64_t vpos,
+                                   uint64_t light_ns)
+{
+    worker_pool_t *wp = w->pool;
+    worker_flow_t *skipped[WORKER_GATHER_SCAN], *f;
+    worker_job_t *job = NULL;
+    size_t nskip = 0;
+
+    while ((f = do_next_flow(wp)) != NULL && sched_flow_start(&f->_sched) < vpos) {
+        if (f != mine && worker_job_cost(f->_head) <= light_ns) {
+            job = do_dequeue(wp, f);
+            wp->taken++;
+            break;
+        }
+        if (nskip == WORKER_GATHER_SCAN)
+            break;
+        (void)sched_pop(&wp->sched);
+        skipped[nskip++] = f;
+    }
+    while (nskip > 0)
+        sched_put_back(&wp->sched, &skipped[--nskip]->_sched);
+    return job;
+}
+
+/* Runs `job`, taken by do_take_light(), inside the long job w is running,
+ * and hands it on as worker_main() would; the long job's batch, buffers
+ * and start time are put back after.  Worker w. */
+static void run_nested(worker_t *w, worker_job_t *job)
+{
+    worker_pool_t *wp = w->pool;
+    worker_job_t **outer = w->batch;
+    size_t outer_n = w->nbatch;
+    unsigned outer_requeue = w->nrequeue;
+    uint64_t outer_start = atomic_load_explicit(&w->job_start, memory_order_relaxed);
+    workbuf_t tokens = w->tokens, logits = w->logits;
+
+    w->nested = true;
+    w->batch = w->nest_batch;
+    w->batch[0] = job;
+    w->nbatch = 1;
+    w->nrequeue = 0;
+    w->tokens = w->nest_tokens;
+    w->logits = w->nest_logits;
+    atomic_store_explicit(&w->job_start, uv_hrtime(), memory_order_relaxed);
+    wp->run(w, job, wp->arg);
+    workbuf_trim(&w->tokens, wp->tokens_cap, sizeof(uint32_t));
+    workbuf_trim(&w->logits, wp->logits_cap, sizeof(double));
+    w->nest_tokens = w->tokens;
+    w->nest_logits = w->logits;
+    w->tokens = tokens;
+    w->logits = logits;
+    if (w->nrequeue > 0)
+        requeue(w, 1);
+    else
+        push_done(wp, w->batch, 1);
+    w->batch = outer;
+    w->nbatch = outer_n;
+    w->nrequeue = outer_requeue;
+    atomic_store_explicit(&w->job_start, outer_start, memory_order_relaxed);
+    w->nested = false;
+}
+
+/* Whether a worker other than w is in no job (asleep, or on its way to
+ * the queue).  Worker w. */
+static bool other_idle(const worker_t *w)
+{
+    const worker_pool_t *wp = w->pool;
+
+    for (unsigned k = 0; k < wp->nworkers; k++)
+        if (&wp->workers[k] != w &&
+            atomic_load_explicit(&wp->workers[k].job_start, memory_order_relaxed) == 0)
+            return true;
+    return false;
+}
+
+uint64_t worker_yield(worker_t *w, const worker_job_t *job, worker_slices_t *sl, uint64_t done_ns,
+                      uint64_t light_ns, uint64_t budget_ns)
+{
+    worker_pool_t *wp = w->pool;
+    const worker_flow_t *mine = job->flow != NULL ? job->flow : &wp->own_flow;
+    uint64_t t0, now;
+    worker_job_t *other;
+
+    if (w->nested)
+        return 0;
+    t0 = now = uv_hrtime();
+    do {
+        /* The unstarted jobs of w's local batch first, cheap ones, in
+         * order: they were taken off the queue, and charged, before
+         * anything still in it, and no one else runs them while w is in
+         * this job but a stealer.  A job is claimed only after its cost
+         * was read: a compare-and-swap on exactly its index. */
+        unsigned i = atomic_load_explicit(&w->claim, memory_order_relaxed);
+        if (i < w->nlocal && worker_job_cost(w->local[i]) <= light_ns &&
+            atomic_compare_exchange_strong_explicit(&w->claim, &i, i + 1, memory_order_relaxed,
+                                                    memory_order_relaxed)) {
+            run_nested(w, w->local[i]);
+            now = uv_hrtime();
+            continue;
+        }
+        /* Queued jobs are left to another worker that is free: it is
+         * woken for them (the wake-up rule counts a long job as stuck). */
+        if (other_idle(w))
+            break;
+        pthread_mutex_lock(&wp->queue_lock);
+        /* The job's slices count from the virtual time it was first seen
+         * at: its flow's start then was no later. */
+        if (!sl->_based) {
+            sl->_vbase = sched_vtime(&wp->sched);
+            sl->_based = true;
+        }
+        other = wp->queued > 0 ? do_take_light(w, mine, sl->_vbase + done_ns, light_ns) : NULL;
+        pthread_mutex_unlock(&wp->queue_lock);
+        if (other == NULL)
+            break;
+        run_nested(w, other);
+        now = uv_hrtime();
+    } while (now - t0 < budget_ns);
+    return now - t0;
+}
+
 /* Ends a run of n jobs some of which go back to their flows' queues
  * (worker_job_requeue()), in one hold of the lock, so that the chains of
  * a batch are queued together and a worker taking one gathers the rest;
@@ -786,6 +936,8 @@ static void free_pool(worker_pool_t *wp)
         free(wp->workers[i].batch);
         workbuf_free(&wp->workers[i].tokens);
         workbuf_free(&wp->workers[i].logits);
+        workbuf_free(&wp->workers[i].nest_tokens);
+        workbuf_free(&wp->workers[i].nest_logits);
     }
     for (unsigned i = 0; i < wp->nsems; i++)
         uv_sem_destroy(&wp->workers[i].wake);
@@ -839,6 +991,8 @@ int worker_pool_create(uv_loop_t *loop, const worker_pool_config_t *cfg, worker_
         w->index = i;
         atomic_init(&w->job_start, 0);
         atomic_init(&w->job_ns, 0);
+        atomic_init(&w->progress_ns, 0);
+        atomic_init(&w->positions, 0);
         atomic_init(&w->claim, 0);
         w->scratch = malloc(cfg->scratch_bytes > 0 ? cfg->scratch_bytes : 1);
         w->batch = malloc(wp->max_batch * sizeof(w->batch[0]));
@@ -960,10 +1114,22 @@ bool worker_pool_wedged(const worker_pool_t *wp, uint64_t now_ns, uint64_t bound
 {
     for (unsigned i = 0; i < wp->nthreads; i++) {
         uint64_t t = atomic_load_explicit(&wp->workers[i].job_start, memory_order_relaxed);
+        uint64_t p = atomic_load_explicit(&wp->workers[i].progress_ns, memory_order_relaxed);
+        if (t != 0 && p > t)
+            t = p; /* a long job, counting its positions as it runs */
         if (t != 0 && now_ns > t && now_ns - t > bound_ns)
             return true;
     }
     return false;
+}
+
+uint64_t worker_pool_positions(const worker_pool_t *wp)
+{
+    uint64_t n = 0;
+
+    for (unsigned i = 0; i < wp->nworkers; i++)
+        n += atomic_load_explicit(&wp->workers[i].positions, memory_order_relaxed);
+    return n;
 }
 
 size_t worker_pool_pending(worker_pool_t *wp)

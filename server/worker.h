@@ -212,9 +212,16 @@ void worker_pool_submit(worker_pool_t *wp, worker_batch_t *b);
  * Loop thread. */
 void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out);
 
-/** True if some worker has been running its current job for more than
- * `bound_ns` at monotonic time `now_ns` (uv_hrtime()).  Any thread. */
+/** True if some worker is wedged at monotonic time `now_ns`
+ * (uv_hrtime()): in a job, and has made no progress for more than
+ * `bound_ns`, neither begun a job (nor a chain's next step) nor counted
+ * positions (worker_progress()) since.  A long job that counts its
+ * positions as it runs is not wedged however long it takes.  Any thread. */
 bool worker_pool_wedged(const worker_pool_t *wp, uint64_t now_ns, uint64_t bound_ns);
+
+/** Positions the workers have counted (worker_progress()), ever.  Any
+ * thread. */
+uint64_t worker_pool_positions(const worker_pool_t *wp);
 
 /** Jobs completed and not yet handed to `done`, plus jobs queued or
  * running.  Loop thread; for tests and assertions. */
@@ -257,6 +264,39 @@ void worker_job_handoff(worker_t *w, worker_job_t *done, worker_job_t *next);
  * of to `done`; it is run again later (or taken back), with the cost it
  * has then. */
 void worker_job_requeue(worker_t *w, worker_job_t *job);
+
+/* Long jobs.  A job that runs for long (many positions of a model) runs
+ * in slices: after each, it counts its progress (worker_progress()) and
+ * lets the worker run other flows' cheap jobs that the scheduler would
+ * serve before the rest of it (worker_yield()), then goes on.  It stays
+ * the worker's current job throughout, and goes to `done` once, when its
+ * `run` returns. */
+
+/** Where a job running in slices stands among the flows: a value of the
+ * job's `run`, zeroed before its first slice; its fields are the pool's. */
+typedef struct worker_slices {
+    uint64_t _vbase; /* the scheduler's virtual time at its first yield */
+    bool _based;
+} worker_slices_t;
+
+/** From within `run`: the current job has computed `positions` more
+ * positions: progress, for worker_pool_wedged().  One clock reading;
+ * meant once a slice, not once a position. */
+void worker_progress(worker_t *w, uint64_t positions);
+
+/** From within `run` (not from a job worker_yield() runs, where it does
+ * nothing): `job`, running in slices (`sl`), has done `done_ns` of work.
+ * Runs here, for `budget_ns` at most in all, jobs that would otherwise
+ * wait for it: first those the worker took with `job` and has not begun,
+ * in order, while each costs at most `light_ns`; then, unless another
+ * worker is free to take them, while the scheduler would serve another
+ * flow's next job before the rest of `job` (as if each slice were a job
+ * of its flow: sched.h), that job, if it costs at most `light_ns`.  `job`'s own flow's queued jobs wait.  Each
+ * runs alone, with token and logit buffers of its own (the scratch is
+ * shared: the caller must hold nothing in it across the call), and goes
+ * to `done` at once.  Returns the nanoseconds spent on them. */
+uint64_t worker_yield(worker_t *w, const worker_job_t *job, worker_slices_t *sl, uint64_t done_ns,
+                      uint64_t light_ns, uint64_t budget_ns);
 
 /** The worker's scratch, cfg.scratch_bytes bytes, owned by the worker. */
 void *worker_scratch(worker_t *w);

@@ -14,7 +14,7 @@ if(PROMTOOL_EXECUTABLE)
   list(APPEND _itest_env "PROMTOOL=${PROMTOOL_EXECUTABLE}")
 endif()
 
-foreach(theme ops cache errors malformed lifetimes admin shutdown auth presets append fork)
+foreach(theme ops cache errors messages malformed lifetimes admin shutdown auth presets append fork)
   set(_name test_integration_${theme})
   slotd_check_test(${_name} SOURCES ${_name}.c LIBS slotd_itest slotd_core cjson TIMEOUT 90)
   add_dependencies(${_name} slotd)
@@ -67,4 +67,13 @@ slotd_check_test(test_integration_listing SOURCES test_integration_listing.c
                  LIBS slotd_itest slotd_core cjson TIMEOUT 300)
 add_dependencies(test_integration_listing slotd)
 set_tests_properties(test_integration_listing PROPERTIES ENVIRONMENT "${_itest_env}"
+                     LABELS integration)
+
+# Long jobs in slices (docs/design.md, "Long jobs"): results against the
+# reference, a light client served beside a long generate, /health kept at
+# 200 by progress, and a worker without progress still wedged.
+slotd_check_test(test_integration_long SOURCES test_integration_long.c
+                 LIBS slotd_itest slotd_core cjson Threads::Threads TIMEOUT 600)
+add_dependencies(test_integration_long slotd)
+set_tests_properties(test_integration_long PROPERTIES ENVIRONMENT "${_itest_env}"
                      LABELS integration)

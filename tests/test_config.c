@@ -388,9 +388,9 @@ static const struct {
     {{"--models", "tiny,,hash"}, "empty"},
     {{"--models", "tiny,tiny"}, "twice"},
     {{"--models", ""}, "empty"},
-    {{"--models", "hash"}, "--default-model"}, /* default tiny no longer loaded */
     {{"--default-model", "bogus"}, "bogus"},
-    {{"--models=tiny,hash", "--default-model", "small"}, "--default-model"},
+    {{"--models=tiny,hash", "--default-model", "small"},
+     "--default-model: 'small' is not among --models; add it to --models, or name one of them"},
     {{"--models=tiny,hash", "--preload", "small"}, "--preload"},
     {{"--preload", "tiny,bogus"}, "bogus"},
     {{"--preload", "tiny,tiny"}, "twice"},
@@ -454,6 +454,29 @@ START_TEST(test_edges)
 END_TEST
 
 /* ---- The hardening settings: --audit-rate, --fault-*, --cache-mb ---- */
+
+START_TEST(test_default_model_follows_models)
+{
+    /* Without --default-model: tiny while --models lists it, else the
+     * first model --models lists. */
+    server_config_t cfg;
+    char *env[] = {"SLOTD_DEFAULT_MODEL=small", NULL};
+    char *argv[] = {"slotd", "--models", "tiny,hash", NULL};
+
+    ck_assert_int_eq(parse(&cfg, "--models", "small"), CONFIG_OK);
+    ck_assert_str_eq(cfg.default_model, "small");
+    ck_assert_int_eq(parse(&cfg, "--models", "hash,small"), CONFIG_OK);
+    ck_assert_str_eq(cfg.default_model, "hash");
+    ck_assert_int_eq(parse(&cfg, "--models", "hash,tiny"), CONFIG_OK);
+    ck_assert_str_eq(cfg.default_model, "tiny");
+    ck_assert_int_eq(parse(&cfg, "--models", "small", "--default-model", "small"), CONFIG_OK);
+    ck_assert_str_eq(cfg.default_model, "small");
+    /* Named and not listed: an error naming where it was named. */
+    ck_assert_int_eq(config_parse(&cfg, 3, argv, env, err, sizeof(err)), CONFIG_ERROR);
+    ck_assert_msg(strstr(err, "SLOTD_DEFAULT_MODEL: 'small' is not among --models; add it") != NULL,
+                  "%s", err);
+}
+END_TEST
 
 START_TEST(test_audit_rate_accepted)
 {
@@ -656,6 +679,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_defaults_follow_limits);
     tcase_add_loop_test(tc, test_bad_values, 0, (int)(sizeof(bad) / sizeof(bad[0])));
     tcase_add_test(tc, test_help_version);
+    tcase_add_test(tc, test_default_model_follows_models);
     tcase_add_test(tc, test_edges);
     tcase_add_test(tc, test_audit_rate_accepted);
     tcase_add_test(tc, test_audit_rate_environment);

@@ -238,6 +238,19 @@ wait "$dpid"
 rc=$?
 check "SIGTERM: exit status 0 (got $rc)" test $rc -eq 0
 
+# ---- --models without tiny: the default model is the first listed ----
+
+pm=$(free_port) && am=$(free_port "$pm") || { fail "no free port"; exit 1; }
+daemon models -- --port "$pm" --admin-port "$am" --threads 1 --cache-mb 16 --models small
+if wait_for 10 healthy "$am"; then
+  reply=$(talk "$pm" '{"op":"start","id":"d","prompt":[1]}')
+  check "--models small alone: a start without a model gets small: $reply" \
+    test "$reply" = '{"id":"d","model":"small","entries":1}'
+  kill -TERM "$dpid"; wait "$dpid"
+else
+  fail "--models small alone: no /health on $am: $(tail -n 2 "$work/models.log")"
+fi
+
 # ---- Bad values stop start-up with status 2 and name their source ----
 
 refuses() { # WHAT ENV... -- FLAGS...: exit 2 within 5 s, stderr naming WHAT
@@ -252,8 +265,12 @@ refuses() { # WHAT ENV... -- FLAGS...: exit 2 within 5 s, stderr naming WHAT
 check "SLOTD_THREADS=0 is refused" refuses SLOTD_THREADS SLOTD_THREADS=0 -- --port 0 --admin-port 0
 check "an empty SLOTD_CACHE_MB is refused" refuses SLOTD_CACHE_MB SLOTD_CACHE_MB= -- --port 0 --admin-port 0
 check "SLOTD_LOG_LEVEL=loud is refused" refuses SLOTD_LOG_LEVEL SLOTD_LOG_LEVEL=loud -- --port 0 --admin-port 0
-check "SLOTD_DEFAULT_MODEL=small without small in --models is refused" \
-  refuses default-model SLOTD_DEFAULT_MODEL=small -- --models tiny,hash --port 0 --admin-port 0
+check "SLOTD_DEFAULT_MODEL=small without small in --models is refused, saying how to fix it" \
+  refuses "SLOTD_DEFAULT_MODEL: 'small' is not among --models; add it to --models, or name one" \
+  SLOTD_DEFAULT_MODEL=small -- --models tiny,hash --port 0 --admin-port 0
+check "--default-model small without small in --models is refused, saying how to fix it" \
+  refuses "--default-model: 'small' is not among --models; add it to --models, or name one" \
+  -- --models tiny,hash --default-model small --port 0 --admin-port 0
 check "SLOTD_PRELOAD=base without base in --models is refused" \
   refuses preload SLOTD_PRELOAD=base -- --models tiny,hash --port 0 --admin-port 0
 check "a malformed SLOTD_PORT is refused when no --port replaces it" \

@@ -264,6 +264,35 @@ START_TEST(test_finish_makes_room)
 }
 END_TEST
 
+/* A step past max_ctx is context_full, with the same words, whether its
+ * session has requests pending or not, and under a share smaller than
+ * the step would need; a step bigger than the share never fits. */
+START_TEST(test_context_before_share)
+{
+    char *r[MAX_LINES];
+    lines_t l = {0};
+
+    lines_add(&l, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"small\",\"prompt\":[1,2,3]}");
+    lines_add(&l, "{\"op\":\"step\",\"id\":\"s\",\"n\":1022}");
+    lines_add(&l, "{\"op\":\"step\",\"id\":\"s\",\"n\":1021}");
+    lines_add(&l, "{\"op\":\"step\",\"id\":\"s\",\"n\":2}");
+    lines_add(&l, "{\"op\":\"start\",\"id\":\"t\",\"model\":\"tiny\",\"prompt\":[1,2]}");
+    lines_add(&l, "{\"op\":\"step\",\"id\":\"t\",\"n\":600000}");
+    lines_add(&l, "{\"op\":\"step\",\"id\":\"t\",\"n\":6}");
+    lines_add(&l, "{\"op\":\"step\",\"id\":\"t\"}");
+    lines_add(&l, "{\"op\":\"stats\"}");
+    expect_same(small_pool_shared, &l, r);
+    ck_assert_msg(is_error(r[1], "context_full", "max_ctx 1024"), "%s", r[1]);
+    ck_assert_msg(is_error(r[2], "cache_full", "never"), "%s", r[2]);
+    ck_assert_msg(is_ok(r[3]), "%s", r[3]);
+    ck_assert_msg(is_error(r[5], "context_full", "max_ctx 8"), "%s", r[5]);
+    ck_assert_msg(is_ok(r[6]), "%s", r[6]);
+    ck_assert_msg(is_error(r[7], "context_full", "max_ctx 8"), "%s", r[7]);
+    replies_free(r, l.n);
+    lines_free(&l);
+}
+END_TEST
+
 /* Start and finish pairs past --max-sessions, never more than one live. */
 START_TEST(test_pairs_past_session_limit)
 {
@@ -425,6 +454,7 @@ int main(void)
     ITEST_ADD(s, test_failed_start_leaves_no_trace);
     ITEST_ADD(s, test_finish_makes_room);
     ITEST_ADD(s, test_pairs_past_session_limit);
+    ITEST_ADD(s, test_context_before_share);
     ITEST_ADD(s, test_generates_borrow_in_order);
     ITEST_ADD(s, test_random_mix_0);
     ITEST_ADD(s, test_random_mix_1);

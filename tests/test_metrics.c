@@ -165,6 +165,7 @@ START_TEST(test_every_family)
         {"slotd_attention_rows_total", "counter"},
         {"slotd_requests_total", "counter"},
         {"slotd_errors_total", "counter"},
+        {"slotd_refusals_total", "counter"},
         {"slotd_sessions_released_total", "counter"},
         {"slotd_connections", "gauge"},
         {"slotd_connections_refused_total", "counter"},
@@ -370,6 +371,23 @@ START_TEST(test_released_by_reason)
     ck_assert_uint_eq(metrics_released(METRICS_RELEASE_IDLE), 3);
     ck_assert_uint_eq(metrics_released(METRICS_RELEASE__COUNT), 0);
     ck_assert_uint_eq(metrics_divergence_value(), 1);
+    free(t);
+}
+END_TEST
+
+START_TEST(test_refusals_by_reason)
+{
+    /* Every reason rendered, counted apart: a share's refusal is not the
+     * pool's. */
+    fill();
+    metrics_count_refusal(METRICS_REFUSAL_SHARE);
+    metrics_count_refusal(METRICS_REFUSAL_SHARE);
+    metrics_count_refusal(METRICS_REFUSAL_POOL);
+    char *t = render(&known_stats, 100 * SEC);
+    ck_assert(has_line(t, "slotd_refusals_total{reason=\"pool\"} 1"));
+    ck_assert(has_line(t, "slotd_refusals_total{reason=\"slots\"} 0"));
+    ck_assert(has_line(t, "slotd_refusals_total{reason=\"share\"} 2"));
+    ck_assert_uint_eq(metrics_refusal_value(), 3);
     free(t);
 }
 END_TEST
@@ -692,6 +710,7 @@ static Suite *metrics_suite(void)
     tcase_add_test(tc, test_requests_by_op);
     tcase_add_test(tc, test_errors_by_code);
     tcase_add_test(tc, test_released_by_reason);
+    tcase_add_test(tc, test_refusals_by_reason);
     tcase_add_test(tc, test_histogram);
     tcase_add_test(tc, test_histogram_placement);
     tcase_add_test(tc, test_request_durations);

@@ -19,7 +19,9 @@
  * once or is given back; two jobs that batch are not split between two
  * workers by a job beside them that does not; a batch of chains hands
  * each job back as it ends and its chains requeued together come back as
- * one batch.  Asked to, the workers run under SCHED_BATCH.
+ * one batch.  Asked to, the workers run under SCHED_BATCH.  A long job
+ * that counts its progress is not wedged, and between its slices it runs
+ * other flows' cheap jobs, not its own flow's nor dear ones.
  */
 #define _GNU_SOURCE /* SCHED_BATCH */
 #include <check.h>
@@ -1130,6 +1132,145 @@ START_TEST(test_hints_never_read)
 }
 END_TEST
 
+/* Shared with long_run_cb(). */
+static _Atomic int long_phase; /* 1: the long job has run past LONG_MS */
+#define LONG_MS 400
+
+/* Job 0 is long: it counts a position (worker_progress()) and yields
+ * (worker_yield(), others' jobs up to 1 ms each) every millisecond, says
+ * when it has run past LONG_MS (long_phase), and ends at gate_open.  Any
+ * other job just runs. */
+static void long_run_cb(worker_t *w, worker_job_t *job, void *arg)
+{
+    test_job_t *t = (test_job_t *)job;
+    worker_slices_t sl;
+    uint64_t t0 = uv_hrtime(), done = 0;
+
+    (void)arg;
+    t->thread = pthread_self();
+    if (t->index != 0) {
+        atomic_fetch_add(&t->ran, 1);
+        return;
+    }
+    memset(&sl, 0, sizeof(sl));
+    atomic_fetch_add(&started, 1);
+    while (!atomic_load(&gate_open)) {
+        sleep_ms(1);
+        done += 1000000;
+        worker_progress(w, 1);
+        if (uv_hrtime() - t0 > LONG_MS * 1000000ull)
+            atomic_store(&long_phase, 1);
+        (void)worker_yield(w, job, &sl, done, 1000000, 5000000);
+    }
+    atomic_fetch_add(&t->ran, 1);
+}
+
+/* A job that has run for long but counts its progress is not wedged; the
+ * same job is wedged once it has counted none for longer than the bound
+ * (a reading a second later). */
+START_TEST(test_progress_not_wedged)
+{
+    uv_loop_t loop;
+    worker_pool_config_t cfg = test_config(1, long_run_cb, NULL, 0);
+    worker_pool_t *wp = pool_start(&loop, &cfg);
+    worker_batch_t b = WORKER_BATCH_INIT;
+    test_job_t job;
+    uint64_t now;
+
+    memset(&job, 0, sizeof(job));
+    atomic_store(&long_phase, 0);
+    worker_batch_push(&b, &job.job);
+    worker_pool_submit(wp, &b);
+    while (!atomic_load(&long_phase))
+        sleep_ms(1);
+    now = uv_hrtime();
+    ck_assert(!worker_pool_wedged(wp, now, LONG_MS / 2 * 1000000ull));
+    ck_assert(worker_pool_wedged(wp, now + 1000000000ull, LONG_MS / 2 * 1000000ull));
+    ck_assert_uint_gt(worker_pool_positions(wp), 0);
+    atomic_store(&gate_open, 1);
+    while (done_count < 1)
+        uv_run(&loop, UV_RUN_ONCE);
+    pool_end(&loop, wp);
+}
+END_TEST
+
+/* On one worker, a long job of flow A yields to B's cheap job, queued
+ * after it began: that one runs, on the same thread, and is done before
+ * the long one ends; A's own next job and B's job dearer than the bound
+ * wait for the long one to end. */
+START_TEST(test_yield_to_other_flows)
+{
+    uv_loop_t loop;
+    worker_pool_config_t cfg = test_config(1, long_run_cb, NULL, 0);
+    worker_pool_t *wp = pool_start(&loop, &cfg);
+    worker_batch_t b = WORKER_BATCH_INIT;
+    worker_flow_t fa, fb;
+    test_job_t jobs[4];
+    const uint64_t cost[4] = {10000000, 1000, 1000, 10000000};
+
+    worker_flow_init(&fa);
+    worker_flow_init(&fb);
+    memset(jobs, 0, sizeof(jobs));
+    for (int i = 0; i < 4; i++) {
+        jobs[i].index = i;
+        jobs[i].job.flow = i == 0 || i == 2 ? &fa : &fb;
+        worker_job_set_cost(&jobs[i].job, cost[i]);
+    }
+    worker_batch_push(&b, &jobs[0].job);
+    worker_pool_submit(wp, &b);
+    while (atomic_load(&started) == 0)
+        sleep_ms(1);
+    for (int i = 1; i < 4; i++)
+        worker_batch_push(&b, &jobs[i].job);
+    worker_pool_submit(wp, &b);
+    while (done_count < 1)
+        uv_run(&loop, UV_RUN_ONCE);
+    ck_assert_int_eq(jobs[1].done_order, 1);
+    ck_assert(pthread_equal(jobs[1].thread, jobs[0].thread));
+    ck_assert_int_eq(atomic_load(&jobs[0].ran), 0);
+    ck_assert_int_eq(atomic_load(&jobs[2].ran), 0);
+    ck_assert_int_eq(atomic_load(&jobs[3].ran), 0);
+    atomic_store(&gate_open, 1);
+    while (done_count < 4)
+        uv_run(&loop, UV_RUN_ONCE);
+    ck_assert_int_eq(jobs[0].done_order, 2);
+    pool_end(&loop, wp);
+}
+END_TEST
+
+/* A cheap job taken with the long one into the worker's local batch (both
+ * submitted together, one worker) runs between the long one's slices,
+ * not after it. */
+START_TEST(test_yield_runs_taken_jobs)
+{
+    uv_loop_t loop;
+    worker_pool_config_t cfg = test_config(1, long_run_cb, NULL, 0);
+    worker_pool_t *wp = pool_start(&loop, &cfg);
+    worker_batch_t b = WORKER_BATCH_INIT;
+    worker_flow_t fa, fb;
+    test_job_t jobs[2];
+
+    worker_flow_init(&fa);
+    worker_flow_init(&fb);
+    memset(jobs, 0, sizeof(jobs));
+    for (int i = 0; i < 2; i++) {
+        jobs[i].index = i;
+        jobs[i].job.flow = i == 0 ? &fa : &fb;
+        worker_job_set_cost(&jobs[i].job, 1000);
+        worker_batch_push(&b, &jobs[i].job);
+    }
+    worker_pool_submit(wp, &b);
+    while (done_count < 1)
+        uv_run(&loop, UV_RUN_ONCE);
+    ck_assert_int_eq(jobs[1].done_order, 1);
+    ck_assert_int_eq(atomic_load(&jobs[0].ran), 0);
+    atomic_store(&gate_open, 1);
+    while (done_count < 2)
+        uv_run(&loop, UV_RUN_ONCE);
+    pool_end(&loop, wp);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("worker");
@@ -1157,6 +1298,9 @@ static Suite *suite(void)
     tcase_add_test(tc, test_chain_handoff_requeue);
     tcase_add_test(tc, test_batch_chains_requeued_together);
     tcase_add_test(tc, test_sched_batch);
+    tcase_add_test(tc, test_progress_not_wedged);
+    tcase_add_test(tc, test_yield_to_other_flows);
+    tcase_add_test(tc, test_yield_runs_taken_jobs);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     return s;
