@@ -26,6 +26,7 @@
 #include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 /* The owner of borrowed slots: the empty id is not a valid request id. */
 static const cache_owner_t session__borrower = {.key = 0, .id = ""};
@@ -185,6 +186,116 @@ int cache_session_decode(cache_pool_t *p, cache_session_t *s, uint32_t n, const 
     if (picked != NULL) {
         *picked = i;
     }
+    return SLOTD_OK;
+}
+
+int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tokens, size_t n,
+                         void *scratch, uint32_t *cached, slotd_error_t *err)
+{
+    const model_t *m = s->model;
+    uint32_t max_ctx = model_max_ctx(m);
+    model_kv_t kv;
+    int rc;
+
+    if (n == 0) {
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                               "append: `tokens` must be a non-empty array of integers");
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= (int64_t)model_vocab(m)) {
+            return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                                   "append: `tokens` must hold integers from 0 to %" PRIu32
+                                   " (model '%s'); element %zu is %" PRId64,
+                                   model_vocab(m) - 1, model_name(m), i, tokens[i]);
+        }
+    }
+    if (s->entries > max_ctx || n > (size_t)(max_ctx - s->entries)) {
+        return slotd_error_set(err, SLOTD_ECONTEXT_FULL,
+                               "append: '%s' holds %" PRIu32 " of %" PRIu32 " positions, %zu more "
+                               "do not fit",
+                               s->owner.id, s->entries, max_ctx, n);
+    }
+    rc = cache_pool_reserve(p, s->handle, &s->owner, (uint32_t)n, &kv);
+    if (rc != SLOTD_OK) {
+        /* It needed the blocks between the slot's entries and n more. */
+        uint64_t before = cache_pool_slot_bytes(m, s->entries);
+        uint64_t after = cache_pool_slot_bytes(m, s->entries + (uint32_t)n);
+        return session__pool_error(p, err, rc, false, "append", s->owner.id, after - before,
+                                   after);
+    }
+    assert(kv.len == s->entries);
+    for (size_t i = 0; i < n;) {
+        uint32_t chunk[MODEL_BATCH_MAX];
+        size_t k = 0;
+        for (; k < MODEL_BATCH_MAX && i + k < n; k++) {
+            chunk[k] = (uint32_t)tokens[i + k];
+        }
+        model_prefill(m, &kv, chunk, k, scratch);
+        i += k;
+    }
+    rc = cache_pool_commit(p, s->handle, &s->owner, &kv);
+    if (rc != SLOTD_OK) {
+        /* As in cache_session_step(): only a broken one-thread-per-session
+         * rule gets here. */
+        return session__pool_error(p, err, rc, false, "append", s->owner.id, 0, 0);
+    }
+    s->entries = kv.len;
+    cache_pool_hint(p, s->handle, &s->hint);
+    if (cached != NULL) {
+        *cached = 0;
+    }
+    return SLOTD_OK;
+}
+
+int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache_owner_t *owner,
+                       cache_session_t *s, slotd_error_t *err)
+{
+    const model_t *m = from->model;
+    model_kv_t src, dst;
+    cache_handle_t h;
+    uint64_t need;
+    int rc;
+
+    /* A reserve of nothing: from's chain as it stands, no block taken. */
+    rc = cache_pool_reserve(p, from->handle, &from->owner, 0, &src);
+    if (rc != SLOTD_OK) {
+        return session__pool_error(p, err, rc, false, "fork", owner->id, 0, 0);
+    }
+    need = cache_pool_slot_bytes(m, src.len);
+    assert(src.len == from->entries);
+    rc = cache_pool_acquire(p, m, owner, &h);
+    if (rc != SLOTD_OK) {
+        return session__pool_error(p, err, rc, true, "fork", owner->id, need, need);
+    }
+    rc = cache_pool_reserve(p, h, owner, src.len, &dst);
+    if (rc != SLOTD_OK) {
+        (void)cache_pool_release(p, h, owner, NULL);
+        return session__pool_error(p, err, rc, false, "fork", owner->id, need, need);
+    }
+    assert(dst.len == 0);
+    /* Block i of every chain of m holds model_block_capacity(m, i)
+     * positions from the same first one: the bytes of each block that
+     * holds an entry go over as they are. */
+    for (const model_block_t *a = src.head, *b = dst.head; a != NULL && a->first < src.len;
+         a = a->next, b = b->next) {
+        assert(b != NULL && b->capacity == a->capacity && b->first == a->first);
+        memcpy(((model_block_t *)b)->data, a->data,
+               model_block_bytes_for(m, a->capacity) - MODEL_BLOCK_HEADER);
+    }
+    if (model_state_size(m) > 0) {
+        memcpy(dst.state, src.state, model_state_size(m));
+    }
+    dst.len = src.len;
+    rc = cache_pool_commit(p, h, owner, &dst);
+    if (rc != SLOTD_OK) {
+        (void)cache_pool_release(p, h, owner, NULL);
+        return session__pool_error(p, err, rc, false, "fork", owner->id, need, need);
+    }
+    s->handle = h;
+    s->model = m;
+    s->owner = *owner;
+    s->entries = dst.len;
+    cache_pool_hint(p, h, &s->hint);
     return SLOTD_OK;
 }
 

@@ -1,6 +1,6 @@
 /*
  * session.h: a request's decode session on top of the pool and a model:
- * start (acquire + prefill), step, finish; and the stateless operations
+ * start (acquire + prefill), step, append, finish; and the stateless operations
  * run in a slot borrowed from the same pool.
  *
  * These are the calls a worker makes.  Each one either completes or fails
@@ -60,6 +60,29 @@ int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *sc
 int cache_session_decode(cache_pool_t *p, cache_session_t *s, uint32_t n, const model_decode_t *dc,
                          void *scratch, uint32_t *tokens, double *logits, uint32_t *picked,
                          slotd_error_t *err);
+
+/** Runs `n` client-given tokens into the live session after its entries,
+ * as if they had ended its prompt (model_prefill(), MODEL_BATCH_MAX
+ * positions at a time): s->entries grows by n, and the next step picks
+ * after the last of them.  The checks come first, in this order, and none
+ * changes anything: SLOTD_EBAD_REQUEST naming `tokens` for n == 0 or a
+ * token outside [0, V); SLOTD_ECONTEXT_FULL if entries + n > max_ctx;
+ * SLOTD_ECACHE_FULL if the pool has no room for the n entries;
+ * SLOTD_ESTALE for a finished session.  *cached (may be NULL) gets how
+ * many of the n entries were reused rather than computed. */
+int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tokens, size_t n,
+                         void *scratch, uint32_t *cached, slotd_error_t *err);
+
+/** Starts session `s` for `owner` holding exactly the sequence of the live
+ * session `from`: a slot of from's model with room for its entries, into
+ * which every entry and the state are copied, block by block (the chains
+ * of one model have the same blocks at the same places, and the bytes are
+ * the model's, copied as they are).  No model call is made; from is only
+ * read, and must not run meanwhile (the caller's rule).  Afterwards the two
+ * are independent: nothing done to one changes the other.  SLOTD_ECACHE_FULL
+ * (nothing held), SLOTD_ESTALE for a finished `from`. */
+int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache_owner_t *owner,
+                       cache_session_t *s, slotd_error_t *err);
 
 /** One greedy step (n = 1) of each of nb (1 .. MODEL_BATCH_MAX) sessions
  * of one model, as one batch: each is checked and reserved as

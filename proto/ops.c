@@ -43,6 +43,8 @@ const proto_op_def_t proto_ops[PROTO_OP__COUNT] = {
                     OPT(MODEL)),
     [PROTO_OP_STATS] = {.name = "stats", .len = 5, .kind = PROTO_KIND_BARRIER}, /* no members */
     [PROTO_OP_AUTH] = OP("auth", CONN, false, REQ(TOKEN)),
+    [PROTO_OP_APPEND] = OP("append", SESSION, true, REQ(ID), REQ(TOKENS)),
+    [PROTO_OP_FORK] = OP("fork", BRANCH, true, REQ(ID), REQ(FROM)),
 };
 
 #define AT(m) offsetof(proto_request_t, m)
@@ -83,6 +85,8 @@ const proto_field_def_t proto_fields[PROTO_FIELD__COUNT] = {
                                .must = "must be an array of at most 16 tokens"),
     [PROTO_FIELD_SCORES] = FIELD("scores", PROTO_TYPE_SCORES, .at = AT(dec),
                                  .must = "must be \"all\", \"none\" or an integer >= 1"),
+    [PROTO_FIELD_FROM] = FIELD("from", PROTO_TYPE_NAME, .lo = 1, .hi = PROTO_ID_MAX, .at = AT(from),
+                               .must = NAME_MUST(64), .missing = "is required"),
 };
 
 _Static_assert(PROTO_ID_MAX == 64 && PROTO_MODEL_MAX == 32 && PROTO_AUTH_TOKEN_MAX == 4096 &&

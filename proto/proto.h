@@ -99,6 +99,8 @@ typedef enum proto_op {
     PROTO_OP_GENERATE,
     PROTO_OP_STATS,
     PROTO_OP_AUTH,
+    PROTO_OP_APPEND,
+    PROTO_OP_FORK,
     PROTO_OP__COUNT
 } proto_op_t;
 
@@ -122,6 +124,7 @@ typedef enum proto_field {
     PROTO_FIELD_SAMPLE,
     PROTO_FIELD_STOP,
     PROTO_FIELD_SCORES,
+    PROTO_FIELD_FROM,
     PROTO_FIELD__COUNT
 } proto_field_t;
 
@@ -171,6 +174,8 @@ typedef enum proto_op_kind {
     PROTO_KIND_STATELESS, /* no session: a slot borrowed for the call alone */
     PROTO_KIND_BARRIER,   /* answered once every earlier line of its connection is */
     PROTO_KIND_CONN,      /* about the connection itself (auth) */
+    PROTO_KIND_BRANCH,    /* opens a session from an open one (fork), once every
+                             earlier line of its connection has taken effect */
 } proto_op_kind_t;
 
 /** One op: its wire name, what it acts on, its members in the order their
@@ -246,9 +251,10 @@ typedef struct proto_decode {
 typedef struct proto_request {
     proto_op_t op;
     char *tag;                       /* the tag as JSON text ("7", "\"x\""), NULL if absent */
-    char id[PROTO_ID_MAX + 1];       /* start, step, finish: 1-64 of [A-Za-z0-9_.:-] */
+    char id[PROTO_ID_MAX + 1];       /* start, step, finish, append: 1-64 of [A-Za-z0-9_.:-] */
     char model[PROTO_MODEL_MAX + 1]; /* start, logits, generate: "" when absent */
-    int64_t *tokens;                 /* start: the prompt; logits, generate: the tokens */
+    char from[PROTO_ID_MAX + 1];     /* fork: the session forked, as `id` */
+    int64_t *tokens;                 /* start: the prompt; logits, generate, append: the tokens */
     size_t ntokens;
     int64_t steps;  /* generate: required, >= 0 */
     bool use_cache; /* generate: default false */
@@ -305,7 +311,15 @@ int proto_reply_start(proto_buf_t *b, const char *tag, const char *id, const cha
 /** `logits` is NULL (hash) or n*V values, printed "%.6f". */
 int proto_reply_step(proto_buf_t *b, const char *tag, const char *id, const uint32_t *tokens,
                      uint32_t n, const double *logits, uint32_t vocab, uint32_t entries);
+/** The reply to an append: the session's entries after it, and how many
+ * of the appended ones were reused rather than computed. */
+int proto_reply_append(proto_buf_t *b, const char *tag, const char *id, uint32_t entries,
+                       uint32_t cached);
 int proto_reply_finish(proto_buf_t *b, const char *tag, const char *id, uint32_t released);
+/** The reply to a fork: the new session's id, model and entries, and how
+ * many of them were reused rather than computed. */
+int proto_reply_fork(proto_buf_t *b, const char *tag, const char *id, const char *model,
+                     uint32_t entries, uint32_t cached);
 int proto_reply_logits(proto_buf_t *b, const char *tag, const double *logits, uint32_t vocab,
                        uint64_t rows);
 /** `tokens` holds ntokens (input plus picks); `logits` steps*V values. */

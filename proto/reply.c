@@ -444,6 +444,31 @@ int proto_reply_step(proto_buf_t *b, const char *tag, const char *id, const uint
     return put_close(b, start);
 }
 
+int proto_reply_append(proto_buf_t *b, const char *tag, const char *id, uint32_t entries,
+                       uint32_t cached)
+{
+    size_t start = b->len;
+
+    TRY(put_open(b, tag));
+    TRY(PUT_MEMBER(b, "\"id\":", put_str, id));
+    TRY(PUT_MEMBER(b, ",\"entries\":", put_u64, entries));
+    TRY(PUT_MEMBER(b, ",\"cached\":", put_u64, cached));
+    return put_close(b, start);
+}
+
+int proto_reply_fork(proto_buf_t *b, const char *tag, const char *id, const char *model,
+                     uint32_t entries, uint32_t cached)
+{
+    size_t start = b->len;
+
+    TRY(put_open(b, tag));
+    TRY(PUT_MEMBER(b, "\"id\":", put_str, id));
+    TRY(PUT_MEMBER(b, ",\"model\":", put_str, model));
+    TRY(PUT_MEMBER(b, ",\"entries\":", put_u64, entries));
+    TRY(PUT_MEMBER(b, ",\"cached\":", put_u64, cached));
+    return put_close(b, start);
+}
+
 int proto_reply_finish(proto_buf_t *b, const char *tag, const char *id, uint32_t released)
 {
     size_t start = b->len;

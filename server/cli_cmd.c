@@ -46,6 +46,8 @@ typedef struct cli_cmd {
 static cli_kind_t build_start(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_step(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_finish(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
+static cli_kind_t build_append(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
+static cli_kind_t build_fork(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_logits(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_generate(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
 static cli_kind_t build_stats(const cli_cmd_t *, cmd_args_t *, cli_req_t *);
@@ -60,6 +62,8 @@ static const cli_cmd_t cmds[] = {
     {"step", "ID [N] [DECODE...]", "N steps of session ID (default 1), greedy unless DECODE says",
      build_step},
     {"finish", "ID", "release session ID", build_finish},
+    {"append", "ID TOKEN...", "run TOKEN... into session ID after its entries", build_append},
+    {"fork", "ID FROM", "start session ID holding session FROM's sequence", build_fork},
     {"logits", "[-m MODEL] TOKEN...", "the scores of the token after TOKEN...", build_logits},
     {"generate", "[-m MODEL] [--cache] [DECODE...] STEPS TOKEN...",
      "STEPS tokens after TOKEN..., no session; DECODE as for step", build_generate},
@@ -393,6 +397,41 @@ static cli_kind_t build_finish(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req
         return too_many(c, a, 1);
     cJSON *o = new_request("finish");
     if (o == NULL || cJSON_AddStringToObject(o, "id", a->w[0]) == NULL) {
+        cJSON_Delete(o);
+        return CLI_LOCAL_ERR;
+    }
+    return finish_json(o, req, a);
+}
+
+static cli_kind_t build_append(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
+{
+    if (a->n < 1)
+        return missing(c, a, "ID");
+    if (a->n < 2)
+        return missing(c, a, "TOKEN");
+    const char *id = a->w[0];
+    a->w++;
+    a->n--;
+    cJSON *o = new_request("append");
+    if (o == NULL || cJSON_AddStringToObject(o, "id", id) == NULL ||
+        !add_tokens(c, a, o, "tokens")) {
+        cJSON_Delete(o);
+        return CLI_LOCAL_ERR;
+    }
+    return finish_json(o, req, a);
+}
+
+static cli_kind_t build_fork(const cli_cmd_t *c, cmd_args_t *a, cli_req_t *req)
+{
+    if (a->n < 1)
+        return missing(c, a, "ID");
+    if (a->n < 2)
+        return missing(c, a, "FROM");
+    if (a->n > 2)
+        return too_many(c, a, 2);
+    cJSON *o = new_request("fork");
+    if (o == NULL || cJSON_AddStringToObject(o, "id", a->w[0]) == NULL ||
+        cJSON_AddStringToObject(o, "from", a->w[1]) == NULL) {
         cJSON_Delete(o);
         return CLI_LOCAL_ERR;
     }

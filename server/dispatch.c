@@ -36,6 +36,7 @@
 
 static bool req_apply(conn_t *c, req_t *r);
 static void release_barrier(conn_t *c, req_t *r);
+static bool fork_apply(conn_t *c, req_t *r);
 
 /* ---- Pipelined order under pressure (docs/design.md, "Pipelining") ----
  *
@@ -60,8 +61,9 @@ static bool earlier_pending(const conn_t *c, const req_t *r)
 
 /* An upper bound on the pool room `r` may take with model `m`: bytes of
  * state and blocks, and slots.  The slot's chain grows from empty for a
- * start and for the borrowed slot of logits and generate; a step of n adds
- * at most n entries' blocks, and one more block. */
+ * start and for the borrowed slot of logits and generate; a step of n, or
+ * an append of n tokens, adds at most n entries' blocks, and one more
+ * block. */
 static void req_need(const req_t *r, const model_t *m, uint64_t *bytes, uint64_t *slots)
 {
     size_t chain = 0;
@@ -69,10 +71,11 @@ static void req_need(const req_t *r, const model_t *m, uint64_t *bytes, uint64_t
 
     switch (r->rq.op) {
     case PROTO_OP_STEP:
-        if (r->rq.n <= 1)
+    case PROTO_OP_APPEND:
+        if (req__adds(r) <= 1)
             chain = model_block_bytes(m);
         else
-            model_chain_blocks(m, r->rq.n + model_block_positions(m), 64, &chain);
+            model_chain_blocks(m, (uint32_t)req__adds(r) + model_block_positions(m), 64, &chain);
         *bytes = chain + 64;
         *slots = 0;
         return;
@@ -177,6 +180,12 @@ static void conn_advance(conn_t *c)
         if (r->state != REQ_DONE) {
             proto_stats_t st;
             int rc;
+            if (r->rq.op == PROTO_OP_FORK && r->state == REQ_WAITING && r->session == NULL) {
+                /* Every earlier line has taken effect: the fork runs now. */
+                if (!fork_apply(c, r))
+                    return; /* closed */
+                continue;
+            }
             if (r->rq.op != PROTO_OP_STATS || r->state != REQ_WAITING)
                 break;
             if (s->draining) {
@@ -285,8 +294,8 @@ static int room_check(conn_t *c, req_t *r, const model_t *m, const session_t *se
     return SLOTD_OK;
 }
 
-/* The context check of a step of `sess` (model `m`), which comes before
- * its capacity checks.  On a session with nothing pending, context_full
+/* The context check of a step or an append of `sess` (model `m`), which
+ * comes before its capacity checks.  On a session with nothing pending, context_full
  * now.  On one with requests pending, the worker checks it first when the
  * step runs: the step is charged to its connection's share as if it
  * filled the session's context at most (`g`), so that a refusal for the
@@ -296,21 +305,28 @@ static int room_check(conn_t *c, req_t *r, const model_t *m, const session_t *se
 static int step_context(const req_t *r, const session_t *sess, const model_t *m, session_grow_t *g,
                         slotd_error_t *err)
 {
-    uint32_t max = model_max_ctx(m), n = r->rq.n;
+    uint32_t max = model_max_ctx(m);
+    uint64_t n = req__adds(r);
 
     if (sess->has_slot && sess->running == NULL && sess->fifo_head == NULL &&
-        (sess->cs.entries > max || n > max - sess->cs.entries))
-        /* In the words of the worker's check (job.c), which answers the
-         * same step when it runs behind pending ones. */
+        (sess->cs.entries > max || n > max - sess->cs.entries)) {
+        /* In the words of the worker's check (job.c, cache/session.c),
+         * which answers the same request when it runs behind pending ones. */
+        if (r->rq.op == PROTO_OP_APPEND)
+            return slotd_error_set(err, SLOTD_ECONTEXT_FULL,
+                                   "append: '%s' holds %" PRIu32 " of %" PRIu32
+                                   " positions, %zu more do not fit",
+                                   r->rq.id, sess->cs.entries, max, r->rq.ntokens);
         return slotd_error_set(err, SLOTD_ECONTEXT_FULL,
                                "step: %" PRIu32 " more entries would pass max_ctx %" PRIu32
                                " (session '%s' holds %" PRIu32 ")",
-                               n, max, r->rq.id, sess->cs.entries);
+                               r->rq.n, max, r->rq.id, sess->cs.entries);
+    }
     if (sess->share_entries >= max)
         n = 0;
     else if (n > max - sess->share_entries)
         n = max - sess->share_entries;
-    session__grow_step(sess, m, n, g);
+    session__grow_step(sess, m, (uint32_t)n, g);
     return SLOTD_OK;
 }
 
@@ -400,6 +416,20 @@ static const model_t *session_model(const session_t *sess)
     return sess->fifo_head != NULL ? sess->fifo_head->model : NULL;
 }
 
+/* The field check of an append against its session's model `m`: every
+ * token in [0, V).  Its length against max_ctx is step_context()'s, as a
+ * step's n is. */
+static int append_check(const model_t *m, const req_t *r, slotd_error_t *err)
+{
+    for (size_t i = 0; m != NULL && i < r->rq.ntokens; i++)
+        if (r->rq.tokens[i] < 0 || r->rq.tokens[i] >= (int64_t)model_vocab(m))
+            return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                                   "append: `tokens` must hold integers from 0 to %" PRIu32
+                                   " (model '%s'); element %zu is %" PRId64,
+                                   model_vocab(m) - 1, model_name(m), i, r->rq.tokens[i]);
+    return SLOTD_OK;
+}
+
 static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
 {
     session_t *sess = session__find(c, r->rq.id);
@@ -421,8 +451,12 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
         const model_t *m = session_model(sess);
         session_grow_t g;
         uint64_t bytes, slots;
-        int rc = step_context(r, sess, m, &g, err);
+        int rc = SLOTD_OK;
 
+        if (r->rq.op == PROTO_OP_APPEND)
+            rc = append_check(m, r, err);
+        if (rc == SLOTD_OK)
+            rc = step_context(r, sess, m, &g, err);
         if (rc == SLOTD_OK)
             rc = room_check(c, r, m, sess, &g, false, &bytes, &slots, err);
         if (rc != SLOTD_OK)
@@ -472,6 +506,106 @@ static int read_barrier(conn_t *c, req_t *r, slotd_error_t *err)
     return SLOTD_OK;
 }
 
+/* A fork that reached the head of its connection's order FIFO: every
+ * earlier line has taken effect, and the later ones are held behind it
+ * until its job is back (dispatch__job_done()), so the session it forks
+ * runs nothing meanwhile and its slot is what the worker copies.  The
+ * checks, in the protocol's order: `from` live on this connection
+ * (unknown_id), `id` not (duplicate_id), the session limit and the
+ * connection's share (cache_full).  Then the new session's record is made
+ * as a start's, with the fork as its first request.  The forked session is
+ * taken off the idle list until the job is back, and is not released
+ * while the job reads it (session_t.forks_out, counted at submit).  False
+ * if the connection closed. */
+static bool fork_apply(conn_t *c, req_t *r)
+{
+    server_t *s = c->server;
+    session_t *from, *sess;
+    const model_t *m;
+    slotd_error_t err;
+    session_grow_t g;
+    size_t chain = 0;
+
+    slotd_error_clear(&err);
+    if (s->draining) {
+        slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
+        goto fail;
+    }
+    from = session__find(c, r->rq.from);
+    if (from == NULL || !from->has_slot) {
+        slotd_error_set(&err, SLOTD_EUNKNOWN_ID, "fork: no live session '%s' on this connection",
+                        r->rq.from);
+        goto fail;
+    }
+    assert(from->running == NULL && from->fifo_head == NULL); /* nothing earlier pending */
+    if (session__find(c, r->rq.id) != NULL) {
+        slotd_error_set(&err, SLOTD_EDUPLICATE_ID,
+                        "fork: session '%s' is already live on this connection", r->rq.id);
+        goto fail;
+    }
+    if (s->admitted >= s->cfg->max_sessions) {
+        r->refusal = METRICS_REFUSAL_SLOTS;
+        slotd_error_set(&err, SLOTD_ECACHE_FULL,
+                        "fork: the daemon holds %u sessions, its limit (--max-sessions); "
+                        "retry when sessions finish",
+                        s->cfg->max_sessions);
+        goto fail;
+    }
+    m = from->cs.model;
+    session__grow_start(m, from->cs.entries, &g);
+    if (session__share_check(c, r, NULL, &g, true, &err) != SLOTD_OK) {
+        r->refusal = METRICS_REFUSAL_SHARE;
+        goto fail;
+    }
+
+    sess = session__get(s);
+    if (sess == NULL)
+        goto nomem;
+    sess->cs.owner.key = c->serial;
+    memcpy(sess->cs.owner.id, r->rq.id, sizeof(sess->cs.owner.id));
+    sess->node.id = sess->cs.owner.id;
+    if (session_map_insert(&c->map, &sess->node) != SLOTD_OK) {
+        session__put(s, sess);
+        goto nomem;
+    }
+    sess->in_map = true;
+    sess->born = uv_now(&s->loop);
+    s->admitted++;
+    session__share_take(c, sess, &g, false);
+    c->share_sessions++;
+    sess->conn = c;
+    sess->cs.model = m;
+    sess->prev = NULL;
+    sess->next = c->sessions;
+    if (c->sessions != NULL)
+        c->sessions->prev = sess;
+    c->sessions = sess;
+
+    if (from->in_lru)
+        session__lru_remove(s, from);
+    r->fork_from = from;
+    r->from_cs = from->cs;
+    r->from_toks = from->toks;
+    r->model = m;
+    req_model_found(r, m);
+    r->owner_key = c->serial;
+    /* The room of a start of as many positions (req_need()). */
+    model_chain_blocks(m, from->cs.entries, 64, &chain);
+    req_count_need(c, r, chain + model_state_size(m) + 128, 1);
+    session__enqueue(sess, r);
+    return !c->closed;
+
+fail:
+    if (!req__fail(r, &err))
+        return false;
+    release_barrier(c, r);
+    return !c->closed;
+nomem:
+    log_error("connection %" PRIu64 ": no memory for a request; closing it", c->serial);
+    conn__close(c);
+    return false;
+}
+
 /* How a request is applied, by what its op acts on (proto/ops.c's table):
  * a new op of a kind already here needs no edit in this file. */
 static int (*const read_kind[])(conn_t *, req_t *, slotd_error_t *) = {
@@ -479,6 +613,7 @@ static int (*const read_kind[])(conn_t *, req_t *, slotd_error_t *) = {
     [PROTO_KIND_SESSION] = read_session_op,
     [PROTO_KIND_STATELESS] = read_stateless,
     [PROTO_KIND_BARRIER] = read_barrier,
+    [PROTO_KIND_BRANCH] = read_barrier, /* applied at the head: fork_apply() */
 };
 
 /* Applies a parsed request, already in the order FIFO, to the
@@ -661,7 +796,7 @@ void dispatch__job_done(req_t *r)
 {
     conn_t *c = r->conn;
     server_t *s = c->server;
-    session_t *sess = r->session;
+    session_t *sess = r->session, *from;
 
     if (!c->closed)
         c->reserved -= r->reply_bound;
@@ -671,7 +806,7 @@ void dispatch__job_done(req_t *r)
     /* Refused for room while an earlier line has yet to take effect, which
      * may make room: not answered, but run again once they all have. */
     if (r->rc == SLOTD_ECACHE_FULL && !c->closed && !s->draining && earlier_pending(c, r)) {
-        if (sess != NULL && r->rq.op == PROTO_OP_STEP) {
+        if (sess != NULL && req__on_slot(r)) {
             /* The step may have moved the audit's recording (realloc) before
              * the pool refused it: the session keeps what the job left. */
             sess->cs = r->cs;
@@ -685,19 +820,19 @@ void dispatch__job_done(req_t *r)
     if (r->rc == SLOTD_ECACHE_FULL) { /* the pool's: its bytes, or (an acquire) its slots */
         uint64_t free_bytes, free_slots;
         cache_pool_room(s->pool, &free_bytes, &free_slots);
-        r->refusal = r->rq.op != PROTO_OP_STEP && free_slots == 0 ? METRICS_REFUSAL_SLOTS
-                                                                  : METRICS_REFUSAL_POOL;
+        r->refusal = !req__on_slot(r) && free_slots == 0 ? METRICS_REFUSAL_SLOTS
+                                                         : METRICS_REFUSAL_POOL;
     }
     /* The session takes the result first; it keeps `running` until the
      * end, so that a close here leaves it for the code below. */
     if (sess != NULL) {
         assert(sess->running == r);
-        if (r->rq.op == PROTO_OP_START && r->rc == SLOTD_OK) {
+        if (req__opens(r) && r->rc == SLOTD_OK) {
             sess->cs = r->cs;
             sess->toks = r->toks;
             sess->has_slot = true;
             s->live_sessions++;
-        } else if (r->rq.op == PROTO_OP_START) {
+        } else if (req__opens(r)) {
             /* No trace: the steps and finish queued behind it get
              * unknown_id, a start queued behind it runs, and with nothing
              * queued the id is free again (session.c: session__settle()). */
@@ -717,6 +852,13 @@ void dispatch__job_done(req_t *r)
     if (sess != NULL)
         sess->running = r->chain_next; /* a chain's next step runs on */
     r->chain_next = NULL;
+    if ((from = r->fork_from) != NULL) { /* the forked session is free to go on */
+        r->fork_from = NULL;
+        assert(from->forks_out > 0);
+        from->forks_out--;
+        if (c->closed && from->forks_out == 0 && from->running == NULL && !from->in_map)
+            session__discard(from); /* conn__close() left it for now */
+    }
 
     if (c->closed) {
         if (sess != NULL && sess->running == NULL)
@@ -726,6 +868,11 @@ void dispatch__job_done(req_t *r)
         req__done(r);
         if (sess != NULL && sess->running == NULL)
             session__kick(sess);
+        if (r->rq.op == PROTO_OP_FORK) {
+            if (from != NULL && from->running == NULL)
+                session__kick(from);
+            release_barrier(c, r); /* the lines held behind it now apply */
+        }
         conn_advance(c);
         conn__update(c);
     }

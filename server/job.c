@@ -1,6 +1,7 @@
 /*
  * job.c: what a worker thread does with a request record: the model call
- * of a start (prefill), a step, a logits or a generate, and the formatting
+ * of a start (prefill), a step, an append, a logits or a generate, the
+ * copy of a fork, and the formatting
  * of its reply line into the record; with --audit-rate, the recording of a
  * session's tokens and the audit of sampled steps (see audit.h); and the
  * batches of single steps of one model (job_group(), job_run_batch(),
@@ -146,7 +147,7 @@ static inline void cost_note_step(job_costs_t *c, uint64_t ns)
 
 uint64_t job_cost(const server_t *s, const req_t *r)
 {
-    const model_t *m = r->rq.op == PROTO_OP_STEP ? r->session->cs.model : r->model;
+    const model_t *m = req__on_slot(r) ? r->session->cs.model : r->model;
     const job_costs_t *c = costs_of(s, m);
     uint64_t step, prefill, n;
 
@@ -162,9 +163,19 @@ uint64_t job_cost(const server_t *s, const req_t *r)
         n = (uint64_t)r->rq.steps;
         return JOB_COST_FIXED_NS + r->rq.ntokens * prefill +
                n * (r->rq.use_cache ? step : (r->rq.ntokens + n) * prefill);
-    default: /* start, logits: a prompt */
-        return JOB_COST_FIXED_NS + r->rq.ntokens * prefill;
+    case PROTO_OP_FORK: /* a copy, no model call */
+        return JOB_COST_FIXED_NS;
+    case PROTO_OP_START:
+    case PROTO_OP_LOGITS:
+    case PROTO_OP_APPEND: /* a prompt */
+    case PROTO_OP_NONE:
+    case PROTO_OP_FINISH:
+    case PROTO_OP_STATS:
+    case PROTO_OP_AUTH:
+    case PROTO_OP__COUNT:
+        break;
     }
+    return JOB_COST_FIXED_NS + r->rq.ntokens * prefill;
 }
 
 /* Notes the time of a job that ran alone, `ns`, in its model's means. */
@@ -180,6 +191,10 @@ static void cost_measured(server_t *s, const req_t *r, uint64_t ns)
     case PROTO_OP_START:
     case PROTO_OP_LOGITS:
         if (r->rc == SLOTD_OK && r->rq.ntokens > 0 && (c = costs_of(s, r->model)) != NULL)
+            cost_note(&c->prefill_ns, ns / r->rq.ntokens);
+        break;
+    case PROTO_OP_APPEND:
+        if (r->rc == SLOTD_OK && r->rq.ntokens > 0 && (c = costs_of(s, r->cs.model)) != NULL)
             cost_note(&c->prefill_ns, ns / r->rq.ntokens);
         break;
     default:
@@ -531,6 +546,62 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
                                controls_logits(&ctl, logits), r->cs.entries, worker_scratch(w));
 }
 
+/* An append: the tokens run into the session's slot as a prefill does,
+ * and recorded after its tokens for the audit (whose room comes first, so
+ * that an append that ran can always be recorded).  Its entries are
+ * checked with the next sampled step, which compares the whole sequence
+ * with the uncached reference. */
+static int run_append(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
+{
+    uint32_t cached = 0, len = r->toks.len;
+    int rc;
+
+    if (s->audit != NULL && r->rq.ntokens <= model_max_ctx(r->cs.model) &&
+        audit_tokens_reserve(&r->toks, (uint32_t)r->rq.ntokens) != SLOTD_OK)
+        return SLOTD_ENOMEM;
+    rc = cache_session_append(s->pool, &r->cs, r->rq.tokens, r->rq.ntokens, worker_scratch(w),
+                              &cached, err);
+    if (rc != SLOTD_OK)
+        return rc;
+    if (s->audit != NULL) {
+        assert(len + r->rq.ntokens == r->cs.entries); /* the recording follows the slot */
+        for (size_t i = 0; i < r->rq.ntokens; i++)
+            r->toks.v[len + i] = (uint32_t)r->rq.tokens[i]; /* checked: in [0, V) */
+        r->toks.len = r->cs.entries;
+    }
+    return proto_reply_append(&r->reply, r->rq.tag, r->rq.id, r->cs.entries, cached);
+}
+
+/* A fork: a new slot holding a copy of the forked session's entries and
+ * state (cache_session_fork(), no model call), and a copy of its recorded
+ * tokens for the audit, which comes first so that nothing is undone if
+ * there is no memory. */
+static int run_fork(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
+{
+    cache_owner_t owner;
+    int rc;
+
+    (void)w;
+    owner.key = r->owner_key;
+    memcpy(owner.id, r->rq.id, sizeof(owner.id));
+    if (s->audit != NULL) {
+        if (audit_tokens_reserve(&r->toks, r->from_toks.len) != SLOTD_OK)
+            return SLOTD_ENOMEM;
+        audit_tokens_append(&r->toks, r->from_toks.v, r->from_toks.len);
+    }
+    rc = cache_session_fork(s->pool, &r->from_cs, &owner, &r->cs, err);
+    if (rc == SLOTD_OK) {
+        /* Every entry was reused (copied), none computed. */
+        rc = proto_reply_fork(&r->reply, r->rq.tag, r->rq.id, model_name(r->model), r->cs.entries,
+                              r->cs.entries);
+        if (rc != SLOTD_OK) /* no reply, no session: give the slot back */
+            (void)cache_session_finish(s->pool, &r->cs, &(uint32_t){0});
+    }
+    if (rc != SLOTD_OK) /* no session: nobody else will free them */
+        audit_tokens_free(&r->toks);
+    return rc;
+}
+
 static int run_logits(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 {
     uint32_t vocab = model_vocab(r->model);
@@ -580,7 +651,7 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
  * line's read, is observed. */
 static void job_begun(unsigned shard, uint64_t t, const req_t *r)
 {
-    const model_t *m = r->rq.op == PROTO_OP_STEP ? r->cs.model : r->model;
+    const model_t *m = req__on_slot(r) ? r->cs.model : r->model;
     metrics_observe_request_wait(
         shard, t > r->read_ns ? t - r->read_ns : 0,
         metrics_op_model(r->rq.op, m != NULL ? model_preset_index(m) : MODEL_NPRESETS));
@@ -758,12 +829,14 @@ static const job_run_fn job_runs[PROTO_OP__COUNT] = {
     [PROTO_OP_STEP] = run_step,
     [PROTO_OP_LOGITS] = run_logits,
     [PROTO_OP_GENERATE] = run_generate,
+    [PROTO_OP_APPEND] = run_append,
+    [PROTO_OP_FORK] = run_fork,
 };
 
 /* job_run() of one request. */
 static void run_one(server_t *s, worker_t *w, req_t *r)
 {
-    const model_t *m = r->rq.op == PROTO_OP_STEP ? r->cs.model : r->model;
+    const model_t *m = req__on_slot(r) ? r->cs.model : r->model;
     bool cpu_timed = m != NULL && model_batch_shares(m);
     uint64_t cpu0 = 0, t0 = worker_job_start(w); /* this step's start, in a chain */
     uint64_t lent = job_lent_ns;                 /* others' time in this job, from here */

@@ -38,7 +38,7 @@
  * context_full, counts as that. */
 static size_t req_reply_bound(const req_t *r)
 {
-    const model_t *m = r->rq.op == PROTO_OP_STEP ? r->session->cs.model : r->model;
+    const model_t *m = req__on_slot(r) ? r->session->cs.model : r->model;
     size_t tag = r->rq.tag != NULL ? strlen(r->rq.tag) : 0;
     size_t row =
         model_family(m) == MODEL_FAMILY_ATTN ? (size_t)model_vocab(m) * REPLY_LOGIT_BYTES + 3 : 0;
@@ -58,7 +58,14 @@ static size_t req_reply_bound(const req_t *r)
         picks = (size_t)r->rq.steps;
         tokens = r->rq.ntokens + picks;
         break;
-    default: /* start */
+    case PROTO_OP_START:
+    case PROTO_OP_FORK:
+    case PROTO_OP_APPEND: /* id, model, entries, cached: in REPLY_FIXED */
+    case PROTO_OP_NONE:
+    case PROTO_OP_FINISH:
+    case PROTO_OP_STATS:
+    case PROTO_OP_AUTH:
+    case PROTO_OP__COUNT: /* no job */
         break;
     }
     return REPLY_FIXED + tag + tokens * REPLY_TOKEN_BYTES + picks * row;
@@ -175,10 +182,20 @@ static inline void req_submit(req_t *r)
          * batches share weights: the worker need not ask it about others. */
         r->job.lone = jc->lone;
         cost = job__step_cost(jc, r->rq.n);
+    } else if (r->session != NULL && req__on_slot(r)) {
+        /* An append: the session's slot as well, costed as a prompt, run
+         * alone and never the head of a chain. */
+        r->cs = r->session->cs;
+        r->toks = r->session->toks; /* the job's until it comes back */
+        memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));
+        r->job.lone = true;
+        cost = job_cost(c->server, r);
     } else {
         memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));
         r->job.lone = true;
         cost = job_cost(c->server, r);
+        if (r->fork_from != NULL)
+            r->fork_from->forks_out++; /* read by the job: kept until it is back */
     }
     r->job.flow = &c->flow;
     r->state = REQ_RUNNING;

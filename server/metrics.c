@@ -247,8 +247,7 @@ static bool model_served[MODEL_NPRESETS];
 static bool shown_op_model(size_t l)
 {
     size_t op = l / (MODEL_NPRESETS + 1), model = l % (MODEL_NPRESETS + 1);
-    bool worker_op = op == PROTO_OP_START || op == PROTO_OP_STEP || op == PROTO_OP_LOGITS ||
-                     op == PROTO_OP_GENERATE;
+    bool worker_op = proto_op_on_worker((proto_op_t)op);
     return worker_op && model < MODEL_NPRESETS && model_served[model];
 }
 

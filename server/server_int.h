@@ -93,7 +93,7 @@ struct req {
     worker_job_t job; /* the pool's while REQ_RUNNING */
 
     /* Loop thread only.  Cleared by req__put(), with `job`. */
-    session_t *session;  /* start, step, finish: the session acted on */
+    session_t *session;  /* start, step, append, finish: the session acted on */
     req_t *session_next; /* the session's FIFO */
     req_t *park_next;    /* conn->park_head while REQ_PARKED */
     size_t reply_bound;  /* a job: its reply's most bytes; in conn->reserved while out */
@@ -119,6 +119,13 @@ struct req {
     const model_t *model; /* start, logits, generate */
     uint64_t owner_key;   /* the connection's serial number */
     req_t *chain_next;    /* a step: the next step of its session run in the same job (launch.c) */
+    /* A fork: the session forked, its slot and its recorded tokens as they
+     * stood when the fork was applied (dispatch.c: fork_apply()).  The
+     * session runs nothing until the fork's job is back (the fork is its
+     * connection's barrier), so they stay what the worker reads. */
+    session_t *fork_from;
+    cache_session_t from_cs;
+    audit_tokens_t from_toks; /* a view of fork_from->toks: not owned */
 
     /* The job's result: written by its worker while REQ_RUNNING, by the
      * loop thread otherwise. */
@@ -137,6 +144,27 @@ struct req {
     /* Set by the worker as it begins the job; read by GET /sessions. */
     _Atomic bool started;
 };
+
+/** Whether `r` runs on its live session's slot, which its job copies from
+ * the session record at submit and gives back when it comes back: a step
+ * or an append. */
+static inline bool req__on_slot(const req_t *r)
+{
+    return r->rq.op == PROTO_OP_STEP || r->rq.op == PROTO_OP_APPEND;
+}
+
+/** Whether `r` opens its session: a start, or a fork (whose slot is a copy
+ * of another session's). */
+static inline bool req__opens(const req_t *r)
+{
+    return r->rq.op == PROTO_OP_START || r->rq.op == PROTO_OP_FORK;
+}
+
+/** The positions a step or an append asks to add to its session's slot. */
+static inline uint64_t req__adds(const req_t *r)
+{
+    return r->rq.op == PROTO_OP_APPEND ? (uint64_t)r->rq.ntokens : (uint64_t)r->rq.n;
+}
 
 /** A session record: one start on one connection, from its parse until
  * its last queued request has run and its slot is released.  Freed by
@@ -175,6 +203,7 @@ struct session {
      * the blocks' room and their number (session__grow_step()). */
     uint32_t share_entries, share_room, share_blocks;
     bool share_stale; /* a charged request failed: made exact when it settles */
+    uint32_t forks_out; /* fork jobs out reading its slot: it is not released while > 0 */
 };
 
 /** Which timed list of the server a connection is on (conn->wait_link). */

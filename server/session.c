@@ -213,17 +213,17 @@ int session__share_check_full(conn_t *c, const req_t *r, const session_t *sess,
             most = cfg->max_sessions_per_conn;
         if (c->share_sessions >= (most > 0 ? most : 1))
             return slotd_error_set(err, SLOTD_ECACHE_FULL,
-                                   "start: this connection's share of sessions is in use: it "
+                                   "%s: this connection's share of sessions is in use: it "
                                    "holds %u (--max-sessions-per-connection, "
                                    "--max-connection-share); retry after it finishes one",
-                                   c->share_sessions);
+                                   op, c->share_sessions);
     }
     /* A share of the whole pool is no limit of its own: the pool refuses,
      * and says so, when the bytes run out. */
     if (cfg->max_conn_share >= 1.0 || c->share_bytes + g->bytes <= session__share_cap(c))
         return SLOTD_OK;
     cap = session__share_cap(c);
-    whole = (sess != NULL && r->rq.op == PROTO_OP_STEP ? sess->charged : 0) + g->bytes;
+    whole = (sess != NULL && req__on_slot(r) ? sess->charged : 0) + g->bytes;
     if (whole > cap)
         return slotd_error_set(err, SLOTD_ECACHE_FULL,
                                "%s: '%s' needs %" PRIu64 " bytes, more than this connection's "
@@ -292,7 +292,7 @@ void session__detach(conn_t *c)
         snext = sess->next;
         sess->fifo_head = sess->fifo_tail = NULL;
         session__unmap(sess);
-        if (sess->running == NULL)
+        if (sess->running == NULL && sess->forks_out == 0) /* else when they come back */
             session__discard(sess);
     }
 }
@@ -307,7 +307,7 @@ void session__settle(session_t *sess)
     if (sess->in_map && sess->has_slot) { /* live: after most steps */
         if (sess->share_stale)
             share_resync(sess);
-        if (!sess->in_lru && !s->draining && s->cfg->idle_timeout > 0)
+        if (!sess->in_lru && !s->draining && s->cfg->idle_timeout > 0 && sess->forks_out == 0)
             lru_add(s, sess);
         return;
     }
@@ -340,7 +340,7 @@ static bool session_finish(session_t *sess, req_t *r)
 }
 
 /* Answers `r`, taken from the head of the session's FIFO, which does not
- * run as a job: a drain, a finish, a step with no live session, a start
+ * run as a job: a drain, a finish, a step or append with no live session, a start
  * of an id already live.  False if the connection closed (no memory).  Out
  * of line: session__run_fifo() stays small for the jobs, most requests. */
 static __attribute__((noinline)) bool session_answer(session_t *sess, req_t *r)
@@ -354,9 +354,9 @@ static __attribute__((noinline)) bool session_answer(session_t *sess, req_t *r)
     if (r->rq.op == PROTO_OP_FINISH)
         return session_finish(sess, r);
     session__give_back(sess);
-    if (r->rq.op == PROTO_OP_STEP) { /* its start failed */
-        slotd_error_set(&err, SLOTD_EUNKNOWN_ID, "step: no live session '%s' on this connection",
-                        r->rq.id);
+    if (req__on_slot(r)) { /* its start failed */
+        slotd_error_set(&err, SLOTD_EUNKNOWN_ID, "%s: no live session '%s' on this connection",
+                        proto_op_name(r->rq.op), r->rq.id);
     } else { /* a start: the one before it succeeded */
         assert(r->rq.op == PROTO_OP_START && sess->has_slot);
         slotd_error_set(&err, SLOTD_EDUPLICATE_ID,

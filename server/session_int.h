@@ -46,13 +46,13 @@ void session__discard(session_t *sess);
 void session__lru_remove(server_t *s, session_t *sess);
 
 /** Whether `r`, at the head of its session's FIFO, runs as a job: a
- * start of an id not live (yet), a step of a live session, no drain.
+ * start of an id not live (yet), a step or append of a live session, no
+ * drain.
  * session.c answers the others in the FIFO's order. */
 static inline bool session__runs(const session_t *sess, const req_t *r)
 {
     return !sess->conn->server->draining && r->rq.op != PROTO_OP_FINISH &&
-           !(r->rq.op == PROTO_OP_STEP && !sess->has_slot) &&
-           !(r->rq.op == PROTO_OP_START && sess->has_slot);
+           !(req__on_slot(r) && !sess->has_slot) && !(r->rq.op == PROTO_OP_START && sess->has_slot);
 }
 
 /** Queues `r` at the tail of the session's FIFO and runs the FIFO.

@@ -2113,3 +2113,98 @@ int64_t itest_metric(const itest_daemon_t *d, const char *name)
     itest_http_free(&h);
     return v;
 }
+
+/* ---- Sessions grown by steps, appends and forks ---- */
+
+int64_t itest_seq_token(const char *model, size_t k)
+{
+    uint32_t v = model_vocab(itest_model(model));
+    return (int64_t)((k * 2654435761u + 12345u) % v);
+}
+
+void itest_seq_start(itest_conn_t *c, itest_seq_t *s, const char *id, const char *model, size_t n)
+{
+    snprintf(s->id, sizeof(s->id), "%s", id);
+    s->model = model;
+    s->len = 0;
+    for (size_t i = 0; i < n; i++)
+        s->tok[s->len++] = itest_seq_token(model, i + 7);
+    char *p = itest_json_tokens(s->tok, s->len);
+    cJSON *r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"%s\",\"model\":\"%s\",\"prompt\":%s}", id,
+                         model, p);
+    free(p);
+    itest_expect_ok(r);
+    ck_assert_int_eq(itest_int(r, "entries"), (int64_t)n);
+    cJSON_Delete(r);
+}
+
+char *itest_seq_append_line(const itest_seq_t *s, size_t n, size_t k0, int64_t *out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = itest_seq_token(s->model, k0 + i);
+    char *t = itest_json_tokens(out, n);
+    size_t cap = strlen(t) + 128;
+    char *line = malloc(cap);
+    ck_assert_ptr_nonnull(line);
+    snprintf(line, cap, "{\"op\":\"append\",\"id\":\"%s\",\"tokens\":%s}\n", s->id, t);
+    free(t);
+    return line;
+}
+
+void itest_seq_check_append(itest_seq_t *s, const cJSON *r, const int64_t *toks, size_t n)
+{
+    itest_expect_ok(r);
+    ck_assert_str_eq(itest_str(r, "id"), s->id);
+    ck_assert_int_eq(itest_int(r, "entries"), (int64_t)(s->len + n));
+    int64_t cached = itest_int(r, "cached");
+    ck_assert(cached >= 0 && cached <= (int64_t)n);
+    memcpy(s->tok + s->len, toks, n * sizeof(int64_t));
+    s->len += n;
+}
+
+void itest_seq_append(itest_conn_t *c, itest_seq_t *s, size_t n, size_t k0)
+{
+    int64_t toks[ITEST_SEQ_MAX];
+    char *line = itest_seq_append_line(s, n, k0, toks);
+    ck_assert(itest_send_str(c, line));
+    free(line);
+    cJSON *r = itest_read_reply(c);
+    itest_seq_check_append(s, r, toks, n);
+    cJSON_Delete(r);
+}
+
+void itest_seq_check_step(itest_seq_t *s, const cJSON *r, const char *line, uint32_t n)
+{
+    const model_t *m = itest_model(s->model);
+    uint32_t V = model_vocab(m);
+    uint32_t *want = malloc((s->len + n) * sizeof(uint32_t));
+    double *lg = malloc((size_t)n * V * sizeof(double));
+    ck_assert(want != NULL && lg != NULL);
+    itest_reference(s->model, s->tok, s->len, n, want, lg);
+
+    itest_expect_ok(r);
+    ck_assert_str_eq(itest_str(r, "id"), s->id);
+    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(r, "tokens");
+    ck_assert(cJSON_IsArray(tk) && cJSON_GetArraySize(tk) == (int)n);
+    for (uint32_t i = 0; i < n; i++) {
+        const cJSON *t = cJSON_GetArrayItem(tk, (int)i);
+        ck_assert_msg(cJSON_IsNumber(t) && t->valuedouble == (double)want[s->len + i],
+                      "session %s (%s) after %zu entries: pick %u is not the reference's %u: %s",
+                      s->id, s->model, s->len, i, want[s->len + i], line);
+    }
+    if (model_family(m) == MODEL_FAMILY_ATTN)
+        itest_expect_logits(line, lg, (size_t)n * V);
+    ck_assert_int_eq(itest_int(r, "entries"), (int64_t)(s->len + n));
+    for (uint32_t i = 0; i < n; i++)
+        s->tok[s->len + i] = want[s->len + i];
+    s->len += n;
+    free(want);
+    free(lg);
+}
+
+void itest_seq_step(itest_conn_t *c, itest_seq_t *s, uint32_t n)
+{
+    cJSON *r = itest_rpc(c, "{\"op\":\"step\",\"id\":\"%s\",\"n\":%u}", s->id, n);
+    itest_seq_check_step(s, r, itest_last_line(c), n);
+    cJSON_Delete(r);
+}

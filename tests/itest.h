@@ -427,4 +427,36 @@ char *itest_json_tokens(const int64_t *tokens, size_t n);
 int64_t itest_now_ms(void);
 void itest_sleep_ms(int ms);
 
+/* ---- Sessions grown by steps, appends and forks ---- */
+
+/** A session as the test believes it to be: its whole sequence (prompt,
+ * picks and appended tokens, in order), checked at every step against the
+ * uncached reference of that sequence.  A plain value. */
+#define ITEST_SEQ_MAX 4096
+typedef struct itest_seq {
+    char id[80];
+    const char *model; /* preset name */
+    int64_t tok[ITEST_SEQ_MAX];
+    size_t len;
+} itest_seq_t;
+
+/** A deterministic token of `model` in [0, V), the k-th of a test. */
+int64_t itest_seq_token(const char *model, size_t k);
+/** Starts `s` as session `id` of `model` with a prompt of `n` tokens
+ * (itest_seq_token(model, 7..)) and checks the reply. */
+void itest_seq_start(itest_conn_t *c, itest_seq_t *s, const char *id, const char *model, size_t n);
+/** The append line of `n` tokens itest_seq_token(k0..), malloc'd (with
+ * "\n"); the tokens go to `out`. */
+char *itest_seq_append_line(const itest_seq_t *s, size_t n, size_t k0, int64_t *out);
+/** Checks an append reply of the `n` tokens `toks` (id, entries, 0 <=
+ * cached <= n) and counts them into `s`. */
+void itest_seq_check_append(itest_seq_t *s, const cJSON *r, const int64_t *toks, size_t n);
+/** Sends an append of `n` tokens from k0 on and checks the reply. */
+void itest_seq_append(itest_conn_t *c, itest_seq_t *s, size_t n, size_t k0);
+/** Checks a step reply of `n` picks (raw `line`) against the reference:
+ * id, tokens, printed logits (attn), entries; counts the picks into `s`. */
+void itest_seq_check_step(itest_seq_t *s, const cJSON *r, const char *line, uint32_t n);
+/** Sends step n for `s` and checks the reply. */
+void itest_seq_step(itest_conn_t *c, itest_seq_t *s, uint32_t n);
+
 #endif

@@ -7,7 +7,9 @@
  * nothing, stale and foreign handles, two block sizes sharing pages, and a
  * randomized sequence checked against a plain model of the expected figures
  * after every call, and blocks parked in one thread's cache that must not
- * cost another thread a refusal.  Debug builds also check the poison and
+ * cost another thread a refusal; and the session calls on top of it that
+ * grow or copy a slot (cache_session_append(), cache_session_fork()),
+ * against the uncached reference.  Debug builds also check the poison and
  * the guards.  It
  * includes the pool's private header to see pages and run the full
  * invariant check.
@@ -22,6 +24,7 @@
 
 #include "cache/pool.h"
 #include "cache/pool_impl.h"
+#include "cache/session.h"
 #include "core/model.h"
 
 /* ---- Helpers ---- */
@@ -644,6 +647,146 @@ START_TEST(test_models_run_in_slots)
         ck_assert_uint_eq(n, 7);
     }
     sound(p);
+    free(scratch);
+}
+END_TEST
+
+/* The reference picks after `seq` (n of them): model_generate() uncached. */
+static void ref_picks(const model_t *m, const int64_t *seq, size_t len, uint32_t n, uint32_t *out)
+{
+    uint32_t *all = malloc((len + n) * sizeof(uint32_t));
+    uint64_t rows;
+
+    ck_assert_ptr_nonnull(all);
+    ck_assert_int_eq(model_generate(m, seq, len, n, false, NULL, NULL, all, NULL, &rows, NULL),
+                     SLOTD_OK);
+    memcpy(out, all + len, n * sizeof(uint32_t));
+    free(all);
+}
+
+/* A step of `s`, checked against the reference after `seq` (len tokens),
+ * which it then extends. */
+static void step_ref(cache_pool_t *p, cache_session_t *s, int64_t *seq, size_t *len, void *scratch)
+{
+    uint32_t want, got;
+    double logits[512];
+    slotd_error_t e;
+
+    ref_picks(s->model, seq, *len, 1, &want);
+    ck_assert_int_eq(cache_session_step(p, s, 1, scratch, &got, logits, &e), SLOTD_OK);
+    ck_assert_uint_eq(got, want);
+    seq[(*len)++] = got;
+    ck_assert_uint_eq(s->entries, *len);
+}
+
+/* cache_session_append() runs tokens as a prefill would: the next pick is
+ * the reference's for the whole sequence; its errors change nothing.
+ * cache_session_fork() gives a slot of its own with the same entries and
+ * state: both pick the reference's next token, then go apart; the pool
+ * counts both, and the checker finds it sound. */
+START_TEST(test_session_append_fork)
+{
+    model_t *small = fx_model("small");
+    cache_pool_t *p = fx_pool((size_t)16 << 20, 8);
+    void *scratch = malloc(model_scratch_size(small));
+    int64_t a[1024], b[1024];
+    size_t na = 0, nb;
+    cache_owner_t oa = owner(1, "a"), ob = owner(1, "b");
+    cache_session_t sa, sb;
+    slotd_error_t e;
+    uint64_t used;
+
+    ck_assert_ptr_nonnull(scratch);
+    for (; na < 10; na++)
+        a[na] = (int64_t)((na * 37 + 5) % 512);
+    ck_assert_int_eq(cache_session_start(p, small, &oa, a, na, scratch, &sa, &e), SLOTD_OK);
+    /* 70 tokens: more than one prefill batch, across blocks. */
+    {
+        int64_t t[70];
+        uint32_t cached = 99;
+        for (int i = 0; i < 70; i++)
+            t[i] = a[na + (size_t)i] = (int64_t)((i * 91 + 3) % 512);
+        ck_assert_int_eq(cache_session_append(p, &sa, t, 70, scratch, &cached, &e), SLOTD_OK);
+        ck_assert_uint_eq(cached, 0);
+        na += 70;
+        ck_assert_uint_eq(sa.entries, na);
+    }
+    step_ref(p, &sa, a, &na, scratch);
+
+    /* Errors: nothing moves. */
+    used = stats(p).bytes_used;
+    {
+        int64_t bad[2] = {3, 512};
+        static int64_t many[1024];
+        ck_assert_int_eq(cache_session_append(p, &sa, bad, 0, scratch, NULL, &e),
+                         SLOTD_EBAD_REQUEST);
+        ck_assert_int_eq(cache_session_append(p, &sa, bad, 2, scratch, NULL, &e),
+                         SLOTD_EBAD_REQUEST);
+        ck_assert_ptr_nonnull(strstr(e.message, "tokens"));
+        ck_assert_int_eq(cache_session_append(p, &sa, many, 1024 - na + 1, scratch, NULL, &e),
+                         SLOTD_ECONTEXT_FULL);
+    }
+    ck_assert_uint_eq(sa.entries, na);
+    ck_assert_uint_eq(cache_pool_entries(p), na);
+    ck_assert_uint_eq(stats(p).bytes_used, used);
+    step_ref(p, &sa, a, &na, scratch);
+
+    /* The fork: the same bytes again, no model call. */
+    used = stats(p).bytes_used;
+    {
+        uint64_t rows = model_rows(small);
+        ck_assert_int_eq(cache_session_fork(p, &sa, &ob, &sb, &e), SLOTD_OK);
+        ck_assert_uint_eq(model_rows(small), rows);
+    }
+    ck_assert_uint_eq(sb.entries, na);
+    ck_assert_uint_eq(stats(p).bytes_used, 2 * used);
+    ck_assert_uint_eq(stats(p).live_slots, 2);
+    sound(p);
+    memcpy(b, a, na * sizeof(int64_t));
+    nb = na;
+    step_ref(p, &sb, b, &nb, scratch);
+    step_ref(p, &sa, a, &na, scratch);
+    ck_assert_int_eq(a[na - 1], b[nb - 1]);
+    /* Apart: an append to one only. */
+    {
+        int64_t t[3] = {7, 8, 9};
+        ck_assert_int_eq(cache_session_append(p, &sb, t, 3, scratch, NULL, &e), SLOTD_OK);
+        memcpy(b + nb, t, sizeof(t));
+        nb += 3;
+    }
+    step_ref(p, &sa, a, &na, scratch);
+    step_ref(p, &sb, b, &nb, scratch);
+    /* The parent gone, the fork goes on. */
+    ck_assert_int_eq(cache_session_finish(p, &sa, NULL), SLOTD_OK);
+    step_ref(p, &sb, b, &nb, scratch);
+    sound(p);
+    ck_assert_int_eq(cache_session_finish(p, &sb, NULL), SLOTD_OK);
+    ck_assert_uint_eq(stats(p).bytes_used, 0);
+    free(scratch);
+}
+END_TEST
+
+/* A fork the pool cannot hold is cache_full and holds nothing. */
+START_TEST(test_session_fork_full)
+{
+    model_t *small = fx_model("small");
+    cache_pool_t *p = fx_pool((size_t)1 << 20, 8);
+    void *scratch = malloc(model_scratch_size(small));
+    int64_t a[150];
+    cache_owner_t oa = owner(1, "a"), ob = owner(1, "b");
+    cache_session_t sa, sb;
+    slotd_error_t e;
+
+    ck_assert_ptr_nonnull(scratch);
+    for (int i = 0; i < 150; i++)
+        a[i] = i;
+    ck_assert_int_eq(cache_session_start(p, small, &oa, a, 150, scratch, &sa, &e), SLOTD_OK);
+    cache_pool_stats_t before = stats(p);
+    ck_assert_int_eq(cache_session_fork(p, &sa, &ob, &sb, &e), SLOTD_ECACHE_FULL);
+    ck_assert_uint_eq(stats(p).bytes_used, before.bytes_used);
+    ck_assert_uint_eq(stats(p).live_slots, 1);
+    sound(p);
+    ck_assert_int_eq(cache_session_finish(p, &sa, NULL), SLOTD_OK);
     free(scratch);
 }
 END_TEST
@@ -1758,6 +1901,8 @@ static Suite *cache_suite(bool forking)
     tcase_add_test(tc, test_hint_names_the_slot);
     tcase_add_test(tc, test_block_boundaries);
     tcase_add_test(tc, test_models_run_in_slots);
+    tcase_add_test(tc, test_session_append_fork);
+    tcase_add_test(tc, test_session_fork_full);
     tcase_add_test(tc, test_slot_bytes_bound);
     tcase_add_test(tc, test_pages_fit_blocks);
     tcase_add_test(tc, test_release_returns_everything);

@@ -193,6 +193,13 @@ def run_batch(d, work):
         ("finish a", '{"op":"finish","id":"a"}'),
         ("finish b", '{"op":"finish","id":"b"}'),
         ("finish c", '{"op":"finish","id":"c"}'),
+        ("start d 1", '{"op":"start","id":"d","prompt":[1]}'),
+        ("append d 4,5 0", '{"op":"append","id":"d","tokens":[4,5,0]}'),
+        ("step d", '{"op":"step","id":"d"}'),
+        ("fork e d", '{"op":"fork","id":"e","from":"d"}'),
+        ("step e", '{"op":"step","id":"e"}'),
+        ("finish d", '{"op":"finish","id":"d"}'),
+        ("finish e", '{"op":"finish","id":"e"}'),
         ('{"op":"start","id":"j","prompt":[0],"tag":7}', '{"op":"start","id":"j","prompt":[0],"tag":7}'),
     ]
     cmds = [c for c, _ in session]
@@ -355,6 +362,10 @@ def run_batch(d, work):
                       ("step a 1 2 3",
                        "(error) step: 2 arguments too many, from '2'; usage: step ID [N] [DECODE...]"),
                       ("finish", "(error) finish: missing ID; usage: finish ID"),
+                      ("append a", "(error) append: missing TOKEN; usage: append ID TOKEN..."),
+                      ("append a 1 y", "(error) append: token 'y' is not an integer"),
+                      ("fork b", "(error) fork: missing FROM; usage: fork ID FROM"),
+                      ("fork b a c", "(error) fork: one argument too many, 'c'; usage: fork ID FROM"),
                       ("finish a b", "(error) finish: one argument too many, 'b'; usage: finish ID"),
                       ("start", "(error) start: missing ID; usage: start ID [-m MODEL] TOKEN..."),
                       ("start a -m", "(error) start: missing MODEL after -m; "

@@ -768,6 +768,8 @@ START_TEST(test_request_duration_by_model)
     rpc_expect(c, "{\"op\":\"finish\",\"id\":\"h\"}", NULL);
     rpc_expect(c, "{\"op\":\"start\",\"id\":\"t\",\"model\":\"tiny\",\"prompt\":[1,2]}", NULL);
     rpc_expect(c, "{\"op\":\"step\",\"id\":\"t\"}", NULL);
+    rpc_expect(c, "{\"op\":\"append\",\"id\":\"t\",\"tokens\":[3]}", NULL);
+    rpc_expect(c, "{\"op\":\"fork\",\"id\":\"u\",\"from\":\"t\"}", NULL);
     rpc_expect(c, "{\"op\":\"logits\",\"model\":\"tiny\",\"tokens\":[1,2]}", NULL);
     rpc_expect(c, "{\"op\":\"logits\",\"model\":\"hash\",\"tokens\":[1,2]}", "bad_request");
     rpc_expect(c, "{\"op\":\"step\",\"id\":\"nobody\"}", "unknown_id");
@@ -787,6 +789,8 @@ START_TEST(test_request_duration_by_model)
         {"{op=\"start\",model=\"tiny\"}", 1},
         {"{op=\"step\",model=\"tiny\"}", 1},
         {"{op=\"finish\",model=\"tiny\"}", 0},
+        {"{op=\"append\",model=\"tiny\"}", 1},
+        {"{op=\"fork\",model=\"tiny\"}", 1},
         {"{op=\"logits\",model=\"tiny\"}", 1},
         {"{op=\"logits\",model=\"hash\"}", 1},
         {"{op=\"step\"}", 1},

@@ -158,7 +158,7 @@ END_TEST
  * daemon has no descriptor left for a new one. */
 typedef struct keepalive {
     int fd;
-    char buf[1 << 17];
+    char buf[1 << 20]; /* /metrics is about 150 KB with four models served */
     size_t len;
 } keepalive_t;
 

@@ -621,15 +621,13 @@ END_TEST
 
 /* The op table (proto/ops.c): every row is found by its name on both
  * paths, a required member's absence and a wrong type name the member, and
- * the ops that run on workers are the four with a run function in
+ * the ops that run on workers are the six with a run function in
  * server/job.c. */
 START_TEST(test_op_table)
 {
     static const bool on_worker[PROTO_OP__COUNT] = {
-        [PROTO_OP_START] = true,
-        [PROTO_OP_STEP] = true,
-        [PROTO_OP_LOGITS] = true,
-        [PROTO_OP_GENERATE] = true,
+        [PROTO_OP_START] = true,  [PROTO_OP_STEP] = true,   [PROTO_OP_LOGITS] = true,
+        [PROTO_OP_GENERATE] = true, [PROTO_OP_APPEND] = true, [PROTO_OP_FORK] = true,
     };
     proto_request_t r;
     slotd_error_t e;
@@ -644,7 +642,8 @@ START_TEST(test_op_table)
         [PROTO_OP_START] = PROTO_KIND_OPEN,         [PROTO_OP_STEP] = PROTO_KIND_SESSION,
         [PROTO_OP_FINISH] = PROTO_KIND_SESSION,     [PROTO_OP_LOGITS] = PROTO_KIND_STATELESS,
         [PROTO_OP_GENERATE] = PROTO_KIND_STATELESS, [PROTO_OP_STATS] = PROTO_KIND_BARRIER,
-        [PROTO_OP_AUTH] = PROTO_KIND_CONN,
+        [PROTO_OP_AUTH] = PROTO_KIND_CONN,          [PROTO_OP_APPEND] = PROTO_KIND_SESSION,
+        [PROTO_OP_FORK] = PROTO_KIND_BRANCH,
     };
     for (int k = 0; k <= PROTO_OP__COUNT; k++)
         ck_assert_int_eq(proto_op_kind((proto_op_t)k),
@@ -1588,6 +1587,10 @@ START_TEST(test_parse_flat_common)
         "{\"op\":\"logits\",\"tokens\":[0,1,9],\"model\":\"small\"}",
         "{\"op\":\"stats\"}",
         "{\"op\":\"stats\",\"tag\":-12}",
+        "{\"op\":\"append\",\"id\":\"s12\",\"tokens\":[7,8,9]}",
+        "{\"tokens\":[0],\"tag\":\"x\",\"id\":\"a\",\"op\":\"append\"}",
+        "{\"op\":\"fork\",\"id\":\"b\",\"from\":\"a\"}",
+        "{\"from\":\"Az09_.:-\",\"op\":\"fork\",\"id\":\"b\",\"tag\":2}",
         " \t{ \"op\" : \"step\" , \"id\" : \"a\" , \"n\" : 2 } \r",
         "{\"id\":\"Az09_.:-\",\"prompt\":[ -7 , 0 ],\"op\":\"start\"}",
     };
@@ -1631,6 +1634,21 @@ START_TEST(test_parse_paths_agree)
         {"{\"op\":\"logits\",\"prompt\":[1],\"tokens\":[2,3]}", TAKEN},
         {"{\"op\":\"step\",\"id\":\"a\",\"id\":\"b c\",\"n\":2,\"n\":0}", TAKEN},
         {"{\"op\":\"step\",\"id\":\"a\",\"n\":0,\"n\":2}", DECLINED},
+        /* append: its tokens as a prompt's, on either path. */
+        {"{\"op\":\"append\",\"id\":\"a\",\"tokens\":[1,2.0,3]}", DECLINED},
+        {"{\"op\":\"append\",\"id\":\"a\",\"tokens\":[]}", DECLINED},
+        {"{\"op\":\"append\",\"id\":\"a\",\"tokens\":[1,\"2\"]}", DECLINED},
+        {"{\"op\":\"append\",\"id\":\"a\",\"tokens\":null}", DECLINED},
+        {"{\"op\":\"append\",\"id\":\"a\"}", DECLINED},
+        {"{\"op\":\"append\",\"tokens\":[1]}", DECLINED},
+        {"{\"op\":\"append\",\"id\":\"a\",\"tokens\":[-1,99999]}", TAKEN},
+        {"{\"op\":\"app\\u0065nd\",\"id\":\"a\",\"tokens\":[4]}", DECLINED},
+        /* fork: `from` is an id. */
+        {"{\"op\":\"fork\",\"id\":\"b\"}", DECLINED},
+        {"{\"op\":\"fork\",\"id\":\"b\",\"from\":\"\"}", DECLINED},
+        {"{\"op\":\"fork\",\"id\":\"b\",\"from\":\"a b\"}", DECLINED},
+        {"{\"op\":\"fork\",\"id\":\"b\",\"from\":\"\\u0061\"}", DECLINED},
+        {"{\"op\":\"fork\",\"id\":\"b\",\"from\":1}", DECLINED},
         {"{\"op\":\"stats\",\"tag\":1,\"tag\":\"x\"}", TAKEN},
         {"{\"op\":\"step\",\"id\":\"a\",\"id\":\"\\u0000\"}", DECLINED},
         {"{\"op\":\"step\",\"id\":\"a\",\"id\":\"\xff\"}", DECLINED},
