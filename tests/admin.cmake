@@ -43,7 +43,8 @@ if(SLOTD_FUZZ)
     get_target_property(_admin_proto_dir slotd_proto SOURCE_DIR)
     set(_admin_fuzz_src
       ${PROJECT_SOURCE_DIR}/server/admin_http.c ${PROJECT_SOURCE_DIR}/server/metrics.c
-      ${PROJECT_SOURCE_DIR}/server/procstat.c ${PROJECT_SOURCE_DIR}/server/auth.c)
+      ${PROJECT_SOURCE_DIR}/server/procstat.c ${PROJECT_SOURCE_DIR}/server/auth.c
+      ${PROJECT_SOURCE_DIR}/server/log.c)
     foreach(_src IN LISTS _admin_proto_src)
       if(NOT IS_ABSOLUTE ${_src})
         set(_src ${_admin_proto_dir}/${_src})

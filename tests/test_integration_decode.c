@@ -607,8 +607,7 @@ START_TEST(test_audited)
     static const char *const steps[] = {
         "{\"op\":\"step\",\"id\":\"a\",\"n\":4,\"sample\":{\"temperature\":1.5,\"seed\":8}}",
         "{\"op\":\"step\",\"id\":\"a\",\"n\":3,\"scores\":\"none\",\"stop\":[511]}",
-        "{\"op\":\"step\",\"id\":\"a\",\"sample\":{\"temperature\":0.9,\"seed\":2},"
-        "\"scores\":2}",
+        "{\"op\":\"step\",\"id\":\"a\",\"scores\":2,\"sample\":{\"temperature\":0.9,\"seed\":2}}",
         "{\"op\":\"step\",\"id\":\"a\",\"n\":2,\"scores\":3}",
     };
     itest_conn_t *c = itest_connect(d), *p = itest_connect(plain);
