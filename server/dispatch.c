@@ -82,9 +82,22 @@ static void req_need(const req_t *r, const model_t *m, uint64_t *bytes, uint64_t
     case PROTO_OP_GENERATE:
         positions = (uint32_t)(r->rq.ntokens + (size_t)r->rq.steps);
         break;
-    default: /* start, logits */
+    case PROTO_OP_FORK: /* a slot holding the parent's sequence */
+        positions = r->from_cs.entries;
+        break;
+    case PROTO_OP_START:
+    case PROTO_OP_LOGITS:
         positions = (uint32_t)r->rq.ntokens;
         break;
+    case PROTO_OP_NONE:
+    case PROTO_OP_FINISH:
+    case PROTO_OP_STATS:
+    case PROTO_OP_AUTH:
+    case PROTO_OP__COUNT: /* an op that takes no room never asks */
+        assert(!"req_need() of an op that takes no pool room");
+        *bytes = 0;
+        *slots = 0;
+        return;
     }
     model_chain_blocks(m, positions, 64, &chain);
     *bytes = chain + model_state_size(m) + 128;
@@ -524,7 +537,7 @@ static bool fork_apply(conn_t *c, req_t *r)
     const model_t *m;
     slotd_error_t err;
     session_grow_t g;
-    size_t chain = 0;
+    uint64_t need, need_slots;
 
     slotd_error_clear(&err);
     if (s->draining) {
@@ -589,9 +602,8 @@ static bool fork_apply(conn_t *c, req_t *r)
     r->model = m;
     req_model_found(r, m);
     r->owner_key = c->serial;
-    /* The room of a start of as many positions (req_need()). */
-    model_chain_blocks(m, from->cs.entries, 64, &chain);
-    req_count_need(c, r, chain + model_state_size(m) + 128, 1);
+    req_need(r, m, &need, &need_slots);
+    req_count_need(c, r, need, need_slots);
     session__enqueue(sess, r);
     return !c->closed;
 

@@ -197,7 +197,13 @@ static void cost_measured(server_t *s, const req_t *r, uint64_t ns)
         if (r->rc == SLOTD_OK && r->rq.ntokens > 0 && (c = costs_of(s, r->cs.model)) != NULL)
             cost_note(&c->prefill_ns, ns / r->rq.ntokens);
         break;
-    default:
+    case PROTO_OP_GENERATE: /* its own mix of prefill and steps: not a mean of either */
+    case PROTO_OP_FORK:     /* a copy: no model call to time */
+    case PROTO_OP_NONE:
+    case PROTO_OP_FINISH:
+    case PROTO_OP_STATS:
+    case PROTO_OP_AUTH:
+    case PROTO_OP__COUNT:
         break;
     }
 }
