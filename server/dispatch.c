@@ -67,7 +67,7 @@ static bool earlier_pending(const conn_t *c, const req_t *r)
 static void req_need(const req_t *r, const model_t *m, uint64_t *bytes, uint64_t *slots)
 {
     size_t chain = 0;
-    uint32_t positions;
+    uint32_t positions = 0;
 
     switch (r->rq.op) {
     case PROTO_OP_STEP:
