@@ -2208,3 +2208,32 @@ void itest_seq_step(itest_conn_t *c, itest_seq_t *s, uint32_t n)
     itest_seq_check_step(s, r, itest_last_line(c), n);
     cJSON_Delete(r);
 }
+
+bool itest_is_part(int argc, char **argv, const char *part)
+{
+    return argc > 1 && strcmp(argv[1], part) == 0;
+}
+
+int itest_skip(const char *why)
+{
+    fprintf(stderr, "SKIP: %s\n", why);
+    return ITEST_SKIP;
+}
+
+bool itest_fault_hooks(void)
+{
+    const char *bin = getenv("SLOTD_BIN");
+    char cmd[4200], line[512];
+    bool have = false;
+    FILE *f;
+
+    if (bin == NULL || bin[0] == '\0' || strchr(bin, '\'') != NULL)
+        return false;
+    snprintf(cmd, sizeof(cmd), "'%s' --help 2>&1", bin);
+    if ((f = popen(cmd, "r")) == NULL)
+        return false;
+    while (fgets(line, sizeof(line), f) != NULL)
+        have = have || strstr(line, "--fault-wedge-after") != NULL;
+    pclose(f);
+    return have;
+}

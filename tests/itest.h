@@ -147,6 +147,19 @@ void itest_add_timeout(Suite *s, const char *name, const TTest *fn, int seconds)
  * and returns the process exit code: 0 when every test passed. */
 int itest_main(Suite *s);
 
+/** CTest's code for a test that cannot run here (SKIP_RETURN_CODE). */
+#define ITEST_SKIP 77
+/** Whether this run is the part `part` of its suite: the cases that need
+ * what this machine or build may lack, run as a CTest entry of their own
+ * (`NAME PART`, tests/CMakeLists.txt's slotd_test_part()). */
+bool itest_is_part(int argc, char **argv, const char *part);
+/** Says on stderr that the part cannot run here, and why; returns
+ * ITEST_SKIP, for main() to return, so that CTest counts it skipped. */
+int itest_skip(const char *why);
+/** Whether $SLOTD_BIN was built with the test-only fault hooks (its
+ * --help names --fault-wedge-after).  Safe outside a test case. */
+bool itest_fault_hooks(void);
+
 /* ---- Connections ---- */
 
 typedef struct itest_conn itest_conn_t;

@@ -310,8 +310,6 @@ START_TEST(test_long_generate_keeps_health)
 }
 END_TEST
 
-static bool have_fault_hooks(void);
-
 /* The value of the sample `name` (labels as rendered) in GET /metrics, as
  * a double; fails the test if there is none. */
 static double metric_double(const itest_daemon_t *d, const char *name)
@@ -348,10 +346,6 @@ START_TEST(test_lent_time_observed_once)
     int64_t t0, t1;
     cJSON *r;
 
-    if (!have_fault_hooks()) {
-        fprintf(stderr, "test_lent_time_observed_once: no fault hooks, skipped\n");
-        return;
-    }
     d = itest_daemon_start("--models", "small", "--threads", "1", "--wedge-timeout", "1",
                            "--fault-wedge-after", "4", NULL);
     a = itest_connect(d);
@@ -395,18 +389,6 @@ START_TEST(test_lent_time_observed_once)
 }
 END_TEST
 
-/* True if this daemon was built with the fault hooks (--fault-wedge-after). */
-static bool have_fault_hooks(void)
-{
-    const char *argv[] = {itest_slotd_bin(), "--help", NULL};
-    char *out = NULL;
-    bool have;
-
-    ck_assert_int_eq(itest_run(argv, NULL, 0, &out, NULL, itest_scale_ms(10000)), 0);
-    have = strstr(out, "--fault-wedge-after") != NULL;
-    free(out);
-    return have;
-}
 
 /* A worker that makes no progress is still wedged: the first job holds
  * its worker (--fault-wedge-after 1), /health turns 503 past the 1 s
@@ -418,10 +400,6 @@ START_TEST(test_no_progress_is_wedged)
     cJSON *r;
     int64_t t0;
 
-    if (!have_fault_hooks()) {
-        fprintf(stderr, "test_no_progress_is_wedged: no fault hooks, skipped\n");
-        return;
-    }
     d = itest_daemon_start("--threads", "1", "--wedge-timeout", "1", "--fault-wedge-after", "1",
                            NULL);
     c = itest_connect(d);
@@ -441,15 +419,21 @@ START_TEST(test_no_progress_is_wedged)
 }
 END_TEST
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (itest_is_part(argc, argv, "faults") && !itest_fault_hooks())
+        return itest_skip("slotd built without the fault hooks (the plain stage has them)");
     Suite *s = suite_create("integration_long");
 
+    /* The cases that hold a job on purpose (--fault-wedge-after). */
+    if (itest_is_part(argc, argv, "faults")) {
+        itest_add(s, "no_progress_is_wedged", test_no_progress_is_wedged);
+        itest_add(s, "lent_time_observed_once", test_lent_time_observed_once);
+        return itest_main(s);
+    }
     itest_add(s, "sliced_results", test_sliced_results);
     itest_add(s, "light_beside_long", test_light_beside_long);
     itest_add(s, "nested_generate_no_steps", test_nested_generate_no_steps);
     itest_add(s, "long_generate_keeps_health", test_long_generate_keeps_health);
-    itest_add(s, "no_progress_is_wedged", test_no_progress_is_wedged);
-    itest_add(s, "lent_time_observed_once", test_lent_time_observed_once);
     return itest_main(s);
 }

@@ -230,32 +230,15 @@ START_TEST(test_chain_replies_in_order)
 }
 END_TEST
 
-/* True if this daemon was built with the fault hooks (--fault-wedge-after). */
-static bool have_fault_hooks(void)
-{
-    const char *argv[] = {itest_slotd_bin(), "--help", NULL};
-    char *out = NULL;
-    bool have;
-
-    ck_assert_int_eq(itest_run(argv, NULL, 0, &out, NULL, itest_scale_ms(10000)), 0);
-    have = strstr(out, "--fault-wedge-after") != NULL;
-    free(out);
-    return have;
-}
 
 /* A single-worker daemon whose job number `wedge_after` wedges, and a
  * connection that has pipelined a `base` start of id "b" and `steps` single
- * steps of it, which run as one chain (--batch-us 0).  NULL, with a line
- * on stderr naming `test`, when the daemon has no fault hooks. */
-static itest_conn_t *wedged_chain(const char *test, const char *wedge_after, int steps,
-                                  itest_daemon_t **d)
+ * steps of it, which run as one chain (--batch-us 0).  The part "faults"
+ * only: it needs the fault hooks. */
+static itest_conn_t *wedged_chain(const char *wedge_after, int steps, itest_daemon_t **d)
 {
     itest_conn_t *c;
 
-    if (!have_fault_hooks()) {
-        fprintf(stderr, "%s: no fault hooks, skipped\n", test);
-        return NULL;
-    }
     *d = itest_daemon_start("--models", "tiny,base", "--threads", "1", "--batch-us", "0",
                             "--fault-wedge-after", wedge_after, NULL);
     c = itest_connect(*d);
@@ -274,8 +257,7 @@ START_TEST(test_chain_replies_before_run_ends)
     itest_conn_t *c;
     cJSON *r;
 
-    if ((c = wedged_chain("test_chain_replies_before_run_ends", "12", 50, &d)) == NULL)
-        return;
+    c = wedged_chain("12", 50, &d);
     r = itest_read_reply(c);
     itest_expect_ok(r);
     cJSON_Delete(r);
@@ -312,8 +294,7 @@ START_TEST(test_chain_disconnect)
     int64_t rows0, rows1 = -1, live = -1;
     cJSON *r;
 
-    if ((c = wedged_chain("test_chain_disconnect", "6", 50, &d)) == NULL)
-        return;
+    c = wedged_chain("6", 50, &d);
     for (int k = 0; k < 5; k++) { /* the start and four steps; the fifth wedges */
         r = itest_read_reply(c);
         itest_expect_ok(r);
@@ -457,8 +438,7 @@ START_TEST(test_chain_drain)
     itest_conn_t *c;
     cJSON *r;
 
-    if ((c = wedged_chain("test_chain_drain", "4", 30, &d)) == NULL)
-        return;
+    c = wedged_chain("4", 30, &d);
     for (int k = 0; k < 3; k++) { /* the start and two steps; the third wedges */
         r = itest_read_reply(c);
         itest_expect_ok(r);
@@ -554,10 +534,6 @@ START_TEST(test_chain_batch_drain)
     itest_ref_t ref[2];
     char why[600];
 
-    if (!have_fault_hooks()) {
-        fprintf(stderr, "test_chain_batch_drain: no fault hooks, skipped\n");
-        return;
-    }
     d = itest_daemon_start("--models", "tiny,small", "--threads", "1", "--fault-wedge-after", "13",
                            NULL);
     c = itest_connect(d);
@@ -588,20 +564,26 @@ START_TEST(test_chain_batch_drain)
 }
 END_TEST
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (itest_is_part(argc, argv, "faults") && !itest_fault_hooks())
+        return itest_skip("slotd built without the fault hooks (the plain stage has them)");
     Suite *s = suite_create("integration_sched");
 
+    /* The cases that wedge a worker on purpose (--fault-wedge-after). */
+    if (itest_is_part(argc, argv, "faults")) {
+        itest_add(s, "chain_replies_before_run_ends", test_chain_replies_before_run_ends);
+        itest_add(s, "chain_disconnect", test_chain_disconnect);
+        itest_add(s, "chain_drain", test_chain_drain);
+        itest_add(s, "chain_batch_drain", test_chain_batch_drain);
+        return itest_main(s);
+    }
     itest_add(s, "noisy_neighbour_sessions", test_noisy_neighbour_sessions);
     itest_add(s, "noisy_neighbour_pipelined", test_noisy_neighbour_pipelined);
     itest_add(s, "chain_replies_in_order", test_chain_replies_in_order);
-    itest_add(s, "chain_replies_before_run_ends", test_chain_replies_before_run_ends);
-    itest_add(s, "chain_disconnect", test_chain_disconnect);
     itest_add(s, "chain_finish_and_context_full", test_chain_finish_and_context_full);
     itest_add(s, "chain_cache_full", test_chain_cache_full);
-    itest_add(s, "chain_drain", test_chain_drain);
     itest_add(s, "chain_stats_barrier", test_chain_stats_barrier);
     itest_add(s, "chain_batches", test_chain_batches);
-    itest_add(s, "chain_batch_drain", test_chain_batch_drain);
     return itest_main(s);
 }
