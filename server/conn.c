@@ -8,12 +8,15 @@
  * has taken every reply (SIOCOUTQ), the drain's last read
  * (conn__drain_input()), the connections turned away, and the server's
  * timed lists of quiet (--conn-timeout), lingering and delivering
- * connections with their timers.
+ * connections with their timers.  It also owns the connection's bounds:
+ * the reply bytes held and reserved, the pool room pending, and the parked
+ * jobs (conn_int.h; the other files change them only through its
+ * functions).
  *
  * DESIGN.  Loop thread only; no lock.  What a line means, and the requests
  * and sessions of a connection, belong to the files above it (dispatch.c,
- * session.c): conn.c reaches them only through conn_hooks_t, so that calls
- * go one way.  A record whose job is out counts in `refs`, so the struct
+ * session.c, launch.c): conn.c reaches them only through conn_hooks_t, so
+ * that calls go one way.  A record whose job is out counts in `refs`, so the struct
  * outlives the handle until the last job is back.
  *
  * Design: docs/design.md, "Connections at their edges" and "server/ layout".
@@ -32,7 +35,6 @@
 
 #include <linux/sockios.h> /* SIOCOUTQ */
 
-#include "launch_int.h"
 #include "log.h"
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
@@ -173,6 +175,48 @@ static void conn_detach(conn_t *c)
         c->next->prev = c->prev;
     s->nconns--;
     s->hooks.detach(c);
+    /* Its requests are dropped or canceled: nothing counts any more. */
+    c->park_head = c->park_tail = NULL;
+    c->held_bytes = 0;
+    c->reserved = 0;
+    c->pending_bytes = 0;
+    c->pending_slots = 0;
+}
+
+/* ---- Parked jobs ---- */
+
+void conn__park(conn_t *c, req_t *r)
+{
+    req_t **p;
+
+    r->state = REQ_PARKED;
+    if (c->park_tail == NULL || c->park_tail->seq < r->seq) {
+        r->park_next = NULL;
+        if (c->park_tail != NULL)
+            c->park_tail->park_next = r;
+        else
+            c->park_head = r;
+        c->park_tail = r;
+        return;
+    }
+    /* A session's request whose turn came after later lines were parked. */
+    for (p = &c->park_head; (*p)->seq < r->seq; p = &(*p)->park_next)
+        ;
+    r->park_next = *p;
+    *p = r;
+}
+
+req_t *conn__park_pop(conn_t *c)
+{
+    req_t *r = c->park_head;
+
+    if (r == NULL)
+        return NULL;
+    c->park_head = r->park_next;
+    if (c->park_head == NULL)
+        c->park_tail = NULL;
+    r->park_next = NULL;
+    return r;
 }
 
 /* Closes at once: conn_detach(), then the handle.  Idempotent. */
@@ -233,7 +277,7 @@ void conn__update(conn_t *c)
     if (c->closed)
         return;
     if (c->park_head != NULL && !s->draining) /* the call only when a job is parked */
-        launch__run_parked(c);
+        s->hooks.run_parked(c);
     if (c->input_done) {
         if (c->order_head == NULL && !c->writing && c->out.len == 0) {
             /* In a drain the peer may not have read its last answers and
@@ -257,7 +301,7 @@ void conn__update(conn_t *c)
         else if (!quiet && c->wait == CONN_WAIT_QUIET)
             conn__wait_remove(s, c);
     }
-    pending = launch__unwritten(c) + c->held_bytes;
+    pending = conn__unwritten(c) + c->held_bytes;
     if (c->reading) {
         if (c->outstanding >= CONN_MAX_OUTSTANDING || pending >= CONN_MAX_PENDING_BYTES) {
             uv_read_stop((uv_stream_t *)&c->tcp);

@@ -1,6 +1,13 @@
 /*
  * conn_int.h: a session connection's socket (conn.c), for the other files
  * of server/.  Loop thread only.
+ *
+ * The connection's bounds are conn.c's fields: the reply bytes held in its
+ * order FIFO (held_bytes), the reply bounds of its jobs out (reserved), the
+ * pool room its pending lines may take (pending_bytes, pending_slots) and
+ * its parked jobs (park_head, park_tail).  The other files change them only
+ * through the functions below (the counters' are inline here, so that the
+ * hot path pays no call); scripts/writers.sh checks it.
  */
 #ifndef SLOTD_SERVER_CONN_INT_H
 #define SLOTD_SERVER_CONN_INT_H
@@ -55,5 +62,62 @@ void conn__wait_remove(server_t *s, conn_t *c);
 /** A drain began: no lingering close may outlast it (the ones that begin
  * later are capped the same way). */
 void conn__linger_cap(server_t *s);
+
+/* ---- The bounds ---- */
+
+/** Reply bytes `c` has not written yet: in `out` and in the write in
+ * flight. */
+static inline size_t conn__unwritten(const conn_t *c)
+{
+    return uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) + c->out.len;
+}
+
+/** A line of `c` applied may take `bytes` and `slots` of the pool: pending
+ * until conn__need_drop(). */
+static inline void conn__need_add(conn_t *c, uint64_t bytes, uint64_t slots)
+{
+    c->pending_bytes += bytes;
+    c->pending_slots += slots;
+}
+
+/** The line that counted `bytes` and `slots` in conn__need_add() is done. */
+static inline void conn__need_drop(conn_t *c, uint64_t bytes, uint64_t slots)
+{
+    c->pending_bytes -= bytes;
+    c->pending_slots -= slots;
+}
+
+/** A reply of `len` bytes is ready in the order FIFO (REQ_DONE). */
+static inline void conn__held_add(conn_t *c, size_t len)
+{
+    c->held_bytes += len;
+}
+
+/** A reply of `len` bytes left the order FIFO for `out`. */
+static inline void conn__held_drop(conn_t *c, size_t len)
+{
+    c->held_bytes -= len;
+}
+
+/** A job whose reply takes at most `bound` bytes goes out. */
+static inline void conn__reserve(conn_t *c, size_t bound)
+{
+    c->reserved += bound;
+}
+
+/** A job that reserved `bound` came back, or did not run.  Nothing is
+ * reserved once `c` has closed (conn_detach() zeroes the bounds). */
+static inline void conn__unreserve(conn_t *c, size_t bound)
+{
+    if (!c->closed)
+        c->reserved -= bound;
+}
+
+/** Parks the job of `r` (REQ_PARKED) in read order (`seq`): after every
+ * parked job read before it.  `r` stays its request's; the list only links
+ * it (park_next). */
+void conn__park(conn_t *c, req_t *r);
+/** The oldest parked job of `c`, taken off the list, or NULL. */
+req_t *conn__park_pop(conn_t *c);
 
 #endif

@@ -127,8 +127,7 @@ static void req_count_need(conn_t *c, req_t *r, uint64_t bytes, uint64_t slots)
 {
     r->need_bytes = bytes;
     r->need_slots = (uint32_t)slots;
-    c->pending_bytes += bytes;
-    c->pending_slots += slots;
+    conn__need_add(c, bytes, slots);
 }
 
 /* Makes `r` wait until every earlier line of its connection has taken
@@ -220,7 +219,7 @@ static void conn_advance(conn_t *c)
         if (c->order_head == NULL)
             c->order_tail = NULL;
         c->outstanding--;
-        c->held_bytes -= r->reply.len;
+        conn__held_drop(c, r->reply.len);
         if (r->rc != SLOTD_OK)
             metrics_count_error(r->rc);
         if (r->rc == SLOTD_ECACHE_FULL)
@@ -810,8 +809,7 @@ void dispatch__job_done(req_t *r)
     server_t *s = c->server;
     session_t *sess = r->session, *from;
 
-    if (!c->closed)
-        c->reserved -= r->reply_bound;
+    conn__unreserve(c, r->reply_bound);
     metrics_job_back(atomic_load_explicit(&r->started, memory_order_relaxed));
     if (r->chain_next != NULL && (r->rc != SLOTD_OK || r->chain_cut))
         launch__chain_return(r);
@@ -910,16 +908,12 @@ void dispatch__drain(conn_t *c)
         if (!req__fail(r, &err))
             return;
     }
-    while (c->park_head != NULL) { /* never submitted */
-        req_t *r = c->park_head;
-        c->park_head = r->park_next;
-        r->park_next = NULL;
+    for (req_t *r; (r = conn__park_pop(c)) != NULL;) { /* never submitted */
         if (r->session != NULL && r->session->running == r)
             r->session->running = NULL;
         if (!req__fail(r, &err))
             return;
     }
-    c->park_tail = NULL;
     for (sess = c->sessions; sess != NULL; sess = sess->next) {
         req_t *r;
         while ((r = sess->fifo_head) != NULL) {

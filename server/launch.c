@@ -1,9 +1,9 @@
 /*
  * launch.c: a job on its way to the workers.  It owns the output bound on
- * jobs: the most bytes a job's reply can take (req_reply_bound()), the
- * parked jobs of a connection whose unwritten output with the replies of
- * its jobs out would pass CONN_MAX_PENDING_BYTES (conn->park_head, in read
- * order), and the submit into this loop turn's batch, which server.c hands
+ * jobs: the most bytes a job's reply can take (req_reply_bound()), which
+ * jobs of a connection to park because its unwritten output with the
+ * replies of its jobs out would pass CONN_MAX_PENDING_BYTES (the parked
+ * list itself is conn.c's: conn__park()), and the submit into this loop turn's batch, which server.c hands
  * to the workers at the end of the turn.
  *
  * It also links the steps queued behind a step submitted into a chain
@@ -12,7 +12,8 @@
  *
  * DESIGN.  Loop thread only; no lock.  A submitted record is the workers'
  * (REQ_RUNNING) until it comes back to dispatch.c; its connection counts
- * it in `refs` and its reply bound in `reserved` meanwhile.
+ * it in `refs` and its reply bound in its reserved bytes meanwhile
+ * (conn__reserve()).  conn.c calls back through conn_hooks_t.run_parked.
  *
  * Design: docs/design.md, "Pipelining", "Scheduler" and "server/ layout".
  */
@@ -21,6 +22,7 @@
 #include <assert.h>
 #include <string.h>
 
+#include "conn_int.h"
 #include "job_int.h"
 #include "req_int.h"
 
@@ -123,7 +125,7 @@ static void req_chain(req_t *r)
         q->job.flow = &c->flow;
         q->job.lone = r->job.lone; /* a step of the same session */
         q->state = REQ_RUNNING;
-        c->reserved += q->reply_bound;
+        conn__reserve(c, q->reply_bound);
         c->refs++;
         metrics_step_out();
         metrics_job_out();
@@ -150,7 +152,7 @@ void launch__chain_return(req_t *r)
             req__put(c->server, q);
             continue;
         }
-        c->reserved -= q->reply_bound;
+        conn__unreserve(c, q->reply_bound);
         q->state = REQ_WAITING;
         q->session_next = *link;
         *link = q;
@@ -199,7 +201,7 @@ static inline void req_submit(req_t *r)
     }
     r->job.flow = &c->flow;
     r->state = REQ_RUNNING;
-    c->reserved += r->reply_bound;
+    conn__reserve(c, r->reply_bound);
     c->refs++;
     r->chain_next = NULL;
     /* Cheap steps chain; so do single steps of a model that batches,
@@ -220,7 +222,7 @@ static inline void req_submit(req_t *r)
 /* Whether a job with a reply of up to `bound` bytes may run now. */
 static bool conn_may_run(conn_t *c, size_t bound)
 {
-    size_t unwritten = launch__unwritten(c);
+    size_t unwritten = conn__unwritten(c);
 
     if (unwritten == 0 && c->reserved == 0)
         return true;
@@ -232,28 +234,13 @@ static bool conn_may_run(conn_t *c, size_t bound)
 void launch__req(req_t *r)
 {
     conn_t *c = r->conn;
-    req_t **p;
 
     r->reply_bound = req_reply_bound(r);
     if (c->park_head == NULL && conn_may_run(c, r->reply_bound)) {
         req_submit(r);
         return;
     }
-    r->state = REQ_PARKED;
-    if (c->park_tail == NULL || c->park_tail->seq < r->seq) {
-        r->park_next = NULL;
-        if (c->park_tail != NULL)
-            c->park_tail->park_next = r;
-        else
-            c->park_head = r;
-        c->park_tail = r;
-        return;
-    }
-    /* A session's request whose turn came after later lines were parked. */
-    for (p = &c->park_head; (*p)->seq < r->seq; p = &(*p)->park_next)
-        ;
-    r->park_next = *p;
-    *p = r;
+    conn__park(c, r);
 }
 
 /* launch__run_parked() when something is parked: apart, so that the
@@ -263,16 +250,12 @@ __attribute__((noinline)) static void run_parked(conn_t *c)
 {
     req_t *r;
 
-    while ((r = c->park_head) != NULL && conn_may_run(c, r->reply_bound)) {
-        c->park_head = r->park_next;
-        if (c->park_head == NULL)
-            c->park_tail = NULL;
-        r->park_next = NULL;
-        req_submit(r);
-    }
+    while ((r = c->park_head) != NULL && conn_may_run(c, r->reply_bound))
+        req_submit(conn__park_pop(c));
 }
 
-/* Submits the parked jobs, oldest first, while the bound allows. */
+/* conn_hooks_t.run_parked: submits the parked jobs, oldest first, while
+ * the bound allows. */
 void launch__run_parked(conn_t *c)
 {
     if (c->park_head != NULL)

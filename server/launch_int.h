@@ -16,13 +16,8 @@ void launch__req(req_t *r);
  * the front of its session's FIFO, in order, or are freed if the
  * connection has closed. */
 void launch__chain_return(req_t *r);
-/** Submits the parked jobs of `c`, oldest first, while the bound allows. */
+/** conn_hooks_t.run_parked: submits the parked jobs of `c`, oldest
+ * first, while the bound allows. */
 void launch__run_parked(conn_t *c);
-/** Reply bytes `c` has not written yet: in `out` and in the write in
- * flight. */
-static inline size_t launch__unwritten(conn_t *c)
-{
-    return uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) + c->out.len;
-}
 
 #endif

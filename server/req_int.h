@@ -5,6 +5,7 @@
 #ifndef SLOTD_SERVER_REQ_INT_H
 #define SLOTD_SERVER_REQ_INT_H
 
+#include "conn_int.h"
 #include "server_int.h"
 
 /** A clean request record, or NULL (ENOMEM).  The caller owns it until
@@ -31,9 +32,8 @@ static inline void req__done(req_t *r)
     conn_t *c = r->conn;
 
     r->state = REQ_DONE;
-    c->held_bytes += r->reply.len;
-    c->pending_bytes -= r->need_bytes;
-    c->pending_slots -= r->need_slots;
+    conn__held_add(c, r->reply.len);
+    conn__need_drop(c, r->need_bytes, r->need_slots);
     r->need_bytes = 0;
     r->need_slots = 0;
 }

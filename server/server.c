@@ -44,6 +44,7 @@
 #include "handshake_int.h"
 #include "inspect_int.h"
 #include "job_int.h"
+#include "launch_int.h"
 #include "log.h"
 #include "models_int.h"
 #include "req_int.h"
@@ -588,6 +589,7 @@ int server_run(const server_config_t *cfg)
     s->hooks.preamble = handshake__proxy_read;
     s->hooks.make_room = handshake__make_room;
     s->hooks.closing = handshake__end;
+    s->hooks.run_parked = launch__run_parked;
     s->start_ns = uv_hrtime();
     metrics_init(s->start_ns);
     log_info("slotd %s starting: %u worker threads, %" PRIu64 " MiB pool, at most %u sessions "

@@ -78,7 +78,7 @@ typedef enum req_state {
     REQ_NEW = 0, /* just taken from the free list */
     REQ_HELD,    /* parsed behind a stats not yet answered: not applied yet */
     REQ_WAITING, /* in its session's FIFO, or a stats waiting for the head */
-    REQ_PARKED,  /* a job held back by its connection's output bound (conn->park_head) */
+    REQ_PARKED,  /* a job held back by its connection's output bound (conn__park()) */
     REQ_RUNNING, /* a job: in the batch, the workers' queue, or running */
     REQ_DONE,    /* `reply` holds its line */
     REQ_DEFER,   /* waits for its connection's earlier lines (dispatch.c, Pipelined order) */
@@ -322,6 +322,7 @@ typedef struct conn_hooks {
     size_t (*preamble)(conn_t *c, const char *data, size_t len); /* while c->proxy is set */
     bool (*make_room)(server_t *s); /* at --max-connections: true if one made room */
     void (*closing)(conn_t *c);     /* `c` stops serving */
+    void (*run_parked)(conn_t *c);  /* launch.c: submits the parked jobs the bound allows */
 } conn_hooks_t;
 
 /** Replies server->replied holds before they are measured early. */

@@ -280,13 +280,8 @@ void session__detach(conn_t *c)
         req__put(s, r);
     }
     c->order_head = c->order_tail = NULL;
-    c->park_head = c->park_tail = NULL;
     c->barrier = NULL;
     c->outstanding = 0;
-    c->held_bytes = 0;
-    c->reserved = 0;
-    c->pending_bytes = 0;
-    c->pending_slots = 0;
 
     for (sess = c->sessions; sess != NULL; sess = snext) {
         snext = sess->next;
