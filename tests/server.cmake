@@ -6,10 +6,17 @@ slotd_check_test(test_sched SOURCES test_sched.c LIBS slotd_server)
 slotd_check_test(test_worker SOURCES test_worker.c LIBS slotd_server PkgConfig::LIBUV)
 
 # The layout rule of docs/design.md ("server/ layout"): inside server/,
-# proto/ and cache/ no two files call each other both ways.  Read from the
-# object files' symbol tables, so the test follows the code as built.
+# proto/ and cache/ the files call each other one way, with no circle of
+# any length.  Read from the object files' symbol tables, so the test
+# follows the code as built.
 foreach(mod server proto cache)
   add_test(NAME layout_calls_${mod}
            COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/callgraph.sh ${CMAKE_BINARY_DIR} ${mod})
   set_tests_properties(layout_calls_${mod} PROPERTIES TIMEOUT 60 LABELS layout)
 endforeach()
+# A record's fields written only by the file that owns it (the table in
+# scripts/writers.sh), and the two checks' own test on fixtures
+# (tests/layout/).
+add_test(NAME layout_writers COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/writers.sh ${PROJECT_SOURCE_DIR})
+add_test(NAME layout_selftest COMMAND sh ${PROJECT_SOURCE_DIR}/tests/layout/selftest.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(layout_writers layout_selftest PROPERTIES TIMEOUT 60 LABELS layout)

@@ -1,0 +1,26 @@
+#!/bin/sh
+# The layout checks' own test: scripts/callgraph.sh must find the circle
+# of three files in circle.edges (and name its three files, not the file
+# outside it), and scripts/writers.sh must flag each of the five writes in
+# server/other.c (lines 7 to 11) and none of its reads (line 5) nor the
+# owner's own write.  Run from CTest (tests/server.cmake): selftest.sh REPO.
+set -u
+repo=${1:?usage: selftest.sh REPO}
+here=$repo/tests/layout
+fail=0
+
+out=$(sh "$repo/scripts/callgraph.sh" --edges "$here/circle.edges")
+rc=$?
+circle=$(echo "$out" | sed -n 's/^circle: //p' | tr ' ' '\n' | sort | tr '\n' ' ')
+if [ $rc -ne 1 ] || [ "$circle" != "a b c " ]; then
+    echo "callgraph.sh: rc $rc, circle '$circle' (want rc 1, 'a b c ')"; echo "$out"; fail=1
+fi
+
+out=$(sh "$repo/scripts/writers.sh" --table "$here/writers.table" "$here")
+rc=$?
+lines=$(echo "$out" | sed -n 's/^count written outside its owner: server\/other\.c:\([0-9]*\):.*/\1/p' | tr '\n' ' ')
+if [ $rc -ne 1 ] || [ "$lines" != "7 8 9 10 11 " ] || echo "$out" | grep -q owner.c; then
+    echo "writers.sh: rc $rc, lines '$lines' (want rc 1, '7 8 9 10 11 ')"; echo "$out"; fail=1
+fi
+[ $fail -eq 0 ] && echo "the layout checks find what they must"
+exit $fail
