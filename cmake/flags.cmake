@@ -1,6 +1,8 @@
 # Per-target flags: every slotd target links slotd_flags (warnings and the
 # sanitizer); model code additionally links slotd_fp_strict.  Nothing here
-# touches the global CMAKE_C_FLAGS.
+# touches the global CMAKE_C_FLAGS.  -Wswitch-enum: a switch over an enum
+# names every value, so that a new op, type or state is an error wherever
+# it must be handled (a `default:` does not silence it).
 
 set(SANITIZER "none" CACHE STRING "Sanitizer build: none, address (ASan+UBSan), undefined, thread")
 set_property(CACHE SANITIZER PROPERTY STRINGS none address undefined thread)
@@ -8,7 +10,7 @@ option(SLOTD_FAULT_INJECTION "Build test-only fault hooks (cache corruption, wed
 
 add_library(slotd_flags INTERFACE)
 target_compile_options(slotd_flags INTERFACE
-  -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+  -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wswitch-enum
   -Wno-unused-parameter -fno-strict-aliasing)
 target_compile_definitions(slotd_flags INTERFACE _POSIX_C_SOURCE=200809L _DEFAULT_SOURCE)
 

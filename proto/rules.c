@@ -267,7 +267,11 @@ int proto__request_fill(const proto__value_t *f, proto__ints_reader rd, proto_re
                 return member_error(o, d, d->must, err);
             base[d->at] = v->kind == PROTO__TRUE;
             break;
-        default: /* tag and op are no op's members */
+        case PROTO_TYPE_TAG: /* tag and op are no op's members; */
+        case PROTO_TYPE_OP:
+        case PROTO_TYPE_SAMPLE: /* the decoding controls are read below */
+        case PROTO_TYPE_STOP:
+        case PROTO_TYPE_SCORES:
             return member_error(o, d, "is not a member", err);
         }
     }

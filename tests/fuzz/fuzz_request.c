@@ -288,9 +288,16 @@ static void check_accepted(const proto_request_t *r)
     case PROTO_OP_START:
     case PROTO_OP_STEP:
     case PROTO_OP_FINISH:
+    case PROTO_OP_APPEND:
+    case PROTO_OP_FORK:
         FUZZ_CHECK(name_ok(r->id, PROTO_ID_MAX));
         break;
-    default:
+    case PROTO_OP_LOGITS:
+    case PROTO_OP_GENERATE:
+    case PROTO_OP_STATS:
+    case PROTO_OP_AUTH:
+    case PROTO_OP_NONE:
+    case PROTO_OP__COUNT: /* refused above */
         FUZZ_CHECK(r->id[0] == '\0');
         break;
     }
@@ -298,12 +305,19 @@ static void check_accepted(const proto_request_t *r)
     case PROTO_OP_START:
     case PROTO_OP_LOGITS:
     case PROTO_OP_GENERATE:
+    case PROTO_OP_APPEND:
         FUZZ_CHECK(r->ntokens > 0 && r->tokens != NULL);
         for (size_t i = 0; i < r->ntokens; i++)
             FUZZ_CHECK(r->tokens[i] >= -INT64_C(9007199254740992) &&
                        r->tokens[i] <= INT64_C(9007199254740992));
         break;
-    default:
+    case PROTO_OP_STEP:
+    case PROTO_OP_FINISH:
+    case PROTO_OP_FORK:
+    case PROTO_OP_STATS:
+    case PROTO_OP_AUTH:
+    case PROTO_OP_NONE:
+    case PROTO_OP__COUNT:
         FUZZ_CHECK(r->ntokens == 0 && r->tokens == NULL);
         break;
     }
