@@ -29,7 +29,7 @@
 #include <string.h>
 
 /* The owner of borrowed slots: the empty id is not a valid request id. */
-static const cache_owner_t session__borrower = {.key = 0, .id = ""};
+static const cache_owner_t slot_borrower = {.key = 0, .id = ""};
 
 /* Fills `err` for a pool failure met by `op` on behalf of `id`.  A refusal
  * names what ran out: a slot (the table is as large as the session limit
@@ -38,8 +38,8 @@ static const cache_owner_t session__borrower = {.key = 0, .id = ""};
  * what was free, in the bytes cache_pool_stats() counts, and whether a
  * retry can succeed: never when the slot would hold more (`whole`) than
  * the whole pool. */
-static int session__pool_error(cache_pool_t *p, slotd_error_t *err, int rc, bool acquire,
-                               const char *op, const char *id, uint64_t need, uint64_t whole)
+static int pool_error(cache_pool_t *p, slotd_error_t *err, int rc, bool acquire, const char *op,
+                      const char *id, uint64_t need, uint64_t whole)
 {
     char who[CACHE_ID_MAX + 8] = "it";
     cache_pool_stats_t st;
@@ -67,15 +67,15 @@ static int session__pool_error(cache_pool_t *p, slotd_error_t *err, int rc, bool
                            st.bytes_free >= need ? ", in pages of other sizes" : "");
 }
 
-/* session__pool_error() for a step of `n` that the pool refused: it needed
+/* pool_error() for a step of `n` that the pool refused: it needed
  * the blocks between the slot's entries and `n` more (the state it has). */
-static int session__step_error(cache_pool_t *p, const cache_session_t *s, uint32_t n, int rc,
-                               slotd_error_t *err)
+static int step_error(cache_pool_t *p, const cache_session_t *s, uint32_t n, int rc,
+                      slotd_error_t *err)
 {
     uint64_t before = cache_pool_slot_bytes(s->model, s->entries);
     uint64_t after = cache_pool_slot_bytes(s->model, s->entries + n);
 
-    return session__pool_error(p, err, rc, false, "step", s->owner.id, after - before, after);
+    return pool_error(p, err, rc, false, "step", s->owner.id, after - before, after);
 }
 
 int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
@@ -92,9 +92,9 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
     }
     rc = cache_pool_acquire(p, m, owner, &h);
     if (rc != SLOTD_OK) {
-        return session__pool_error(p, err, rc, true, "start", owner->id,
-                                   cache_pool_slot_bytes(m, (uint32_t)n),
-                                   cache_pool_slot_bytes(m, (uint32_t)n));
+        return pool_error(p, err, rc, true, "start", owner->id,
+                          cache_pool_slot_bytes(m, (uint32_t)n),
+                          cache_pool_slot_bytes(m, (uint32_t)n));
     }
     rc = cache_pool_reserve(p, h, owner, (uint32_t)n, &kv);
     if (rc != SLOTD_OK) {
@@ -126,9 +126,8 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
 
 fail_release:
     (void)cache_pool_release(p, h, owner, NULL);
-    return session__pool_error(p, err, rc, false, "start", owner->id,
-                               cache_pool_slot_bytes(m, (uint32_t)n),
-                               cache_pool_slot_bytes(m, (uint32_t)n));
+    return pool_error(p, err, rc, false, "start", owner->id, cache_pool_slot_bytes(m, (uint32_t)n),
+                      cache_pool_slot_bytes(m, (uint32_t)n));
 }
 
 int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
@@ -158,7 +157,7 @@ int cache_session_decode(cache_pool_t *p, cache_session_t *s, uint32_t n, const 
     }
     rc = cache_pool_reserve(p, s->handle, &s->owner, n, &kv);
     if (rc != SLOTD_OK) {
-        return session__step_error(p, s, n, rc, err);
+        return step_error(p, s, n, rc, err);
     }
     assert(kv.len == s->entries);
 
@@ -179,7 +178,7 @@ int cache_session_decode(cache_pool_t *p, cache_session_t *s, uint32_t n, const 
          * lock, and may catch such a release or not; the rule (a session's
          * slot is released only when no call on it is running) is what
          * keeps a released slot unwritten. */
-        return session__pool_error(p, err, rc, false, "step", s->owner.id, 0, 0);
+        return pool_error(p, err, rc, false, "step", s->owner.id, 0, 0);
     }
     s->entries = kv.len;
     cache_pool_hint(p, s->handle, &s->hint);
@@ -220,8 +219,7 @@ int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tok
         /* It needed the blocks between the slot's entries and n more. */
         uint64_t before = cache_pool_slot_bytes(m, s->entries);
         uint64_t after = cache_pool_slot_bytes(m, s->entries + (uint32_t)n);
-        return session__pool_error(p, err, rc, false, "append", s->owner.id, after - before,
-                                   after);
+        return pool_error(p, err, rc, false, "append", s->owner.id, after - before, after);
     }
     assert(kv.len == s->entries);
     for (size_t i = 0; i < n;) {
@@ -237,7 +235,7 @@ int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tok
     if (rc != SLOTD_OK) {
         /* As in cache_session_step(): only a broken one-thread-per-session
          * rule gets here. */
-        return session__pool_error(p, err, rc, false, "append", s->owner.id, 0, 0);
+        return pool_error(p, err, rc, false, "append", s->owner.id, 0, 0);
     }
     s->entries = kv.len;
     cache_pool_hint(p, s->handle, &s->hint);
@@ -259,18 +257,18 @@ int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache
     /* A reserve of nothing: from's chain as it stands, no block taken. */
     rc = cache_pool_reserve(p, from->handle, &from->owner, 0, &src);
     if (rc != SLOTD_OK) {
-        return session__pool_error(p, err, rc, false, "fork", owner->id, 0, 0);
+        return pool_error(p, err, rc, false, "fork", owner->id, 0, 0);
     }
     need = cache_pool_slot_bytes(m, src.len);
     assert(src.len == from->entries);
     rc = cache_pool_acquire(p, m, owner, &h);
     if (rc != SLOTD_OK) {
-        return session__pool_error(p, err, rc, true, "fork", owner->id, need, need);
+        return pool_error(p, err, rc, true, "fork", owner->id, need, need);
     }
     rc = cache_pool_reserve(p, h, owner, src.len, &dst);
     if (rc != SLOTD_OK) {
         (void)cache_pool_release(p, h, owner, NULL);
-        return session__pool_error(p, err, rc, false, "fork", owner->id, need, need);
+        return pool_error(p, err, rc, false, "fork", owner->id, need, need);
     }
     assert(dst.len == 0);
     /* Block i of every chain of m holds model_block_capacity(m, i)
@@ -289,7 +287,7 @@ int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache
     rc = cache_pool_commit(p, h, owner, &dst);
     if (rc != SLOTD_OK) {
         (void)cache_pool_release(p, h, owner, NULL);
-        return session__pool_error(p, err, rc, false, "fork", owner->id, need, need);
+        return pool_error(p, err, rc, false, "fork", owner->id, need, need);
     }
     s->handle = h;
     s->model = m;
@@ -332,7 +330,7 @@ void cache_session_decode_batch(cache_pool_t *p, cache_session_t *const *s, size
         }
         rc[b] = cache_pool_reserve(p, s[b]->handle, &s[b]->owner, 1, &kv[k]);
         if (rc[b] != SLOTD_OK) {
-            rc[b] = session__step_error(p, s[b], 1, rc[b], &err[b]);
+            rc[b] = step_error(p, s[b], 1, rc[b], &err[b]);
             continue;
         }
         assert(kv[k].len == s[b]->entries);
@@ -354,7 +352,7 @@ void cache_session_decode_batch(cache_pool_t *p, cache_session_t *const *s, size
         if (rc[b] != SLOTD_OK) {
             /* As in cache_session_step(): only a broken one-thread-per-
              * session rule gets here. */
-            rc[b] = session__pool_error(p, &err[b], rc[b], false, "step", s[b]->owner.id, 0, 0);
+            rc[b] = pool_error(p, &err[b], rc[b], false, "step", s[b]->owner.id, 0, 0);
             continue;
         }
         s[b]->entries = kv[i].len;
@@ -424,30 +422,30 @@ int cache_session_fault_corrupt(cache_pool_t *p, cache_session_t *s)
 #endif
 
 /* Borrows an empty slot of `m` with room for `positions`: on success the
- * caller owns *h until session__give_back(), and *kv is the slot's chain. */
-static int session__borrow(cache_pool_t *p, const model_t *m, uint32_t positions, const char *op,
-                           cache_handle_t *h, model_kv_t *kv, slotd_error_t *err)
+ * caller owns *h until slot_give_back(), and *kv is the slot's chain. */
+static int slot_borrow(cache_pool_t *p, const model_t *m, uint32_t positions, const char *op,
+                       cache_handle_t *h, model_kv_t *kv, slotd_error_t *err)
 {
     int rc;
 
     uint64_t need = cache_pool_slot_bytes(m, positions);
 
-    rc = cache_pool_acquire(p, m, &session__borrower, h);
+    rc = cache_pool_acquire(p, m, &slot_borrower, h);
     if (rc != SLOTD_OK) {
-        return session__pool_error(p, err, rc, true, op, "", need, need);
+        return pool_error(p, err, rc, true, op, "", need, need);
     }
-    rc = cache_pool_reserve(p, *h, &session__borrower, positions, kv);
+    rc = cache_pool_reserve(p, *h, &slot_borrower, positions, kv);
     if (rc != SLOTD_OK) {
-        (void)cache_pool_release(p, *h, &session__borrower, NULL);
-        return session__pool_error(p, err, rc, false, op, "", need, need);
+        (void)cache_pool_release(p, *h, &slot_borrower, NULL);
+        return pool_error(p, err, rc, false, op, "", need, need);
     }
     assert(kv->len == 0);
     return SLOTD_OK;
 }
 
-static void session__give_back(cache_pool_t *p, cache_handle_t h)
+static void slot_give_back(cache_pool_t *p, cache_handle_t h)
 {
-    int rc = cache_pool_release(p, h, &session__borrower, NULL);
+    int rc = cache_pool_release(p, h, &slot_borrower, NULL);
     assert(rc == SLOTD_OK);
     (void)rc;
 }
@@ -468,12 +466,12 @@ int cache_session_logits(cache_pool_t *p, const model_t *m, const int64_t *token
                                "model: '%s' has no logits (an attn model is needed)",
                                model_name(m));
     }
-    rc = session__borrow(p, m, (uint32_t)n, "logits", &h, &kv, err);
+    rc = slot_borrow(p, m, (uint32_t)n, "logits", &h, &kv, err);
     if (rc != SLOTD_OK) {
         return rc;
     }
     rc = model_logits(m, tokens, n, &kv, scratch, logits, rows, err);
-    session__give_back(p, h);
+    slot_give_back(p, h);
     return rc;
 }
 
@@ -499,12 +497,12 @@ int cache_session_generate_decode(cache_pool_t *p, const model_t *m, const int64
     if (rc != SLOTD_OK) {
         return rc;
     }
-    rc = session__borrow(p, m, (uint32_t)(n + (uint64_t)steps), "generate", &h, &kv, err);
+    rc = slot_borrow(p, m, (uint32_t)(n + (uint64_t)steps), "generate", &h, &kv, err);
     if (rc != SLOTD_OK) {
         return rc;
     }
     rc = model_generate_decode(m, tokens, n, steps, use_cache, dc, &kv, scratch, out_tokens, logits,
                                picked, rows, err);
-    session__give_back(p, h);
+    slot_give_back(p, h);
     return rc;
 }

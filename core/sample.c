@@ -96,7 +96,7 @@ static void order_all(const double *l, uint32_t vocab, sample_work_t *sw)
 
 /* Whether token a comes before token b: higher score, or the same score
  * and a lower token. */
-static inline bool before(const double *l, uint32_t a, uint32_t b)
+static inline bool ranks_before(const double *l, uint32_t a, uint32_t b)
 {
     return l[a] > l[b] || (l[a] == l[b] && a < b);
 }
@@ -105,9 +105,9 @@ static void sift_down(const double *l, uint32_t *h, size_t n, size_t i)
 {
     for (;;) {
         size_t c = 2 * i + 1, best = i;
-        if (c < n && before(l, h[c], h[best]))
+        if (c < n && ranks_before(l, h[c], h[best]))
             best = c;
-        if (c + 1 < n && before(l, h[c + 1], h[best]))
+        if (c + 1 < n && ranks_before(l, h[c + 1], h[best]))
             best = c + 1;
         if (best == i)
             return;

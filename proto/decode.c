@@ -298,8 +298,8 @@ static const char *read_sample(dec_t *d, const char *must, proto_decode_t *dec)
     }
 }
 
-static const char *read_stop(dec_t *d, const char *must, proto_decode_t *dec, char *words,
-                             size_t cap)
+static const char *read_stop_tokens(dec_t *d, const char *must, proto_decode_t *dec, char *words,
+                                    size_t cap)
 {
     size_t k = 0, b;
     uint64_t u;
@@ -384,7 +384,7 @@ const char *proto__decode_read(proto_type_t type, const char *must, const char *
     case PROTO_TYPE_SAMPLE:
         return read_sample(&d, must, dec);
     case PROTO_TYPE_STOP:
-        return read_stop(&d, must, dec, words, cap);
+        return read_stop_tokens(&d, must, dec, words, cap);
     case PROTO_TYPE_SCORES:
         return read_scores(&d, must, dec);
     case PROTO_TYPE_TAG:

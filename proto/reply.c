@@ -36,7 +36,7 @@
         }                                                                                          \
     } while (0)
 
-#define PUT_LIT(b, lit) put((b), (lit), sizeof(lit) - 1)
+#define PUT_LIT(b, lit) put_bytes((b), (lit), sizeof(lit) - 1)
 
 /* A member of a reply: `key`, a literal with its quotes, colon and any comma
  * before it, then the value put_value(b, ...) writes. */
@@ -52,7 +52,7 @@ static inline int room(proto_buf_t *b, size_t n)
     return n <= b->cap - b->len ? SLOTD_OK : proto_buf_reserve(b, n);
 }
 
-static inline int put(proto_buf_t *b, const char *s, size_t n)
+static inline int put_bytes(proto_buf_t *b, const char *s, size_t n)
 {
     if (room(b, n) != SLOTD_OK)
         return SLOTD_ENOMEM;
@@ -391,7 +391,7 @@ static int put_open(proto_buf_t *b, const char *tag)
         return SLOTD_ENOMEM;
     if (tag == NULL)
         return SLOTD_OK;
-    if (PUT_LIT(b, "\"tag\":") != SLOTD_OK || put(b, tag, strlen(tag)) != SLOTD_OK)
+    if (PUT_LIT(b, "\"tag\":") != SLOTD_OK || put_bytes(b, tag, strlen(tag)) != SLOTD_OK)
         return SLOTD_ENOMEM;
     return PUT_LIT(b, ",");
 }
@@ -512,12 +512,13 @@ static int put_top_rows(proto_buf_t *b, const double *v, uint64_t rows, uint32_t
     if (PUT_LIT(b, "[") != SLOTD_OK)
         return SLOTD_ENOMEM;
     for (uint64_t r = 0; r < rows; r++) {
-        if (put(b, &",["[r == 0], 2 - (r == 0)) != SLOTD_OK)
+        if (put_bytes(b, &",["[r == 0], 2 - (r == 0)) != SLOTD_OK)
             return SLOTD_ENOMEM;
         for (uint32_t i = 0; i < k; i++) {
             const uint32_t t = top[r * k + i];
-            if (put(b, &",["[i == 0], 2 - (i == 0)) != SLOTD_OK || put_u64(b, t) != SLOTD_OK ||
-                PUT_LIT(b, ",") != SLOTD_OK || room(b, FMT6_FAST_MAX) != SLOTD_OK)
+            if (put_bytes(b, &",["[i == 0], 2 - (i == 0)) != SLOTD_OK ||
+                put_u64(b, t) != SLOTD_OK || PUT_LIT(b, ",") != SLOTD_OK ||
+                room(b, FMT6_FAST_MAX) != SLOTD_OK)
                 return SLOTD_ENOMEM;
             if (fabs(v[r * vocab + t]) < 1e9)
                 b->len += fmt6_fast(b->data + b->len, v[r * vocab + t]);
@@ -622,7 +623,7 @@ int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st)
 
     TRY(put_open(b, tag));
     for (size_t i = 0; i < sizeof(members) / sizeof(members[0]); i++) {
-        TRY(put(b, members[i].key, members[i].len));
+        TRY(put_bytes(b, members[i].key, members[i].len));
         TRY(put_u64(b, members[i].value));
     }
     return put_close(b, start);

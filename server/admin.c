@@ -118,7 +118,7 @@ static void conn_closed(uv_handle_t *h)
     handle_gone(a);
 }
 
-static void conn_close(admin_conn_t *c)
+static void admin_conn_close(admin_conn_t *c)
 {
     if (c->state == CONN_CLOSING)
         return;
@@ -145,7 +145,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
-static int read_start(admin_conn_t *c)
+static int admin_read_start(admin_conn_t *c)
 {
     if (c->reading)
         return 0;
@@ -154,7 +154,7 @@ static int read_start(admin_conn_t *c)
     return rc;
 }
 
-static void read_stop(admin_conn_t *c)
+static void admin_read_stop(admin_conn_t *c)
 {
     if (c->reading)
         uv_read_stop((uv_stream_t *)&c->tcp);
@@ -166,22 +166,22 @@ static void on_shutdown(uv_shutdown_t *req, int status)
     admin_conn_t *c = container_of(req, admin_conn_t, sreq);
     if (c->state == CONN_CLOSING)
         return;
-    if (status < 0 || read_start(c) != 0)
-        conn_close(c);
+    if (status < 0 || admin_read_start(c) != 0)
+        admin_conn_close(c);
 }
 
 /* Everything is written and nothing more will be answered. */
 static void conn_finish(admin_conn_t *c)
 {
     if (c->peer_eof) {
-        conn_close(c);
+        admin_conn_close(c);
         return;
     }
     c->state = CONN_LINGER;
     c->deadline = uv_now(c->admin->loop) + ADMIN_LINGER_MS;
-    read_stop(c);
+    admin_read_stop(c);
     if (uv_shutdown(&c->sreq, (uv_stream_t *)&c->tcp, on_shutdown) != 0)
-        conn_close(c);
+        admin_conn_close(c);
 }
 
 static void conn_flush(admin_conn_t *c);
@@ -199,8 +199,8 @@ static bool conn_next(admin_conn_t *c, int rc)
     switch (rc) {
     case ADMIN_HTTP_MORE:
         c->state = CONN_OPEN;
-        if (!c->peer_eof && read_start(c) != 0) {
-            conn_close(c);
+        if (!c->peer_eof && admin_read_start(c) != 0) {
+            admin_conn_close(c);
             return false;
         }
         if (c->peer_eof)
@@ -208,27 +208,27 @@ static bool conn_next(admin_conn_t *c, int rc)
         return true;
     case ADMIN_HTTP_FULL:
         c->state = CONN_FULL;
-        read_stop(c);
+        admin_read_stop(c);
         return true;
     case ADMIN_HTTP_CLOSE:
         c->state = CONN_DRAIN;
-        read_stop(c);
+        admin_read_stop(c);
         return true;
     case ADMIN_HTTP_WAIT:
         c->state = CONN_WAIT;
-        read_stop(c);
+        admin_read_stop(c);
         if (c->listing == NULL) {
             admin_t *a = c->admin;
             c->listing =
                 a->hooks.sessions(a->hooks.arg, admin_http_wait_limit(c->http), conn_listed, c);
             if (c->listing == NULL) {
-                conn_close(c);
+                admin_conn_close(c);
                 return false;
             }
         }
         return true;
     default:
-        conn_close(c);
+        admin_conn_close(c);
         return false;
     }
 }
@@ -255,7 +255,7 @@ static void conn_flush(admin_conn_t *c)
             c->out.len = 0;
             uv_buf_t b = uv_buf_init(c->wbuf.data, (unsigned)c->wbuf.len);
             if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, on_write) != 0) {
-                conn_close(c);
+                admin_conn_close(c);
                 return;
             }
             c->writing = true;
@@ -280,7 +280,7 @@ static void on_write(uv_write_t *req, int status)
     if (c->state == CONN_CLOSING)
         return;
     if (status < 0) {
-        conn_close(c);
+        admin_conn_close(c);
         return;
     }
     conn_flush(c);
@@ -294,14 +294,14 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     c->active = uv_now(c->admin->loop);
     if (c->state == CONN_LINGER) {
         if (nread < 0)
-            conn_close(c);
+            admin_conn_close(c);
         return;
     }
     if (nread < 0) {
         /* EOF: answer what was complete, then close; an error: close now. */
-        read_stop(c);
+        admin_read_stop(c);
         if (nread != UV_EOF) {
-            conn_close(c);
+            admin_conn_close(c);
             return;
         }
         c->peer_eof = true;
@@ -340,7 +340,7 @@ static void evict(admin_t *a)
         }
     }
     if (victim != NULL)
-        conn_close(victim);
+        admin_conn_close(victim);
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -371,8 +371,8 @@ static void on_connection(uv_stream_t *server, int status)
     c->deadline = c->active + a->idle_ms;
 
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 ||
-        (c->http = admin_http_new(&a->hooks, hrtime)) == NULL || read_start(c) != 0) {
-        conn_close(c);
+        (c->http = admin_http_new(&a->hooks, hrtime)) == NULL || admin_read_start(c) != 0) {
+        admin_conn_close(c);
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
@@ -388,7 +388,7 @@ static void on_sweep(uv_timer_t *t)
     for (admin_conn_t *c = a->conns; c != NULL; c = next) {
         next = c->next;
         if (now >= c->deadline)
-            conn_close(c);
+            admin_conn_close(c);
     }
 }
 
@@ -403,7 +403,7 @@ static void sweep_closed(uv_handle_t *h)
 }
 
 /* Parses an IPv4 or IPv6 literal, the latter with or without brackets. */
-static int parse_addr(const char *host, int port, struct sockaddr_storage *ss)
+static int admin_parse_addr(const char *host, int port, struct sockaddr_storage *ss)
 {
     char tmp[128];
     size_t len = strlen(host);
@@ -429,7 +429,7 @@ int admin_start(uv_loop_t *loop, const char *host, int port, unsigned idle_ms,
     if (port < 0 || port > 65535 || idle_ms == 0)
         return UV_EINVAL;
     memset(&ss, 0, sizeof(ss));
-    if ((rc = parse_addr(host, port, &ss)) != 0)
+    if ((rc = admin_parse_addr(host, port, &ss)) != 0)
         return rc;
 
     admin_t *a = calloc(1, sizeof(*a));
@@ -485,7 +485,7 @@ void admin_close(admin_t *a)
         return;
     a->closing = true;
     while (a->conns != NULL)
-        conn_close(a->conns);
+        admin_conn_close(a->conns);
     uv_close((uv_handle_t *)&a->listener, listener_closed);
     uv_close((uv_handle_t *)&a->sweep, sweep_closed);
 }

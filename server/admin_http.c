@@ -420,7 +420,7 @@ static int respond(admin_http_t *h)
 
 /* ---- Parser callbacks: nonzero stops the parser with an error ---- */
 
-static int fail(admin_http_t *h, int status)
+static int http_fail(admin_http_t *h, int status)
 {
     h->fail_status = status;
     return -1;
@@ -479,7 +479,7 @@ static int on_url(http_parser *p, const char *at, size_t len)
     /* The parser counts the request line against the header limit before
      * it hands the URL over, so this cannot overflow; be sure anyway. */
     if (len > ADMIN_HTTP_MAX_HEADER - h->url_len)
-        return fail(h, 431);
+        return http_fail(h, 431);
     memcpy(h->url + h->url_len, at, len);
     h->url_len += len;
     h->url[h->url_len] = '\0';
@@ -490,13 +490,13 @@ static int on_headers_complete(http_parser *p)
 {
     admin_http_t *h = PARSER_OWNER(p);
     if (p->http_major != 1)
-        return fail(h, 505);
+        return http_fail(h, 505);
     if (h->url_len > ADMIN_HTTP_MAX_URL)
-        return fail(h, 414);
+        return http_fail(h, 414);
     /* A declared body too long to bother reading. */
     if (!(p->flags & F_CHUNKED) && p->content_length != ULLONG_MAX &&
         p->content_length > ADMIN_HTTP_MAX_BODY)
-        return fail(h, 413);
+        return http_fail(h, 413);
     h->headers_done = true;
     return 0;
 }
@@ -506,7 +506,7 @@ static int on_chunk_header(http_parser *p)
     admin_http_t *h = PARSER_OWNER(p);
     /* content_length is the size of the chunk announced. */
     if (p->content_length > ADMIN_HTTP_MAX_BODY - h->body_bytes)
-        return fail(h, 413);
+        return http_fail(h, 413);
     h->body_bytes += p->content_length;
     return 0;
 }

@@ -23,10 +23,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
+static int auth_fail(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
+static int auth_fail(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -43,17 +43,18 @@ int auth_load(const char *path, char *out, size_t *len, char *err, size_t errlen
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
 
     if (fd < 0)
-        return fail(err, errlen, "--auth-token-file: cannot open '%s': %s", path, strerror(errno));
+        return auth_fail(err, errlen, "--auth-token-file: cannot open '%s': %s", path,
+                         strerror(errno));
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(err, errlen, "--auth-token-file: '%s' is not a regular file", path);
+        return auth_fail(err, errlen, "--auth-token-file: '%s' is not a regular file", path);
     }
     if ((st.st_mode & (S_IRGRP | S_IROTH | S_IWGRP | S_IWOTH)) != 0) {
         close(fd);
-        return fail(err, errlen,
-                    "--auth-token-file: '%s' may be read or written by others than its owner "
-                    "(mode %03o); chmod 600 it",
-                    path, (unsigned)(st.st_mode & 0777));
+        return auth_fail(err, errlen,
+                         "--auth-token-file: '%s' may be read or written by others than its owner "
+                         "(mode %03o); chmod 600 it",
+                         path, (unsigned)(st.st_mode & 0777));
     }
     for (;;) {
         ssize_t got = read(fd, buf + n, sizeof(buf) - n);
@@ -62,7 +63,8 @@ int auth_load(const char *path, char *out, size_t *len, char *err, size_t errlen
         if (got < 0) {
             int e = errno;
             close(fd);
-            return fail(err, errlen, "--auth-token-file: cannot read '%s': %s", path, strerror(e));
+            return auth_fail(err, errlen, "--auth-token-file: cannot read '%s': %s", path,
+                             strerror(e));
         }
         if (got == 0 || (n += (size_t)got) == sizeof(buf))
             break;
@@ -73,15 +75,16 @@ int auth_load(const char *path, char *out, size_t *len, char *err, size_t errlen
     if (n > 0 && buf[n - 1] == '\r')
         n--;
     if (n < AUTH_TOKEN_MIN || n > AUTH_TOKEN_MAX)
-        return fail(err, errlen, "--auth-token-file: '%s' must hold %d to %d bytes, not %s%zu",
-                    path, AUTH_TOKEN_MIN, AUTH_TOKEN_MAX, n > AUTH_TOKEN_MAX ? "more than " : "",
-                    n > AUTH_TOKEN_MAX ? (size_t)AUTH_TOKEN_MAX : n);
+        return auth_fail(err, errlen, "--auth-token-file: '%s' must hold %d to %d bytes, not %s%zu",
+                         path, AUTH_TOKEN_MIN, AUTH_TOKEN_MAX,
+                         n > AUTH_TOKEN_MAX ? "more than " : "",
+                         n > AUTH_TOKEN_MAX ? (size_t)AUTH_TOKEN_MAX : n);
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)buf[i] < 0x20 || (unsigned char)buf[i] > 0x7e)
-            return fail(err, errlen,
-                        "--auth-token-file: '%s' holds a byte that is not printable ASCII at "
-                        "offset %zu",
-                        path, i);
+            return auth_fail(err, errlen,
+                             "--auth-token-file: '%s' holds a byte that is not printable ASCII at "
+                             "offset %zu",
+                             path, i);
     memcpy(out, buf, n);
     out[n] = '\0';
     *len = n;

@@ -300,10 +300,10 @@ void config_defaults(server_config_t *cfg)
     config_defaults_for(cfg, sysconf(_SC_NPROCESSORS_ONLN), affinity, &lim);
 }
 
-static config_result_t fail(char *err, size_t errlen, const char *fmt, ...)
+static config_result_t config_fail(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-static config_result_t fail(char *err, size_t errlen, const char *fmt, ...)
+static config_result_t config_fail(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -407,15 +407,15 @@ static config_result_t set_models(char (*names)[PROTO_MODEL_MAX + 1], size_t *co
     for (;;) {
         size_t len = strcspn(p, ",");
         if (len == 0)
-            return fail(err, errlen, "%s: empty model name in '%s'", src, v);
+            return config_fail(err, errlen, "%s: empty model name in '%s'", src, v);
         if (!preset_known(p, len))
-            return fail(err, errlen, "%s: unknown model '%.*s' (known: %s)", src, (int)len, p,
-                        model_presets());
+            return config_fail(err, errlen, "%s: unknown model '%.*s' (known: %s)", src, (int)len,
+                               p, model_presets());
         for (size_t i = 0; i < n; i++)
             if (strlen(names[i]) == len && strncmp(names[i], p, len) == 0)
-                return fail(err, errlen, "%s: model '%.*s' listed twice", src, (int)len, p);
+                return config_fail(err, errlen, "%s: model '%.*s' listed twice", src, (int)len, p);
         if (n == CONFIG_MAX_MODELS || len > PROTO_MODEL_MAX)
-            return fail(err, errlen, "%s: too many models in '%s'", src, v);
+            return config_fail(err, errlen, "%s: too many models in '%s'", src, v);
         memcpy(names[n], p, len);
         names[n][len] = '\0';
         n++;
@@ -447,7 +447,8 @@ static config_result_t check_preload(server_config_t *cfg, char *err, size_t err
         if (model_allowed(cfg, cfg->preload[i]))
             memmove(cfg->preload[n++], cfg->preload[i], sizeof(cfg->preload[i]));
         else if (cfg->preload_given)
-            return fail(err, errlen, "--preload: '%s' is not among --models", cfg->preload[i]);
+            return config_fail(err, errlen, "--preload: '%s' is not among --models",
+                               cfg->preload[i]);
     }
     cfg->npreload = n;
     return CONFIG_OK;
@@ -473,11 +474,11 @@ static config_result_t set_nets(server_config_t *cfg, const char *src, const cha
         unsigned bits;
 
         if (n == CONFIG_MAX_PROXY_FROM)
-            return fail(err, errlen, "%s: more than %d networks in '%s'", src,
-                        CONFIG_MAX_PROXY_FROM, v);
+            return config_fail(err, errlen, "%s: more than %d networks in '%s'", src,
+                               CONFIG_MAX_PROXY_FROM, v);
         if (alen == 0 || alen >= sizeof(addr))
-            return fail(err, errlen, "%s: '%.*s' is not an address or ADDRESS/PREFIX", src,
-                        (int)len, p);
+            return config_fail(err, errlen, "%s: '%.*s' is not an address or ADDRESS/PREFIX", src,
+                               (int)len, p);
         memcpy(addr, p, alen);
         addr[alen] = '\0';
         memset(net, 0, sizeof(*net));
@@ -486,28 +487,29 @@ static config_result_t set_nets(server_config_t *cfg, const char *src, const cha
         else if (inet_pton(AF_INET6, addr, net->addr) == 1)
             net->family = AF_INET6;
         else
-            return fail(err, errlen, "%s: '%s' is not a numeric IPv4 or IPv6 address", src, addr);
+            return config_fail(err, errlen, "%s: '%s' is not a numeric IPv4 or IPv6 address", src,
+                               addr);
         bits = net->family == AF_INET ? 32 : 128;
         net->prefix = bits;
         if (alen < len) {
             char num[8];
             size_t nlen = len - alen - 1;
             if (nlen == 0 || nlen >= sizeof(num))
-                return fail(err, errlen, "%s: '%.*s' has no prefix length in 0..%u", src, (int)len,
-                            p, bits);
+                return config_fail(err, errlen, "%s: '%.*s' has no prefix length in 0..%u", src,
+                                   (int)len, p, bits);
             memcpy(num, p + alen + 1, nlen);
             num[nlen] = '\0';
             if (parse_uint(num, &prefix) != 0 || prefix > bits)
-                return fail(err, errlen, "%s: '%.*s' has no prefix length in 0..%u", src, (int)len,
-                            p, bits);
+                return config_fail(err, errlen, "%s: '%.*s' has no prefix length in 0..%u", src,
+                                   (int)len, p, bits);
             net->prefix = (unsigned)prefix;
         }
         /* The host bits must be zero, so that 10.0.0.5/8 is not taken for
          * 10.0.0.0/8 by mistake. */
         for (unsigned b = net->prefix; b < bits; b++)
             if (net->addr[b / 8] & (0x80u >> (b % 8)))
-                return fail(err, errlen, "%s: '%.*s' has host bits set past /%u", src, (int)len, p,
-                            net->prefix);
+                return config_fail(err, errlen, "%s: '%.*s' has host bits set past /%u", src,
+                                   (int)len, p, net->prefix);
         n++;
         p += len;
         if (*p == '\0')
@@ -528,13 +530,14 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
     switch (o->kind) {
     case OPT_HOST:
         if (strlen(value) > CONFIG_HOST_MAX || !host_valid(value))
-            return fail(err, errlen, "%s: '%s' is not a numeric IPv4 or IPv6 address", src, value);
+            return config_fail(err, errlen, "%s: '%s' is not a numeric IPv4 or IPv6 address", src,
+                               value);
         strcpy((char *)cfg + o->offset, value);
         return CONFIG_OK;
     case OPT_UINT:
         if (parse_uint(value, &v) != 0 || v < o->min || v > o->max)
-            return fail(err, errlen, "%s: '%s' is not an integer in %" PRIu64 "..%" PRIu64, src,
-                        value, o->min, o->max);
+            return config_fail(err, errlen, "%s: '%s' is not an integer in %" PRIu64 "..%" PRIu64,
+                               src, value, o->min, o->max);
         store_uint(cfg, o, v);
         return CONFIG_OK;
     case OPT_MODELS:
@@ -548,30 +551,31 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
         return set_models(cfg->preload, &cfg->npreload, src, value, err, errlen);
     case OPT_MODEL:
         if (strlen(value) > PROTO_MODEL_MAX || !preset_known(value, strlen(value)))
-            return fail(err, errlen, "%s: unknown model '%s' (known: %s)", src, value,
-                        model_presets());
+            return config_fail(err, errlen, "%s: unknown model '%s' (known: %s)", src, value,
+                               model_presets());
         strcpy(cfg->default_model, value);
         snprintf(cfg->default_model_from, sizeof(cfg->default_model_from), "%s", src);
         return CONFIG_OK;
     case OPT_LEVEL:
         if (log_level_parse(value, &cfg->log_level) != 0)
-            return fail(err, errlen, "%s: '%s' is not one of debug, info, warn, error", src, value);
+            return config_fail(err, errlen, "%s: '%s' is not one of debug, info, warn, error", src,
+                               value);
         return CONFIG_OK;
     case OPT_RATE: {
         double r;
         if (parse_rate(value, &r) != 0)
-            return fail(err, errlen, "%s: '%s' is not a number in 0..1", src, value);
+            return config_fail(err, errlen, "%s: '%s' is not a number in 0..1", src, value);
         memcpy((char *)cfg + o->offset, &r, sizeof(r));
         return CONFIG_OK;
     }
     case OPT_PATH:
         if (value[0] == '\0' || strlen(value) > CONFIG_PATH_MAX)
-            return fail(err, errlen, "%s: '%.64s' is not a file path", src, value);
+            return config_fail(err, errlen, "%s: '%.64s' is not a file path", src, value);
         strcpy((char *)cfg + o->offset, value);
         return CONFIG_OK;
     case OPT_YESNO:
         if (strcmp(value, "yes") != 0 && strcmp(value, "no") != 0)
-            return fail(err, errlen, "%s: '%s' is not yes or no", src, value);
+            return config_fail(err, errlen, "%s: '%s' is not yes or no", src, value);
         *(bool *)((char *)cfg + o->offset) = strcmp(value, "yes") == 0;
         return CONFIG_OK;
     case OPT_NETS:
@@ -579,7 +583,7 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
     case OPT_FLAG:
         break;
     }
-    return fail(err, errlen, "%s takes no value", src);
+    return config_fail(err, errlen, "%s takes no value", src);
 }
 
 /* "cache-mb" -> "SLOTD_CACHE_MB". */
@@ -625,17 +629,17 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
         size_t len;
 
         if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
-            return fail(err, errlen, "unexpected argument '%s' (see --help)", arg);
+            return config_fail(err, errlen, "unexpected argument '%s' (see --help)", arg);
         arg += 2;
         eq = strchr(arg, '=');
         len = eq != NULL ? (size_t)(eq - arg) : strlen(arg);
         o = option_find(arg, len);
         if (o == NULL)
-            return fail(err, errlen, "unknown flag '--%.*s' (see --help)", (int)len, arg);
+            return config_fail(err, errlen, "unknown flag '--%.*s' (see --help)", (int)len, arg);
         given[o - options] = true;
         if (o->kind == OPT_FLAG) {
             if (eq != NULL)
-                return fail(err, errlen, "--%s takes no value", o->name);
+                return config_fail(err, errlen, "--%s takes no value", o->name);
             if (strcmp(o->name, "help") == 0)
                 help = true;
             else
@@ -643,7 +647,7 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
             continue;
         }
         if (eq == NULL && ++i >= argc)
-            return fail(err, errlen, "--%s needs a value", o->name);
+            return config_fail(err, errlen, "--%s needs a value", o->name);
     }
 
     for (size_t i = 0; i < NOPTIONS; i++) {
@@ -682,15 +686,15 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
     if (!model_allowed(cfg, cfg->default_model) && cfg->default_model_from[0] == '\0')
         strcpy(cfg->default_model, cfg->models[0]);
     if (!model_allowed(cfg, cfg->default_model))
-        return fail(err, errlen,
-                    "%s: '%s' is not among --models; add it to --models, or name one of them",
-                    cfg->default_model_from, cfg->default_model);
+        return config_fail(
+            err, errlen, "%s: '%s' is not among --models; add it to --models, or name one of them",
+            cfg->default_model_from, cfg->default_model);
     if ((rc = check_preload(cfg, err, errlen)) != CONFIG_OK)
         return rc;
     if (cfg->port != 0 && cfg->port == cfg->admin_port)
-        return fail(err, errlen, "--port and --admin-port are both %d", cfg->port);
+        return config_fail(err, errlen, "--port and --admin-port are both %d", cfg->port);
     if (!(cfg->max_conn_share > 0.0))
-        return fail(err, errlen, "--max-connection-share: 0 leaves no connection any share");
+        return config_fail(err, errlen, "--max-connection-share: 0 leaves no connection any share");
     cfg->auth_token[0] = '\0';
     cfg->auth_token_len = 0;
     if (cfg->auth_token_file[0] != '\0' &&
@@ -701,24 +705,24 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
                            : !host_loopback(cfg->admin_listen) ? cfg->admin_listen
                                                                : NULL;
         if (open != NULL)
-            return fail(err, errlen,
-                        "protected mode: refusing to listen on %s without a token; give "
-                        "--auth-token-file PATH, or --protected-mode no to serve it open",
-                        open);
+            return config_fail(err, errlen,
+                               "protected mode: refusing to listen on %s without a token; give "
+                               "--auth-token-file PATH, or --protected-mode no to serve it open",
+                               open);
     }
     uint64_t phys = config_physical_mb();
     if (phys != 0 && cfg->cache_mb > phys)
-        return fail(err, errlen,
-                    "--cache-mb: %" PRIu64 " MiB is more than this machine's %" PRIu64
-                    " MiB of physical memory",
-                    cfg->cache_mb, phys);
+        return config_fail(err, errlen,
+                           "--cache-mb: %" PRIu64 " MiB is more than this machine's %" PRIu64
+                           " MiB of physical memory",
+                           cfg->cache_mb, phys);
     config_limits_t lim;
     config_cgroup_limits("/proc/self/cgroup", "/sys/fs/cgroup", &lim);
     if (lim.memory_mb != 0 && cfg->cache_mb > lim.memory_mb)
-        return fail(err, errlen,
-                    "--cache-mb: %" PRIu64 " MiB is more than this process's cgroup memory "
-                    "limit of %" PRIu64 " MiB",
-                    cfg->cache_mb, lim.memory_mb);
+        return config_fail(err, errlen,
+                           "--cache-mb: %" PRIu64 " MiB is more than this process's cgroup memory "
+                           "limit of %" PRIu64 " MiB",
+                           cfg->cache_mb, lim.memory_mb);
     return CONFIG_OK;
 }
 

@@ -345,7 +345,7 @@ static int step_context(const req_t *r, const session_t *sess, const model_t *m,
 /* Validates a start against the model, the map and the session limit, and
  * queues it on a new session record.  Returns SLOTD_OK, the code of the
  * error set in `err`, or SLOTD_ENOMEM. */
-static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
+static int read_open(conn_t *c, req_t *r, slotd_error_t *err)
 {
     server_t *s = c->server;
     const model_t *m = resolve_model(c, r, err);
@@ -418,16 +418,6 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     return SLOTD_OK;
 }
 
-/* The session's model: its slot's, or its start's while that has not run. */
-static const model_t *session_model(const session_t *sess)
-{
-    if (sess->cs.model != NULL)
-        return sess->cs.model;
-    if (sess->running != NULL)
-        return sess->running->model;
-    return sess->fifo_head != NULL ? sess->fifo_head->model : NULL;
-}
-
 /* The field check of an append against its session's model `m`: every
  * token in [0, V).  Its length against max_ctx is step_context()'s, as a
  * step's n is. */
@@ -450,7 +440,7 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
         return slotd_error_set(err, SLOTD_EUNKNOWN_ID,
                                "%s: no live session '%s' on this connection",
                                proto_op_name(r->rq.op), r->rq.id);
-    req_model_found(r, session_model(sess));
+    req_model_found(r, session__model(sess));
     if (r->rq.op == PROTO_OP_FINISH) {
         /* Its room must not reach an earlier request that may not fit
          * without it. */
@@ -460,7 +450,7 @@ static int read_session_op(conn_t *c, req_t *r, slotd_error_t *err)
         }
         session__unmap(sess); /* later lines no longer see the id */
     } else {
-        const model_t *m = session_model(sess);
+        const model_t *m = session__model(sess);
         session_grow_t g;
         uint64_t bytes, slots;
         int rc = SLOTD_OK;
@@ -620,10 +610,8 @@ nomem:
 /* How a request is applied, by what its op acts on (proto/ops.c's table):
  * a new op of a kind already here needs no edit in this file. */
 static int (*const read_kind[])(conn_t *, req_t *, slotd_error_t *) = {
-    [PROTO_KIND_OPEN] = read_start,
-    [PROTO_KIND_SESSION] = read_session_op,
-    [PROTO_KIND_STATELESS] = read_stateless,
-    [PROTO_KIND_BARRIER] = read_barrier,
+    [PROTO_KIND_OPEN] = read_open,           [PROTO_KIND_SESSION] = read_session_op,
+    [PROTO_KIND_STATELESS] = read_stateless, [PROTO_KIND_BARRIER] = read_barrier,
     [PROTO_KIND_BRANCH] = read_barrier, /* applied at the head: fork_apply() */
 };
 

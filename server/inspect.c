@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "inspect_int.h"
+#include "session_int.h"
 
 /* Session records (and connections) a listing copies per loop turn: about
  * 0.2 ms of the loop's time with records out of cache. */
@@ -93,13 +94,6 @@ struct inspect_listing {
 
 /* ---- Copying on the loop ---- */
 
-static const model_t *session_model(const session_t *sess)
-{
-    if (sess->cs.model != NULL)
-        return sess->cs.model;
-    return sess->fifo_head != NULL ? sess->fifo_head->model : NULL;
-}
-
 /* The client's address as the handshake recorded it (handshake.c): behind
  * a balancer that sends a PROXY header, the client's, not the balancer's. */
 static int peer_add(inspect_listing_t *l, conn_t *c)
@@ -129,7 +123,7 @@ static int listed_add(inspect_listing_t *l, const session_t *sess)
         l->cap = cap;
     }
     listed_t *e = &l->v[l->n++];
-    const model_t *m = session_model(sess);
+    const model_t *m = session__model(sess);
     uint32_t outstanding = 0;
     /* The running request and the steps chained to it (launch.c). */
     for (const req_t *r = sess->running; r != NULL; r = r->chain_next)

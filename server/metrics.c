@@ -352,7 +352,7 @@ static bool process_figures = true;
 
 /* ---- Rendering ---- */
 
-__attribute__((format(printf, 2, 3))) static int put(proto_buf_t *b, const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static int metrics_put(proto_buf_t *b, const char *fmt, ...)
 {
     char tmp[512];
     va_list ap;
@@ -392,8 +392,8 @@ static bool seen_before(const char *(*lname)(size_t), size_t i)
 static int put_sample(proto_buf_t *b, const char *name, const char *lab, uint64_t v, double scale)
 {
     if (scale == 0)
-        return put(b, "%s%s %" PRIu64 "\n", name, lab, v);
-    return put(b, "%s%s %.9f\n", name, lab, (double)v / scale);
+        return metrics_put(b, "%s%s %" PRIu64 "\n", name, lab, v);
+    return metrics_put(b, "%s%s %.9f\n", name, lab, (double)v / scale);
 }
 
 /* The samples of a counter or gauge: one per distinct label value, in
@@ -425,18 +425,19 @@ static int render_buckets(proto_buf_t *b, const char *name, const char *lab, con
     uint64_t cum = 0;
     for (size_t i = 0; i < nb; i++) {
         cum += counts[i];
-        TRY(put(b, "%s_bucket{%sle=\"%s\"} %" PRIu64 "\n", name, lab, le[i], cum));
+        TRY(metrics_put(b, "%s_bucket{%sle=\"%s\"} %" PRIu64 "\n", name, lab, le[i], cum));
     }
     cum += counts[nb];
-    TRY(put(b, "%s_bucket{%sle=\"+Inf\"} %" PRIu64 "\n", name, lab, cum));
+    TRY(metrics_put(b, "%s_bucket{%sle=\"+Inf\"} %" PRIu64 "\n", name, lab, cum));
     /* `lab` ends in a comma; the _sum and _count labels do not. */
     int ll = *lab ? (int)strlen(lab) - 1 : 0;
     const char *open = *lab ? "{" : "", *close = *lab ? "}" : "";
     if (scale == 1)
-        TRY(put(b, "%s_sum%s%.*s%s %" PRIu64 "\n", name, open, ll, lab, close, sum));
+        TRY(metrics_put(b, "%s_sum%s%.*s%s %" PRIu64 "\n", name, open, ll, lab, close, sum));
     else
-        TRY(put(b, "%s_sum%s%.*s%s %.9f\n", name, open, ll, lab, close, (double)sum / scale));
-    return put(b, "%s_count%s%.*s%s %" PRIu64 "\n", name, open, ll, lab, close, cum);
+        TRY(metrics_put(b, "%s_sum%s%.*s%s %.9f\n", name, open, ll, lab, close,
+                        (double)sum / scale));
+    return metrics_put(b, "%s_count%s%.*s%s %" PRIu64 "\n", name, open, ll, lab, close, cum);
 }
 
 /* ---- Counting and reading, generated ---- */
@@ -683,7 +684,7 @@ uint64_t metrics_last_step_ns(void)
 #define RENDER_GAUGE RENDER_COUNTER
 #define RENDER_HISTOGRAM(stem, labels, arg, name) render_##stem(b, name)
 #define RENDER_STAT_GAUGE(stem, labels, arg, name)                                                 \
-    put(b, "%s %" PRIu64 "\n", name, (uint64_t)st->arg)
+    metrics_put(b, "%s %" PRIu64 "\n", name, (uint64_t)st->arg)
 #define RENDER_STAT_COUNTER RENDER_STAT_GAUGE
 #define RENDER_DERIVED_GAUGE(stem, labels, arg, name) arg(b, name, st, now_ns)
 
@@ -700,8 +701,9 @@ uint64_t metrics_last_step_ns(void)
  * at different instants give more used than total). */
 static int used_and_free(proto_buf_t *b, const char *name, uint64_t used, uint64_t total)
 {
-    TRY(put(b, "%s{state=\"used\"} %" PRIu64 "\n", name, used));
-    return put(b, "%s{state=\"free\"} %" PRIu64 "\n", name, total > used ? total - used : 0);
+    TRY(metrics_put(b, "%s{state=\"used\"} %" PRIu64 "\n", name, used));
+    return metrics_put(b, "%s{state=\"free\"} %" PRIu64 "\n", name,
+                       total > used ? total - used : 0);
 }
 
 static int render_pool_bytes(proto_buf_t *b, const char *name, const proto_stats_t *st,
@@ -728,7 +730,7 @@ static int render_last_step_age(proto_buf_t *b, const char *name, const proto_st
     uint64_t last = metrics_last_step_ns();
     if (last == 0)
         return SLOTD_OK;
-    return put(b, "%s %.9f\n", name, seconds(now_ns > last ? now_ns - last : 0));
+    return metrics_put(b, "%s %.9f\n", name, seconds(now_ns > last ? now_ns - last : 0));
 }
 
 void metrics_job_out(void)
@@ -754,7 +756,7 @@ static int render_requests_waiting(proto_buf_t *b, const char *name, const proto
     (void)now_ns;
     uint64_t begun = metrics_request_wait_value();
     uint64_t gone = LOAD(jobs.back_unstarted) + begun, out = LOAD(jobs.out);
-    return put(b, "%s %" PRIu64 "\n", name, out > gone ? out - gone : 0);
+    return metrics_put(b, "%s %" PRIu64 "\n", name, out > gone ? out - gone : 0);
 }
 
 static int render_requests_running(proto_buf_t *b, const char *name, const proto_stats_t *st,
@@ -763,20 +765,20 @@ static int render_requests_running(proto_buf_t *b, const char *name, const proto
     (void)st;
     (void)now_ns;
     uint64_t back = LOAD(jobs.back_started), begun = metrics_request_wait_value();
-    return put(b, "%s %" PRIu64 "\n", name, begun > back ? begun - back : 0);
+    return metrics_put(b, "%s %" PRIu64 "\n", name, begun > back ? begun - back : 0);
 }
 
 static int render_uptime(proto_buf_t *b, const char *name, const proto_stats_t *st, uint64_t now_ns)
 {
     (void)st;
     uint64_t start = LOAD(m.start_ns);
-    return put(b, "%s %.9f\n", name, seconds(now_ns > start ? now_ns - start : 0));
+    return metrics_put(b, "%s %.9f\n", name, seconds(now_ns > start ? now_ns - start : 0));
 }
 
 int metrics_render(proto_buf_t *b, const proto_stats_t *st, uint64_t now_ns)
 {
 #define XX(kind, stem, labels, arg, name, help)                                                    \
-    TRY(put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, TYPE_##kind));                    \
+    TRY(metrics_put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, TYPE_##kind));            \
     TRY(RENDER_##kind(stem, labels, arg, name));
     METRICS_MAP(XX)
 #undef XX

@@ -46,7 +46,7 @@ const char *procstat_commit(void)
     return SLOTD_COMMIT;
 }
 
-__attribute__((format(printf, 2, 3))) static int put(proto_buf_t *b, const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static int procstat_put(proto_buf_t *b, const char *fmt, ...)
 {
     char line[512];
     va_list ap;
@@ -62,7 +62,8 @@ __attribute__((format(printf, 2, 3))) static int put(proto_buf_t *b, const char 
 static int one(proto_buf_t *b, const char *name, const char *type, const char *help,
                const char *value)
 {
-    return put(b, "# HELP %s %s\n# TYPE %s %s\n%s %s\n", name, help, name, type, name, value);
+    return procstat_put(b, "# HELP %s %s\n# TYPE %s %s\n%s %s\n", name, help, name, type, name,
+                        value);
 }
 
 /* Resident and virtual bytes from /proc/self/statm; 0 on success. */
@@ -187,9 +188,10 @@ int procstat_render(proto_buf_t *out, bool process)
                 "Start time of the process since unix epoch in seconds.", v));
     }
 build:
-    return put(out,
-               "# HELP slotd_build_info The version and commit slotd was built from; always 1.\n"
-               "# TYPE slotd_build_info gauge\n"
-               "slotd_build_info{version=\"%s\",commit=\"%s\"} 1\n",
-               SLOTD_VERSION, SLOTD_COMMIT);
+    return procstat_put(
+        out,
+        "# HELP slotd_build_info The version and commit slotd was built from; always 1.\n"
+        "# TYPE slotd_build_info gauge\n"
+        "slotd_build_info{version=\"%s\",commit=\"%s\"} 1\n",
+        SLOTD_VERSION, SLOTD_COMMIT);
 }

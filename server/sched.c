@@ -42,7 +42,7 @@ void sched_flow_init(sched_flow_t *f)
 }
 
 /* Whether a is served before b. */
-static bool before(const sched_flow_t *a, const sched_flow_t *b)
+static bool served_before(const sched_flow_t *a, const sched_flow_t *b)
 {
     return a->_start < b->_start || (a->_start == b->_start && a->_order < b->_order);
 }
@@ -54,7 +54,7 @@ static sched_flow_t *meld(sched_flow_t *a, sched_flow_t *b)
         return b;
     if (b == NULL)
         return a;
-    if (before(b, a)) {
+    if (served_before(b, a)) {
         sched_flow_t *t = a;
         a = b;
         b = t;
@@ -100,7 +100,7 @@ static void insert(sched_t *s, sched_flow_t *f, bool front)
     if (f->_start > s->_vtime) {
         if (s->_run_tail == NULL) {
             s->_run = s->_run_tail = f;
-        } else if (before(s->_run_tail, f)) {
+        } else if (served_before(s->_run_tail, f)) {
             s->_run_tail->_sibling = f;
             s->_run_tail = f;
         } else {
@@ -124,7 +124,7 @@ static void insert(sched_t *s, sched_flow_t *f, bool front)
  * FIFO being empty). */
 static bool run_first(const sched_t *s)
 {
-    return s->_run != NULL && (s->_root == NULL || before(s->_run, s->_root));
+    return s->_run != NULL && (s->_root == NULL || served_before(s->_run, s->_root));
 }
 
 /* Takes the flow served next out. */

@@ -487,7 +487,7 @@ static int start_workers(server_t *s)
     return rc;
 }
 
-static int parse_addr(const char *host, int port, struct sockaddr_storage *addr)
+static int listen_parse_addr(const char *host, int port, struct sockaddr_storage *addr)
 {
     if (strchr(host, ':') != NULL)
         return uv_ip6_addr(host, port, (struct sockaddr_in6 *)addr);
@@ -502,7 +502,7 @@ static int start_listener(server_t *s)
     int rc, one = 1;
 
     memset(&addr, 0, sizeof(addr));
-    rc = parse_addr(s->cfg->listen, s->cfg->port, &addr);
+    rc = listen_parse_addr(s->cfg->listen, s->cfg->port, &addr);
     if (rc == 0) {
         s->listen_fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (s->listen_fd < 0 ||

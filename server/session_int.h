@@ -171,4 +171,15 @@ static inline void session__give_back(session_t *sess)
  * yet started and releases its sessions with no job out. */
 void session__detach(conn_t *c);
 
+/** The session's model: its slot's, or, while its start has not run, that
+ * start's (running or first in its FIFO); NULL if it has none yet. */
+static inline const model_t *session__model(const session_t *sess)
+{
+    if (sess->cs.model != NULL)
+        return sess->cs.model;
+    if (sess->running != NULL)
+        return sess->running->model;
+    return sess->fifo_head != NULL ? sess->fifo_head->model : NULL;
+}
+
 #endif

@@ -15,8 +15,10 @@ foreach(mod server proto cache)
   set_tests_properties(layout_calls_${mod} PROPERTIES TIMEOUT 60 LABELS layout)
 endforeach()
 # A record's fields written only by the file that owns it (the table in
-# scripts/writers.sh), and the two checks' own test on fixtures
+# scripts/writers.sh), and the layout checks' own test on fixtures
 # (tests/layout/).
 add_test(NAME layout_writers COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/writers.sh ${PROJECT_SOURCE_DIR})
 add_test(NAME layout_selftest COMMAND sh ${PROJECT_SOURCE_DIR}/tests/layout/selftest.sh ${PROJECT_SOURCE_DIR})
-set_tests_properties(layout_writers layout_selftest PROPERTIES TIMEOUT 60 LABELS layout)
+# No two functions of the product share a name, statics included.
+add_test(NAME layout_names COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/names.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(layout_writers layout_selftest layout_names PROPERTIES TIMEOUT 60 LABELS layout)

@@ -3,7 +3,9 @@
 # of three files in circle.edges (and name its three files, not the file
 # outside it), and scripts/writers.sh must flag each of the five writes in
 # server/other.c (lines 7 to 11) and none of its reads (line 5) nor the
-# owner's own write.  Run from CTest (tests/server.cmake): selftest.sh REPO.
+# owner's own write; scripts/names.sh must find the static `twin` defined
+# in both files of names/ and nothing else (not `main`, not a name only
+# declared in one and defined in the other).  Run from CTest (tests/server.cmake): selftest.sh REPO.
 set -u
 repo=${1:?usage: selftest.sh REPO}
 here=$repo/tests/layout
@@ -22,5 +24,12 @@ lines=$(echo "$out" | sed -n 's/^count written outside its owner: server\/other\
 if [ $rc -ne 1 ] || [ "$lines" != "7 8 9 10 11 " ] || echo "$out" | grep -q owner.c; then
     echo "writers.sh: rc $rc, lines '$lines' (want rc 1, '7 8 9 10 11 ')"; echo "$out"; fail=1
 fi
+out=$(sh "$repo/scripts/names.sh" --files "$here/names/a.c" "$here/names/b.c")
+rc=$?
+names=$(echo "$out" | cut -d: -f1 | tr '\n' ' ')
+if [ $rc -ne 1 ] || [ "$names" != "twin " ]; then
+    echo "names.sh: rc $rc, names '$names' (want rc 1, 'twin ')"; echo "$out"; fail=1
+fi
+
 [ $fail -eq 0 ] && echo "the layout checks find what they must"
 exit $fail
