@@ -13,7 +13,8 @@
  * with the workers (`running`), the record stays even if its connection
  * closes: dispatch.c discards it when the job comes back.
  *
- * Design: docs/design.md, "Sessions", "Pipelining" and "server/ layout".
+ * Design: docs/design.md, "How long a slot lives", "Pipelining" and
+ * "server/ layout".
  */
 #include "session_int.h"
 

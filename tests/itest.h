@@ -278,11 +278,11 @@ int64_t itest_int(const cJSON *obj, const char *name);
 const char *itest_str(const cJSON *obj, const char *name);
 
 /** Sends {"op":"stats"} and returns the reply, checked to be a stats object
- * naming every member of PROTOCOL.md.  Owned by the caller. */
+ * naming every member of docs/protocol.md.  Owned by the caller. */
 cJSON *itest_stats(itest_conn_t *c);
 /** One stats figure (as itest_int()). */
 int64_t itest_stat(itest_conn_t *c, const char *name);
-/** Fails the test unless `st` has every stats member of PROTOCOL.md, each a
+/** Fails the test unless `st` has every stats member of docs/protocol.md, each a
  * non-negative integer, and the released object with its four reasons. */
 void itest_check_stats_shape(const cJSON *st);
 

@@ -21,4 +21,6 @@ add_test(NAME layout_writers COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/writers.sh
 add_test(NAME layout_selftest COMMAND sh ${PROJECT_SOURCE_DIR}/tests/layout/selftest.sh ${PROJECT_SOURCE_DIR})
 # No two functions of the product share a name, statics included.
 add_test(NAME layout_names COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/names.sh ${PROJECT_SOURCE_DIR})
-set_tests_properties(layout_writers layout_selftest layout_names PROPERTIES TIMEOUT 60 LABELS layout)
+# Every document and section a comment names exists.
+add_test(NAME doc_refs COMMAND python3 ${PROJECT_SOURCE_DIR}/scripts/check_doc_refs.py ${PROJECT_SOURCE_DIR})
+set_tests_properties(layout_writers layout_selftest layout_names doc_refs PROPERTIES TIMEOUT 60 LABELS layout)

@@ -1,5 +1,5 @@
 /*
- * test_integration_errors.c: every error code of PROTOCOL.md, sent to the
+ * test_integration_errors.c: every error code of docs/protocol.md, sent to the
  * live daemon.
  *
  * Each error is provoked on purpose and its reply checked: the code, the

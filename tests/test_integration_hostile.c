@@ -1164,7 +1164,7 @@ static bool is_stats_or_too_long(const char *line)
 /* A client pipelines 20000 stats and then a line longer than the limit
  * (and more of it), and reads only after a moment, as a pipelining client
  * may.  It must get 20000 stats replies, then the line_too_long error,
- * then the close (PROTOCOL.md, Framing).
+ * then the close (docs/protocol.md, "Lines").
  *
  * This failed before the lingering close: the client got some 10000-17000
  * complete replies, then part of a line, no line_too_long, and
@@ -1213,8 +1213,8 @@ END_TEST
  * reads.  Every line the daemon read gets its reply, whole (its result or
  * shutting_down), and so does every complete line waiting unread in its
  * socket at the SIGTERM (shutting_down; there are some, since the client
- * filled it), then the close, and the daemon exits 0 (PROTOCOL.md,
- * Shutdown: "never a partial line").
+ * filled it), then the close, and the daemon exits 0 (docs/protocol.md,
+ * "Shutdown", which promises never a partial line).
  *
  * This failed before the lingering close, for the reason above: about
  * two thirds of the replies arrived, the last one cut, then ECONNRESET

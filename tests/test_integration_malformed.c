@@ -3,7 +3,7 @@
  *
  * Each malformed line goes to the daemon followed by a stats request on the
  * same connection, so every case proves two things: the line got exactly
- * the error PROTOCOL.md gives it, and the daemon still answers.  The
+ * the error docs/protocol.md gives it, and the daemon still answers.  The
  * battery: text that is not JSON, JSON that is not an object, NUL bytes,
  * invalid UTF-8 of several kinds (and valid UTF-8, split across writes,
  * which must pass), wrong types and huge numbers, deep nesting, random

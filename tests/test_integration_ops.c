@@ -1,5 +1,5 @@
 /*
- * test_integration_ops.c: every op of PROTOCOL.md and the shape of every
+ * test_integration_ops.c: every op of docs/protocol.md and the shape of every
  * reply, seen from a client of the real daemon.
  *
  * Each test starts a daemon on free loopback ports and sends it JSON lines:
@@ -8,7 +8,7 @@
  * absent for hash, entries), finish (released), the stateless logits and
  * generate (rows by the formulas of docs/models.md, tokens including the input,
  * the golden values of docs/models.md, cached equal to uncached), stats (every
- * member PROTOCOL.md names), the tag echoed as given on success and error
+ * member docs/protocol.md names), the tag echoed as given on success and error
  * replies, and members an op does not know being ignored.  Token and logit
  * values are checked against the library's uncached model_generate().
  */

@@ -2,7 +2,7 @@
  * test_proto.c: the Check suite of proto/, framing, request validation and
  * replies.
  *
- * It holds the module to PROTOCOL.md: lines cut at every possible byte
+ * It holds the module to docs/protocol.md: lines cut at every possible byte
  * boundary, the length limit with and without a newline, every parse error
  * with its code, the field its message names and the order in which errors
  * win, the integer rule on awkward literals, the tag echo, every reply shape

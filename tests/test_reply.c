@@ -220,7 +220,7 @@ END_TEST
 
 /* ---- Strings against a reference escaper ---- */
 
-/* JSON text of `n` bytes of `s` as PROTOCOL.md has replies carry them. */
+/* JSON text of `n` bytes of `s` as docs/protocol.md has replies carry them. */
 static size_t ref_string(char *out, const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;

@@ -6,7 +6,7 @@
  * (empty feeds included), and a line on which the callback asks to stop.
  * The stream goes through the framer feed by feed, and what comes out is
  * held to a reference framer that reads the whole stream at once, byte by
- * byte, straight from PROTOCOL.md:
+ * byte, straight from docs/protocol.md:
  *   - the same lines, in order, each in the feed that holds its "\n", and
  *     straight from the caller's buffer when it lies wholly inside the feed;
  *   - line_too_long from exactly the feed that holds the byte that settles

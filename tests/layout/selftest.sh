@@ -5,7 +5,9 @@
 # server/other.c (lines 7 to 11) and none of its reads (line 5) nor the
 # owner's own write; scripts/names.sh must find the static `twin` defined
 # in both files of names/ and nothing else (not `main`, not a name only
-# declared in one and defined in the other).  Run from CTest (tests/server.cmake): selftest.sh REPO.
+# declared in one and defined in the other); scripts/check_doc_refs.py
+# must name the two stale references of docrefs/cites.c and no good one.
+# Run from CTest (tests/server.cmake): selftest.sh REPO.
 set -u
 repo=${1:?usage: selftest.sh REPO}
 here=$repo/tests/layout
@@ -29,6 +31,14 @@ rc=$?
 names=$(echo "$out" | cut -d: -f1 | tr '\n' ' ')
 if [ $rc -ne 1 ] || [ "$names" != "twin " ]; then
     echo "names.sh: rc $rc, names '$names' (want rc 1, 'twin ')"; echo "$out"; fail=1
+fi
+
+out=$(python3 "$repo/scripts/check_doc_refs.py" --files "$repo" "$here/docrefs/cites.c")
+rc=$?
+want='tests/layout/docrefs/cites.c:4: no document docs/nowhere.md
+tests/layout/docrefs/cites.c:4: docs/design.md has no section "No such section"'
+if [ $rc -ne 1 ] || [ "$out" != "$want" ]; then
+    echo "check_doc_refs.py: rc $rc (want 1), said:"; echo "$out"; fail=1
 fi
 
 [ $fail -eq 0 ] && echo "the layout checks find what they must"
