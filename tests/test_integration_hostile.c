@@ -1189,7 +1189,9 @@ START_TEST(test_hostile_line_too_long_after_pipeline)
     o += 150000;
     itest_send_noread(c, buf, o, itest_scale_ms(1000), NULL);
     free(buf);
-    itest_sleep_ms(itest_scale_ms(1000));
+    /* The moment before the client reads: until the daemon has met the
+     * long line and answered it in its place, behind the stats. */
+    itest_await_metric(d, "slotd_errors_total{code=\"line_too_long\"}", 1, 10000);
     tail_t t;
     read_to_end(c, ITEST_REPLY_MS, is_stats_or_too_long, &t);
     fprintf(stderr,
@@ -1227,7 +1229,8 @@ START_TEST(test_hostile_shutdown_slow_reader)
     int64_t read_lines;
     itest_conn_t *h = itest_stall_with_stats(d, 200000, 100, &read_lines);
     itest_daemon_signal(d, SIGTERM);
-    itest_sleep_ms(itest_scale_ms(300));
+    /* The client reads once the daemon has taken the signal and drains. */
+    itest_await_metric(d, "slotd_draining", 1, 10000);
     tail_t t;
     read_to_end(h, ITEST_REPLY_MS, is_stats_or_shutting_down, &t);
     fprintf(stderr,
