@@ -26,6 +26,7 @@
  */
 #define _GNU_SOURCE /* SCHED_BATCH */
 #include <check.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -41,6 +42,7 @@ typedef struct test_job {
     worker_job_t job;
     int index;
     size_t buf_n;    /* > 0: fill worker_tokens()/worker_logits() of this size */
+    size_t tok_room, logit_room; /* malloc_usable_size() of those buffers, as the job saw them */
     _Atomic int ran; /* times run */
     pthread_t thread;
     int done_order;
@@ -92,6 +94,8 @@ static void run_cb(worker_t *w, worker_job_t *job, void *arg)
             lg[i] = (double)i;
         }
         ck_assert_uint_eq(tok[t->buf_n - 1], t->buf_n - 1);
+        t->tok_room = malloc_usable_size(tok);
+        t->logit_room = malloc_usable_size(lg);
     }
     ck_assert_ptr_nonnull(worker_scratch(w));
     memset(worker_scratch(w), 0xab, 64);
@@ -298,12 +302,19 @@ START_TEST(test_buffers_grow)
     memset(jobs, 0, sizeof(jobs));
     jobs[0].buf_n = 8;       /* within the start-up size */
     jobs[1].buf_n = 1 << 20; /* grown for this job only */
-    jobs[2].buf_n = 16;
+    jobs[2].buf_n = 16;      /* the start-up size (test_config()) */
     for (int k = 0; k < 3; k++)
         worker_batch_push(&b, &jobs[k].job);
     worker_pool_submit(wp, &b);
     while (done_count < 3)
         uv_run(&loop, UV_RUN_ONCE);
+    /* The large job had its room; the job after it on the one worker finds
+     * the buffers back at their start-up size, not at the large job's. */
+    ck_assert_uint_ge(jobs[1].tok_room, ((size_t)1 << 20) * sizeof(uint32_t));
+    ck_assert_uint_ge(jobs[1].logit_room, ((size_t)1 << 20) * sizeof(double));
+    ck_assert_int_gt(jobs[2].done_order, jobs[1].done_order);
+    ck_assert_uint_lt(jobs[2].tok_room, 4096);
+    ck_assert_uint_lt(jobs[2].logit_room, 4096);
     pool_end(&loop, wp);
 }
 END_TEST
