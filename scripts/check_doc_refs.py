@@ -17,7 +17,8 @@ shares between connections").
                                              script's own test).
 
 Prints each stale reference as FILE:LINE: what, and exits 1 if there is
-one."""
+one.  docs/design.md's "Contents" must list its `##` sections, in order.
+"""
 import os
 import re
 import sys
@@ -106,6 +107,26 @@ def check_file(repo, path, out):
                 pos = q.end()
 
 
+def check_contents(repo, doc, out):
+    """A document with a "## Contents" list names each of its other `##`
+    sections in it, in order."""
+    path = os.path.join(repo, doc)
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if "\n## Contents\n" not in text:
+        return
+    heads = [h for h in re.findall(r"^## (.+?)\s*$", text, flags=re.M) if h != "Contents"]
+    toc = text.split("\n## Contents\n", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^- \[(.+?)\]\(#", toc, flags=re.M)
+    if listed != heads:
+        missing = [h for h in heads if h not in listed]
+        extra = [h for h in listed if h not in heads]
+        out.append("%s: Contents does not list its sections in order (missing %s, stale %s)"
+                   % (doc, missing, extra))
+
+
 def source_files(repo):
     for d in SOURCE_DIRS:
         for root, dirs, files in os.walk(os.path.join(repo, d)):
@@ -131,6 +152,8 @@ def main(argv):
     out = []
     for path in files if files is not None else sorted(source_files(repo)):
         check_file(repo, os.path.abspath(path), out)
+    if files is None:
+        check_contents(repo, "docs/design.md", out)
     for line in out:
         print(line)
     if out:
