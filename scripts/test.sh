@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need, builds slotd several ways and runs the whole
 # suite in each:
+#   quick     not in the default list: the plain build below (once, into
+#             the same directory) and every test but those labelled slow,
+#             heavy or scaleout; the run to make before a commit
 #   plain     Debug build (assertions on, released cache memory poisoned) with
 #             the test-only fault hooks (-DSLOTD_FAULT_INJECTION=ON), so that
 #             the audit's tests against real damage run too; the only stage
@@ -13,7 +16,12 @@
 #   image     the Dockerfile built with podman on a Debian 12 base made by
 #             debootstrap, run, a session opened and its HEALTHCHECK
 #             healthy (tests/test_image.sh; kept under build-image/)
-# Pick stages with STAGES="plain address" scripts/test.sh.  Exit status is
+# Pick stages with STAGES="plain address" scripts/test.sh or as arguments
+# (scripts/test.sh quick).  Labels that stages leave out (tests/CMakeLists.txt):
+# layout (checks of the sources and of the build's shape, the same under any
+# sanitizer: run by plain and quick only), single (single-threaded by
+# construction: nothing for TSan to see), slow (left out by quick only).
+# Exit status is
 # non-zero if any stage fails; a stage that this machine cannot run at all
 # says why and is counted as skipped.  The last line counts the stages.
 set -uo pipefail
@@ -22,6 +30,7 @@ scripts/deps.sh --test || exit 1
 
 jobs=$(nproc)
 stages=${STAGES:-plain address thread valgrind fuzz image}
+[ $# -gt 0 ] && stages=$*
 passed=0
 failed=0
 skipped=0
@@ -52,15 +61,30 @@ run_suite() { # dir sanitizer [cmake args...]
   scripts/build.sh "$dir" "$san" -DCMAKE_BUILD_TYPE=Debug "$@" >/dev/null || return 1
   # Tests labelled heavy (the batch kernels at every size, the long
   # prefills of `base`) are pure arithmetic, checked bit for bit in the
-  # plain stage; a sanitizer's slowdown would make them hours.
-  [ "$san" = none ] || skip=(-LE heavy)
+  # plain stage; a sanitizer's slowdown would make them hours.  The layout
+  # checks read sources and symbol tables: a sanitizer changes nothing.
+  case $san in
+    none) ;;
+    thread) skip=(-LE 'heavy|layout|single') ;;
+    *) skip=(-LE 'heavy|layout') ;;
+  esac
   # The sanitizer stages run this in a child bash, where $jobs is unset.
   ctest --test-dir "$dir" --output-on-failure -j"${jobs:-$(nproc)}" "${skip[@]}"
 }
 
-run_valgrind() {
+# The quick tier: the plain stage's build, brought up to date, and the
+# tests that are neither slow nor heavy.
+run_quick() {
   local dir=build-test-plain
-  [ -d "$dir" ] || scripts/build.sh "$dir" none -DCMAKE_BUILD_TYPE=Debug "${plain_cmake_args[@]}" >/dev/null || return 1
+  scripts/build.sh "$dir" none -DCMAKE_BUILD_TYPE=Debug "${plain_cmake_args[@]}" >/dev/null || return 1
+  ctest --test-dir "$dir" --output-on-failure -j"$jobs" -LE 'slow|heavy|scaleout'
+}
+
+run_valgrind() {
+  # The unit tests under memcheck reuse the plain stage's build (brought up
+  # to date, which costs nothing after the plain stage).
+  local dir=build-test-plain
+  scripts/build.sh "$dir" none -DCMAKE_BUILD_TYPE=Debug "${plain_cmake_args[@]}" >/dev/null || return 1
   local rc=0
   CK_FORK=no ctest --test-dir "$dir" --output-on-failure -j"$jobs" -L unit \
     -T memcheck --overwrite MemoryCheckCommandOptions="--error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect --track-origins=no" || rc=1
@@ -80,12 +104,17 @@ run_valgrind() {
 }
 
 run_fuzz() {
-  CC=clang scripts/build.sh build-fuzz none -DCMAKE_BUILD_TYPE=Debug -DSLOTD_FUZZ=ON >/dev/null || return 1
+  # Only the four harnesses tests/fuzz/run.sh runs: the rest of the tree is
+  # built and tested by the other stages.
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DSANITIZER=none -DSLOTD_FUZZ=ON >/dev/null &&
+    cmake --build build-fuzz -j"$jobs" --target fuzz_framer fuzz_request fuzz_admin fuzz_proxy >/dev/null ||
+    return 1
   tests/fuzz/run.sh build-fuzz "${FUZZ_SECONDS:-30}"
 }
 
 for s in $stages; do
   case $s in
+    quick)    stage quick    run_quick ;;
     plain)    stage plain    run_suite build-test-plain none "${plain_cmake_args[@]}" ;;
     address)  stage address  env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 SLOTD_TIME_SCALE=2 \
                               bash -c "$(declare -f run_suite); run_suite build-test-asan address" ;;
