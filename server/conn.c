@@ -189,7 +189,6 @@ void conn__park(conn_t *c, req_t *r)
 {
     req_t **p;
 
-    r->state = REQ_PARKED;
     if (c->park_tail == NULL || c->park_tail->seq < r->seq) {
         r->park_next = NULL;
         if (c->park_tail != NULL)

@@ -113,9 +113,9 @@ static inline void conn__unreserve(conn_t *c, size_t bound)
         c->reserved -= bound;
 }
 
-/** Parks the job of `r` (REQ_PARKED) in read order (`seq`): after every
- * parked job read before it.  `r` stays its request's; the list only links
- * it (park_next). */
+/** Parks the job of `r` in read order (`seq`): after every parked job read
+ * before it.  The record stays its owner's; the list only links it
+ * (park_next). */
 void conn__park(conn_t *c, req_t *r);
 /** The oldest parked job of `c`, taken off the list, or NULL. */
 req_t *conn__park_pop(conn_t *c);

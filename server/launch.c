@@ -240,6 +240,7 @@ void launch__req(req_t *r)
         req_submit(r);
         return;
     }
+    r->state = REQ_PARKED;
     conn__park(c, r);
 }
 
