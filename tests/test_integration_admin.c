@@ -644,6 +644,42 @@ START_TEST(test_sessions_list)
 END_TEST
 
 
+/* A session whose start a worker is running has no slot yet; GET /sessions
+ * still names its model (the start's), as the session port's own requests
+ * see it, and lists it running with nothing in the pool. */
+START_TEST(test_sessions_model_while_start_runs)
+{
+    /* One worker; the first job, the start, holds it until SIGUSR1. */
+    itest_daemon_t *d = itest_daemon_start("--threads", "1", "--models", "hash,tiny",
+                                           "--fault-wedge-after", "1", NULL);
+    itest_conn_t *a = itest_connect(d);
+    itest_send_str(a, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"hash\",\"prompt\":[1,2]}\n");
+    cJSON *j = NULL;
+    const cJSON *e = NULL;
+    for (int tries = 0;; tries++) {
+        j = get_sessions(d, "");
+        e = listed(j, "s");
+        if (e != NULL && strcmp(itest_str(e, "state"), "running") == 0)
+            break;
+        cJSON_Delete(j);
+        ck_assert_int_lt(tries, itest_scale_ms(5000) / 10);
+        usleep(10000);
+    }
+    ck_assert_str_eq(itest_str(e, "model"), "hash");
+    ck_assert_int_eq(itest_int(e, "pool_bytes"), 0);
+    cJSON_Delete(j);
+
+    itest_daemon_signal(d, SIGUSR1);
+    cJSON *r = itest_read_reply(a);
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    j = get_sessions(d, "");
+    ck_assert_str_eq(itest_str(listed(j, "s"), "model"), "hash");
+    cJSON_Delete(j);
+    itest_close(a);
+}
+END_TEST
+
 START_TEST(test_sessions_states)
 {
     /* One worker; the fourth job holds it until SIGUSR1. */
@@ -809,6 +845,7 @@ int main(int argc, char **argv)
     /* The case that holds a job on purpose (--fault-wedge-after). */
     if (itest_is_part(argc, argv, "faults")) {
         ITEST_ADD(s, test_sessions_states);
+        ITEST_ADD(s, test_sessions_model_while_start_runs);
         return itest_main(s);
     }
     ITEST_ADD(s, test_health);
