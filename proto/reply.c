@@ -630,9 +630,18 @@ int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st)
 
 int proto_reply_auth(proto_buf_t *b, const char *tag)
 {
+    return proto_reply_auth_tenant(b, tag, NULL);
+}
+
+int proto_reply_auth_tenant(proto_buf_t *b, const char *tag, const char *tenant)
+{
     size_t start = b->len;
 
     TRY(put_open(b, tag));
     TRY(PUT_LIT(b, "\"ok\":true"));
+    if (tenant != NULL) {
+        TRY(PUT_LIT(b, ",\"tenant\":"));
+        TRY(put_str(b, tenant));
+    }
     return put_close(b, start);
 }

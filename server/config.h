@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "auth.h"
+#include "tenants.h"
 #include "log.h"
 #include "proto/proto.h"
 
@@ -54,14 +55,15 @@ typedef struct server_config {
                                                its other jobs out; 0 = never */
     size_t nmodels;                         /* presets that may be served, in the order given */
     char models[CONFIG_MAX_MODELS][PROTO_MODEL_MAX + 1];
-    size_t npreload;                        /* presets built at start, each among `models` */
+    size_t npreload; /* presets built at start, each among `models` */
     char preload[CONFIG_MAX_MODELS][PROTO_MODEL_MAX + 1];
-    bool preload_given;                     /* --preload or SLOTD_PRELOAD was set */
+    bool preload_given;                      /* --preload or SLOTD_PRELOAD was set */
     char default_model[PROTO_MODEL_MAX + 1]; /* one of `models` */
-    char default_model_from[32];             /* the flag or variable that named it; "" if none did */
+    char default_model_from[32]; /* the flag or variable that named it; "" if none did */
     log_level_t log_level;
     double audit_rate; /* fraction of step requests recomputed uncached, 0..1 */
     char auth_token_file[CONFIG_PATH_MAX + 1]; /* "" for none */
+    char tenants_file[CONFIG_PATH_MAX + 1];    /* --tenants-file; "" for none */
     char auth_token[AUTH_TOKEN_MAX + 1];       /* read from it by config_parse(); "" for none */
     size_t auth_token_len;                     /* 0: no token, both ports open */
     bool protected_mode;                       /* refuse a non-loopback address without a token */
@@ -74,8 +76,8 @@ typedef struct server_config {
     config_net_t proxy_from[CONFIG_MAX_PROXY_FROM];
 #if SLOTD_FAULT_INJECTION
     /* Test builds only: the hooks of job.c (0 = off). */
-    uint64_t fault_corrupt_after; /* damage the slot of the N-th step job, after it ran */
-    uint64_t fault_wedge_after;   /* the N-th job holds its worker until released */
+    uint64_t fault_corrupt_after;  /* damage the slot of the N-th step job, after it ran */
+    uint64_t fault_wedge_after;    /* the N-th job holds its worker until released */
     uint32_t fault_build_delay_ms; /* a preset built on demand takes this much longer */
 #endif
 } server_config_t;
@@ -120,6 +122,13 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
 /** This machine's physical memory in MiB (sysconf(_SC_PHYS_PAGES) times the
  * page size), or 0 if it cannot be read.  --cache-mb may not exceed it. */
 uint64_t config_physical_mb(void);
+
+/** Whether connections must authenticate: a token file or a tenants file
+ * was given. */
+static inline bool config_auth_on(const server_config_t *cfg)
+{
+    return cfg->auth_token_len > 0 || cfg->tenants_file[0] != '\0';
+}
 
 /** Writes the --help text to `out`. */
 void config_usage(FILE *out);

@@ -33,6 +33,7 @@
 #include "models_int.h"
 #include "req_int.h"
 #include "session_int.h"
+#include "tenancy_int.h"
 
 static bool req_apply(conn_t *c, req_t *r);
 static void release_barrier(conn_t *c, req_t *r);
@@ -163,7 +164,7 @@ static void req_resume(conn_t *c, req_t *r)
 
 /* ---- Replies in read order ---- */
 
-_Static_assert(PROTO_OP__COUNT * (MODEL_NPRESETS + 1) <= UINT16_MAX && MODEL_NPRESETS < UINT8_MAX,
+_Static_assert(PROTO_OP__COUNT *(MODEL_NPRESETS + 1) <= UINT16_MAX && MODEL_NPRESETS < UINT8_MAX,
                "a reply's (op, model) fits replied_label, its model req_t's model_label");
 
 void dispatch__observe_replies(server_t *s)
@@ -406,6 +407,7 @@ static int read_start(conn_t *c, req_t *r, slotd_error_t *err)
     s->admitted++;
     session__share_take(c, sess, &g, false); /* room_check() admitted it */
     c->share_sessions++;
+    tenancy__charge(c, 0, 1);
     sess->conn = c;
     sess->cs.model = m; /* for the room its steps may take, before it has a slot */
     sess->prev = NULL;
@@ -586,6 +588,7 @@ static bool fork_apply(conn_t *c, req_t *r)
     s->admitted++;
     session__share_take(c, sess, &g, false);
     c->share_sessions++;
+    tenancy__charge(c, 0, 1);
     sess->conn = c;
     sess->cs.model = m;
     sess->prev = NULL;
@@ -621,10 +624,8 @@ nomem:
 /* How a request is applied, by what its op acts on (proto/ops.c's table):
  * a new op of a kind already here needs no edit in this file. */
 static int (*const read_kind[])(conn_t *, req_t *, slotd_error_t *) = {
-    [PROTO_KIND_OPEN] = read_start,
-    [PROTO_KIND_SESSION] = read_session_op,
-    [PROTO_KIND_STATELESS] = read_stateless,
-    [PROTO_KIND_BARRIER] = read_barrier,
+    [PROTO_KIND_OPEN] = read_start,          [PROTO_KIND_SESSION] = read_session_op,
+    [PROTO_KIND_STATELESS] = read_stateless, [PROTO_KIND_BARRIER] = read_barrier,
     [PROTO_KIND_BRANCH] = read_barrier, /* applied at the head: fork_apply() */
 };
 
@@ -670,6 +671,35 @@ static void release_barrier(conn_t *c, req_t *r)
     }
 }
 
+/* An auth request with a tenants file: a tenant's token makes the
+ * connection that tenant's (once: another tenant's token later is
+ * bad_request and changes nothing), within the tenant's connections.
+ * SLOTD_OK with *t set, or an error in `err`; `close` when the connection
+ * closes after the reply. */
+static int auth_tenant(conn_t *c, req_t *r, tenant_t **t, bool *close, slotd_error_t *err)
+{
+    *close = true;
+    if ((*t = tenancy__find(c->server, r->rq.token, r->rq.token_len)) == NULL) {
+        if (c->tenant == NULL)
+            return slotd_error_set(err, SLOTD_EAUTH_FAILED,
+                                   "auth: wrong token; the connection is closed");
+        *close = false;
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                               "auth: token names no tenant; the connection stays tenant '%s''s",
+                               c->tenant->name);
+    }
+    if (c->tenant != NULL) {
+        *close = false;
+        if (*t == c->tenant)
+            return SLOTD_OK;
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                               "auth: token is another tenant's; the connection stays tenant "
+                               "'%s''s",
+                               c->tenant->name);
+    }
+    return tenancy__attach(c, *t, err);
+}
+
 /* An auth request: with no token set, or the right one, the connection is
  * open from now on; a wrong one is auth_failed, counted and logged (not
  * the token), and the connection closes after the reply.  False if the
@@ -678,28 +708,71 @@ static bool req_auth(conn_t *c, req_t *r)
 {
     const server_config_t *cfg = c->server->cfg;
     slotd_error_t err;
+    tenant_t *t = NULL;
+    bool close = true;
+    int rc = SLOTD_OK;
 
-    if (cfg->auth_token_len == 0 ||
-        auth_equal(r->rq.token, r->rq.token_len, cfg->auth_token, cfg->auth_token_len)) {
+    slotd_error_clear(&err);
+    if (cfg->tenants_file[0] != '\0')
+        rc = auth_tenant(c, r, &t, &close, &err);
+    else if (cfg->auth_token_len != 0 &&
+             !auth_equal(r->rq.token, r->rq.token_len, cfg->auth_token, cfg->auth_token_len))
+        rc = slotd_error_set(&err, SLOTD_EAUTH_FAILED,
+                             "auth: wrong token; the connection is closed");
+    if (rc == SLOTD_OK) {
         c->authed = true;
         handshake__authed(c);
         r->rc = SLOTD_OK;
         r->reply.len = 0;
-        if (proto_reply_auth(&r->reply, r->rq.tag) != SLOTD_OK) {
+        if (proto_reply_auth_tenant(&r->reply, r->rq.tag, t != NULL ? t->name : NULL) != SLOTD_OK) {
             conn__close(c);
             return false;
         }
         req__done(r);
         return true;
     }
-    metrics_count_auth_failure();
-    log_warn("connection %" PRIu64 " from %s: auth with a wrong token; closing it", c->serial,
-             c->peer);
-    slotd_error_set(&err, SLOTD_EAUTH_FAILED, "auth: wrong token; the connection is closed");
+    if (rc == SLOTD_EAUTH_FAILED) {
+        metrics_count_auth_failure();
+        log_warn("connection %" PRIu64 " from %s: auth with a wrong token; closing it", c->serial,
+                 c->peer);
+    } else {
+        log_warn("connection %" PRIu64 " from %s: auth refused: %s", c->serial, c->peer,
+                 err.message);
+    }
     if (!req__fail(r, &err))
         return false;
-    conn__end_input(c);
+    if (close)
+        conn__end_input(c);
     return true;
+}
+
+void dispatch__revoke(conn_t *c)
+{
+    slotd_error_t err;
+    req_t *r;
+
+    if (c->closed || c->tenant == NULL || !c->tenant->gone)
+        return;
+    log_info("connection %" PRIu64 " from %s: tenant '%s' revoked by a reload; closing it",
+             c->serial, c->peer, c->tenant->name);
+    /* A line of its own at the end of the order FIFO: every line read
+     * before is answered first, then this one, then the connection closes
+     * (no more input is read). */
+    if ((r = req__get(c->server)) == NULL) {
+        conn__close(c);
+        return;
+    }
+    r->conn = c;
+    r->read_ns = uv_hrtime();
+    req__order_append(c, r);
+    slotd_error_set(&err, SLOTD_EAUTH_REVOKED,
+                    "tenant '%s' was removed or its token changed; the connection is closed",
+                    c->tenant->name);
+    if (!req__fail(r, &err))
+        return;
+    conn__end_input(c);
+    if (c->order_head != NULL && c->order_head->state != REQ_RUNNING)
+        conn_advance(c);
 }
 
 /* conn_hooks_t.line, a proto_framer_feed() callback: one complete line. */
@@ -728,8 +801,7 @@ int dispatch__on_line(void *arg, const char *line, size_t len)
     if (r->rq.op == PROTO_OP_AUTH && rc == SLOTD_OK) {
         if (!req_auth(c, r))
             return SLOTD_ENOMEM;
-    } else if (r->rq.op != PROTO_OP_AUTH && !c->authed &&
-               c->server->cfg->auth_token_len > 0) {
+    } else if (r->rq.op != PROTO_OP_AUTH && !c->authed && config_auth_on(c->server->cfg)) {
         slotd_error_set(&err, SLOTD_EAUTH_REQUIRED,
                         "authenticate first: {\"op\":\"auth\",\"token\":\"...\"}");
         if (!req__fail(r, &err))
@@ -832,8 +904,8 @@ void dispatch__job_done(req_t *r)
     if (r->rc == SLOTD_ECACHE_FULL) { /* the pool's: its bytes, or (an acquire) its slots */
         uint64_t free_bytes, free_slots;
         cache_pool_room(s->pool, &free_bytes, &free_slots);
-        r->refusal = !req__on_slot(r) && free_slots == 0 ? METRICS_REFUSAL_SLOTS
-                                                         : METRICS_REFUSAL_POOL;
+        r->refusal =
+            !req__on_slot(r) && free_slots == 0 ? METRICS_REFUSAL_SLOTS : METRICS_REFUSAL_POOL;
     }
     /* The session takes the result first; it keeps `running` until the
      * end, so that a close here leaves it for the code below. */

@@ -149,6 +149,18 @@ void worker_flow_init(worker_flow_t *f)
     f->_head = f->_tail = NULL;
 }
 
+void worker_flow_set_weight(worker_flow_t *f, uint32_t weight)
+{
+    sched_flow_set_weight(&f->_sched, weight);
+}
+
+void worker_pool_flow_set_weight(worker_pool_t *wp, worker_flow_t *f, uint32_t weight)
+{
+    pthread_mutex_lock(&wp->queue_lock);
+    sched_flow_set_weight(&f->_sched, weight);
+    pthread_mutex_unlock(&wp->queue_lock);
+}
+
 uint64_t worker_flow_served(const worker_flow_t *f)
 {
     return sched_served(&f->_sched);

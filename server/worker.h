@@ -182,6 +182,15 @@ typedef struct worker_pool_config {
 /** Initialises a flow (worker_flow_t). */
 void worker_flow_init(worker_flow_t *f);
 
+/** Sets the weight of flow `f` (sched_flow_set_weight()) before it is
+ * ever submitted to.  Any thread. */
+void worker_flow_set_weight(worker_flow_t *f, uint32_t weight);
+
+/** Sets the weight of flow `f`, which jobs of `wp` may be queued in or
+ * running from, under the pool's queue lock: it counts from the next job
+ * served.  Loop thread. */
+void worker_pool_flow_set_weight(worker_pool_t *wp, worker_flow_t *f, uint32_t weight);
+
 /** The cost served from `f` so far, in its jobs' cost units.  Any thread
  * while no job of `f` is out; for tests. */
 uint64_t worker_flow_served(const worker_flow_t *f);
@@ -291,10 +300,10 @@ void worker_progress(worker_t *w, uint64_t positions);
  * in order, while each costs at most `light_ns`; then, unless another
  * worker is free to take them, while the scheduler would serve another
  * flow's next job before the rest of `job` (as if each slice were a job
- * of its flow: sched.h), that job, if it costs at most `light_ns`.  `job`'s own flow's queued jobs wait.  Each
- * runs alone, with token and logit buffers of its own (the scratch is
- * shared: the caller must hold nothing in it across the call), and goes
- * to `done` at once.  Returns the nanoseconds spent on them. */
+ * of its flow: sched.h), that job, if it costs at most `light_ns`.  `job`'s own flow's queued jobs
+ * wait.  Each runs alone, with token and logit buffers of its own (the scratch is shared: the
+ * caller must hold nothing in it across the call), and goes to `done` at once.  Returns the
+ * nanoseconds spent on them. */
 uint64_t worker_yield(worker_t *w, const worker_job_t *job, worker_slices_t *sl, uint64_t done_ns,
                       uint64_t light_ns, uint64_t budget_ns);
 
