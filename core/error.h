@@ -16,22 +16,22 @@
 
 /* XX(NAME, "wire_code", "description") */
 #define SLOTD_ERRNO_MAP(XX)                                                                        \
-    XX(BAD_JSON, "bad_json", "the line is not a JSON object")                                      \
-    XX(UNKNOWN_OP, "unknown_op", "op missing or not known")                                        \
-    XX(BAD_REQUEST, "bad_request", "a field is missing, of the wrong type or out of range")        \
-    XX(TOO_LONG, "too_long", "longer than the model's max_ctx")                                    \
-    XX(UNKNOWN_ID, "unknown_id", "no live session with that id on this connection")                \
-    XX(DUPLICATE_ID, "duplicate_id", "the id is live on this connection")                          \
-    XX(CONTEXT_FULL, "context_full", "the step would pass max_ctx")                                \
-    XX(CACHE_FULL, "cache_full", "the pool has no room for the slot or the entry")                 \
-    XX(LINE_TOO_LONG, "line_too_long", "the line is longer than the limit")                        \
-    XX(SHUTTING_DOWN, "shutting_down", "the daemon is draining")                                   \
-    XX(TOO_MANY_CONNECTIONS, "too_many_connections", "no room for one more connection")            \
-    XX(AUTH_REQUIRED, "auth_required", "the connection has not authenticated yet")                 \
-    XX(AUTH_FAILED, "auth_failed", "the token is wrong")                                           \
-    XX(AUTH_REVOKED, "auth_revoked", "the connection's tenant was removed or its token changed")   \
-    XX(STALE, "internal", "stale cache handle: the slot was released or reused")                   \
-    XX(NOMEM, "internal", "out of memory")                                                         \
+    XX(BAD_JSON, "bad_json", "the line is not a JSON object")                                     \
+    XX(UNKNOWN_OP, "unknown_op", "op missing or not known")                                       \
+    XX(BAD_REQUEST, "bad_request", "a field is missing, of the wrong type or out of range")       \
+    XX(TOO_LONG, "too_long", "longer than the model's max_ctx")                                   \
+    XX(UNKNOWN_ID, "unknown_id", "no live session with that id on this connection")               \
+    XX(DUPLICATE_ID, "duplicate_id", "the id is live on this connection")                         \
+    XX(CONTEXT_FULL, "context_full", "the step would pass max_ctx")                               \
+    XX(CACHE_FULL, "cache_full", "the pool has no room for the slot or the entry")                \
+    XX(LINE_TOO_LONG, "line_too_long", "the line is longer than the limit")                       \
+    XX(SHUTTING_DOWN, "shutting_down", "the daemon is draining")                                  \
+    XX(TOO_MANY_CONNECTIONS, "too_many_connections", "no room for one more connection")           \
+    XX(AUTH_REQUIRED, "auth_required", "the connection has not authenticated yet")                \
+    XX(AUTH_FAILED, "auth_failed", "the token is wrong")                                          \
+    XX(AUTH_REVOKED, "auth_revoked", "the connection's tenant was removed or its token changed") \
+    XX(STALE, "internal", "stale cache handle: the slot was released or reused")                  \
+    XX(NOMEM, "internal", "out of memory")                                                        \
     XX(INVAL, "internal", "invalid argument")
 
 enum slotd_err {
@@ -39,7 +39,7 @@ enum slotd_err {
 #define SLOTD__ERR_ENUM(name, wire, desc) SLOTD__ERR_IDX_##name,
     SLOTD_ERRNO_MAP(SLOTD__ERR_ENUM)
 #undef SLOTD__ERR_ENUM
-        SLOTD__ERR_COUNT
+    SLOTD__ERR_COUNT
 };
 
 /* The codes themselves are negative: SLOTD_E<NAME> == -(index + 1). */

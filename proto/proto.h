@@ -85,7 +85,8 @@ void proto_framer_raise_limit(proto_framer_t *f, size_t max_line);
  * without a newline, after every earlier line was delivered; or
  * SLOTD_ENOMEM (before any line was delivered, unless the callback raised
  * the limit).  After SLOTD_ELINE_TOO_LONG the framer refuses more input. */
-int proto_framer_feed(proto_framer_t *f, const char *data, size_t len, proto_line_cb cb, void *arg);
+int proto_framer_feed(proto_framer_t *f, const char *data, size_t len, proto_line_cb cb,
+                      void *arg);
 
 /* ---- Requests ---- */
 
@@ -232,9 +233,9 @@ typedef enum proto_scores {
  * ranges that need no model (a stop token's bound V is the caller's).
  * A plain value inside the request. */
 typedef struct proto_decode {
-    bool set;           /* any of the three members was given */
-    bool has_sample;    /* `sample` was given */
-    bool has_stop;      /* `stop` was given (the reply then says `stopped`) */
+    bool set;         /* any of the three members was given */
+    bool has_sample;  /* `sample` was given */
+    bool has_stop;    /* `stop` was given (the reply then says `stopped`) */
     double temperature; /* >= 0, finite; default 1 */
     double top_p;       /* in (0, 1]; default 1 */
     uint64_t seed;      /* default 0 */
@@ -346,14 +347,14 @@ int proto_reply_step_picks(proto_buf_t *b, const char *tag, const char *id, cons
 /** proto_reply_generate() under `pk`, as proto_reply_step_picks(): `steps`
  * is the number of picks made. */
 int proto_reply_generate_picks(proto_buf_t *b, const char *tag, const uint32_t *tokens,
-                               size_t ntokens, const double *logits, uint64_t steps, uint32_t vocab,
-                               uint64_t rows, const proto_picks_t *pk);
+                               size_t ntokens, const double *logits, uint64_t steps,
+                               uint32_t vocab, uint64_t rows, const proto_picks_t *pk);
 int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st);
 /** The reply to a successful auth: {"ok":true}. */
-int proto_reply_auth(proto_buf_t *b, const char *tag);
 /** The reply to an auth with a tenant's token: {"ok":true,"tenant":NAME};
  * `tenant` (not kept) NULL gives proto_reply_auth()'s. */
 int proto_reply_auth_tenant(proto_buf_t *b, const char *tag, const char *tenant);
+int proto_reply_auth(proto_buf_t *b, const char *tag);
 
 /* ---- The PROXY protocol ---- */
 

@@ -55,11 +55,11 @@ typedef struct server_config {
                                                its other jobs out; 0 = never */
     size_t nmodels;                         /* presets that may be served, in the order given */
     char models[CONFIG_MAX_MODELS][PROTO_MODEL_MAX + 1];
-    size_t npreload; /* presets built at start, each among `models` */
+    size_t npreload;                        /* presets built at start, each among `models` */
     char preload[CONFIG_MAX_MODELS][PROTO_MODEL_MAX + 1];
-    bool preload_given;                      /* --preload or SLOTD_PRELOAD was set */
+    bool preload_given;                     /* --preload or SLOTD_PRELOAD was set */
     char default_model[PROTO_MODEL_MAX + 1]; /* one of `models` */
-    char default_model_from[32]; /* the flag or variable that named it; "" if none did */
+    char default_model_from[32];             /* the flag or variable that named it; "" if none did */
     log_level_t log_level;
     double audit_rate; /* fraction of step requests recomputed uncached, 0..1 */
     char auth_token_file[CONFIG_PATH_MAX + 1]; /* "" for none */
@@ -76,8 +76,8 @@ typedef struct server_config {
     config_net_t proxy_from[CONFIG_MAX_PROXY_FROM];
 #if SLOTD_FAULT_INJECTION
     /* Test builds only: the hooks of job.c (0 = off). */
-    uint64_t fault_corrupt_after;  /* damage the slot of the N-th step job, after it ran */
-    uint64_t fault_wedge_after;    /* the N-th job holds its worker until released */
+    uint64_t fault_corrupt_after; /* damage the slot of the N-th step job, after it ran */
+    uint64_t fault_wedge_after;   /* the N-th job holds its worker until released */
     uint32_t fault_build_delay_ms; /* a preset built on demand takes this much longer */
 #endif
 } server_config_t;

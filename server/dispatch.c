@@ -164,7 +164,7 @@ static void req_resume(conn_t *c, req_t *r)
 
 /* ---- Replies in read order ---- */
 
-_Static_assert(PROTO_OP__COUNT *(MODEL_NPRESETS + 1) <= UINT16_MAX && MODEL_NPRESETS < UINT8_MAX,
+_Static_assert(PROTO_OP__COUNT * (MODEL_NPRESETS + 1) <= UINT16_MAX && MODEL_NPRESETS < UINT8_MAX,
                "a reply's (op, model) fits replied_label, its model req_t's model_label");
 
 void dispatch__observe_replies(server_t *s)
@@ -624,8 +624,10 @@ nomem:
 /* How a request is applied, by what its op acts on (proto/ops.c's table):
  * a new op of a kind already here needs no edit in this file. */
 static int (*const read_kind[])(conn_t *, req_t *, slotd_error_t *) = {
-    [PROTO_KIND_OPEN] = read_start,          [PROTO_KIND_SESSION] = read_session_op,
-    [PROTO_KIND_STATELESS] = read_stateless, [PROTO_KIND_BARRIER] = read_barrier,
+    [PROTO_KIND_OPEN] = read_start,
+    [PROTO_KIND_SESSION] = read_session_op,
+    [PROTO_KIND_STATELESS] = read_stateless,
+    [PROTO_KIND_BARRIER] = read_barrier,
     [PROTO_KIND_BRANCH] = read_barrier, /* applied at the head: fork_apply() */
 };
 
@@ -904,8 +906,8 @@ void dispatch__job_done(req_t *r)
     if (r->rc == SLOTD_ECACHE_FULL) { /* the pool's: its bytes, or (an acquire) its slots */
         uint64_t free_bytes, free_slots;
         cache_pool_room(s->pool, &free_bytes, &free_slots);
-        r->refusal =
-            !req__on_slot(r) && free_slots == 0 ? METRICS_REFUSAL_SLOTS : METRICS_REFUSAL_POOL;
+        r->refusal = !req__on_slot(r) && free_slots == 0 ? METRICS_REFUSAL_SLOTS
+                                                         : METRICS_REFUSAL_POOL;
     }
     /* The session takes the result first; it keeps `running` until the
      * end, so that a close here leaves it for the code below. */

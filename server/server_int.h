@@ -182,20 +182,20 @@ static inline uint64_t req__adds(const req_t *r)
 struct session {
     /* What a step touches: the FIFO, the idle list and the flags. */
     conn_t *conn;
-    req_t *fifo_head, *fifo_tail; /* requests waiting to run, in order */
-    req_t *running;               /* the request whose job is out, or NULL */
-    TAILQ_ENTRY(session) lru;     /* server->lru while in_lru */
-    uint64_t idle_since;          /* uv_now() when it went idle */
-    bool in_map;                  /* the id names it: steps and finish can still reach it */
-    bool has_slot;                /* its start succeeded and it was not released yet */
-    bool in_lru;                  /* idle: holds a slot, in the map, nothing queued or running */
+    req_t *fifo_head, *fifo_tail;   /* requests waiting to run, in order */
+    req_t *running;                 /* the request whose job is out, or NULL */
+    TAILQ_ENTRY(session) lru;       /* server->lru while in_lru */
+    uint64_t idle_since;            /* uv_now() when it went idle */
+    bool in_map;                    /* the id names it: steps and finish can still reach it */
+    bool has_slot;                  /* its start succeeded and it was not released yet */
+    bool in_lru;                    /* idle: holds a slot, in the map, nothing queued or running */
 
     cache_session_t cs;  /* owner from the parse on (node.id is its id); the rest while has_slot */
     audit_tokens_t toks; /* audit on: its tokens while has_slot; owned, freed with it */
 
     /* Start, finish and close only. */
-    session_map_node_t node; /* id: cs.owner.id; linked in conn->map while in_map */
-    session_t *prev, *next;  /* conn->sessions: every record of the connection */
+    session_map_node_t node;        /* id: cs.owner.id; linked in conn->map while in_map */
+    session_t *prev, *next;         /* conn->sessions: every record of the connection */
 
     /* GET /sessions and the connection's share (session.c). */
     uint64_t born;    /* uv_now() when its start was read */
@@ -203,7 +203,7 @@ struct session {
     /* The chain its charged requests build, if they all succeed: positions,
      * the blocks' room and their number (session__grow_step()). */
     uint32_t share_entries, share_room, share_blocks;
-    bool share_stale;   /* a charged request failed: made exact when it settles */
+    bool share_stale; /* a charged request failed: made exact when it settles */
     uint32_t forks_out; /* fork jobs out reading its slot: it is not released while > 0 */
 };
 
@@ -228,33 +228,33 @@ struct conn {
     uv_write_t write_req;
     uv_shutdown_t shutdown_req; /* the lingering close's shutdown(SHUT_WR) */
     server_t *server;
-    uint64_t serial;             /* pool owner key; never reused */
-    uint64_t read_ns;            /* uv_hrtime() of the read being framed */
-    worker_flow_t flow;          /* the workers' (worker.h): its jobs' fair share */
-    unsigned refs;               /* the handle until its close callback, plus one per job out */
-    conn_t *prev, *next;         /* server->conns while open */
-    conn_t *dirty_next;          /* server->dirty while `dirty` */
-    TAILQ_ENTRY(conn) wait_link; /* the server's list named by `wait` */
-    uint64_t wait_until;         /* uv_now() deadline on that list */
+    uint64_t serial;               /* pool owner key; never reused */
+    uint64_t read_ns;              /* uv_hrtime() of the read being framed */
+    worker_flow_t flow;            /* the workers' (worker.h): its jobs' fair share */
+    unsigned refs;                 /* the handle until its close callback, plus one per job out */
+    conn_t *prev, *next;           /* server->conns while open */
+    conn_t *dirty_next;            /* server->dirty while `dirty` */
+    TAILQ_ENTRY(conn) wait_link;   /* the server's list named by `wait` */
+    uint64_t wait_until;           /* uv_now() deadline on that list */
     conn_wait_t wait;
     proto_framer_t framer;
-    session_map_t map;                /* live ids -> session records */
-    session_t *sessions;              /* every session record of the connection */
-    req_t *order_head, *order_tail;   /* requests not yet answered, in read order */
-    req_t *barrier;                   /* stats, REQ_DEFER, REQ_BUILD: later lines are REQ_HELD */
-    size_t outstanding;               /* records in the order FIFO */
-    size_t held_bytes;                /* reply bytes of REQ_DONE records in the FIFO */
-    req_t *park_head, *park_tail;     /* REQ_PARKED jobs, in read order */
-    size_t reserved;                  /* reply_bound of every job of the connection out */
-    uint64_t pending_bytes;           /* need_bytes of its lines applied and not yet done */
-    uint64_t pending_slots;           /* need_slots likewise */
-    uint64_t next_seq;                /* seq of the next line read */
-    size_t linger_bytes;              /* input discarded while lingering */
-    uint64_t linger_hard;             /* uv_now() after which a lingering close waits no more */
-    size_t drain_left;                /* a drain: input bytes still to read and answer (conn.c) */
-    proto_buf_t out;                  /* replies for the next write */
-    proto_buf_t wbuf;                 /* the bytes of the write in flight */
-    uint64_t held_since;              /* uv_hrtime() `out` was first held back; 0 when not */
+    session_map_t map;              /* live ids -> session records */
+    session_t *sessions;            /* every session record of the connection */
+    req_t *order_head, *order_tail; /* requests not yet answered, in read order */
+    req_t *barrier;                 /* stats, REQ_DEFER, REQ_BUILD: later lines are REQ_HELD */
+    size_t outstanding;             /* records in the order FIFO */
+    size_t held_bytes;              /* reply bytes of REQ_DONE records in the FIFO */
+    req_t *park_head, *park_tail;   /* REQ_PARKED jobs, in read order */
+    size_t reserved;                /* reply_bound of every job of the connection out */
+    uint64_t pending_bytes;         /* need_bytes of its lines applied and not yet done */
+    uint64_t pending_slots;         /* need_slots likewise */
+    uint64_t next_seq;              /* seq of the next line read */
+    size_t linger_bytes;            /* input discarded while lingering */
+    uint64_t linger_hard;           /* uv_now() after which a lingering close waits no more */
+    size_t drain_left;              /* a drain: input bytes still to read and answer (conn.c) */
+    proto_buf_t out;                /* replies for the next write */
+    proto_buf_t wbuf;               /* the bytes of the write in flight */
+    uint64_t held_since;            /* uv_hrtime() `out` was first held back; 0 when not */
     metrics_release_t release_reason; /* set when closed */
     bool dirty;                       /* `out` has bytes to write at the end of this loop turn */
     bool reading;                     /* uv_read_start() in force */
@@ -268,11 +268,10 @@ struct conn {
     /* Its share of the pool (--max-sessions-per-connection,
      * --max-connection-share, session.c) and its auth (dispatch.c). */
     uint32_t share_sessions; /* its sessions in its map */
-    uint64_t share_bytes; /* the pool bytes they hold, or will once their requests run (at most) */
-    uint64_t share_cap;   /* 1 + its bound in bytes, once session__share_cap() computed it */
-    bool authed;          /* presented the --auth-token-file token, or a tenant's */
-    tenant_t *tenant;     /* its tenant's record from its auth (a reference: tenancy.c); NULL
-                           * without a tenants file */
+    uint64_t share_bytes;    /* the pool bytes they hold, or will once their requests run (at most) */
+    uint64_t share_cap;      /* 1 + its bound in bytes, once session__share_cap() computed it */
+    bool authed;             /* presented the --auth-token-file token, or a tenant's */
+    tenant_t *tenant;        /* its tenant's (a reference, tenancy.c); NULL without a tenants file */
 
     /* Before it is served: its client's address, the PROXY header it
      * must begin with, its place among the connections in their handshake
@@ -288,7 +287,7 @@ struct conn {
  * and block plan only, its weights once built.  Loop thread, except as
  * models.c says while a build runs. */
 typedef struct server_preset {
-    model_t *model; /* owned (models__free()); also in server->models[] */
+    model_t *model;     /* owned (models__free()); also in server->models[] */
     server_t *server;
     size_t index;       /* in the preset table (model_preset_name()), for metrics */
     uv_work_t work;     /* the build on libuv's thread pool, while `building` */
@@ -353,11 +352,11 @@ struct server {
     uv_signal_t sigusr1; /* test builds: job_fault_release() */
 #endif
     uv_timer_t idle_timer, shutdown_timer;
-    uv_timer_t quiet_timer;   /* --conn-timeout: the oldest quiet connection */
-    uv_timer_t linger_timer;  /* the oldest lingering connection */
+    uv_timer_t quiet_timer;  /* --conn-timeout: the oldest quiet connection */
+    uv_timer_t linger_timer; /* the oldest lingering connection */
     uv_timer_t deliver_timer; /* polls `deliver` while it is not empty */
-    conn_list_t quiet;        /* CONN_WAIT_QUIET, by deadline */
-    conn_list_t linger;       /* CONN_WAIT_LINGER, by deadline */
+    conn_list_t quiet;       /* CONN_WAIT_QUIET, by deadline */
+    conn_list_t linger;      /* CONN_WAIT_LINGER, by deadline */
     /* Connections awaiting a PROXY header or their auth, in accept order
      * (which is the order of their --auth-timeout deadlines), and the
      * timer of the first deadline (handshake.c). */
@@ -369,11 +368,11 @@ struct server {
     uv_timer_t hold_timer;   /* a turn for output held back (conn__hold_output()) */
     uv_timer_t trim_timer;   /* gives free pool pages back to the kernel (cache_pool_trim()) */
     admin_t *admin;
-    worker_pool_t *workers;             /* NULL once closed */
-    cache_pool_t *pool;                 /* immutable pointer: workers read it */
-    audit_t *audit;                     /* immutable pointer; NULL when --audit-rate is 0 */
+    worker_pool_t *workers; /* NULL once closed */
+    cache_pool_t *pool;     /* immutable pointer: workers read it */
+    audit_t *audit;         /* immutable pointer; NULL when --audit-rate is 0 */
     model_t *models[CONFIG_MAX_MODELS]; /* every --models preset, built or not (models.c) */
-    job_costs_t costs[MODEL_NPRESETS];  /* measured times by model_preset_index() (job.c) */
+    job_costs_t costs[MODEL_NPRESETS];    /* measured times by model_preset_index() (job.c) */
     size_t nmodels;
     server_preset_t presets[CONFIG_MAX_MODELS]; /* the same, with their build state */
     const model_t *default_model;
@@ -389,18 +388,18 @@ struct server {
      * until the turn's end (dispatch__observe_replies()) measures them
      * all with one reading. */
     uint64_t turn_ns;
-    uint64_t replied_ns[SERVER_REPLIED_MAX];    /* their lines' read_ns */
+    uint64_t replied_ns[SERVER_REPLIED_MAX];   /* their lines' read_ns */
     uint16_t replied_label[SERVER_REPLIED_MAX]; /* and (op, model): metrics_op_model() */
     size_t nreplied;
-    conn_t *conns;       /* open connections */
-    size_t nconns;       /* open connections */
-    size_t nconns_alive; /* connection structs not yet freed */
-    size_t nsockets;     /* session sockets open, lingering ones included: --max-connections */
+    conn_t *conns;        /* open connections */
+    size_t nconns;        /* open connections */
+    size_t nconns_alive;  /* connection structs not yet freed */
+    size_t nsockets;      /* session sockets open, lingering ones included: --max-connections */
     uint64_t next_serial;
-    size_t admitted;                  /* session records in some connection's map */
-    size_t live_sessions;             /* session records holding a slot */
+    size_t admitted;                /* session records in some connection's map */
+    size_t live_sessions;           /* session records holding a slot */
     struct inspect_listing *listings; /* GET /sessions being gathered, in order (inspect.c) */
-    TAILQ_HEAD(, session) lru;        /* idle sessions, oldest first (session.c) */
+    TAILQ_HEAD(, session) lru;      /* idle sessions, oldest first (session.c) */
     req_t *free_reqs;
     size_t nfree_reqs;
     size_t free_reply_bytes; /* capacity of the reply buffers the free list keeps */

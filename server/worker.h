@@ -300,10 +300,10 @@ void worker_progress(worker_t *w, uint64_t positions);
  * in order, while each costs at most `light_ns`; then, unless another
  * worker is free to take them, while the scheduler would serve another
  * flow's next job before the rest of `job` (as if each slice were a job
- * of its flow: sched.h), that job, if it costs at most `light_ns`.  `job`'s own flow's queued jobs
- * wait.  Each runs alone, with token and logit buffers of its own (the scratch is shared: the
- * caller must hold nothing in it across the call), and goes to `done` at once.  Returns the
- * nanoseconds spent on them. */
+ * of its flow: sched.h), that job, if it costs at most `light_ns`.  `job`'s own flow's queued jobs wait.  Each
+ * runs alone, with token and logit buffers of its own (the scratch is
+ * shared: the caller must hold nothing in it across the call), and goes
+ * to `done` at once.  Returns the nanoseconds spent on them. */
 uint64_t worker_yield(worker_t *w, const worker_job_t *job, worker_slices_t *sl, uint64_t done_ns,
                       uint64_t light_ns, uint64_t budget_ns);
 
