@@ -23,6 +23,7 @@
 
 #include "auth.h"
 #include "log.h"
+#include "metrics.h"
 
 /* The top bit marks a tenant's scope key apart from a connection serial. */
 #define TENANT_KEY_BIT (UINT64_C(1) << 63)
@@ -112,6 +113,7 @@ long tenancy__reload(server_t *s)
         return 0;
     if (tenants_load(s->cfg->tenants_file, &f, err, sizeof(err)) != 0) {
         s->tenants_reload_failures++;
+        metrics_count_tenants_reload_failure();
         log_error("tenants: reload refused, nothing changed: %s", err);
         return -1;
     }
@@ -159,6 +161,7 @@ long tenancy__reload(server_t *s)
     }
     *at = added;
     s->tenants_reloads++;
+    metrics_count_tenants_reload();
     log_info("tenants: reloaded %s: %zu kept, %zu new, %zu dropped, %zu with a new token; %ld "
              "connections to revoke",
              s->cfg->tenants_file, kept, f.n - kept, dropped, changed, revoked);
@@ -166,6 +169,7 @@ long tenancy__reload(server_t *s)
     return revoked;
 nomem:
     s->tenants_reload_failures++;
+    metrics_count_tenants_reload_failure();
     log_error("tenants: reload refused, nothing changed: no memory");
     tenants_free(&f);
     return -1;
