@@ -14,8 +14,15 @@
  * line and is closed, a kept tenant's connection serves on, a new tenant
  * can connect, new limits apply to the next request; a bad file changes
  * nothing.
+ * Fairness: a tenant over 4 connections and one over 1, both flooding
+ * `small` steps over 4 sessions a connection: when the 1-connection
+ * tenant has its last reply, the other has had less than 3 times as many
+ * (4 times, all of theirs, when each connection was its own flow).
+ * Asserted on counts of replies, never on time.
  */
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -438,6 +445,139 @@ START_TEST(test_tenant_reload)
 }
 END_TEST
 
+/* ---- Fairness ---- */
+
+#define FAIR_SESSIONS 4
+#define FAIR_STEPS 96 /* per session */
+#define FAIR_TOTAL (FAIR_SESSIONS * FAIR_STEPS)
+#define HEAVY_CONNS 4
+
+typedef struct flood {
+    itest_conn_t *c;
+    int expect;
+    _Atomic int got;
+    _Atomic int errors;
+    pthread_t thread;
+} flood_t;
+
+static _Atomic int heavy_got; /* every heavy connection's replies */
+
+static void *flood_read(void *arg)
+{
+    flood_t *f = arg;
+
+    while (atomic_load(&f->got) < f->expect) {
+        char *line = itest_read_line(f->c, ITEST_REPLY_MS, NULL);
+        if (line == NULL)
+            break;
+        if (strncmp(line, "{\"error\"", 8) == 0)
+            atomic_fetch_add(&f->errors, 1);
+        atomic_fetch_add(&f->got, 1);
+        free(line);
+    }
+    return NULL;
+}
+
+typedef struct light {
+    flood_t f;
+    int heavy_at_end; /* heavy replies counted when the light tenant had all of its */
+} light_t;
+
+/* Starts FAIR_SESSIONS small sessions on f->c. */
+static void flood_prepare(flood_t *f, const char *prefix)
+{
+    cJSON *r;
+
+    for (int s = 0; s < FAIR_SESSIONS; s++) {
+        r = itest_rpc(f->c, "{\"op\":\"start\",\"id\":\"%s%d\",\"model\":\"small\",\"prompt\":[1]}",
+                      prefix, s);
+        itest_expect_ok(r);
+        cJSON_Delete(r);
+    }
+}
+
+/* Sends FAIR_TOTAL steps of the sessions of flood_prepare() round robin in
+ * one write and reads the replies on a thread. */
+static void flood_begin(flood_t *f, const char *prefix)
+{
+    static char buf[FAIR_TOTAL * 48];
+    size_t n = 0;
+
+    for (int k = 0; k < FAIR_STEPS; k++)
+        for (int s = 0; s < FAIR_SESSIONS; s++)
+            n += (size_t)snprintf(buf + n, sizeof(buf) - n,
+                                  "{\"op\":\"step\",\"id\":\"%s%d\",\"scores\":\"none\"}\n",
+                                  prefix, s);
+    f->expect = FAIR_TOTAL;
+    atomic_store(&f->got, 0);
+    atomic_store(&f->errors, 0);
+    ck_assert(itest_send(f->c, buf, n));
+    ck_assert_int_eq(pthread_create(&f->thread, NULL, flood_read, f), 0);
+}
+
+static void flood_end(flood_t *f)
+{
+    ck_assert_int_eq(pthread_join(f->thread, NULL), 0);
+    ck_assert_int_eq(atomic_load(&f->got), f->expect);
+    ck_assert_int_eq(atomic_load(&f->errors), 0);
+}
+
+/* The heavy tenant's replies when the light one had its last: runs both
+ * floods; the heavy one's connections start first. */
+static int fair_run(const char *file)
+{
+    itest_daemon_t *d = itest_daemon_start("--tenants-file", tenants_file(file), "--threads", "2",
+                                           "--max-batch", "1", NULL);
+    flood_t heavy[HEAVY_CONNS], light;
+    int at_end, total = 0;
+
+    (void)heavy_got;
+    for (int i = 0; i < HEAVY_CONNS; i++)
+        heavy[i].c = connect_as(d, TOK_B, "heavy");
+    light.c = connect_as(d, TOK_A, "light");
+    /* Every session first, then every flood at once. */
+    for (int i = 0; i < HEAVY_CONNS; i++)
+        flood_prepare(&heavy[i], "h");
+    flood_prepare(&light, "l");
+    for (int i = 0; i < HEAVY_CONNS; i++)
+        flood_begin(&heavy[i], "h");
+    flood_begin(&light, "l");
+    ck_assert_int_eq(pthread_join(light.thread, NULL), 0);
+    at_end = 0;
+    for (int i = 0; i < HEAVY_CONNS; i++)
+        at_end += atomic_load(&heavy[i].got);
+    ck_assert_int_eq(atomic_load(&light.got), FAIR_TOTAL);
+    ck_assert_int_eq(atomic_load(&light.errors), 0);
+    for (int i = 0; i < HEAVY_CONNS; i++) {
+        flood_end(&heavy[i]);
+        total += atomic_load(&heavy[i].got);
+        itest_close(heavy[i].c);
+    }
+    itest_close(light.c);
+    ck_assert_int_eq(total, HEAVY_CONNS * FAIR_TOTAL);
+    tenants_unlink();
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+    fprintf(stderr, "fairness: the heavy tenant had %d replies when the light one had its %d\n",
+            at_end, FAIR_TOTAL);
+    return at_end;
+}
+
+/* Equal weights, --max-batch 1: the heavy tenant's 4 connections get less
+ * than 3 times what the light tenant's 1 gets (measured: 1.6 to 2.3
+ * times); with each connection its own flow they get 4 times (all 1,536
+ * of theirs before the light tenant's 384th).  With batches the rounds of
+ * a batch step each session once (job.c, job_run_batch()), so that
+ * service there is per session whatever the flows: docs/design.md,
+ * "Tenants", says what is left. */
+START_TEST(test_tenant_fairness_equal)
+{
+    int heavy = fair_run("light " TOK_A "\nheavy " TOK_B "\n");
+    ck_assert_msg(heavy < 3 * FAIR_TOTAL,
+                  "the 4-connection tenant had %d replies to the 1-connection tenant's %d", heavy,
+                  FAIR_TOTAL);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_tenants");
@@ -446,5 +586,6 @@ int main(void)
     ITEST_ADD(s, test_tenant_sessions);
     ITEST_ADD(s, test_tenant_share);
     ITEST_ADD(s, test_tenant_reload);
+    ITEST_ADD_TIMEOUT(s, test_tenant_fairness_equal, 300);
     return itest_main(s);
 }
