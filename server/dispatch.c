@@ -205,8 +205,13 @@ static void conn_advance(conn_t *c)
             if (s->draining) {
                 rc = req__set_error(r, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
             } else {
-                inspect__stats(s, &st);
-                rc = proto_reply_stats(&r->reply, r->rq.tag, &st);
+                if (c->tenant != NULL && !c->tenant->admin) {
+                    inspect__tenant_stats(s, c->tenant, &st);
+                    rc = proto_reply_stats_tenant(&r->reply, r->rq.tag, &st, c->tenant->name);
+                } else {
+                    inspect__stats(s, &st);
+                    rc = proto_reply_stats(&r->reply, r->rq.tag, &st);
+                }
             }
             if (rc != SLOTD_OK)
                 goto nomem;
@@ -222,8 +227,11 @@ static void conn_advance(conn_t *c)
             c->order_tail = NULL;
         c->outstanding--;
         c->held_bytes -= r->reply.len;
-        if (r->rc != SLOTD_OK)
+        if (r->rc != SLOTD_OK) {
             metrics_count_error(r->rc);
+            if (c->tenant != NULL)
+                c->tenant->errors_total++;
+        }
         if (r->rc == SLOTD_ECACHE_FULL)
             metrics_count_refusal((metrics_refusal_t)r->refusal);
         if (s->nreplied == SERVER_REPLIED_MAX)
@@ -794,6 +802,8 @@ int dispatch__on_line(void *arg, const char *line, size_t len)
     r->read_ns = c->read_ns;
     req__order_append(c, r);
     rc = proto_request_parse(line, len, &r->rq, &err);
+    if (c->tenant != NULL)
+        c->tenant->requests_total++;
     /* A line behind a barrier is counted when the barrier goes, so that a
      * stats shows nothing of the lines after it. */
     if (c->barrier == NULL)

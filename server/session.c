@@ -139,6 +139,8 @@ static uint32_t session_release(session_t *sess, metrics_release_t why)
     audit_tokens_free(&sess->toks);
     s->live_sessions--;
     metrics_count_release(why);
+    if (sess->conn->tenant != NULL && (unsigned)why < 4)
+        sess->conn->tenant->released[why]++;
     return released;
 }
 

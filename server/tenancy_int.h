@@ -45,6 +45,7 @@ struct tenant {
     uint64_t pool_bytes;  /* charged to them (session.c's share, summed) */
     /* Since it was first read (kept across reloads that keep its token). */
     uint64_t requests_total, errors_total, refused_total;
+    uint64_t released[4]; /* sessions released, by metrics_release_t */
     tenant_t *next; /* in server->tenants while not gone */
 };
 

@@ -209,6 +209,70 @@ START_TEST(test_tenant_identity)
 }
 END_TEST
 
+/* `stats` for a tenant without admin: its own figures and its name; for
+ * one with admin, the daemon's. */
+START_TEST(test_tenant_stats)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file",
+        tenants_file("alice " TOK_A " share=0.5\nbob " TOK_B "\nops " TOK_OPS " admin\n"), NULL);
+    itest_conn_t *a1 = connect_as(d, TOK_A, "alice"), *a2 = connect_as(d, TOK_A, "alice");
+    itest_conn_t *b1 = connect_as(d, TOK_B, "bob"), *o = connect_as(d, TOK_OPS, "ops");
+    cJSON *r, *st;
+
+    r = itest_rpc(a1, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1,2,3]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a2, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a2, "{\"op\":\"step\",\"id\":\"nope\"}");
+    itest_expect_error(r, NULL, "unknown_id", NULL);
+    cJSON_Delete(r);
+    for (int i = 0; i < 3; i++) {
+        r = itest_rpc(b1, "{\"op\":\"start\",\"id\":\"b%d\",\"model\":\"tiny\",\"prompt\":[1,2]}",
+                      i);
+        itest_expect_ok(r);
+        cJSON_Delete(r);
+    }
+    r = itest_rpc(b1, "{\"op\":\"finish\",\"id\":\"b0\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+
+    st = itest_stats(a1);
+    itest_check_stats_shape(st);
+    ck_assert_str_eq(itest_str(st, "tenant"), "alice");
+    ck_assert_int_eq(itest_int(st, "live_sessions"), 2);
+    ck_assert_int_eq(itest_int(st, "cache_entries"), 4);
+    ck_assert_int_eq(itest_int(st, "connections"), 2);
+    /* Its starts, the failed step and this stats (each auth came before
+     * its connection was the tenant's). */
+    ck_assert_int_eq(itest_int(st, "requests_total"), 4);
+    ck_assert_int_eq(itest_int(st, "errors_total"), 1);
+    ck_assert_int_eq(itest_int(cJSON_GetObjectItem(st, "released"), "finish"), 0);
+    ck_assert(itest_int(st, "pool_bytes_used") > 0);
+    ck_assert(itest_int(st, "pool_bytes_total") == 256ll * 1024 * 1024 / 2);
+    cJSON_Delete(st);
+    st = itest_stats(b1);
+    ck_assert_str_eq(itest_str(st, "tenant"), "bob");
+    ck_assert_int_eq(itest_int(st, "live_sessions"), 2);
+    ck_assert_int_eq(itest_int(cJSON_GetObjectItem(st, "released"), "finish"), 1);
+    ck_assert_int_eq(itest_int(st, "connections"), 1);
+    cJSON_Delete(st);
+    /* The admin tenant: the daemon's figures, no tenant member. */
+    st = itest_stats(o);
+    ck_assert_ptr_null(cJSON_GetObjectItem(st, "tenant"));
+    ck_assert_int_eq(itest_int(st, "live_sessions"), 4);
+    ck_assert_int_eq(itest_int(st, "connections"), 4);
+    cJSON_Delete(st);
+    itest_close(a1);
+    itest_close(a2);
+    itest_close(b1);
+    itest_close(o);
+    tenants_unlink();
+}
+END_TEST
+
 /* `connections`: the tenant's third connection is refused whichever
  * connections the first two are; another tenant is not; once one of the
  * two closes, a new one is served. */
@@ -582,6 +646,7 @@ int main(void)
 {
     Suite *s = suite_create("integration_tenants");
     ITEST_ADD(s, test_tenant_identity);
+    ITEST_ADD(s, test_tenant_stats);
     ITEST_ADD(s, test_tenant_connections);
     ITEST_ADD(s, test_tenant_sessions);
     ITEST_ADD(s, test_tenant_share);
