@@ -219,6 +219,11 @@ size_t sched_active(const sched_t *s)
     return s->_active;
 }
 
+uint32_t sched_flow_weight(const sched_flow_t *f)
+{
+    return f->_weight;
+}
+
 uint64_t sched_served(const sched_flow_t *f)
 {
     return f->_served;

@@ -80,6 +80,9 @@ void sched_put_back(sched_t *s, sched_flow_t *f);
 /** Active flows. */
 size_t sched_active(const sched_t *s);
 
+/** The weight of `f` (sched_flow_set_weight()). */
+uint32_t sched_flow_weight(const sched_flow_t *f);
+
 /** The cost served from `f` so far. */
 uint64_t sched_served(const sched_flow_t *f);
 

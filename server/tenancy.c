@@ -69,6 +69,7 @@ static tenant_t *tenant_new(server_t *s, const tenant_def_t *d)
     t->refs = 1;
     t->weight = 1;
     worker_flow_init(&t->flow);
+    worker_flow_set_capped(&t->flow);
     tenant_set_limits(s, t, d);
     return t;
 }

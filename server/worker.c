@@ -128,6 +128,7 @@ struct worker_pool {
     unsigned waking;            /* queue_lock: woken, not yet back at the queue */
     unsigned nsleeping;         /* queue_lock: workers on the sleepers stack */
     uint64_t taken;             /* queue_lock: jobs ever taken off the queue */
+    worker_flow_t *busy;        /* queue_lock: capped flows with jobs queued or taken */
     bool stopping;              /* queue_lock */
 
     /* Completed jobs, the latest first (DESIGN), on a line of its own:
@@ -147,6 +148,107 @@ void worker_flow_init(worker_flow_t *f)
 {
     sched_flow_init(&f->_sched);
     f->_head = f->_tail = NULL;
+    f->_taken = 0;
+    f->_capped = f->_busy = false;
+    f->_bnext = f->_bprev = NULL;
+}
+
+void worker_flow_set_capped(worker_flow_t *f)
+{
+    f->_capped = true;
+}
+
+/* ---- Capped flows (tenants) ----
+ *
+ * A batch of chains steps each chain once a round (job.c), so a tenant
+ * with 32 sessions stepping beside one with 4 gets 8 times the steps
+ * whatever the order the queue serves them in.  A capped flow may
+ * therefore have taken at most as many jobs, per unit of weight, as the
+ * busiest other capped flow (at least one for a flow with jobs queued):
+ * (taken + 1) / weight <= max over the others of max(taken, 1) / weight.
+ * A flow with none taken may always take one.  Uncapped flows are not
+ * counted.  All under queue_lock. */
+
+/* Keeps f's place in wp->busy: listed while it has jobs queued or taken. */
+static void do_busy_update(worker_pool_t *wp, worker_flow_t *f)
+{
+    bool busy = f->_head != NULL || f->_taken > 0;
+
+    if (busy == f->_busy)
+        return;
+    f->_busy = busy;
+    if (busy) {
+        f->_bprev = NULL;
+        f->_bnext = wp->busy;
+        if (wp->busy != NULL)
+            wp->busy->_bprev = f;
+        wp->busy = f;
+    } else {
+        if (f->_bprev != NULL)
+            f->_bprev->_bnext = f->_bnext;
+        else
+            wp->busy = f->_bnext;
+        if (f->_bnext != NULL)
+            f->_bnext->_bprev = f->_bprev;
+        f->_bnext = f->_bprev = NULL;
+    }
+}
+
+/* Whether capped flow f may not take one more job now. */
+static bool do_held_back(const worker_pool_t *wp, const worker_flow_t *f)
+{
+    uint64_t wf = sched_flow_weight(&f->_sched), best_n = 0, best_w = 1;
+
+    if (!f->_capped || f->_taken == 0)
+        return false;
+    for (const worker_flow_t *g = wp->busy; g != NULL; g = g->_bnext) {
+        uint64_t n = g->_taken > 0 ? g->_taken : 1, w = sched_flow_weight(&g->_sched);
+        if (g != f && n * best_w > best_n * w) {
+            best_n = n;
+            best_w = w;
+        }
+    }
+    /* No other capped flow busy: nothing to hold back for. */
+    return best_n > 0 && ((uint64_t)f->_taken + 1) * best_w > best_n * wf;
+}
+
+/* Counts `n` jobs of flow f taken (n may be negative: given back). */
+static void do_taken_add(worker_pool_t *wp, worker_flow_t *f, int n)
+{
+    if (f == NULL || !f->_capped)
+        return;
+    assert(n > 0 || f->_taken >= (uint32_t)-n);
+    f->_taken = (uint32_t)((int64_t)f->_taken + n);
+    do_busy_update(wp, f);
+}
+
+/* Whether any of jobs[0 .. n-1] is of a capped flow. */
+static bool any_capped(worker_job_t *const *jobs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (jobs[i]->flow != NULL && jobs[i]->flow->_capped)
+            return true;
+    return false;
+}
+
+static worker_t *do_pick_sleeper(worker_pool_t *wp, size_t unstarted);
+
+/* jobs[0 .. n-1] are back (done, or about to be): their capped flows'
+ * counts drop, and a sleeper is woken if queued jobs held back may now
+ * run.  Worker w, without queue_lock. */
+static void untake(worker_pool_t *wp, worker_job_t *const *jobs, size_t n)
+{
+    worker_t *wake;
+
+    if (!any_capped(jobs, n))
+        return;
+    pthread_mutex_lock(&wp->queue_lock);
+    for (size_t i = 0; i < n; i++)
+        do_taken_add(wp, jobs[i]->flow, -1);
+    wake = wp->queued > 0 ? do_pick_sleeper(wp, wp->queued) : NULL;
+    pthread_mutex_unlock(&wp->queue_lock);
+    if (wake != NULL)
+        uv_sem_post(&wake->wake);
 }
 
 void worker_flow_set_weight(worker_flow_t *f, uint32_t weight)
@@ -181,6 +283,8 @@ static void do_enqueue(worker_pool_t *wp, worker_job_t *job)
     }
     f->_tail = job;
     wp->queued++;
+    if (f->_capped)
+        do_busy_update(wp, f);
 }
 
 /* Takes the head of the queue of flow `f`, the one the scheduler serves
@@ -195,6 +299,7 @@ static worker_job_t *do_dequeue(worker_pool_t *wp, worker_flow_t *f)
         f->_tail = NULL;
     sched_serve(&wp->sched, worker_job_cost(job), f->_head != NULL);
     wp->queued--;
+    do_taken_add(wp, f, 1);
     return job;
 }
 
@@ -438,20 +543,26 @@ static worker_job_t *took(worker_t *w, size_t queued)
 static worker_job_t *take_jobs(worker_t *w)
 {
     worker_pool_t *wp = w->pool;
+    worker_flow_t *skipped[WORKER_GATHER_SCAN];
     worker_job_t *job;
     uint64_t sum, bound;
-    size_t n;
+    size_t n, nskip;
+    bool held = false;
 
     pthread_mutex_lock(&wp->queue_lock);
+again:
     for (;;) {
         /* Jobs in the local batch of a stuck worker were taken off the
          * queue before anything still in it: they come first, or a queue
          * the loop keeps busy would leave them there for good. */
         if (wp->queued > 0 ? do_steal_stuck(w) : do_steal(w, 0))
             return took(w, 0);
-        if (wp->queued > 0)
+        if (wp->queued > 0 && !held)
             break;
-        if (wp->stopping) { /* nothing left to run but what others hold */
+        /* Every queued job held back (capped flows): sleep until one of
+         * theirs comes back (untake() wakes a sleeper). */
+        held = false;
+        if (wp->queued == 0 && wp->stopping) { /* nothing left to run but what others hold */
             pthread_mutex_unlock(&wp->queue_lock);
             return NULL;
         }
@@ -481,21 +592,32 @@ static worker_job_t *take_jobs(worker_t *w)
     bound = wp->batch_ns;
     if (wp->wake_ns > 0 && (bound == 0 || wp->wake_ns < bound))
         bound = wp->wake_ns;
-    for (w->nlocal = 0, sum = 0; w->nlocal < n;) {
+    for (w->nlocal = 0, sum = 0, nskip = 0; w->nlocal < n;) {
         worker_flow_t *f = do_next_flow(wp);
-        uint64_t run = 0, cost = worker_job_cost(f->_head);
+        uint64_t run = 0, cost;
         unsigned first = w->nlocal;
+        if (f == NULL)
+            break;
+        if (do_held_back(wp, f)) {
+            if (nskip == WORKER_GATHER_SCAN)
+                break;
+            (void)sched_pop(&wp->sched);
+            skipped[nskip++] = f;
+            continue;
+        }
+        cost = worker_job_cost(f->_head);
         if (w->nlocal > 0 && bound > 0 && sum + cost > bound)
             break;
         for (;;) {
             job = f->_head;
             f->_head = job->next;
+            do_taken_add(wp, f, 1);
             run += cost;
             w->local[w->nlocal] = job;
             w->local_seq[w->nlocal] = ++wp->taken;
             memcpy(w->local_hint[w->nlocal], job->hint, sizeof(job->hint));
             memcpy(w->local_lines[w->nlocal], job->hint_lines, sizeof(job->hint_lines));
-            if (++w->nlocal == n || f->_head == NULL)
+            if (++w->nlocal == n || f->_head == NULL || do_held_back(wp, f))
                 break;
             cost = worker_job_cost(f->_head);
             if (bound > 0 && sum + run + cost > bound)
@@ -505,7 +627,15 @@ static worker_job_t *take_jobs(worker_t *w)
             f->_tail = NULL;
         sched_serve(&wp->sched, run, f->_head != NULL);
         wp->queued -= w->nlocal - first;
+        if (f->_capped)
+            do_busy_update(wp, f);
         sum += run;
+    }
+    while (nskip > 0)
+        sched_put_back(&wp->sched, &skipped[--nskip]->_sched);
+    if (w->nlocal == 0) {
+        held = true;
+        goto again;
     }
     atomic_store_explicit(&w->claim, 1, memory_order_relaxed);
     return took(w, wp->queued);
@@ -575,7 +705,7 @@ static size_t gather(worker_t *w, worker_job_t *first, bool locked)
      * set aside, its place kept, and put back after. */
     for (size_t took = 0; took < share && (f = do_next_flow(wp)) != NULL;) {
         worker_job_t *job = f->_head;
-        if (!wp->group(first, job, wp->arg)) {
+        if (do_held_back(wp, f) || !wp->group(first, job, wp->arg)) {
             if (nskip == WORKER_GATHER_SCAN)
                 break;
             (void)sched_pop(&wp->sched);
@@ -658,7 +788,7 @@ static worker_job_t *do_take_light(worker_t *w, const worker_flow_t *mine, uint6
     size_t nskip = 0;
 
     while ((f = do_next_flow(wp)) != NULL && sched_flow_start(&f->_sched) < vpos) {
-        if (f != mine && worker_job_cost(f->_head) <= light_ns) {
+        if (f != mine && worker_job_cost(f->_head) <= light_ns && !do_held_back(wp, f)) {
             job = do_dequeue(wp, f);
             wp->taken++;
             break;
@@ -700,10 +830,12 @@ static void run_nested(worker_t *w, worker_job_t *job)
     w->nest_logits = w->logits;
     w->tokens = tokens;
     w->logits = logits;
-    if (w->nrequeue > 0)
+    if (w->nrequeue > 0) {
         requeue(w, 1);
-    else
+    } else {
+        untake(wp, w->batch, 1);
         push_done(wp, w->batch, 1);
+    }
     w->batch = outer;
     w->nbatch = outer_n;
     w->nrequeue = outer_requeue;
@@ -786,6 +918,7 @@ static void requeue(worker_t *w, size_t n)
     pthread_mutex_lock(&wp->queue_lock);
     for (size_t i = 0; i < n; i++) {
         worker_job_t *job = w->batch[i];
+        do_taken_add(wp, job->flow, -1);
         if (job->_requeue) {
             job->_requeue = false;
             do_enqueue(wp, job);
@@ -846,10 +979,12 @@ static void *worker_main(void *arg)
         /* The batch's jobs go on the stack in batch order, one exchange;
          * a job may have become another (a chain), or go back to its
          * flow. */
-        if (w->nrequeue > 0)
+        if (w->nrequeue > 0) {
             requeue(w, n);
-        else
+        } else {
+            untake(wp, w->batch, n);
             push_done(wp, w->batch, n);
+        }
     }
     return NULL;
 }
@@ -1095,6 +1230,7 @@ void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out)
             break;
         assert(wp->outstanding > 0);
         wp->outstanding--;
+        do_taken_add(wp, first->local[first->back]->flow, -1);
         worker_batch_push(out, first->local[first->back++]);
     }
     /* Then every flow's queue, whole, the flows in the order they would
@@ -1104,6 +1240,8 @@ void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out)
         *tail = f->_head;
         tail = &f->_tail->next;
         f->_head = f->_tail = NULL;
+        if (f->_capped)
+            do_busy_update(wp, f);
     }
     wp->queued = 0;
     pthread_mutex_unlock(&wp->queue_lock);

@@ -35,6 +35,12 @@ typedef struct worker_job worker_job_t;
 typedef struct worker_flow {
     sched_flow_t _sched;
     worker_job_t *_head, *_tail; /* its queued jobs */
+    /* A capped flow (worker_flow_set_capped()): its jobs taken off the
+     * queue and not back yet, and its link in the pool's list of capped
+     * flows with jobs queued or taken. */
+    uint32_t _taken;
+    bool _capped, _busy;
+    struct worker_flow *_bnext, *_bprev;
 } worker_flow_t;
 
 /** Embedded in the caller's record, at its start; `next` belongs to the
@@ -181,6 +187,15 @@ typedef struct worker_pool_config {
 
 /** Initialises a flow (worker_flow_t). */
 void worker_flow_init(worker_flow_t *f);
+
+/** Makes `f` a capped flow (a tenant's), before it is ever submitted to:
+ * while another capped flow has jobs queued or taken, `f` may have at most
+ * its weight's part of the jobs taken by workers (a job taken is a
+ * session's chain of steps, which in a batch advances one step a round),
+ * so that batches step tenants' sessions in proportion to their weights,
+ * not to their numbers of sessions.  Uncapped flows (a connection's) are
+ * not counted and not held back.  Any thread. */
+void worker_flow_set_capped(worker_flow_t *f);
 
 /** Sets the weight of flow `f` (sched_flow_set_weight()) before it is
  * ever submitted to.  Any thread. */
