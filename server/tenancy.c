@@ -32,6 +32,8 @@ static void tenant_unref(tenant_t *t)
 {
     if (--t->refs > 0)
         return;
+    if (t->server->workers != NULL)
+        worker_pool_flow_forget(t->server->workers, &t->flow);
     memset(t->token, 0, t->token_len);
     free(t->token);
     free(t);
@@ -66,6 +68,7 @@ static tenant_t *tenant_new(server_t *s, const tenant_def_t *d)
     t->token_len = d->token_len;
     memcpy(t->name, d->name, sizeof(t->name));
     t->key = TENANT_KEY_BIT | ++s->tenant_keys;
+    t->server = s;
     t->refs = 1;
     t->weight = 1;
     worker_flow_init(&t->flow);

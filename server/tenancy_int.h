@@ -30,6 +30,7 @@ struct tenant {
     char *token; /* owned; wiped and freed with the record */
     size_t token_len;
     uint64_t key;             /* tenancy_scope_key() of its connections; never reused */
+    server_t *server;
     double share;             /* of the pool, (0, 1] */
     uint32_t weight;          /* its flow's (sched.h) */
     uint32_t max_sessions;    /* 0: none of its own */

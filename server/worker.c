@@ -144,11 +144,14 @@ struct worker_pool {
     worker_t *workers; /* nworkers of them, owned, cache-line aligned */
 };
 
+static void do_busy_remove(worker_pool_t *wp, worker_flow_t *f);
+
 void worker_flow_init(worker_flow_t *f)
 {
     sched_flow_init(&f->_sched);
     f->_head = f->_tail = NULL;
-    f->_taken = 0;
+    f->_taken = f->_peak = 0;
+    f->_idle_at = 0;
     f->_capped = f->_busy = false;
     f->_bnext = f->_bprev = NULL;
 }
@@ -157,6 +160,10 @@ void worker_flow_set_capped(worker_flow_t *f)
 {
     f->_capped = true;
 }
+
+/* How long a capped flow counts as busy after it last had a job in the
+ * pool (do_busy_update()). */
+#define WORKER_CAP_LINGER_NS 2000000u
 
 /* ---- Capped flows (tenants) ----
  *
@@ -169,40 +176,64 @@ void worker_flow_set_capped(worker_flow_t *f)
  * A flow with none taken may always take one.  Uncapped flows are not
  * counted.  All under queue_lock. */
 
-/* Keeps f's place in wp->busy: listed while it has jobs queued or taken. */
+/* Keeps f's place in wp->busy: listed while it has jobs queued or taken,
+ * and for WORKER_CAP_LINGER_NS after (do_held_back() drops it then): a
+ * client that pipelines a few requests has none in the daemon for the
+ * moment its replies travel and its next requests come back, and it is
+ * still as busy as one with many. */
 static void do_busy_update(worker_pool_t *wp, worker_flow_t *f)
 {
     bool busy = f->_head != NULL || f->_taken > 0;
 
-    if (busy == f->_busy)
+    if (f->_taken > f->_peak)
+        f->_peak = f->_taken;
+    if (!busy) {
+        f->_idle_at = uv_hrtime();
         return;
-    f->_busy = busy;
-    if (busy) {
-        f->_bprev = NULL;
-        f->_bnext = wp->busy;
-        if (wp->busy != NULL)
-            wp->busy->_bprev = f;
-        wp->busy = f;
-    } else {
-        if (f->_bprev != NULL)
-            f->_bprev->_bnext = f->_bnext;
-        else
-            wp->busy = f->_bnext;
-        if (f->_bnext != NULL)
-            f->_bnext->_bprev = f->_bprev;
-        f->_bnext = f->_bprev = NULL;
     }
+    f->_idle_at = 0;
+    if (f->_busy)
+        return;
+    f->_busy = true;
+    f->_bprev = NULL;
+    f->_bnext = wp->busy;
+    if (wp->busy != NULL)
+        wp->busy->_bprev = f;
+    wp->busy = f;
 }
 
-/* Whether capped flow f may not take one more job now. */
-static bool do_held_back(const worker_pool_t *wp, const worker_flow_t *f)
+static void do_busy_remove(worker_pool_t *wp, worker_flow_t *f)
 {
-    uint64_t wf = sched_flow_weight(&f->_sched), best_n = 0, best_w = 1;
+    if (f->_bprev != NULL)
+        f->_bprev->_bnext = f->_bnext;
+    else
+        wp->busy = f->_bnext;
+    if (f->_bnext != NULL)
+        f->_bnext->_bprev = f->_bprev;
+    f->_bnext = f->_bprev = NULL;
+    f->_busy = false;
+    f->_peak = 0;
+}
+
+/* Whether capped flow f may not take one more job now.  Each other busy
+ * flow counts the most jobs it had taken at once since it became busy. */
+static bool do_held_back(worker_pool_t *wp, const worker_flow_t *f)
+{
+    uint64_t wf = sched_flow_weight(&f->_sched), best_n = 0, best_w = 1, now = 0;
 
     if (!f->_capped || f->_taken == 0)
         return false;
-    for (const worker_flow_t *g = wp->busy; g != NULL; g = g->_bnext) {
-        uint64_t n = g->_taken > 0 ? g->_taken : 1, w = sched_flow_weight(&g->_sched);
+    for (worker_flow_t *g = wp->busy, *next; g != NULL; g = next) {
+        uint64_t n = g->_peak > 0 ? g->_peak : 1, w = sched_flow_weight(&g->_sched);
+        next = g->_bnext;
+        if (g->_idle_at != 0) {
+            if (now == 0)
+                now = uv_hrtime();
+            if (now - g->_idle_at > WORKER_CAP_LINGER_NS) {
+                do_busy_remove(wp, g);
+                continue;
+            }
+        }
         if (g != f && n * best_w > best_n * w) {
             best_n = n;
             best_w = w;
@@ -260,6 +291,15 @@ void worker_pool_flow_set_weight(worker_pool_t *wp, worker_flow_t *f, uint32_t w
 {
     pthread_mutex_lock(&wp->queue_lock);
     sched_flow_set_weight(&f->_sched, weight);
+    pthread_mutex_unlock(&wp->queue_lock);
+}
+
+void worker_pool_flow_forget(worker_pool_t *wp, worker_flow_t *f)
+{
+    pthread_mutex_lock(&wp->queue_lock);
+    assert(f->_head == NULL && f->_taken == 0);
+    if (f->_busy)
+        do_busy_remove(wp, f);
     pthread_mutex_unlock(&wp->queue_lock);
 }
 

@@ -39,6 +39,8 @@ typedef struct worker_flow {
      * queue and not back yet, and its link in the pool's list of capped
      * flows with jobs queued or taken. */
     uint32_t _taken;
+    uint32_t _peak;    /* the most taken at once since it became busy */
+    uint64_t _idle_at; /* uv_hrtime() it last had nothing queued or taken */
     bool _capped, _busy;
     struct worker_flow *_bnext, *_bprev;
 } worker_flow_t;
@@ -196,6 +198,10 @@ void worker_flow_init(worker_flow_t *f);
  * not to their numbers of sessions.  Uncapped flows (a connection's) are
  * not counted and not held back.  Any thread. */
 void worker_flow_set_capped(worker_flow_t *f);
+
+/** Takes capped flow `f`, with no job queued or out, off the pool's list of
+ * busy flows before its record is freed.  Loop thread. */
+void worker_pool_flow_forget(worker_pool_t *wp, worker_flow_t *f);
 
 /** Sets the weight of flow `f` (sched_flow_set_weight()) before it is
  * ever submitted to.  Any thread. */
