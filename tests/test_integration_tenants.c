@@ -629,10 +629,9 @@ static int fair_run(const char *file)
 /* Equal weights, --max-batch 1: the heavy tenant's 4 connections get less
  * than 3 times what the light tenant's 1 gets (measured: 1.6 to 2.3
  * times); with each connection its own flow they get 4 times (all 1,536
- * of theirs before the light tenant's 384th).  With batches the rounds of
- * a batch step each session once (job.c, job_run_batch()), so that
- * service there is per session whatever the flows: docs/design.md,
- * "Tenants", says what is left. */
+ * of theirs before the light tenant's 384th).  Without batches, so that
+ * the count follows the queue's order and the cap, not how many sessions
+ * a batch's rounds step (docs/design.md, "Tenants"). */
 START_TEST(test_tenant_fairness_equal)
 {
     int heavy = fair_run("light " TOK_A "\nheavy " TOK_B "\n");
