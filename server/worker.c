@@ -253,11 +253,12 @@ static void do_taken_add(worker_pool_t *wp, worker_flow_t *f, int n)
     do_busy_update(wp, f);
 }
 
-/* Whether any of jobs[0 .. n-1] is of a capped flow. */
+/* Whether any of jobs[0 .. n-1] is of a capped flow (read from the jobs,
+ * not their flows: without tenants nothing more is touched). */
 static bool any_capped(worker_job_t *const *jobs, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        if (jobs[i]->flow != NULL && jobs[i]->flow->_capped)
+        if (jobs[i]->_capped)
             return true;
     return false;
 }
@@ -275,7 +276,8 @@ static void untake(worker_pool_t *wp, worker_job_t *const *jobs, size_t n)
         return;
     pthread_mutex_lock(&wp->queue_lock);
     for (size_t i = 0; i < n; i++)
-        do_taken_add(wp, jobs[i]->flow, -1);
+        if (jobs[i]->_capped)
+            do_taken_add(wp, jobs[i]->flow, -1);
     wake = wp->queued > 0 ? do_pick_sleeper(wp, wp->queued) : NULL;
     pthread_mutex_unlock(&wp->queue_lock);
     if (wake != NULL)
@@ -315,6 +317,7 @@ static void do_enqueue(worker_pool_t *wp, worker_job_t *job)
     worker_flow_t *f = job->flow != NULL ? job->flow : &wp->own_flow;
 
     job->next = NULL;
+    job->_capped = f->_capped;
     if (f->_tail != NULL) {
         f->_tail->next = job;
     } else {
@@ -792,6 +795,7 @@ void worker_job_handoff(worker_t *w, worker_job_t *done, worker_job_t *next)
         i++;
     assert(i < w->nbatch);
     done->_early = true;
+    next->_capped = done->_capped; /* counted in place of `done` */
     w->batch[i] = next;
     push_done(w->pool, &done, 1);
     atomic_store_explicit(&w->job_start, uv_hrtime(), memory_order_relaxed);
@@ -958,7 +962,8 @@ static void requeue(worker_t *w, size_t n)
     pthread_mutex_lock(&wp->queue_lock);
     for (size_t i = 0; i < n; i++) {
         worker_job_t *job = w->batch[i];
-        do_taken_add(wp, job->flow, -1);
+        if (job->_capped)
+            do_taken_add(wp, job->flow, -1);
         if (job->_requeue) {
             job->_requeue = false;
             do_enqueue(wp, job);
@@ -1270,7 +1275,8 @@ void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out)
             break;
         assert(wp->outstanding > 0);
         wp->outstanding--;
-        do_taken_add(wp, first->local[first->back]->flow, -1);
+        if (first->local[first->back]->_capped)
+            do_taken_add(wp, first->local[first->back]->flow, -1);
         worker_batch_push(out, first->local[first->back++]);
     }
     /* Then every flow's queue, whole, the flows in the order they would

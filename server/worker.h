@@ -64,6 +64,7 @@ struct worker_job {
     bool lone;     /* the caller's: never leads a batch (the group callback is not asked) */
     bool _early;   /* handed back by worker_job_handoff(): not counted out */
     bool _requeue; /* worker_job_requeue(): back to its flow when the run ends */
+    bool _capped;  /* its flow is capped (set when queued): counted in its flow's _taken */
 };
 
 /* A cost in 16 bits: an 11-bit mantissa shifted left by a 5-bit exponent. */
