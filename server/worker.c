@@ -234,6 +234,12 @@ static bool do_held_back(worker_pool_t *wp, const worker_flow_t *f)
                 continue;
             }
         }
+        /* A tenant with one job at a time gains nothing from holding the
+         * others to one: its job is served first by the queue's order
+         * (and worker_yield()), and a cap of one would break every batch
+         * of the others into single jobs. */
+        if (g->_peak < 2)
+            continue;
         if (g != f && n * best_w > best_n * w) {
             best_n = n;
             best_w = w;
