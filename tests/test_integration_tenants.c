@@ -627,7 +627,7 @@ static int fair_run(const char *file)
 }
 
 /* Equal weights, --max-batch 1: the heavy tenant's 4 connections get less
- * than 3 times what the light tenant's 1 gets (measured: 1.6 to 2.3
+ * than 3 times what the light tenant's 1 gets (measured: 0.8 to 2.3
  * times); with each connection its own flow they get 4 times (all 1,536
  * of theirs before the light tenant's 384th).  Without batches, so that
  * the count follows the queue's order and the cap, not how many sessions
