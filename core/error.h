@@ -29,6 +29,7 @@
     XX(TOO_MANY_CONNECTIONS, "too_many_connections", "no room for one more connection")           \
     XX(AUTH_REQUIRED, "auth_required", "the connection has not authenticated yet")                \
     XX(AUTH_FAILED, "auth_failed", "the token is wrong")                                          \
+    XX(AUTH_REVOKED, "auth_revoked", "the connection's tenant was removed or its token changed") \
     XX(STALE, "internal", "stale cache handle: the slot was released or reused")                  \
     XX(NOMEM, "internal", "out of memory")                                                        \
     XX(INVAL, "internal", "invalid argument")

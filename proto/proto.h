@@ -350,7 +350,14 @@ int proto_reply_generate_picks(proto_buf_t *b, const char *tag, const uint32_t *
                                size_t ntokens, const double *logits, uint64_t steps,
                                uint32_t vocab, uint64_t rows, const proto_picks_t *pk);
 int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st);
+/** A tenant's own stats (`tenant`, not kept, NULL for the daemon's): the
+ * same members, then "tenant":NAME. */
+int proto_reply_stats_tenant(proto_buf_t *b, const char *tag, const proto_stats_t *st,
+                             const char *tenant);
 /** The reply to a successful auth: {"ok":true}. */
+/** The reply to an auth with a tenant's token: {"ok":true,"tenant":NAME};
+ * `tenant` (not kept) NULL gives proto_reply_auth()'s. */
+int proto_reply_auth_tenant(proto_buf_t *b, const char *tag, const char *tenant);
 int proto_reply_auth(proto_buf_t *b, const char *tag);
 
 /* ---- The PROXY protocol ---- */

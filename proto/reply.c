@@ -594,6 +594,12 @@ int proto_reply_generate_picks(proto_buf_t *b, const char *tag, const uint32_t *
 
 int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st)
 {
+    return proto_reply_stats_tenant(b, tag, st, NULL);
+}
+
+int proto_reply_stats_tenant(proto_buf_t *b, const char *tag, const proto_stats_t *st,
+                             const char *tenant)
+{
     const struct {
         const char *key; /* with its quotes, colon and any comma before it */
         size_t len;
@@ -626,14 +632,27 @@ int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st)
         TRY(put_bytes(b, members[i].key, members[i].len));
         TRY(put_u64(b, members[i].value));
     }
+    if (tenant != NULL) {
+        TRY(PUT_LIT(b, ",\"tenant\":"));
+        TRY(put_str(b, tenant));
+    }
     return put_close(b, start);
 }
 
 int proto_reply_auth(proto_buf_t *b, const char *tag)
 {
+    return proto_reply_auth_tenant(b, tag, NULL);
+}
+
+int proto_reply_auth_tenant(proto_buf_t *b, const char *tag, const char *tenant)
+{
     size_t start = b->len;
 
     TRY(put_open(b, tag));
     TRY(PUT_LIT(b, "\"ok\":true"));
+    if (tenant != NULL) {
+        TRY(PUT_LIT(b, ",\"tenant\":"));
+        TRY(put_str(b, tenant));
+    }
     return put_close(b, start);
 }

@@ -48,6 +48,11 @@ typedef struct admin_hooks {
      * the admin port. */
     const char *token;
     size_t token_len;
+    /** With a tenants file: whether the `len` bytes at `token` are the
+     * token of a tenant with the admin right.  When set, it replaces
+     * `token` and every route but /health asks for such a token.  NULL:
+     * `token` decides. */
+    bool (*admin_token)(void *arg, const char *token, size_t len);
 } admin_hooks_t;
 
 /** Listens on host:port on `loop`; a connection that produces no response

@@ -241,7 +241,7 @@ static bool authorized(const admin_http_t *h)
     const char *v = h->authz;
     size_t n = h->authz_len;
 
-    if (h->hooks.token_len == 0)
+    if (h->hooks.token_len == 0 && h->hooks.admin_token == NULL)
         return true;
     if (h->authz_count == 0)
         return false;
@@ -254,7 +254,8 @@ static bool authorized(const admin_http_t *h)
         }
         while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
             n--;
-        if (auth_equal(v, n, h->hooks.token, h->hooks.token_len))
+        if (h->hooks.admin_token != NULL ? h->hooks.admin_token(h->hooks.arg, v, n)
+                                         : auth_equal(v, n, h->hooks.token, h->hooks.token_len))
             return true;
     }
     metrics_count_auth_failure();

@@ -110,6 +110,9 @@ static const option_t options[] = {
      "fraction 0..1 of step requests checked against an uncached recompute (0)"},
     {"auth-token-file", OPT_PATH, 0, 0, FIELD(auth_token_file),
      "file holding the token clients must present, readable by its owner only (none)"},
+    {"tenants-file", OPT_PATH, 0, 0, FIELD(tenants_file),
+     "file of tenants, one per line (NAME TOKEN [share=F] [weight=W] [sessions=N] "
+     "[connections=N] [admin]), readable by its owner only; reread on SIGHUP (none)"},
     {"protected-mode", OPT_YESNO, 0, 0, FIELD(protected_mode),
      "yes: refuse a non-loopback --listen or --admin-listen without a token (yes)"},
     {"max-batch", OPT_UINT, 1, MODEL_BATCH_MAX, FIELD(max_batch),
@@ -700,7 +703,17 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
     if (cfg->auth_token_file[0] != '\0' &&
         auth_load(cfg->auth_token_file, cfg->auth_token, &cfg->auth_token_len, err, errlen) != 0)
         return CONFIG_ERROR;
-    if (cfg->protected_mode && cfg->auth_token_len == 0) {
+    if (cfg->tenants_file[0] != '\0') {
+        tenants_file_t tf = {NULL, 0};
+        if (cfg->auth_token_len > 0)
+            return config_fail(err, errlen,
+                        "--auth-token-file and --tenants-file: give one; a token file is a "
+                        "tenants file of one line with admin");
+        if (tenants_load(cfg->tenants_file, &tf, err, errlen) != 0)
+            return CONFIG_ERROR;
+        tenants_free(&tf);
+    }
+    if (cfg->protected_mode && !config_auth_on(cfg)) {
         const char *open = !host_loopback(cfg->listen)         ? cfg->listen
                            : !host_loopback(cfg->admin_listen) ? cfg->admin_listen
                                                                : NULL;

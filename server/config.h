@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "auth.h"
+#include "tenants.h"
 #include "log.h"
 #include "proto/proto.h"
 
@@ -62,6 +63,7 @@ typedef struct server_config {
     log_level_t log_level;
     double audit_rate; /* fraction of step requests recomputed uncached, 0..1 */
     char auth_token_file[CONFIG_PATH_MAX + 1]; /* "" for none */
+    char tenants_file[CONFIG_PATH_MAX + 1];    /* --tenants-file; "" for none */
     char auth_token[AUTH_TOKEN_MAX + 1];       /* read from it by config_parse(); "" for none */
     size_t auth_token_len;                     /* 0: no token, both ports open */
     bool protected_mode;                       /* refuse a non-loopback address without a token */
@@ -120,6 +122,13 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
 /** This machine's physical memory in MiB (sysconf(_SC_PHYS_PAGES) times the
  * page size), or 0 if it cannot be read.  --cache-mb may not exceed it. */
 uint64_t config_physical_mb(void);
+
+/** Whether connections must authenticate: a token file or a tenants file
+ * was given. */
+static inline bool config_auth_on(const server_config_t *cfg)
+{
+    return cfg->auth_token_len > 0 || cfg->tenants_file[0] != '\0';
+}
 
 /** Writes the --help text to `out`. */
 void config_usage(FILE *out);

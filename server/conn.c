@@ -51,6 +51,7 @@ static void conn_free(conn_t *c)
 
     assert(c->closed && c->refs == 0 && c->sessions == NULL && c->order_head == NULL);
     assert(!c->dirty && c->wait == CONN_WAIT_NONE);
+    s->hooks.freeing(c);
     proto_framer_free(&c->framer);
     session_map_free(&c->map);
     proto_buf_free(&c->out);

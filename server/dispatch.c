@@ -33,6 +33,7 @@
 #include "models_int.h"
 #include "req_int.h"
 #include "session_int.h"
+#include "tenancy_int.h"
 
 static bool req_apply(conn_t *c, req_t *r);
 static void release_barrier(conn_t *c, req_t *r);
@@ -203,8 +204,13 @@ static void conn_advance(conn_t *c)
             if (s->draining) {
                 rc = req__set_error(r, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
             } else {
-                inspect__stats(s, &st);
-                rc = proto_reply_stats(&r->reply, r->rq.tag, &st);
+                if (c->tenant != NULL && !c->tenant->admin) {
+                    inspect__tenant_stats(s, c->tenant, &st);
+                    rc = proto_reply_stats_tenant(&r->reply, r->rq.tag, &st, c->tenant->name);
+                } else {
+                    inspect__stats(s, &st);
+                    rc = proto_reply_stats(&r->reply, r->rq.tag, &st);
+                }
             }
             if (rc != SLOTD_OK)
                 goto nomem;
@@ -220,8 +226,11 @@ static void conn_advance(conn_t *c)
             c->order_tail = NULL;
         c->outstanding--;
         conn__held_drop(c, r->reply.len);
-        if (r->rc != SLOTD_OK)
+        if (r->rc != SLOTD_OK) {
             metrics_count_error(r->rc);
+            if (c->tenant != NULL)
+                c->tenant->errors_total++;
+        }
         if (r->rc == SLOTD_ECACHE_FULL)
             metrics_count_refusal((metrics_refusal_t)r->refusal);
         if (s->nreplied == SERVER_REPLIED_MAX)
@@ -405,6 +414,7 @@ static int read_open(conn_t *c, req_t *r, slotd_error_t *err)
     s->admitted++;
     session__share_take(c, sess, &g, false); /* room_check() admitted it */
     c->share_sessions++;
+    tenancy__charge(c, 0, 1);
     sess->conn = c;
     sess->cs.model = m; /* for the room its steps may take, before it has a slot */
     sess->prev = NULL;
@@ -575,6 +585,7 @@ static bool fork_apply(conn_t *c, req_t *r)
     s->admitted++;
     session__share_take(c, sess, &g, false);
     c->share_sessions++;
+    tenancy__charge(c, 0, 1);
     sess->conn = c;
     sess->cs.model = m;
     sess->prev = NULL;
@@ -657,6 +668,35 @@ static void release_barrier(conn_t *c, req_t *r)
     }
 }
 
+/* An auth request with a tenants file: a tenant's token makes the
+ * connection that tenant's (once: another tenant's token later is
+ * bad_request and changes nothing), within the tenant's connections.
+ * SLOTD_OK with *t set, or an error in `err`; `close` when the connection
+ * closes after the reply. */
+static int auth_tenant(conn_t *c, req_t *r, tenant_t **t, bool *close, slotd_error_t *err)
+{
+    *close = true;
+    if ((*t = tenancy__find(c->server, r->rq.token, r->rq.token_len)) == NULL) {
+        if (c->tenant == NULL)
+            return slotd_error_set(err, SLOTD_EAUTH_FAILED,
+                                   "auth: wrong token; the connection is closed");
+        *close = false;
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                               "auth: token names no tenant; the connection stays tenant '%s''s",
+                               c->tenant->name);
+    }
+    if (c->tenant != NULL) {
+        *close = false;
+        if (*t == c->tenant)
+            return SLOTD_OK;
+        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
+                               "auth: token is another tenant's; the connection stays tenant "
+                               "'%s''s",
+                               c->tenant->name);
+    }
+    return tenancy__attach(c, *t, err);
+}
+
 /* An auth request: with no token set, or the right one, the connection is
  * open from now on; a wrong one is auth_failed, counted and logged (not
  * the token), and the connection closes after the reply.  False if the
@@ -665,28 +705,71 @@ static bool req_auth(conn_t *c, req_t *r)
 {
     const server_config_t *cfg = c->server->cfg;
     slotd_error_t err;
+    tenant_t *t = NULL;
+    bool close = true;
+    int rc = SLOTD_OK;
 
-    if (cfg->auth_token_len == 0 ||
-        auth_equal(r->rq.token, r->rq.token_len, cfg->auth_token, cfg->auth_token_len)) {
+    slotd_error_clear(&err);
+    if (cfg->tenants_file[0] != '\0')
+        rc = auth_tenant(c, r, &t, &close, &err);
+    else if (cfg->auth_token_len != 0 &&
+             !auth_equal(r->rq.token, r->rq.token_len, cfg->auth_token, cfg->auth_token_len))
+        rc = slotd_error_set(&err, SLOTD_EAUTH_FAILED,
+                             "auth: wrong token; the connection is closed");
+    if (rc == SLOTD_OK) {
         c->authed = true;
         handshake__authed(c);
         r->rc = SLOTD_OK;
         r->reply.len = 0;
-        if (proto_reply_auth(&r->reply, r->rq.tag) != SLOTD_OK) {
+        if (proto_reply_auth_tenant(&r->reply, r->rq.tag, t != NULL ? t->name : NULL) != SLOTD_OK) {
             conn__close(c);
             return false;
         }
         req__done(r);
         return true;
     }
-    metrics_count_auth_failure();
-    log_warn("connection %" PRIu64 " from %s: auth with a wrong token; closing it", c->serial,
-             c->peer);
-    slotd_error_set(&err, SLOTD_EAUTH_FAILED, "auth: wrong token; the connection is closed");
+    if (rc == SLOTD_EAUTH_FAILED) {
+        metrics_count_auth_failure();
+        log_warn("connection %" PRIu64 " from %s: auth with a wrong token; closing it", c->serial,
+                 c->peer);
+    } else {
+        log_warn("connection %" PRIu64 " from %s: auth refused: %s", c->serial, c->peer,
+                 err.message);
+    }
     if (!req__fail(r, &err))
         return false;
-    conn__end_input(c);
+    if (close)
+        conn__end_input(c);
     return true;
+}
+
+void dispatch__revoke(conn_t *c)
+{
+    slotd_error_t err;
+    req_t *r;
+
+    if (c->closed || c->tenant == NULL || !c->tenant->gone)
+        return;
+    log_info("connection %" PRIu64 " from %s: tenant '%s' revoked by a reload; closing it",
+             c->serial, c->peer, c->tenant->name);
+    /* A line of its own at the end of the order FIFO: every line read
+     * before is answered first, then this one, then the connection closes
+     * (no more input is read). */
+    if ((r = req__get(c->server)) == NULL) {
+        conn__close(c);
+        return;
+    }
+    r->conn = c;
+    r->read_ns = uv_hrtime();
+    req__order_append(c, r);
+    slotd_error_set(&err, SLOTD_EAUTH_REVOKED,
+                    "tenant '%s' was removed or its token changed; the connection is closed",
+                    c->tenant->name);
+    if (!req__fail(r, &err))
+        return;
+    conn__end_input(c);
+    if (c->order_head != NULL && c->order_head->state != REQ_RUNNING)
+        conn_advance(c);
 }
 
 /* conn_hooks_t.line, a proto_framer_feed() callback: one complete line. */
@@ -706,6 +789,8 @@ int dispatch__on_line(void *arg, const char *line, size_t len)
     r->read_ns = c->read_ns;
     req__order_append(c, r);
     rc = proto_request_parse(line, len, &r->rq, &err);
+    if (c->tenant != NULL)
+        c->tenant->requests_total++;
     /* A line behind a barrier is counted when the barrier goes, so that a
      * stats shows nothing of the lines after it. */
     if (c->barrier == NULL)
@@ -715,8 +800,7 @@ int dispatch__on_line(void *arg, const char *line, size_t len)
     if (r->rq.op == PROTO_OP_AUTH && rc == SLOTD_OK) {
         if (!req_auth(c, r))
             return SLOTD_ENOMEM;
-    } else if (r->rq.op != PROTO_OP_AUTH && !c->authed &&
-               c->server->cfg->auth_token_len > 0) {
+    } else if (r->rq.op != PROTO_OP_AUTH && !c->authed && config_auth_on(c->server->cfg)) {
         slotd_error_set(&err, SLOTD_EAUTH_REQUIRED,
                         "authenticate first: {\"op\":\"auth\",\"token\":\"...\"}");
         if (!req__fail(r, &err))

@@ -10,6 +10,11 @@
 /** conn_hooks_t.line: one complete line read on the connection `arg`.
  * 0, or SLOTD_ENOMEM when the connection closed. */
 int dispatch__on_line(void *arg, const char *line, size_t len);
+
+/** Tells `c`, whose tenant a reload marked gone, with one auth_revoked
+ * line after the replies to every line it read, and closes it then.  Loop
+ * thread. */
+void dispatch__revoke(conn_t *c);
 /** conn_hooks_t.drain_line: one complete line the peer had sent before a
  * drain, answered shutting_down. */
 int dispatch__on_drain_line(void *arg, const char *line, size_t len);

@@ -46,7 +46,7 @@ void handshake__init(server_t *s)
 
 size_t handshake__line_max(const server_config_t *cfg)
 {
-    if (cfg->auth_token_len > 0 && cfg->max_line > HANDSHAKE_LINE_MAX)
+    if (config_auth_on(cfg) && cfg->max_line > HANDSHAKE_LINE_MAX)
         return HANDSHAKE_LINE_MAX;
     return cfg->max_line;
 }
@@ -130,7 +130,7 @@ static void handshake_leave(conn_t *c)
 /* Whether `c` still has its handshake ahead: a PROXY header, or an auth. */
 static bool handshake_pending(const conn_t *c)
 {
-    return c->proxy != NULL || (c->server->cfg->auth_token_len > 0 && !c->authed);
+    return c->proxy != NULL || (config_auth_on(c->server->cfg) && !c->authed);
 }
 
 /* Ends the service of `c`, still in its handshake: one error line, then the
@@ -190,7 +190,7 @@ bool handshake__make_room(server_t *s)
          * linger after its close (a line too long before its auth, say).
          * It would hold its place for up to CONN_LINGER_MS, and it has
          * nothing of value left to read. */
-        if (s->cfg->auth_token_len == 0)
+        if (!config_auth_on(s->cfg))
             return false;
         TAILQ_FOREACH(c, &s->linger, wait_link)
         {

@@ -41,6 +41,7 @@
 
 #include "inspect_int.h"
 #include "session_int.h"
+#include "tenancy_int.h"
 
 /* Session records (and connections) a listing copies per loop turn: about
  * 0.2 ms of the loop's time with records out of cache. */
@@ -382,6 +383,40 @@ void inspect__stats(server_t *s, proto_stats_t *st)
     st->released_shutdown = metrics_released(METRICS_RELEASE_SHUTDOWN);
     st->uptime_seconds = (uv_hrtime() - s->start_ns) / 1000000000u;
     st->threads = s->cfg->threads;
+}
+
+void inspect__tenant_stats(server_t *s, const tenant_t *t, proto_stats_t *st)
+{
+    cache_pool_stats_t ps;
+    uint64_t entries = 0;
+
+    memset(st, 0, sizeof(*st));
+    cache_pool_stats(s->pool, &ps);
+    /* Its sessions' entries as the loop counts them (share_entries: what
+     * their requests read so far come to; what the slot holds once they
+     * settle). */
+    for (const conn_t *c = s->conns; c != NULL; c = c->next)
+        if (c->tenant == t)
+            for (const session_t *sess = c->sessions; sess != NULL; sess = sess->next)
+                if (sess->in_map)
+                    entries += sess->share_entries;
+    st->pool_bytes_total = (uint64_t)((double)ps.bytes_capacity * t->share);
+    st->pool_slots_total = t->max_sessions > 0 && t->max_sessions < ps.max_slots
+                               ? t->max_sessions
+                               : ps.max_slots;
+    st->uptime_seconds = (uv_hrtime() - s->start_ns) / 1000000000u;
+    st->threads = s->cfg->threads;
+    st->live_sessions = t->sessions;
+    st->connections = t->connections;
+    st->requests_total = t->requests_total;
+    st->errors_total = t->errors_total;
+    st->pool_bytes_used = t->pool_bytes;
+    st->pool_slots_used = t->sessions;
+    st->released_finish = t->released[METRICS_RELEASE_FINISH];
+    st->released_disconnect = t->released[METRICS_RELEASE_DISCONNECT];
+    st->released_idle = t->released[METRICS_RELEASE_IDLE];
+    st->released_shutdown = t->released[METRICS_RELEASE_SHUTDOWN];
+    st->cache_entries = entries;
 }
 
 void inspect__health(void *arg, bool *draining, bool *wedged)

@@ -30,4 +30,11 @@ void inspect__health(void *arg, bool *draining, bool *wedged);
 /** Fills the stats object (the stats op and the admin port). */
 void inspect__stats(server_t *s, proto_stats_t *st);
 
+/** The `stats` figures of tenant `t` alone (a tenant without admin sees
+ * only these): its sessions, entries, connections, requests, errors and
+ * releases, its share of the pool as the pool's size, its sessions limit
+ * as the slots (the daemon's when it has none); g_calls and rows, counted
+ * per model for every tenant at once, are 0.  Loop thread. */
+void inspect__tenant_stats(server_t *s, const tenant_t *t, proto_stats_t *st);
+
 #endif

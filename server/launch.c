@@ -25,6 +25,7 @@
 #include "conn_int.h"
 #include "job_int.h"
 #include "req_int.h"
+#include "tenancy_int.h"
 
 /* Reply sizes, for the output bound.  A token prints in at most 10
  * digits and a comma; a logit in at most 18 characters and a comma while
@@ -122,7 +123,7 @@ static void req_chain(req_t *r)
             sess->fifo_tail = NULL;
         q->session_next = NULL;
         q->chain_next = NULL;
-        q->job.flow = &c->flow;
+        q->job.flow = tenancy__flow(c);
         q->job.lone = r->job.lone; /* a step of the same session */
         q->state = REQ_RUNNING;
         conn__reserve(c, q->reply_bound);
@@ -199,7 +200,7 @@ static inline void req_submit(req_t *r)
         if (r->fork_from != NULL)
             r->fork_from->forks_out++; /* read by the job: kept until it is back */
     }
-    r->job.flow = &c->flow;
+    r->job.flow = tenancy__flow(c);
     r->state = REQ_RUNNING;
     conn__reserve(c, r->reply_bound);
     c->refs++;

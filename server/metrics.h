@@ -122,6 +122,10 @@ static inline size_t metrics_op_model(proto_op_t op, size_t model)
        "Session connections closed by the daemon, by reason.")                                     \
     XX(COUNTER, auth_failure, NONE, _, "slotd_auth_failures_total",                                \
        "Wrong tokens presented: auth ops on the session port, Bearer tokens on the admin port.")   \
+    XX(COUNTER, tenants_reload, NONE, _, "slotd_tenants_reloads_total",                            \
+       "Reloads of --tenants-file applied (SIGHUP).")                                              \
+    XX(COUNTER, tenants_reload_failure, NONE, _, "slotd_tenants_reload_failures_total",            \
+       "Reloads of --tenants-file refused, changing nothing: the file did not load or parse.")     \
     XX(COUNTER, model_build, model, _, "slotd_model_builds_total",                                 \
        "Presets whose weights were built (at start for --preload, else on first use).")            \
     XX(COUNTER, model_build_ns, model, ns, "slotd_model_build_seconds_total",                      \

@@ -39,6 +39,27 @@ void sched_init(sched_t *s)
 void sched_flow_init(sched_flow_t *f)
 {
     memset(f, 0, sizeof(*f));
+    f->_weight = 1;
+}
+
+void sched_flow_set_weight(sched_flow_t *f, uint32_t weight)
+{
+    f->_weight = weight > 0 ? weight : 1;
+    f->_carry = 0;
+}
+
+/* What a job of `cost` moves flow `f` on in virtual time: its cost over
+ * the flow's weight, the remainder carried to the flow's next job so that
+ * over many jobs nothing is lost to rounding. */
+static uint64_t charge(sched_flow_t *f, uint64_t cost)
+{
+    uint64_t c;
+
+    if (f->_weight <= 1)
+        return cost;
+    c = cost + f->_carry;
+    f->_carry = (uint32_t)(c % f->_weight);
+    return c / f->_weight;
 }
 
 /* Whether a is served before b. */
@@ -174,7 +195,7 @@ void sched_serve(sched_t *s, uint64_t cost, bool more)
     assert(f != NULL);
     if (f->_start > s->_vtime)
         s->_vtime = f->_start;
-    f->_finish = f->_start + cost;
+    f->_finish = f->_start + charge(f, cost);
     f->_served += cost;
     if (more) {
         f->_start = f->_finish;
@@ -196,6 +217,11 @@ void sched_put_back(sched_t *s, sched_flow_t *f)
 size_t sched_active(const sched_t *s)
 {
     return s->_active;
+}
+
+uint32_t sched_flow_weight(const sched_flow_t *f)
+{
+    return f->_weight;
 }
 
 uint64_t sched_served(const sched_flow_t *f)

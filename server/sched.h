@@ -29,6 +29,8 @@ typedef struct sched_flow {
     uint64_t _finish; /* the virtual finish of the last job served */
     uint64_t _order;  /* while active: ties between equal starts go to the older */
     uint64_t _served; /* the cost of every job served */
+    uint32_t _weight; /* 1..: a job of cost c moves the flow c / weight on */
+    uint32_t _carry;  /* cost short of one unit of virtual time, carried on */
     struct sched_flow *_child, *_sibling; /* the pairing heap (_sibling: or a FIFO's link) */
     bool _active;
 } sched_flow_t;
@@ -44,7 +46,14 @@ typedef struct sched {
 } sched_t;
 
 void sched_init(sched_t *s);
+/** Initialises `f` with weight 1. */
 void sched_flow_init(sched_flow_t *f);
+
+/** Sets the weight of `f` (at least 1): from its next job served, a job of
+ * cost c moves it c / weight on in virtual time, so that of flows that
+ * stay active each is served cost in proportion to its weight.  A tenant's
+ * flow (server/tenancy.c) has its tenant's weight. */
+void sched_flow_set_weight(sched_flow_t *f, uint32_t weight);
 
 /** Makes inactive flow `f` (one with jobs now) eligible: its head starts
  * at the later of its finish and the virtual time. */
@@ -55,7 +64,8 @@ void sched_activate(sched_t *s, sched_flow_t *f);
 sched_flow_t *sched_peek(const sched_t *s);
 
 /** Serves one job of cost `cost` from the flow sched_peek() names: the
- * virtual time moves to its start, its finish to start + cost; with `more`
+ * virtual time moves to its start, its finish to start + cost / weight
+ * (the remainder carried to its next job); with `more`
  * (the flow has further jobs) it stays active, its next job starting at
  * that finish, else it leaves the heap. */
 void sched_serve(sched_t *s, uint64_t cost, bool more);
@@ -69,6 +79,9 @@ void sched_put_back(sched_t *s, sched_flow_t *f);
 
 /** Active flows. */
 size_t sched_active(const sched_t *s);
+
+/** The weight of `f` (sched_flow_set_weight()). */
+uint32_t sched_flow_weight(const sched_flow_t *f);
 
 /** The cost served from `f` so far. */
 uint64_t sched_served(const sched_flow_t *f);

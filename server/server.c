@@ -49,6 +49,7 @@
 #include "models_int.h"
 #include "req_int.h"
 #include "session_int.h"
+#include "tenancy_int.h"
 
 /* Accepting: connections taken per wake-up at most (the socket is polled
  * level-triggered: the rest come on the next turn); the least time between
@@ -348,6 +349,13 @@ static void server_finish(server_t *s)
 }
 
 /* conn_hooks_t.freed: a connection struct was freed. */
+/* conn_hooks_t.closing: `c` leaves its handshake and its tenant's count. */
+static void server_conn_closing(conn_t *c)
+{
+    handshake__end(c);
+    tenancy__conn_closing(c);
+}
+
 static void server_conn_freed(server_t *s)
 {
     if (s->draining && s->nconns_alive == 0) {
@@ -421,12 +429,32 @@ static void signal_cb(uv_signal_t *h, int signum)
     server_drain(s);
 }
 
-/* SIGHUP would end the process (its default action), and a terminal
- * closing or a reload by habit sends it: logged and ignored, drain or not. */
+/* SIGHUP rereads --tenants-file (tenancy.c) and revokes the connections
+ * of the tenants it dropped or gave a new token.  Without a tenants file
+ * it would end the process (its default action), and a terminal closing
+ * or a reload by habit sends it: logged and ignored, drain or not. */
 static void sighup_cb(uv_signal_t *h, int signum)
 {
-    (void)h;
-    log_info("signal %d: ignored (it reloads nothing; SIGTERM drains)", signum);
+    server_t *s = h->data;
+
+    if (s->cfg->tenants_file[0] == '\0') {
+        log_info("signal %d: ignored (no --tenants-file to reload; SIGTERM drains)", signum);
+        return;
+    }
+    log_info("signal %d: reloading %s", signum, s->cfg->tenants_file);
+    if (tenancy__reload(s) <= 0)
+        return;
+    for (conn_t *c = s->conns, *next; c != NULL; c = next) {
+        next = c->next; /* a revoked connection leaves the list only once answered */
+        dispatch__revoke(c);
+    }
+}
+
+/* admin_hooks_t.admin_token: a tenant's token, one with the admin right. */
+static bool server_admin_token(void *arg, const char *token, size_t len)
+{
+    tenant_t *t = tenancy__find(arg, token, len);
+    return t != NULL && t->admin;
 }
 
 /* ---- Start-up ---- */
@@ -548,6 +576,7 @@ static int start_signals(server_t *s)
 
     s->sigterm.data = s;
     s->sigint.data = s;
+    s->sighup.data = s;
     rc = uv_signal_start(&s->sigterm, signal_cb, SIGTERM);
     if (rc == 0)
         rc = uv_signal_start(&s->sigint, signal_cb, SIGINT);
@@ -588,8 +617,9 @@ int server_run(const server_config_t *cfg)
     s->hooks.accepted = handshake__begin;
     s->hooks.preamble = handshake__proxy_read;
     s->hooks.make_room = handshake__make_room;
-    s->hooks.closing = handshake__end;
+    s->hooks.closing = server_conn_closing;
     s->hooks.run_parked = launch__run_parked;
+    s->hooks.freeing = tenancy__conn_freed;
     s->start_ns = uv_hrtime();
     metrics_init(s->start_ns);
     log_info("slotd %s starting: %u worker threads, %" PRIu64 " MiB pool, at most %u sessions "
@@ -628,6 +658,10 @@ int server_run(const server_config_t *cfg)
 
     if (models__load(s) != SLOTD_OK)
         goto fail;
+    if (tenancy__start(s) != 0) {
+        rc = 2;
+        goto fail_tenants;
+    }
 
     memset(&pc, 0, sizeof(pc));
     pc.capacity_bytes = (size_t)cfg->cache_mb << 20;
@@ -658,6 +692,8 @@ int server_run(const server_config_t *cfg)
     hooks.arg = s;
     hooks.token = cfg->auth_token;
     hooks.token_len = cfg->auth_token_len;
+    if (cfg->tenants_file[0] != '\0')
+        hooks.admin_token = server_admin_token;
     rc = admin_start(&s->loop, cfg->admin_listen, cfg->admin_port, cfg->admin_idle_timeout * 1000u,
                      &hooks, &s->admin);
     if (rc != 0) {
@@ -666,7 +702,11 @@ int server_run(const server_config_t *cfg)
         goto fail;
     }
     log_info("admin port on %s:%d", cfg->admin_listen, admin_port(s->admin));
-    if (cfg->auth_token_len > 0)
+    if (cfg->tenants_file[0] != '\0')
+        log_info("auth: clients present a tenant's token of %s (admin port: all but /health, "
+                 "tenants with admin)",
+                 cfg->tenants_file);
+    else if (cfg->auth_token_len > 0)
         log_info("auth: clients present the token of %s (admin port: all but /health)",
                  cfg->auth_token_file);
     else if (!cfg->protected_mode)
@@ -683,6 +723,7 @@ fail:
     /* Closes whatever was opened (the workers too); the frees below
      * skip what was not. */
     rc = 1;
+fail_tenants:
     server_finish(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
 done:
@@ -694,7 +735,8 @@ done:
     models__free(s);
     req__shed(s, SIZE_MAX);
     session__shed(s, SIZE_MAX);
+    tenancy__stop(s);
 fail_loop:
     free(s);
-    return rc != 0 ? 1 : 0;
+    return rc == 2 ? 2 : rc != 0 ? 1 : 0;
 }

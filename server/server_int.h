@@ -70,6 +70,7 @@
 typedef struct admin admin_t;
 typedef struct server server_t;
 typedef struct conn conn_t;
+typedef struct tenant tenant_t; /* tenancy_int.h */
 typedef struct session session_t;
 typedef struct req req_t;
 typedef struct inspect_listing inspect_listing_t;
@@ -269,7 +270,8 @@ struct conn {
     uint32_t share_sessions; /* its sessions in its map */
     uint64_t share_bytes;    /* the pool bytes they hold, or will once their requests run (at most) */
     uint64_t share_cap;      /* 1 + its bound in bytes, once session__share_cap() computed it */
-    bool authed;             /* presented the --auth-token-file token */
+    bool authed;             /* presented the --auth-token-file token, or a tenant's */
+    tenant_t *tenant;        /* its tenant's (a reference, tenancy.c); NULL without a tenants file */
 
     /* Before it is served: its client's address, the PROXY header it
      * must begin with, its place among the connections in their handshake
@@ -323,6 +325,7 @@ typedef struct conn_hooks {
     bool (*make_room)(server_t *s); /* at --max-connections: true if one made room */
     void (*closing)(conn_t *c);     /* `c` stops serving */
     void (*run_parked)(conn_t *c);  /* launch.c: submits the parked jobs the bound allows */
+    void (*freeing)(conn_t *c);     /* tenancy.c: `c`'s struct is about to be freed */
 } conn_hooks_t;
 
 /** Replies server->replied holds before they are measured early. */
@@ -406,6 +409,11 @@ struct server {
     /* The fewest records each free list held since the last trim: those
      * sat unused all along, and the trim timer frees them. */
     size_t low_free_reqs, low_free_sessions;
+    /* --tenants-file's tenants (tenancy.c), and its reloads. */
+    tenant_t *tenants;                /* each holds a reference while listed */
+    uint64_t tenant_keys;             /* keys handed out (tenancy_scope_key()) */
+    uint64_t tenants_reloads;         /* reloads applied */
+    uint64_t tenants_reload_failures; /* reloads refused: the file did not parse */
     bool draining;
     /* Set by the loop at the start of a drain: a job a worker has not begun
      * yet (a chain's next step, or one claimed just before the take-back)

@@ -140,6 +140,8 @@ static uint32_t session_release(session_t *sess, metrics_release_t why)
     audit_tokens_free(&sess->toks);
     s->live_sessions--;
     metrics_count_release(why);
+    if (sess->conn->tenant != NULL && (unsigned)why < 4)
+        sess->conn->tenant->released[why]++;
     return released;
 }
 
@@ -174,6 +176,7 @@ void session__unmap(session_t *sess)
         s->admitted--;
         sess->conn->share_sessions--;
         sess->conn->share_bytes -= sess->charged;
+        tenancy__charge(sess->conn, -(int64_t)sess->charged, -1);
         sess->charged = 0;
     }
 }
@@ -206,8 +209,31 @@ int session__share_check_full(conn_t *c, const req_t *r, const session_t *sess,
 {
     const server_config_t *cfg = c->server->cfg;
     const char *op = proto_op_name(r->rq.op);
+    tenant_t *t = c->tenant;
     uint64_t cap, whole;
 
+    if (new_session && t != NULL && t->max_sessions > 0 && t->sessions >= t->max_sessions)
+        return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                               "%s: tenant '%s' holds its %" PRIu32
+                               " sessions (sessions= in the tenants file); retry after it "
+                               "finishes one",
+                               op, t->name, t->max_sessions);
+    if (!tenancy__bytes_fit(c, g->bytes)) {
+        uint64_t tcap = tenancy__share_cap(t, cfg->cache_mb);
+        if (g->bytes > tcap)
+            return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                                   "%s: '%s' needs %" PRIu64
+                                   " bytes, more than tenant '%s''s whole share of the pool, "
+                                   "%" PRIu64 " (share= in the tenants file): it can never fit",
+                                   op, r->rq.id, g->bytes, t->name, tcap);
+        return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                               "%s: tenant '%s''s share of the pool is in use: '%s' needs %" PRIu64
+                               " more bytes, %" PRIu64 " of its %" PRIu64
+                               " are free (share= in the tenants file); retry after it finishes "
+                               "sessions",
+                               op, t->name, r->rq.id, g->bytes,
+                               t->pool_bytes < tcap ? tcap - t->pool_bytes : 0, tcap);
+    }
     if (new_session) {
         uint64_t most = (uint64_t)((double)cfg->max_sessions * cfg->max_conn_share);
         if (most > cfg->max_sessions_per_conn)
@@ -248,6 +274,7 @@ static void share_resync(session_t *sess)
 
     session__grow_start(sess->cs.model, sess->cs.entries, &g);
     c->share_bytes = c->share_bytes - sess->charged + g.bytes;
+    tenancy__charge(c, (int64_t)g.bytes - (int64_t)sess->charged, 0);
     sess->charged = g.bytes;
     sess->share_entries = g.entries;
     sess->share_room = g.room;

@@ -7,6 +7,7 @@
 
 #include "launch_int.h"
 #include "server_int.h"
+#include "tenancy_int.h"
 
 /** A zeroed session record, or NULL (ENOMEM).  The caller owns it until
  * session__put(), or until it is linked in its connection's `sessions`:
@@ -135,8 +136,9 @@ static inline int session__share_check(conn_t *c, const req_t *r, const session_
                                        const session_grow_t *g, bool new_session,
                                        slotd_error_t *err)
 {
-    if (!new_session && (c->server->cfg->max_conn_share >= 1.0 ||
-                         c->share_bytes + g->bytes <= session__share_cap(c)))
+    if (!new_session && tenancy__bytes_fit(c, g->bytes) &&
+        (c->server->cfg->max_conn_share >= 1.0 ||
+         c->share_bytes + g->bytes <= session__share_cap(c)))
         return SLOTD_OK;
     return session__share_check_full(c, r, sess, g, new_session, err);
 }
@@ -150,6 +152,7 @@ static inline void session__share_take(conn_t *c, session_t *sess, const session
 {
     sess->charged += g->bytes;
     c->share_bytes += g->bytes;
+    tenancy__charge(c, (int64_t)g->bytes, 0);
     if (restart) {
         sess->share_stale = true;
         return;

@@ -35,6 +35,14 @@ typedef struct worker_job worker_job_t;
 typedef struct worker_flow {
     sched_flow_t _sched;
     worker_job_t *_head, *_tail; /* its queued jobs */
+    /* A capped flow (worker_flow_set_capped()): its jobs taken off the
+     * queue and not back yet, and its link in the pool's list of capped
+     * flows with jobs queued or taken. */
+    uint32_t _taken;
+    uint32_t _peak;    /* the most taken at once since it became busy */
+    uint64_t _idle_at; /* uv_hrtime() it last had nothing queued or taken */
+    bool _capped, _busy;
+    struct worker_flow *_bnext, *_bprev;
 } worker_flow_t;
 
 /** Embedded in the caller's record, at its start; `next` belongs to the
@@ -56,6 +64,7 @@ struct worker_job {
     bool lone;     /* the caller's: never leads a batch (the group callback is not asked) */
     bool _early;   /* handed back by worker_job_handoff(): not counted out */
     bool _requeue; /* worker_job_requeue(): back to its flow when the run ends */
+    bool _capped;  /* its flow is capped (set when queued): counted in its flow's _taken */
 };
 
 /* A cost in 16 bits: an 11-bit mantissa shifted left by a 5-bit exponent. */
@@ -181,6 +190,28 @@ typedef struct worker_pool_config {
 
 /** Initialises a flow (worker_flow_t). */
 void worker_flow_init(worker_flow_t *f);
+
+/** Makes `f` a capped flow (a tenant's), before it is ever submitted to:
+ * while another capped flow has jobs queued or taken, `f` may have at most
+ * its weight's part of the jobs taken by workers (a job taken is a
+ * session's chain of steps, which in a batch advances one step a round),
+ * so that batches step tenants' sessions in proportion to their weights,
+ * not to their numbers of sessions.  Uncapped flows (a connection's) are
+ * not counted and not held back.  Any thread. */
+void worker_flow_set_capped(worker_flow_t *f);
+
+/** Takes capped flow `f`, with no job queued or out, off the pool's list of
+ * busy flows before its record is freed.  Loop thread. */
+void worker_pool_flow_forget(worker_pool_t *wp, worker_flow_t *f);
+
+/** Sets the weight of flow `f` (sched_flow_set_weight()) before it is
+ * ever submitted to.  Any thread. */
+void worker_flow_set_weight(worker_flow_t *f, uint32_t weight);
+
+/** Sets the weight of flow `f`, which jobs of `wp` may be queued in or
+ * running from, under the pool's queue lock: it counts from the next job
+ * served.  Loop thread. */
+void worker_pool_flow_set_weight(worker_pool_t *wp, worker_flow_t *f, uint32_t weight);
 
 /** The cost served from `f` so far, in its jobs' cost units.  Any thread
  * while no job of `f` is out; for tests. */

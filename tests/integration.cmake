@@ -38,6 +38,14 @@ add_dependencies(test_integration_batch slotd)
 set_tests_properties(test_integration_batch PROPERTIES ENVIRONMENT "${_itest_env}"
                      LABELS integration)
 
+# Tenants (--tenants-file): identity, limits across connections, reloads,
+# and fairness between tenants, asserted on counts of replies.
+slotd_check_test(test_integration_tenants SOURCES test_integration_tenants.c
+                 LIBS slotd_itest slotd_core cjson Threads::Threads TIMEOUT 600)
+add_dependencies(test_integration_tenants slotd)
+set_tests_properties(test_integration_tenants PROPERTIES ENVIRONMENT "${_itest_env}"
+                     LABELS integration)
+
 # The fair worker queue (docs/design.md, "Scheduler"): a light client beside
 # a flood of base steps, asserted on counts of replies, never on time.
 slotd_check_test(test_integration_sched SOURCES test_integration_sched.c

@@ -3,6 +3,7 @@
 slotd_check_test(test_session_map SOURCES test_session_map.c LIBS slotd_server)
 slotd_check_test(test_config SOURCES test_config.c LIBS slotd_server)
 slotd_check_test(test_sched SOURCES test_sched.c LIBS slotd_server)
+slotd_check_test(test_tenants SOURCES test_tenants.c LIBS slotd_server)
 slotd_check_test(test_worker SOURCES test_worker.c LIBS slotd_server PkgConfig::LIBUV)
 
 # The layout rule of docs/design.md ("server/ layout"): inside server/,

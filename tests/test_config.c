@@ -6,6 +6,7 @@
  * flags, and --cache-mb refused past physical memory.
  */
 #include <check.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,6 +170,54 @@ START_TEST(test_protected_mode)
     ck_assert_int_eq(parse(&cfg, "--auth-token-file", path), CONFIG_ERROR);
     ck_assert_msg(strstr(err, "chmod 600") != NULL, "%s", err);
     unlink(path);
+}
+END_TEST
+
+/* --tenants-file and SLOTD_TENANTS_FILE: a good file is taken (and then
+ * counts as a token for protected mode), a bad one refused with its line,
+ * one that others may read refused, and not together with
+ * --auth-token-file. */
+START_TEST(test_tenants_flag)
+{
+    server_config_t cfg;
+    char path[] = "/tmp/slotd-config-tenants.XXXXXX";
+    char tok[] = "/tmp/slotd-config-token.XXXXXX";
+    int fd = mkstemp(path), tfd = mkstemp(tok);
+    static const char good[] = "alice aaaaaaaaaaaaaaaa-token admin\n";
+    static const char bad[] = "alice aaaaaaaaaaaaaaaa-token\nbob bbbbbbbbbbbbbbbb-token weight=0\n";
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_ge(tfd, 0);
+    ck_assert_int_eq(write(tfd, "0123456789abcdef\n", 17), 17);
+    close(tfd);
+    ck_assert_int_eq(write(fd, good, sizeof(good) - 1), (ssize_t)sizeof(good) - 1);
+    close(fd);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    ck_assert_int_eq(chmod(tok, 0600), 0);
+    ck_assert_int_eq(parse(&cfg, "--tenants-file", path, "--listen", "0.0.0.0"), CONFIG_OK);
+    ck_assert_str_eq(cfg.tenants_file, path);
+    ck_assert(config_auth_on(&cfg));
+    char var[80];
+    snprintf(var, sizeof(var), "SLOTD_TENANTS_FILE=%s", path);
+    char *const env[] = {var, NULL};
+    ck_assert_int_eq(parse_env(&cfg, env, (char *)NULL), CONFIG_OK);
+    ck_assert_str_eq(cfg.tenants_file, path);
+    ck_assert_int_eq(parse(&cfg, "--tenants-file", path, "--auth-token-file", tok), CONFIG_ERROR);
+    ck_assert_msg(strstr(err, "give one") != NULL, "%s", err);
+    ck_assert_int_eq(parse_env(&cfg, no_env, (char *)NULL), CONFIG_OK);
+    ck_assert(!config_auth_on(&cfg));
+
+    fd = open(path, O_WRONLY | O_TRUNC);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, bad, sizeof(bad) - 1), (ssize_t)sizeof(bad) - 1);
+    close(fd);
+    ck_assert_int_eq(parse(&cfg, "--tenants-file", path), CONFIG_ERROR);
+    ck_assert_msg(strstr(err, "line 2") != NULL && strstr(err, "weight=0") != NULL, "%s", err);
+    ck_assert_int_eq(chmod(path, 0640), 0);
+    ck_assert_int_eq(parse(&cfg, "--tenants-file", path), CONFIG_ERROR);
+    ck_assert_msg(strstr(err, "chmod 600") != NULL, "%s", err);
+    unlink(path);
+    unlink(tok);
 }
 END_TEST
 
@@ -689,6 +738,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_fault_flags);
     tcase_add_test(tc, test_cache_mb_cap);
     tcase_add_test(tc, test_handshake_flags);
+    tcase_add_test(tc, test_tenants_flag);
     suite_add_tcase(s, tc);
     return s;
 }

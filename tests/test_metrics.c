@@ -172,6 +172,8 @@ START_TEST(test_every_family)
         {"slotd_accept_errors_total", "counter"},
         {"slotd_connections_closed_total", "counter"},
         {"slotd_auth_failures_total", "counter"},
+        {"slotd_tenants_reloads_total", "counter"},
+        {"slotd_tenants_reload_failures_total", "counter"},
         {"slotd_socket_reads_total", "counter"},
         {"slotd_socket_writes_total", "counter"},
         {"slotd_step_seconds", "histogram"},

@@ -4,7 +4,8 @@
  * whatever their jobs cost, within 10 % over long runs and within the
  * fairness bound of start-time fair queuing at every step; no flow
  * starves, a flow of huge jobs among many of cheap ones included; a flow
- * that was idle banks no credit; ties go to the flow activated first.
+ * that was idle banks no credit; ties go to the flow activated first;
+ * weighted flows (a tenant's) get cost in proportion to their weights.
  */
 #include <check.h>
 #include <stdint.h>
@@ -102,6 +103,52 @@ START_TEST(test_equal_shares)
         ck_assert_msg(share > 0.25 * 0.9 && share < 0.25 * 1.1, "flow %d: share %.4f", i, share);
     }
     ck_assert_uint_eq(sched_active(&s), 4);
+}
+END_TEST
+
+/* Backlogged flows of weights 3, 1 and 6: served cost in
+ * proportion to the weights within 2 %, whatever their jobs cost; weights
+ * changed midway (1, 1 and 1000) apply from then on. */
+START_TEST(test_weighted_shares)
+{
+    sched_t s;
+    flow_t fl[3];
+    static const uint32_t w[3] = {3, 1, 6};
+    uint64_t base[3], total = 0;
+
+    flows_init(&s, fl, 3);
+    for (int i = 0; i < 3; i++) {
+        fl[i].cost = i == 0 ? 7 : i == 1 ? 1000 : 33;
+        fl[i].random = true;
+        sched_flow_set_weight(&fl[i].f, w[i]);
+        sched_activate(&s, &fl[i].f);
+    }
+    for (long k = 0; k < 300000; k++)
+        serve_one(&s);
+    for (int i = 0; i < 3; i++)
+        total += sched_served(&fl[i].f);
+    for (int i = 0; i < 3; i++) {
+        double share = (double)sched_served(&fl[i].f) / (double)total, want = w[i] / 10.0;
+        ck_assert_msg(share > want * 0.98 && share < want * 1.02, "flow %d (weight %u): share %.4f",
+                      i, w[i], share);
+    }
+    /* Weights 1 : 1 : 1000 from now on. */
+    sched_flow_set_weight(&fl[0].f, 1);
+    sched_flow_set_weight(&fl[2].f, 1000);
+    for (int i = 0; i < 3; i++)
+        base[i] = sched_served(&fl[i].f);
+    for (long k = 0; k < 300000; k++)
+        serve_one(&s);
+    total = 0;
+    for (int i = 0; i < 3; i++)
+        total += sched_served(&fl[i].f) - base[i];
+    double heavy = (double)(sched_served(&fl[2].f) - base[2]) / (double)total;
+    ck_assert_msg(heavy > 0.99, "weight 1000 against 1 and 1: share %.4f", heavy);
+    ck_assert_msg(sched_served(&fl[0].f) - base[0] > 0, "weight 1 starved");
+    /* Equal weights 1 and 1 give equal shares between the other two. */
+    double a = (double)(sched_served(&fl[0].f) - base[0]),
+           b = (double)(sched_served(&fl[1].f) - base[1]);
+    ck_assert_msg(a / b > 0.8 && a / b < 1.25, "weights 1 and 1: %.0f against %.0f", a, b);
 }
 END_TEST
 
@@ -326,6 +373,7 @@ static Suite *suite(void)
     Suite *s = suite_create("sched");
     TCase *tc = tcase_create("sfq");
     tcase_add_loop_test(tc, test_equal_shares, 0, 2);
+    tcase_add_test(tc, test_weighted_shares);
     tcase_add_test(tc, test_no_starvation);
     tcase_add_test(tc, test_idle_banks_no_credit);
     tcase_add_test(tc, test_debt_kept);

@@ -1,0 +1,655 @@
+/*
+ * test_integration_tenants.c: --tenants-file on the real daemon.
+ *
+ * Identity: a tenant's token answers {"ok":true,"tenant":NAME}; a wrong
+ * one is auth_failed; another tenant's token on an authenticated
+ * connection is bad_request and changes nothing.  The admin port's routes
+ * but /health need a tenant with `admin`.
+ * Limits across connections: `connections` refuses the tenant's next
+ * connection with too_many_connections naming the tenant (and the next
+ * one is served once one closes); `sessions` and `share` refuse with
+ * cache_full naming the tenant, whatever connection asks, while another
+ * tenant is served, and the pool a tenant holds stays within its share.
+ * Reload (SIGHUP): a dropped tenant's connection gets one auth_revoked
+ * line and is closed, a kept tenant's connection serves on, a new tenant
+ * can connect, new limits apply to the next request; a bad file changes
+ * nothing.
+ * Fairness: a tenant over 4 connections and one over 1, both flooding
+ * `small` steps over 4 sessions a connection: when the 1-connection
+ * tenant has its last reply, the other has had less than 3 times as many
+ * (4 times, all of theirs, when each connection was its own flow).
+ * Asserted on counts of replies, never on time.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "itest.h"
+
+#define TOK_A "alice-token-0123456789abcdef"
+#define TOK_B "bob-token-0123456789abcdef"
+#define TOK_C "carol-token-0123456789abcdef"
+#define TOK_OPS "ops-token-0123456789abcdef"
+
+static char tenants_path[64];
+
+/* Writes `text` as the tenants file (mode 600), the first time to a new
+ * path, later over it (a reload's new file). */
+static const char *tenants_file(const char *text)
+{
+    char tmp[80];
+    int fd;
+
+    if (tenants_path[0] == '\0') {
+        snprintf(tenants_path, sizeof(tenants_path), "/tmp/slotd-tenants.XXXXXX");
+        fd = mkstemp(tenants_path);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+    }
+    /* Replaced by a rename, so that a reload never reads half a file. */
+    snprintf(tmp, sizeof(tmp), "%s.new", tenants_path);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    ck_assert_int_eq(rename(tmp, tenants_path), 0);
+    return tenants_path;
+}
+
+static void tenants_unlink(void)
+{
+    if (tenants_path[0] != '\0')
+        unlink(tenants_path);
+    tenants_path[0] = '\0';
+}
+
+/* A connection authenticated as the tenant of `token`, named `name`. */
+static itest_conn_t *connect_as(const itest_daemon_t *d, const char *token, const char *name)
+{
+    itest_conn_t *c = itest_connect(d);
+    char want[128];
+    cJSON *r = itest_rpc(c, "{\"op\":\"auth\",\"token\":\"%s\"}", token);
+
+    snprintf(want, sizeof(want), "{\"ok\":true,\"tenant\":\"%s\"}", name);
+    ck_assert_msg(strcmp(itest_last_line(c), want) == 0, "auth: '%s', not '%s'",
+                  itest_last_line(c), want);
+    cJSON_Delete(r);
+    return c;
+}
+
+static void admin_get(const itest_daemon_t *d, const char *path, const char *token,
+                      itest_http_t *out)
+{
+    char req[512];
+    snprintf(req, sizeof(req),
+             "GET %s HTTP/1.1\r\nHost: x\r\n%s%s%sConnection: close\r\n\r\n", path,
+             token ? "Authorization: Bearer " : "", token ? token : "", token ? "\r\n" : "");
+    ck_assert_msg(itest_http_raw(d->admin_port, req, strlen(req), out), "GET %s: no response",
+                  path);
+}
+
+/* GET /stats as the tenant of `token`, parsed. */
+static cJSON *itest_admin_stats_as(const itest_daemon_t *d, const char *token)
+{
+    itest_http_t h;
+    cJSON *st;
+
+    admin_get(d, "/stats", token, &h);
+    ck_assert_int_eq(h.status, 200);
+    st = cJSON_Parse(h.body);
+    ck_assert_ptr_nonnull(st);
+    itest_http_free(&h);
+    return st;
+}
+
+/* The unlabelled sample `name` of GET /metrics as the tenant of `token`,
+ * once it is at least `min` (polled for up to ITEST_REPLY_MS). */
+static long await_metric_as(const itest_daemon_t *d, const char *token, const char *name, long min)
+{
+    long v = -1;
+    char key[128];
+
+    snprintf(key, sizeof(key), "\n%s ", name);
+    for (int i = 0; i < ITEST_REPLY_MS / 10; i++) {
+        itest_http_t h;
+        const char *p;
+        admin_get(d, "/metrics", token, &h);
+        ck_assert_int_eq(h.status, 200);
+        p = strstr(h.body, key);
+        ck_assert_msg(p != NULL, "no %s in /metrics", name);
+        v = strtol(p + strlen(key), NULL, 10);
+        itest_http_free(&h);
+        if (v >= min)
+            break;
+        usleep(10000);
+    }
+    return v;
+}
+
+/* Whether the last reply on `c` is error `code` whose message names `what`. */
+static void expect_error_naming(itest_conn_t *c, cJSON *r, const char *code, const char *what)
+{
+    ck_assert_msg(itest_is_error(r, code), "wanted %s, got '%s'", code, itest_last_line(c));
+    ck_assert_msg(strstr(itest_last_line(c), what) != NULL, "'%s' does not name '%s'",
+                  itest_last_line(c), what);
+}
+
+START_TEST(test_tenant_identity)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file",
+        tenants_file("# the tenants\n"
+                     "alice " TOK_A "\n"
+                     "bob " TOK_B " weight=2\n"
+                     "ops " TOK_OPS " admin\n"),
+        NULL);
+    itest_conn_t *c = itest_connect(d), *w;
+    cJSON *r;
+    itest_http_t h;
+
+    /* Before auth: auth_required. */
+    r = itest_rpc(c, "{\"op\":\"stats\",\"tag\":1}");
+    itest_expect_error(r, "1", "auth_required", NULL);
+    cJSON_Delete(r);
+    r = itest_rpc(c, "{\"op\":\"auth\",\"token\":\"" TOK_A "\",\"tag\":2}");
+    ck_assert_str_eq(itest_last_line(c), "{\"tag\":2,\"ok\":true,\"tenant\":\"alice\"}");
+    cJSON_Delete(r);
+    r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1,2]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    /* Another tenant's token, or none of any, changes nothing. */
+    r = itest_rpc(c, "{\"op\":\"auth\",\"token\":\"" TOK_B "\",\"tag\":3}");
+    expect_error_naming(c, r, "bad_request", "alice");
+    cJSON_Delete(r);
+    r = itest_rpc(c, "{\"op\":\"auth\",\"token\":\"no-such-token-0123456789\",\"tag\":4}");
+    expect_error_naming(c, r, "bad_request", "alice");
+    cJSON_Delete(r);
+    r = itest_rpc(c, "{\"op\":\"auth\",\"token\":\"" TOK_A "\",\"tag\":5}");
+    ck_assert_str_eq(itest_last_line(c), "{\"tag\":5,\"ok\":true,\"tenant\":\"alice\"}");
+    cJSON_Delete(r);
+    r = itest_rpc(c, "{\"op\":\"step\",\"id\":\"s\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+
+    /* A wrong token on a fresh connection: auth_failed, closed. */
+    w = itest_connect(d);
+    r = itest_rpc(w, "{\"op\":\"auth\",\"token\":\"no-such-token-0123456789\"}");
+    itest_expect_error(r, NULL, "auth_failed", NULL);
+    cJSON_Delete(r);
+    ck_assert(itest_expect_closed(w, ITEST_REPLY_MS));
+    itest_close(w);
+
+    /* The admin port: /health open, the rest for tenants with admin. */
+    admin_get(d, "/health", NULL, &h);
+    ck_assert_int_eq(h.status, 200);
+    itest_http_free(&h);
+    admin_get(d, "/stats", NULL, &h);
+    ck_assert_int_eq(h.status, 401);
+    itest_http_free(&h);
+    admin_get(d, "/stats", TOK_A, &h);
+    ck_assert_int_eq(h.status, 401);
+    itest_http_free(&h);
+    admin_get(d, "/metrics", TOK_B, &h);
+    ck_assert_int_eq(h.status, 401);
+    itest_http_free(&h);
+    admin_get(d, "/stats", TOK_OPS, &h);
+    ck_assert_int_eq(h.status, 200);
+    itest_http_free(&h);
+    admin_get(d, "/metrics", TOK_OPS, &h);
+    ck_assert_int_eq(h.status, 200);
+    itest_http_free(&h);
+    itest_close(c);
+    tenants_unlink();
+}
+END_TEST
+
+/* `stats` for a tenant without admin: its own figures and its name; for
+ * one with admin, the daemon's. */
+START_TEST(test_tenant_stats)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file",
+        tenants_file("alice " TOK_A " share=0.5\nbob " TOK_B "\nops " TOK_OPS " admin\n"), NULL);
+    itest_conn_t *a1 = connect_as(d, TOK_A, "alice"), *a2 = connect_as(d, TOK_A, "alice");
+    itest_conn_t *b1 = connect_as(d, TOK_B, "bob"), *o = connect_as(d, TOK_OPS, "ops");
+    cJSON *r, *st;
+
+    r = itest_rpc(a1, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1,2,3]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a2, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a2, "{\"op\":\"step\",\"id\":\"nope\"}");
+    itest_expect_error(r, NULL, "unknown_id", NULL);
+    cJSON_Delete(r);
+    for (int i = 0; i < 3; i++) {
+        r = itest_rpc(b1, "{\"op\":\"start\",\"id\":\"b%d\",\"model\":\"tiny\",\"prompt\":[1,2]}",
+                      i);
+        itest_expect_ok(r);
+        cJSON_Delete(r);
+    }
+    r = itest_rpc(b1, "{\"op\":\"finish\",\"id\":\"b0\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+
+    st = itest_stats(a1);
+    itest_check_stats_shape(st);
+    ck_assert_str_eq(itest_str(st, "tenant"), "alice");
+    ck_assert_int_eq(itest_int(st, "live_sessions"), 2);
+    ck_assert_int_eq(itest_int(st, "cache_entries"), 4);
+    ck_assert_int_eq(itest_int(st, "connections"), 2);
+    /* Its starts, the failed step and this stats (each auth came before
+     * its connection was the tenant's). */
+    ck_assert_int_eq(itest_int(st, "requests_total"), 4);
+    ck_assert_int_eq(itest_int(st, "errors_total"), 1);
+    ck_assert_int_eq(itest_int(cJSON_GetObjectItem(st, "released"), "finish"), 0);
+    ck_assert(itest_int(st, "pool_bytes_used") > 0);
+    ck_assert(itest_int(st, "pool_bytes_total") == 256ll * 1024 * 1024 / 2);
+    cJSON_Delete(st);
+    st = itest_stats(b1);
+    ck_assert_str_eq(itest_str(st, "tenant"), "bob");
+    ck_assert_int_eq(itest_int(st, "live_sessions"), 2);
+    ck_assert_int_eq(itest_int(cJSON_GetObjectItem(st, "released"), "finish"), 1);
+    ck_assert_int_eq(itest_int(st, "connections"), 1);
+    cJSON_Delete(st);
+    /* The admin tenant: the daemon's figures, no tenant member. */
+    st = itest_stats(o);
+    ck_assert_ptr_null(cJSON_GetObjectItem(st, "tenant"));
+    ck_assert_int_eq(itest_int(st, "live_sessions"), 4);
+    ck_assert_int_eq(itest_int(st, "connections"), 4);
+    cJSON_Delete(st);
+    itest_close(a1);
+    itest_close(a2);
+    itest_close(b1);
+    itest_close(o);
+    tenants_unlink();
+}
+END_TEST
+
+/* `connections`: the tenant's third connection is refused whichever
+ * connections the first two are; another tenant is not; once one of the
+ * two closes, a new one is served. */
+START_TEST(test_tenant_connections)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file", tenants_file("alice " TOK_A " connections=2\nbob " TOK_B "\n"), NULL);
+    itest_conn_t *a1 = connect_as(d, TOK_A, "alice"), *a2 = connect_as(d, TOK_A, "alice");
+    itest_conn_t *b[3], *a3 = itest_connect(d);
+    cJSON *r;
+    bool served = false;
+
+    r = itest_rpc(a3, "{\"op\":\"auth\",\"token\":\"" TOK_A "\",\"tag\":9}");
+    expect_error_naming(a3, r, "too_many_connections", "tenant 'alice'");
+    ck_assert(strstr(itest_last_line(a3), "connections=2") != NULL);
+    cJSON_Delete(r);
+    ck_assert(itest_expect_closed(a3, ITEST_REPLY_MS));
+    itest_close(a3);
+    for (int i = 0; i < 3; i++)
+        b[i] = connect_as(d, TOK_B, "bob");
+    /* Both of alice's serve on. */
+    r = itest_rpc(a1, "{\"op\":\"stats\"}");
+    ck_assert(!(itest_error_code(r) != NULL));
+    cJSON_Delete(r);
+    itest_close(a2);
+    /* The close is seen by the daemon in its own time: retry until then. */
+    for (int i = 0; i < 200 && !served; i++) {
+        itest_conn_t *a4 = itest_connect(d);
+        r = itest_rpc(a4, "{\"op\":\"auth\",\"token\":\"" TOK_A "\"}");
+        served = !(itest_error_code(r) != NULL);
+        if (!served)
+            expect_error_naming(a4, r, "too_many_connections", "alice");
+        cJSON_Delete(r);
+        itest_close(a4);
+        if (!served)
+            usleep(10000);
+    }
+    ck_assert_msg(served, "alice's connection never came free");
+    for (int i = 0; i < 3; i++)
+        itest_close(b[i]);
+    itest_close(a1);
+    tenants_unlink();
+}
+END_TEST
+
+/* `sessions` across connections: the tenant's fourth session is refused on
+ * any of its connections, naming the tenant; a finish makes room; another
+ * tenant is not limited. */
+START_TEST(test_tenant_sessions)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file", tenants_file("alice " TOK_A " sessions=3\nbob " TOK_B "\n"), NULL);
+    itest_conn_t *a1 = connect_as(d, TOK_A, "alice"), *a2 = connect_as(d, TOK_A, "alice");
+    itest_conn_t *b1 = connect_as(d, TOK_B, "bob");
+    cJSON *r;
+
+    for (int i = 0; i < 2; i++) {
+        r = itest_rpc(a1, "{\"op\":\"start\",\"id\":\"s%d\",\"model\":\"tiny\",\"prompt\":[1]}", i);
+        itest_expect_ok(r);
+        cJSON_Delete(r);
+    }
+    r = itest_rpc(a2, "{\"op\":\"start\",\"id\":\"t0\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a2, "{\"op\":\"start\",\"id\":\"t1\",\"model\":\"tiny\",\"prompt\":[1]}");
+    expect_error_naming(a2, r, "cache_full", "tenant 'alice'");
+    cJSON_Delete(r);
+    /* Refused means nothing changed: t1 is not live. */
+    r = itest_rpc(a2, "{\"op\":\"step\",\"id\":\"t1\"}");
+    itest_expect_error(r, NULL, "unknown_id", NULL);
+    cJSON_Delete(r);
+    r = itest_rpc(a1, "{\"op\":\"start\",\"id\":\"s9\",\"model\":\"tiny\",\"prompt\":[1]}");
+    expect_error_naming(a1, r, "cache_full", "tenant 'alice'");
+    cJSON_Delete(r);
+    for (int i = 0; i < 5; i++) {
+        r = itest_rpc(b1, "{\"op\":\"start\",\"id\":\"b%d\",\"model\":\"tiny\",\"prompt\":[1]}", i);
+        itest_expect_ok(r);
+        cJSON_Delete(r);
+    }
+    r = itest_rpc(a1, "{\"op\":\"finish\",\"id\":\"s0\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a2, "{\"op\":\"start\",\"id\":\"t1\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    /* A closed connection's sessions are given back to its tenant. */
+    itest_close(a1);
+    bool served = false;
+    for (int i = 0; i < 200 && !served; i++) {
+        r = itest_rpc(a2, "{\"op\":\"start\",\"id\":\"u%d\",\"model\":\"tiny\",\"prompt\":[1]}",
+                      i);
+        served = !(itest_error_code(r) != NULL);
+        cJSON_Delete(r);
+        if (!served)
+            usleep(10000);
+    }
+    ck_assert_msg(served, "alice's sessions on a closed connection were not given back");
+    itest_close(a2);
+    itest_close(b1);
+    tenants_unlink();
+}
+END_TEST
+
+/* `share=0.25` of a 64 MiB pool, over 16 connections with
+ * --max-connection-share 1: the tenant holds at most a quarter of the pool,
+ * its refusals name it, and another tenant then has the rest. */
+START_TEST(test_tenant_share)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file", tenants_file("alice " TOK_A " share=0.25\nbob " TOK_B "\nops " TOK_OPS
+                                       " admin\n"),
+        "--cache-mb", "64", "--max-connection-share", "1", "--max-sessions", "4096", NULL);
+    itest_conn_t *a[16], *b1;
+    int refused = 0, ok = 0;
+    cJSON *r, *st;
+    int64_t used;
+
+    for (int i = 0; i < 16; i++)
+        a[i] = connect_as(d, TOK_A, "alice");
+    /* small sessions of a 512-position prompt each, round robin. */
+    char prompt[4096];
+    size_t n = 0;
+    n += (size_t)snprintf(prompt + n, sizeof(prompt) - n, "[1");
+    for (int i = 1; i < 512; i++)
+        n += (size_t)snprintf(prompt + n, sizeof(prompt) - n, ",%d", i % 500);
+    snprintf(prompt + n, sizeof(prompt) - n, "]");
+    for (int k = 0; k < 400 && refused < 16; k++) {
+        itest_conn_t *c = a[k % 16];
+        r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"s%d\",\"model\":\"small\",\"prompt\":%s}", k,
+                      prompt);
+        if ((itest_error_code(r) != NULL)) {
+            expect_error_naming(c, r, "cache_full", "tenant 'alice'");
+            refused++;
+        } else {
+            ok++;
+        }
+        cJSON_Delete(r);
+    }
+    ck_assert_msg(ok > 0 && refused == 16, "%d admitted, %d refused", ok, refused);
+    st = itest_admin_stats_as(d, TOK_OPS);
+    used = itest_int(st, "pool_bytes_used");
+    ck_assert_msg(used <= (int64_t)(64u << 20) / 4, "alice holds %lld bytes of a 64 MiB pool",
+                  (long long)used);
+    ck_assert_msg(used >= (int64_t)(64u << 20) / 8, "alice holds only %lld bytes", (long long)used);
+    cJSON_Delete(st);
+    /* Bob has the rest: more than alice's share. */
+    b1 = connect_as(d, TOK_B, "bob");
+    for (int k = 0; k < ok + 4; k++) {
+        r = itest_rpc(b1, "{\"op\":\"start\",\"id\":\"b%d\",\"model\":\"small\",\"prompt\":%s}", k,
+                      prompt);
+        itest_expect_ok(r);
+        cJSON_Delete(r);
+    }
+    for (int i = 0; i < 16; i++)
+        itest_close(a[i]);
+    itest_close(b1);
+    tenants_unlink();
+}
+END_TEST
+
+/* SIGHUP: bob dropped, carol's token changed, alice's limit changed, dave
+ * added; then a file that does not parse changes nothing. */
+START_TEST(test_tenant_reload)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file",
+        tenants_file("alice " TOK_A " sessions=1\nbob " TOK_B "\ncarol " TOK_C "\nops " TOK_OPS
+                     " admin\n"),
+        NULL);
+    itest_conn_t *a = connect_as(d, TOK_A, "alice"), *b = connect_as(d, TOK_B, "bob");
+    itest_conn_t *c = connect_as(d, TOK_C, "carol"), *x;
+    cJSON *r;
+
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s0\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s1\",\"model\":\"tiny\",\"prompt\":[1]}");
+    expect_error_naming(a, r, "cache_full", "alice");
+    cJSON_Delete(r);
+    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"s0\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+
+    tenants_file("alice " TOK_A " sessions=2\n"
+                 "carol carol-has-a-new-token-0123456789\n"
+                 "dave dave-token-0123456789abcdef\n"
+                 "ops " TOK_OPS " admin\n");
+    itest_daemon_signal(d, SIGHUP);
+    /* bob and carol: one auth_revoked line each, then the close. */
+    r = itest_read_reply(b);
+    expect_error_naming(b, r, "auth_revoked", "bob");
+    cJSON_Delete(r);
+    ck_assert(itest_expect_closed(b, ITEST_REPLY_MS));
+    r = itest_read_reply(c);
+    expect_error_naming(c, r, "auth_revoked", "carol");
+    cJSON_Delete(r);
+    ck_assert(itest_expect_closed(c, ITEST_REPLY_MS));
+    /* alice serves on, her session kept, with the new limit. */
+    r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"s0\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s1\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    x = itest_connect(d);
+    r = itest_rpc(x, "{\"op\":\"auth\",\"token\":\"" TOK_B "\"}");
+    itest_expect_error(r, NULL, "auth_failed", NULL);
+    cJSON_Delete(r);
+    itest_close(x);
+    x = connect_as(d, "dave-token-0123456789abcdef", "dave");
+    itest_close(x);
+    x = connect_as(d, "carol-has-a-new-token-0123456789", "carol");
+    itest_close(x);
+
+    /* A bad file (a duplicate name): nothing changes, the daemon says why. */
+    tenants_file("alice " TOK_A "\nalice " TOK_B "\n");
+    itest_daemon_signal(d, SIGHUP);
+    ck_assert_int_ge(await_metric_as(d, TOK_OPS, "slotd_tenants_reload_failures_total", 1), 1);
+    ck_assert_int_eq(await_metric_as(d, TOK_OPS, "slotd_tenants_reloads_total", 1), 1);
+    r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"s1\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    x = connect_as(d, "dave-token-0123456789abcdef", "dave");
+    itest_close(x);
+    x = itest_connect(d);
+    r = itest_rpc(x, "{\"op\":\"auth\",\"token\":\"" TOK_B "\"}");
+    itest_expect_error(r, NULL, "auth_failed", NULL);
+    cJSON_Delete(r);
+    itest_close(x);
+    itest_close(a);
+    itest_close(b);
+    itest_close(c);
+    tenants_unlink();
+}
+END_TEST
+
+/* ---- Fairness ---- */
+
+#define FAIR_SESSIONS 4
+#define FAIR_STEPS 96 /* per session */
+#define FAIR_TOTAL (FAIR_SESSIONS * FAIR_STEPS)
+#define HEAVY_CONNS 4
+
+typedef struct flood {
+    itest_conn_t *c;
+    int expect;
+    _Atomic int got;
+    _Atomic int errors;
+    pthread_t thread;
+} flood_t;
+
+static _Atomic int heavy_got; /* every heavy connection's replies */
+
+static void *flood_read(void *arg)
+{
+    flood_t *f = arg;
+
+    while (atomic_load(&f->got) < f->expect) {
+        char *line = itest_read_line(f->c, ITEST_REPLY_MS, NULL);
+        if (line == NULL)
+            break;
+        if (strncmp(line, "{\"error\"", 8) == 0)
+            atomic_fetch_add(&f->errors, 1);
+        atomic_fetch_add(&f->got, 1);
+        free(line);
+    }
+    return NULL;
+}
+
+typedef struct light {
+    flood_t f;
+    int heavy_at_end; /* heavy replies counted when the light tenant had all of its */
+} light_t;
+
+/* Starts FAIR_SESSIONS small sessions on f->c. */
+static void flood_prepare(flood_t *f, const char *prefix)
+{
+    cJSON *r;
+
+    for (int s = 0; s < FAIR_SESSIONS; s++) {
+        r = itest_rpc(f->c, "{\"op\":\"start\",\"id\":\"%s%d\",\"model\":\"small\",\"prompt\":[1]}",
+                      prefix, s);
+        itest_expect_ok(r);
+        cJSON_Delete(r);
+    }
+}
+
+/* Sends FAIR_TOTAL steps of the sessions of flood_prepare() round robin in
+ * one write and reads the replies on a thread. */
+static void flood_begin(flood_t *f, const char *prefix)
+{
+    static char buf[FAIR_TOTAL * 48];
+    size_t n = 0;
+
+    for (int k = 0; k < FAIR_STEPS; k++)
+        for (int s = 0; s < FAIR_SESSIONS; s++)
+            n += (size_t)snprintf(buf + n, sizeof(buf) - n,
+                                  "{\"op\":\"step\",\"id\":\"%s%d\",\"scores\":\"none\"}\n",
+                                  prefix, s);
+    f->expect = FAIR_TOTAL;
+    atomic_store(&f->got, 0);
+    atomic_store(&f->errors, 0);
+    ck_assert(itest_send(f->c, buf, n));
+    ck_assert_int_eq(pthread_create(&f->thread, NULL, flood_read, f), 0);
+}
+
+static void flood_end(flood_t *f)
+{
+    ck_assert_int_eq(pthread_join(f->thread, NULL), 0);
+    ck_assert_int_eq(atomic_load(&f->got), f->expect);
+    ck_assert_int_eq(atomic_load(&f->errors), 0);
+}
+
+/* The heavy tenant's replies when the light one had its last: runs both
+ * floods; the heavy one's connections start first. */
+static int fair_run(const char *file)
+{
+    itest_daemon_t *d = itest_daemon_start("--tenants-file", tenants_file(file), "--threads", "2",
+                                           "--max-batch", "1", NULL);
+    flood_t heavy[HEAVY_CONNS], light;
+    int at_end, total = 0;
+
+    (void)heavy_got;
+    for (int i = 0; i < HEAVY_CONNS; i++)
+        heavy[i].c = connect_as(d, TOK_B, "heavy");
+    light.c = connect_as(d, TOK_A, "light");
+    /* Every session first, then every flood at once. */
+    for (int i = 0; i < HEAVY_CONNS; i++)
+        flood_prepare(&heavy[i], "h");
+    flood_prepare(&light, "l");
+    for (int i = 0; i < HEAVY_CONNS; i++)
+        flood_begin(&heavy[i], "h");
+    flood_begin(&light, "l");
+    ck_assert_int_eq(pthread_join(light.thread, NULL), 0);
+    at_end = 0;
+    for (int i = 0; i < HEAVY_CONNS; i++)
+        at_end += atomic_load(&heavy[i].got);
+    ck_assert_int_eq(atomic_load(&light.got), FAIR_TOTAL);
+    ck_assert_int_eq(atomic_load(&light.errors), 0);
+    for (int i = 0; i < HEAVY_CONNS; i++) {
+        flood_end(&heavy[i]);
+        total += atomic_load(&heavy[i].got);
+        itest_close(heavy[i].c);
+    }
+    itest_close(light.c);
+    ck_assert_int_eq(total, HEAVY_CONNS * FAIR_TOTAL);
+    tenants_unlink();
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+    fprintf(stderr, "fairness: the heavy tenant had %d replies when the light one had its %d\n",
+            at_end, FAIR_TOTAL);
+    return at_end;
+}
+
+/* Equal weights, --max-batch 1: the heavy tenant's 4 connections get less
+ * than 3 times what the light tenant's 1 gets (measured: 0.8 to 2.3
+ * times); with each connection its own flow they get 4 times (all 1,536
+ * of theirs before the light tenant's 384th).  Without batches, so that
+ * the count follows the queue's order and the cap, not how many sessions
+ * a batch's rounds step (docs/design.md, "Tenants"). */
+START_TEST(test_tenant_fairness_equal)
+{
+    int heavy = fair_run("light " TOK_A "\nheavy " TOK_B "\n");
+    ck_assert_msg(heavy < 3 * FAIR_TOTAL,
+                  "the 4-connection tenant had %d replies to the 1-connection tenant's %d", heavy,
+                  FAIR_TOTAL);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("integration_tenants");
+    ITEST_ADD(s, test_tenant_identity);
+    ITEST_ADD(s, test_tenant_stats);
+    ITEST_ADD(s, test_tenant_connections);
+    ITEST_ADD(s, test_tenant_sessions);
+    ITEST_ADD(s, test_tenant_share);
+    ITEST_ADD(s, test_tenant_reload);
+    ITEST_ADD_TIMEOUT(s, test_tenant_fairness_equal, 300);
+    return itest_main(s);
+}
