@@ -388,6 +388,9 @@ void inspect__stats(server_t *s, proto_stats_t *st)
     st->released_shutdown = metrics_released(METRICS_RELEASE_SHUTDOWN);
     st->uptime_seconds = (uv_hrtime() - s->start_ns) / 1000000000u;
     st->threads = s->cfg->threads;
+    st->evicted_sessions = s->evicted_sessions;
+    st->evictions_total = metrics_eviction_value();
+    st->rebuilt_entries_total = metrics_rebuilt_entry_value();
 }
 
 void inspect__health(void *arg, bool *draining, bool *wedged)
