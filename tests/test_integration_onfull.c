@@ -334,11 +334,17 @@ START_TEST(test_evict_never_in_flight)
 {
     /* Job 1 is a's start, job 2 its step, held by a worker. */
     itest_daemon_t *d = start_daemon("evict", "--fault-wedge-after", "2");
-    itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
+    itest_conn_t *a = itest_connect(d), *b = itest_connect(d), *idle[8];
     itest_ref_t ref, others[6];
     int64_t p[PROMPT];
     char why[256];
     cJSON *r;
+
+    /* Open connections holding nothing make a's fair share of the pool
+     * (2 MiB over 10) less than its session: a would be the first victim,
+     * least recently used and over its share, were it not in flight. */
+    for (int i = 0; i < 8; i++)
+        idle[i] = itest_connect(d);
 
     make_prompt(p, PROMPT, 42);
     itest_ref_init(&ref, "a", "small", p, PROMPT, 2);
@@ -368,6 +374,8 @@ START_TEST(test_evict_never_in_flight)
     itest_ref_free(&ref);
     itest_close(a);
     itest_close(b);
+    for (int i = 0; i < 8; i++)
+        itest_close(idle[i]);
 }
 END_TEST
 
