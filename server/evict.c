@@ -20,6 +20,8 @@
  * room, of an open connection.  First those of connections holding more
  * than a fair share of the pool's bytes (total over open connections),
  * least recently used first, then the others least recently used first;
+ * with none to evict, it waits as under wait (below) for the sessions
+ * whose requests are out to come back idle, up to --full-wait-ms;
  * a connection over its fair share never takes from one at or under its
  * own fair share.  A session runs its request right after its rebuild,
  * in the same job, and goes to the idle list's tail only when that is
@@ -294,33 +296,44 @@ void evict__room_done(req_t *r)
 
 /* ---- A refusal ---- */
 
+/* Puts `r` on the wait list until room frees or its wait is over: false
+ * once it is over (`r` is then answered cache_full). */
+static bool room_wait(server_t *s, req_t *r)
+{
+    uint64_t now = uv_now(&s->loop);
+
+    if (r->room_until == 0) {
+        r->room_until = now + s->cfg->full_wait_ms;
+        metrics_count_room_wait();
+    } else if (now >= r->room_until) {
+        evict__room_done(r);
+        return false;
+    }
+    r->state = REQ_ROOM;
+    room_link(s, r);
+    if (!s->room_kick)
+        room_arm(s, UINT64_MAX);
+    return true;
+}
+
 bool evict__on_full(req_t *r)
 {
     server_t *s = r->conn->server;
-    uint64_t now;
 
     switch (s->cfg->on_full) {
     case CONFIG_ON_FULL_REFUSE:
         return false;
     case CONFIG_ON_FULL_EVICT:
-        if (!make_room(s, r))
-            return false;
-        rerun(r);
-        return true;
-    case CONFIG_ON_FULL_WAIT:
-        now = uv_now(&s->loop);
-        if (r->room_until == 0) {
-            r->room_until = now + s->cfg->full_wait_ms;
-            metrics_count_room_wait();
-        } else if (now >= r->room_until) {
-            evict__room_done(r);
-            return false;
+        if (make_room(s, r)) {
+            rerun(r);
+            return true;
         }
-        r->state = REQ_ROOM;
-        room_link(s, r);
-        if (!s->room_kick)
-            room_arm(s, UINT64_MAX);
-        return true;
+        /* Nothing idle to evict now: sessions with requests out become
+         * victims as those come back (session__settle() calls
+         * evict__room_freed()), so it waits for them as under wait. */
+        return room_wait(s, r);
+    case CONFIG_ON_FULL_WAIT:
+        return room_wait(s, r);
     }
     return false;
 }

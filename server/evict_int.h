@@ -16,15 +16,17 @@ uv_handle_t *evict__timer(server_t *s);
 /** A job `r` came back refused for room (SLOTD_ECACHE_FULL) with nothing
  * earlier of its connection pending, its connection open and no drain.
  * Under --on-full evict, makes room by evicting idle sessions and runs `r`
- * again; under --on-full wait, puts it on the wait list (REQ_ROOM) until
- * room frees or --full-wait-ms passes.  True if it took `r` (the caller
+ * again (with none idle, it waits as under wait); under --on-full wait,
+ * puts it on the wait list (REQ_ROOM) until room frees or --full-wait-ms
+ * passes.  True if it took `r` (the caller
  * stops there, as for a deferral, after giving the session what the job
  * left); false if `r` is to be answered cache_full (refuse; nothing left
  * to evict; its wait is over). */
 bool evict__on_full(req_t *r);
 
-/** Room came back to the pool (a slot released): the waiting requests
- * run again at the end of this turn. */
+/** Room came back to the pool (a slot released), or under evict a session
+ * went idle (a victim): the waiting requests run again at the end of this
+ * turn. */
 void evict__room_freed(server_t *s);
 
 /** Takes `r` (REQ_ROOM) off the wait list: its connection closes or

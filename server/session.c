@@ -321,8 +321,11 @@ void session__settle(session_t *sess)
             share_resync(sess);
         if (!sess->in_lru && !s->draining &&
             (s->cfg->idle_timeout > 0 || s->cfg->on_full == CONFIG_ON_FULL_EVICT) &&
-            sess->forks_out == 0)
+            sess->forks_out == 0) {
             lru_add(s, sess);
+            if (sess->conn->server->cfg->on_full == CONFIG_ON_FULL_EVICT)
+                evict__room_freed(s); /* a victim now, for a request waiting for room */
+        }
         return;
     }
     if (sess->in_map) /* its starts failed: the id is free again */
