@@ -199,15 +199,26 @@ void evict__job_back(req_t *r)
 
 /* ---- Waiting ---- */
 
+/* Links `r` in the wait list, which is kept in the order the waits end
+ * (the order they began, as every wait is --full-wait-ms long): a request
+ * that ran again and still found no room goes back to its place, near the
+ * head, not behind those that began to wait after it. */
 static void room_link(server_t *s, req_t *r)
 {
-    r->room_next = NULL;
-    r->room_prev = s->room_tail;
-    if (s->room_tail != NULL)
-        s->room_tail->room_next = r;
+    req_t *after = s->room_tail;
+
+    while (after != NULL && after->room_until > r->room_until)
+        after = after->room_prev;
+    r->room_prev = after;
+    r->room_next = after != NULL ? after->room_next : s->room_head;
+    if (r->room_next != NULL)
+        r->room_next->room_prev = r;
+    else
+        s->room_tail = r;
+    if (after != NULL)
+        after->room_next = r;
     else
         s->room_head = r;
-    s->room_tail = r;
 }
 
 void evict__unwait(server_t *s, req_t *r)
@@ -249,24 +260,37 @@ static void rerun(req_t *r)
     launch__req(r);
 }
 
-/* Every waiting request whose wait is over, or all of them once room
- * freed (the timer at 0), runs again: those that find no room come back
- * to wait, but those whose wait is over, which are answered cache_full.
- * Oldest first; the workers' flows then share the workers between their
- * connections (the scheduler). */
+/* The waiting requests whose wait is over run again, and as many of the
+ * others, oldest first, as room freed since the last run (room_kicks:
+ * each release or, under evict, each session gone idle, may let one
+ * in): those that find no room come back to wait in their place, but
+ * those whose wait is over, which are answered cache_full.  The workers'
+ * flows then share the workers between their connections (the
+ * scheduler). */
 static void room_timer_cb(uv_timer_t *h)
 {
     server_t *s = container_of(h, server_t, room_timer);
     uint64_t now = uv_now(&s->loop);
-    bool all = s->room_kick;
-    req_t *r, *next;
+    uint32_t kicks = s->room_kicks;
+    req_t *r, *next, *run = NULL, **tail = &run;
 
     s->room_kick = false;
+    s->room_kicks = 0;
+    /* Taken off first: a request run again may come back to the list. */
     for (r = s->room_head; r != NULL; r = next) {
         next = r->room_next;
-        if (!all && r->room_until > now)
+        if (kicks == 0 && r->room_until > now)
             continue;
+        if (r->room_until > now)
+            kicks--;
         evict__unwait(s, r);
+        *tail = r;
+        tail = &r->room_next;
+    }
+    *tail = NULL;
+    for (r = run; r != NULL; r = next) {
+        next = r->room_next;
+        r->room_next = NULL;
         rerun(r);
     }
     room_arm(s, UINT64_MAX);
@@ -274,7 +298,11 @@ static void room_timer_cb(uv_timer_t *h)
 
 void evict__room_freed(server_t *s)
 {
-    if (s->room_head == NULL || s->room_kick)
+    if (s->room_head == NULL)
+        return;
+    if (s->room_kicks < UINT32_MAX)
+        s->room_kicks++;
+    if (s->room_kick)
         return;
     s->room_kick = true;
     uv_timer_start(&s->room_timer, room_timer_cb, 0, 0);

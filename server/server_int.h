@@ -412,7 +412,8 @@ struct server {
     bool keep_toks;                 /* sessions record their tokens (audit on, or evict) */
     req_t *room_head, *room_tail;   /* REQ_ROOM requests, in the order they began to wait */
     uv_timer_t room_timer;          /* the first wait's end, or a retry once room freed */
-    bool room_kick;                 /* room_timer is set to run every waiting request again */
+    bool room_kick;                 /* room_timer is set to run waiting requests again */
+    uint32_t room_kicks;            /* room freed since: waiting requests to run again */
     size_t evicted_sessions;        /* live sessions whose slot was evicted */
     uint64_t evictions_total;       /* sessions evicted since start */
     uint64_t evicted_token_bytes;   /* bytes of the recorded tokens of evicted sessions */
