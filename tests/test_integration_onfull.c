@@ -130,6 +130,16 @@ START_TEST(test_evict_every_step_exact)
     ck_assert_int_ge(itest_stat(f.c[0], "evictions_total"), evicted);
     /* An evicted session holds no entry of the pool. */
     ck_assert_int_eq(itest_stat(f.c[0], "cache_entries"), PROMPT * (NSESS - evicted));
+    /* GET /sessions lists them, holding no pool bytes. */
+    {
+        itest_http_t h;
+        itest_http_get(d, "/sessions", &h);
+        ck_assert_int_eq(h.status, 200);
+        ck_assert_msg(strstr(h.body, "\"pool_bytes\":0,") != NULL &&
+                          strstr(h.body, "\"state\":\"evicted\"") != NULL,
+                      "no evicted session in %s", h.body);
+        itest_http_free(&h);
+    }
 
     /* Round after round, each session's step finds it evicted (the
      * oldest idle ones go first) and rebuilds it: every reply is the
