@@ -221,9 +221,22 @@ static void room_link(server_t *s, req_t *r)
         s->room_head = r;
 }
 
+/* A fork coming off the workers or the wait list: the session it forks,
+ * which it keeps from running, evicting and release while out
+ * (forks_out), is counted free of it, as dispatch__job_done() counts it;
+ * run again, the fork is counted out again (launch.c). */
+static void fork_back(req_t *r)
+{
+    if (r->fork_from != NULL) {
+        assert(r->fork_from->forks_out > 0);
+        r->fork_from->forks_out--;
+    }
+}
+
 void evict__unwait(server_t *s, req_t *r)
 {
     assert(r->state == REQ_ROOM);
+    fork_back(r);
     if (r->room_prev != NULL)
         r->room_prev->room_next = r->room_next;
     else
@@ -353,6 +366,7 @@ bool evict__on_full(req_t *r)
         return false;
     case CONFIG_ON_FULL_EVICT:
         if (make_room(s, r)) {
+            fork_back(r);
             rerun(r);
             return true;
         }

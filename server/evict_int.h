@@ -30,7 +30,8 @@ bool evict__on_full(req_t *r);
 void evict__room_freed(server_t *s);
 
 /** Takes `r` (REQ_ROOM) off the wait list: its connection closes or
- * drains, and the caller answers or frees it. */
+ * drains, and the caller answers or frees it (a fork no longer keeps the
+ * session it forks: forks_out). */
 void evict__unwait(server_t *s, req_t *r);
 
 /** A request that waited for room (--on-full wait) is answered, or its

@@ -8,7 +8,8 @@
  * least recently used idle sessions, and every step of an evicted session
  * (rebuilt first) is the uncached reference, bit for bit: each reply is
  * checked against model_generate(use_cache = false), computed here.  An
- * append to an evicted session likewise.  wait holds a request until a
+ * append to an evicted session likewise, and a fork of one (started from
+ * its tokens: cached 0).  wait holds a request until a
  * finish makes room (and it then succeeds), answers it cache_full once
  * --full-wait-ms has passed and not before, and a drain answers it
  * shutting_down.  Evicted sessions are released by a disconnect and by
@@ -44,8 +45,8 @@ static void make_prompt(int64_t *p, size_t n, uint64_t seed)
 static itest_daemon_t *start_daemon(const char *on_full, const char *extra, const char *value)
 {
     return itest_daemon_start("--cache-mb", "2", "--models", "small", "--preload", "small",
-                              "--max-connection-share", "1", "--threads", "2", "--on-full",
-                              on_full, extra, value, NULL);
+                              "--max-connection-share", "1", "--threads", "2", "--on-full", on_full,
+                              extra, value, NULL);
 }
 
 /* Sends the start of `ref` on `c` and returns its reply. */
@@ -188,6 +189,32 @@ START_TEST(test_evict_append_exact)
     itest_seq_step(a, s, 1);
     itest_seq_append(a, s, 3, 2000);
     itest_seq_step(a, s, 1);
+
+    /* A fork of "a" while it is evicted: the new session starts from a's
+     * tokens (nothing copied: cached 0), and both go on exact. */
+    for (int i = 0; i < NSESS; i++)
+        itest_ref_step(f.c[i], &f.ref[i], 1);
+    {
+        char want[128];
+        itest_http_t h;
+        snprintf(want, sizeof(want),
+                 "\"id\":\"a\",\"model\":\"small\",\"entries\":%zu,\"pool_bytes\":0,", s->len);
+        itest_http_get(d, "/sessions", &h);
+        ck_assert_msg(strstr(h.body, want) != NULL, "'a' not evicted: %s", h.body);
+        itest_http_free(&h);
+    }
+    itest_seq_t *b = malloc(sizeof(*b));
+    ck_assert_ptr_nonnull(b);
+    memcpy(b, s, sizeof(*b));
+    snprintf(b->id, sizeof(b->id), "b");
+    cJSON *r = itest_rpc(a, "{\"op\":\"fork\",\"id\":\"b\",\"from\":\"a\"}");
+    ck_assert_int_eq(itest_int(r, "entries"), (int64_t)s->len);
+    ck_assert_int_eq(itest_int(r, "cached"), 0);
+    cJSON_Delete(r);
+    itest_seq_step(a, b, 2);
+    itest_seq_step(a, s, 1);
+    itest_seq_step(a, b, 1);
+    free(b);
     free(s);
     fleet_free(&f);
     itest_close(a);
