@@ -10,7 +10,8 @@
  * checked against model_generate(use_cache = false), computed here.  An
  * append to an evicted session likewise, and a fork of one (started from
  * its tokens: cached 0).  wait holds a request until a
- * finish makes room (and it then succeeds), answers it cache_full once
+ * finish makes room (and it then succeeds, the line sent after it
+ * answered after it), answers it cache_full once
  * --full-wait-ms has passed and not before, and a drain answers it
  * shutting_down.  Evicted sessions are released by a disconnect and by
  * the idle timeout like any other, and the counters come back to 0.
@@ -288,6 +289,8 @@ START_TEST(test_wait_until_room_frees)
     line = itest_ref_start_line(&ref);
     ck_assert(itest_send_str(b, line));
     free(line);
+    /* The line after it, sent at once, is answered after it. */
+    ck_assert(itest_send_str(b, "{\"op\":\"stats\"}\n"));
     /* No room: it waits, unanswered. */
     ck_assert_msg(itest_expect_silence(b, 500), "answered before room freed: %s",
                   itest_last_line(b));
@@ -297,6 +300,10 @@ START_TEST(test_wait_until_room_frees)
     cJSON_Delete(r);
     r = itest_read_reply(b);
     ck_assert_msg(itest_ref_start_ok(&ref, r, itest_last_line(b), why, sizeof(why)), "%s", why);
+    cJSON_Delete(r);
+    r = itest_read_reply(b);
+    ck_assert_int_eq(itest_int(r, "live_sessions"), 5);
+    ck_assert_int_eq(itest_int(r, "cache_entries"), 5 * PROMPT);
     cJSON_Delete(r);
     itest_ref_step(b, &ref, 2);
     ck_assert_int_eq(itest_stat(b, "evictions_total"), 0);
