@@ -123,6 +123,26 @@ static session_t *victim(server_t *s, const req_t *r)
     return other;
 }
 
+/* A session of r's connection that is idle but for requests read after
+ * `r` and deferred behind it (REQ_DEFER: none out with the workers), or
+ * NULL.  Run one at a time, those lines would not have been sent yet when
+ * `r` runs, and their session would be a victim: so it is one here too,
+ * or a pipelined connection could be refused where the same lines sent one
+ * at a time are not (docs/design.md, "Pipelining").  The deferred request
+ * copies the session's slot at its submit (launch.c), so it finds it
+ * evicted and rebuilds it. */
+static session_t *victim_behind(const req_t *r)
+{
+    for (const req_t *q = r->order_next; q != NULL; q = q->order_next) {
+        session_t *v = q->session;
+        if (q->state != REQ_DEFER || v == NULL || v->running != q || v == r->session ||
+            v->evicted || !v->has_slot || v->forks_out > 0 || !req__on_slot(q))
+            continue;
+        return v;
+    }
+    return NULL;
+}
+
 /* Gives the slot of idle session `v` back to the pool; it stays live. */
 static void evict_session(server_t *s, session_t *v)
 {
@@ -130,7 +150,8 @@ static void evict_session(server_t *s, session_t *v)
     conn_t *c = v->conn;
     uint32_t released = 0;
 
-    assert(v->in_lru && v->running == NULL && !v->evicted && v->toks.len == v->cs.entries);
+    assert((v->in_lru || (v->running != NULL && v->running->state == REQ_DEFER)) && !v->evicted &&
+           v->toks.len == v->cs.entries);
     if (cache_session_finish(s->pool, &v->cs, &released) != SLOTD_OK)
         log_error("session '%s': eviction failed (stale handle)", v->node.id);
     v->cs = keep; /* model, owner and entries; its handle is stale now, and never used */
@@ -161,7 +182,7 @@ static bool make_room(server_t *s, req_t *r)
         cache_pool_room(s->pool, &free_bytes, &free_slots);
         if (free_bytes >= need && free_slots >= slots)
             break;
-        if ((v = victim(s, r)) == NULL)
+        if ((v = victim(s, r)) == NULL && (v = victim_behind(r)) == NULL)
             break;
         evict_session(s, v);
         evicted++;
