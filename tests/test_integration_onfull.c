@@ -13,7 +13,9 @@
  * finish makes room (and it then succeeds, the line sent after it
  * answered after it), answers it cache_full once
  * --full-wait-ms has passed and not before, and a drain answers it
- * shutting_down.  Evicted sessions are released by a disconnect and by
+ * shutting_down.  Seven starts and their steps on one connection get the
+ * same replies pipelined in one write as sent one at a time, none refused.
+ * Evicted sessions are released by a disconnect and by
  * the idle timeout like any other, and the counters come back to 0.
  *
  * The part "faults" (a CTest entry of its own, skipped in builds without
@@ -21,6 +23,7 @@
  * --fault-wedge-after while other clients need room: it must not be
  * evicted, and its step, once released, is the reference.
  */
+#define _GNU_SOURCE /* asprintf */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -372,6 +375,65 @@ START_TEST(test_wait_drain_answers)
 }
 END_TEST
 
+/* The lines of test_evict_pipelined_as_one_at_a_time(): seven starts on
+ * one connection (five fit), then steps of each, then steps again. */
+#define PIPE_LINES (NSESS - 1) * 3
+
+static void pipe_lines(char **v)
+{
+    int k = 0;
+    for (int i = 0; i < NSESS - 1; i++) {
+        int64_t p[PROMPT];
+        char *toks;
+        make_prompt(p, PROMPT, (uint64_t)i + 50);
+        toks = itest_json_tokens(p, PROMPT);
+        ck_assert_int_ge(
+            asprintf(&v[k++], "{\"op\":\"start\",\"id\":\"p%d\",\"prompt\":%s}\n", i, toks), 0);
+        free(toks);
+    }
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < NSESS - 1; i++)
+            ck_assert_int_ge(
+                asprintf(&v[k++], "{\"op\":\"step\",\"id\":\"p%d\",\"n\":%d}\n", i, round + 1), 0);
+    ck_assert_int_eq(k, PIPE_LINES);
+}
+
+static void pipe_run(char **v, bool pipelined, char **out)
+{
+    itest_daemon_t *d = start_daemon("evict", NULL, NULL);
+    itest_conn_t *c = itest_connect(d);
+
+    for (int i = 0; pipelined && i < PIPE_LINES; i++)
+        ck_assert(itest_send_str(c, v[i]));
+    for (int i = 0; i < PIPE_LINES; i++) {
+        if (!pipelined)
+            ck_assert(itest_send_str(c, v[i]));
+        out[i] = itest_read_line(c, ITEST_REPLY_MS, NULL);
+        ck_assert_msg(out[i] != NULL, "line %d: no reply", i);
+    }
+    itest_close(c);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+}
+
+START_TEST(test_evict_pipelined_as_one_at_a_time)
+{
+    char *v[PIPE_LINES], *one[PIPE_LINES], *pipe[PIPE_LINES];
+
+    pipe_lines(v);
+    pipe_run(v, false, one);
+    pipe_run(v, true, pipe);
+    for (int i = 0; i < PIPE_LINES; i++) {
+        ck_assert_msg(strstr(one[i], "\"error\"") == NULL, "line %d refused: %s", i, one[i]);
+        ck_assert_msg(strcmp(one[i], pipe[i]) == 0,
+                      "line %d: %s\n one at a time: %.200s\n pipelined: %.200s", i, v[i], one[i],
+                      pipe[i]);
+        free(v[i]);
+        free(one[i]);
+        free(pipe[i]);
+    }
+}
+END_TEST
+
 /* ---- Part "faults" ---- */
 
 START_TEST(test_evict_never_in_flight)
@@ -436,6 +498,7 @@ int main(int argc, char **argv)
     ITEST_ADD(s, test_refuse_by_default);
     ITEST_ADD(s, test_evict_every_step_exact);
     ITEST_ADD(s, test_evict_append_exact);
+    ITEST_ADD(s, test_evict_pipelined_as_one_at_a_time);
     ITEST_ADD(s, test_evicted_released_like_others);
     ITEST_ADD(s, test_wait_until_room_frees);
     ITEST_ADD(s, test_wait_times_out);
