@@ -132,7 +132,8 @@ static const option_t options[] = {
      "--full-wait-ms) or evict (idle sessions, least recently used first, rebuilt when next "
      "used) (refuse)"},
     {"full-wait-ms", OPT_UINT, 1, 3600000, FIELD(full_wait_ms),
-     "--on-full wait: milliseconds a request waits for room before cache_full (1000)"},
+     "--on-full wait: milliseconds a request waits for room before cache_full; evict: for an "
+     "idle session to evict when none is (1000)"},
 #if SLOTD_FAULT_INJECTION
     {"fault-corrupt-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_corrupt_after),
      "test build: damage the slot of the N-th step job (0, off)"},
