@@ -528,6 +528,14 @@ static config_result_t set_nets(server_config_t *cfg, const char *src, const cha
     return CONFIG_OK;
 }
 
+/* The error of an --on-full (SLOTD_ON_FULL) that is none of the three. */
+static config_result_t set_on_full_error(char *err, size_t errlen, const char *src,
+                                         const char *value)
+{
+    snprintf(err, errlen, "%s: '%s' is not one of refuse, wait, evict", src, value);
+    return CONFIG_ERROR;
+}
+
 /* Sets option `o` from `value`; `src` names where it came from ("--port",
  * "SLOTD_PORT") for the error message. */
 static config_result_t set_option(server_config_t *cfg, const option_t *o, const char *src,
@@ -594,7 +602,7 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
         else if (strcmp(value, "evict") == 0)
             cfg->on_full = CONFIG_ON_FULL_EVICT;
         else
-            return fail(err, errlen, "%s: '%s' is not one of refuse, wait, evict", src, value);
+            return set_on_full_error(err, errlen, src, value);
         return CONFIG_OK;
     case OPT_FLAG:
         break;
