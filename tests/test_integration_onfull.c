@@ -15,7 +15,8 @@
  * --full-wait-ms has passed and not before, and a drain answers it
  * shutting_down.  Seven starts and their steps on one connection get the
  * same replies pipelined in one write as sent one at a time, none refused.
- * Evicted sessions are released by a disconnect and by
+ * A connection over its equal part of the pool makes room from its own
+ * sessions, not from a connection under it.  Evicted sessions are released by a disconnect and by
  * the idle timeout like any other, and the counters come back to 0.
  *
  * The part "faults" (a CTest entry of its own, skipped in builds without
@@ -269,6 +270,46 @@ START_TEST(test_evicted_released_like_others)
 }
 END_TEST
 
+START_TEST(test_evict_fair_between_connections)
+{
+    itest_daemon_t *d = start_daemon("evict", NULL, NULL);
+    itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
+    itest_ref_t rb, ra[6];
+    int64_t p[PROMPT];
+    itest_http_t h;
+    char want[128];
+
+    /* b's one session, the least recently used of all, holds less than an
+     * equal part of the pool (2 MiB over 2 connections); a, which holds
+     * more, makes its room from its own sessions, never from b's. */
+    make_prompt(p, PROMPT, 99);
+    itest_ref_init(&rb, "b", "small", p, PROMPT, 2);
+    start_ok(b, &rb);
+    for (int i = 0; i < 6; i++) {
+        char id[8];
+        make_prompt(p, PROMPT, (uint64_t)i + 200);
+        snprintf(id, sizeof(id), "a%d", i);
+        itest_ref_init(&ra[i], id, "small", p, PROMPT, 2);
+        start_ok(a, &ra[i]);
+    }
+    ck_assert_int_ge(itest_stat(a, "evicted_sessions"), 1);
+    itest_http_get(d, "/sessions", &h);
+    snprintf(want, sizeof(want),
+             "\"id\":\"b\",\"model\":\"small\",\"entries\":%d,\"pool_bytes\":0,", PROMPT);
+    ck_assert_msg(strstr(h.body, want) == NULL, "b's session was evicted: %s", h.body);
+    itest_http_free(&h);
+    /* a's evicted sessions come back exact, and so does b. */
+    for (int i = 0; i < 6; i++) {
+        itest_ref_step(a, &ra[i], 1);
+        itest_ref_free(&ra[i]);
+    }
+    itest_ref_step(b, &rb, 1);
+    itest_ref_free(&rb);
+    itest_close(a);
+    itest_close(b);
+}
+END_TEST
+
 /* Five sessions of PROMPT on `a`: the pool is full. */
 static void fill(itest_conn_t *a)
 {
@@ -506,6 +547,7 @@ int main(int argc, char **argv)
     ITEST_ADD(s, test_evict_every_step_exact);
     ITEST_ADD(s, test_evict_append_exact);
     ITEST_ADD(s, test_evict_pipelined_as_one_at_a_time);
+    ITEST_ADD(s, test_evict_fair_between_connections);
     ITEST_ADD(s, test_evicted_released_like_others);
     ITEST_ADD(s, test_wait_until_room_frees);
     ITEST_ADD(s, test_wait_times_out);
