@@ -93,9 +93,17 @@ static uint64_t room_need(const req_t *r, uint64_t *slots)
     case PROTO_OP_GENERATE:
         pos = r->rq.ntokens + (uint64_t)r->rq.steps;
         break;
-    default: /* start, logits */
+    case PROTO_OP_START:
+    case PROTO_OP_LOGITS:
         pos = r->rq.ntokens;
         break;
+    case PROTO_OP_NONE:
+    case PROTO_OP_FINISH:
+    case PROTO_OP_STATS:
+    case PROTO_OP_AUTH:
+    case PROTO_OP__COUNT: /* take no room, so are never refused for it */
+        *slots = 0;
+        return 0;
     }
     m = r->model;
     if (pos > model_max_ctx(m))
