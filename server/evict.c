@@ -74,7 +74,7 @@ static uint64_t room_need(const req_t *r, uint64_t *slots)
 {
     const session_t *sess = r->session;
     const model_t *m;
-    uint64_t pos;
+    uint64_t pos = 0; /* every case sets it or returns (gcc -O2 cannot tell) */
 
     *slots = 1;
     switch (r->rq.op) {
