@@ -817,7 +817,8 @@ void dispatch__job_done(req_t *r)
     metrics_job_back(atomic_load_explicit(&r->started, memory_order_relaxed));
     if (r->chain_next != NULL && (r->rc != SLOTD_OK || r->chain_cut))
         launch__chain_return(r);
-    evict__job_back(r);
+    if (sess != NULL && sess->evicted) /* --on-full evict: maybe rebuilt */
+        evict__job_back(r);
     /* Refused for room while an earlier line has yet to take effect, which
      * may make room: not answered, but run again once they all have.  With
      * nothing earlier pending, --on-full may make room or wait for it. */
@@ -837,7 +838,8 @@ void dispatch__job_done(req_t *r)
             return;
         }
     }
-    evict__room_done(r);
+    if (r->room_until != 0) /* it waited for room (evict.c) */
+        evict__room_done(r);
     if (r->rc == SLOTD_ECACHE_FULL) { /* the pool's: its bytes, or (an acquire) its slots */
         uint64_t free_bytes, free_slots;
         cache_pool_room(s->pool, &free_bytes, &free_slots);

@@ -105,7 +105,6 @@ struct req {
     bool uncounted;      /* read behind a barrier: counted in requests_total when it lifts */
     uint64_t room_until; /* --on-full wait: uv_now() its wait for room ends; 0 before it began */
     uint8_t room_tries;  /* --on-full evict: runs again with nothing evicted for it (evict.c) */
-    req_t *room_prev, *room_next; /* server->room_head while REQ_ROOM (evict.c) */
     uint8_t model_label; /* model_preset_index() + 1 of the model it named or its session's,
                             once found (slotd_request_duration_seconds); 0: none */
     req_state_t state;
@@ -116,6 +115,7 @@ struct req {
     req_t *order_next; /* the connection's order FIFO; the free list */
     uint64_t seq;      /* the line's number on its connection */
     uint64_t read_ns;  /* uv_hrtime() of the read its line came in (the wait metrics) */
+    req_t *room_prev, *room_next; /* server->room_head while REQ_ROOM (evict.c sets them) */
 
     /* The job's input: set by the loop before submit, read-only after.
      * req__put() relies on the order of `rq`, `model`, `cs` and `reply`. */

@@ -139,8 +139,8 @@ static uint32_t session_release(session_t *sess, metrics_release_t why)
         evict__forget(sess);
     } else if (cache_session_finish(s->pool, &sess->cs, &released) != SLOTD_OK) {
         log_error("session '%s': release failed (stale handle)", sess->node.id);
-    } else {
-        evict__room_freed(s);
+    } else if (s->room_head != NULL) {
+        evict__room_freed(s); /* requests wait for room (evict.c) */
     }
     sess->has_slot = false;
     audit_tokens_free(&sess->toks);
@@ -323,7 +323,7 @@ void session__settle(session_t *sess)
             (s->cfg->idle_timeout > 0 || s->cfg->on_full == CONFIG_ON_FULL_EVICT) &&
             sess->forks_out == 0) {
             lru_add(s, sess);
-            if (sess->conn->server->cfg->on_full == CONFIG_ON_FULL_EVICT)
+            if (s->room_head != NULL && s->cfg->on_full == CONFIG_ON_FULL_EVICT)
                 evict__room_freed(s); /* a victim now, for a request waiting for room */
         }
         return;
