@@ -302,6 +302,10 @@ typedef struct proto_stats {
     uint64_t released_shutdown;
     uint64_t uptime_seconds;
     uint32_t threads;
+    /* --on-full evict (docs/protocol.md, "When the pool is full"). */
+    uint64_t evicted_sessions;      /* live sessions holding no pool memory now */
+    uint64_t evictions_total;       /* sessions evicted since start */
+    uint64_t rebuilt_entries_total; /* entries recomputed rebuilding them */
 } proto_stats_t;
 
 /* `tag` is NULL or JSON text from proto_request_t.tag, echoed as "tag". */

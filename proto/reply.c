@@ -623,6 +623,9 @@ int proto_reply_stats_tenant(proto_buf_t *b, const char *tag, const proto_stats_
         M(",\"shutdown\":", st->released_shutdown),
         M("},\"uptime_seconds\":", st->uptime_seconds),
         M(",\"threads\":", st->threads),
+        M(",\"evicted_sessions\":", st->evicted_sessions),
+        M(",\"evictions_total\":", st->evictions_total),
+        M(",\"rebuilt_entries_total\":", st->rebuilt_entries_total),
 #undef M
     };
     size_t start = b->len;

@@ -57,6 +57,7 @@ typedef enum opt_kind {
     OPT_YESNO,
     OPT_FLAG,
     OPT_NETS,
+    OPT_ONFULL,
 } opt_kind_t;
 
 typedef struct option {
@@ -129,6 +130,13 @@ static const option_t options[] = {
     {"proxy-from", OPT_NETS, 0, 0, 0, 0,
      "addresses or CIDR networks, comma separated, whose connections begin with a PROXY "
      "protocol header (v1 or v2) naming the client, or none (none)"},
+    {"on-full", OPT_ONFULL, 0, 0, FIELD(on_full),
+     "a request the pool has no room for: refuse (cache_full at once), wait (for room, up to "
+     "--full-wait-ms) or evict (idle sessions, least recently used first, rebuilt when next "
+     "used) (refuse)"},
+    {"full-wait-ms", OPT_UINT, 1, 3600000, FIELD(full_wait_ms),
+     "--on-full wait: milliseconds a request waits for room before cache_full; evict: for an "
+     "idle session to evict when none is (1000)"},
 #if SLOTD_FAULT_INJECTION
     {"fault-corrupt-after", OPT_UINT, 0, UINT64_MAX, FIELD(fault_corrupt_after),
      "test build: damage the slot of the N-th step job (0, off)"},
@@ -273,6 +281,8 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     cfg->reply_hold_us = 100;
     cfg->max_batch = 32;
     cfg->batch_us = 10000;
+    cfg->on_full = CONFIG_ON_FULL_REFUSE;
+    cfg->full_wait_ms = 1000;
     /* Every preset of the table (core/model.c), up to CONFIG_MAX_MODELS. */
     for (cfg->nmodels = 0;
          cfg->nmodels < CONFIG_MAX_MODELS && model_preset_name(cfg->nmodels) != NULL;
@@ -523,6 +533,14 @@ static config_result_t set_nets(server_config_t *cfg, const char *src, const cha
     return CONFIG_OK;
 }
 
+/* The error of an --on-full (SLOTD_ON_FULL) that is none of the three. */
+static config_result_t set_on_full_error(char *err, size_t errlen, const char *src,
+                                         const char *value)
+{
+    snprintf(err, errlen, "%s: '%s' is not one of refuse, wait, evict", src, value);
+    return CONFIG_ERROR;
+}
+
 /* Sets option `o` from `value`; `src` names where it came from ("--port",
  * "SLOTD_PORT") for the error message. */
 static config_result_t set_option(server_config_t *cfg, const option_t *o, const char *src,
@@ -583,6 +601,16 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
         return CONFIG_OK;
     case OPT_NETS:
         return set_nets(cfg, src, value, err, errlen);
+    case OPT_ONFULL:
+        if (strcmp(value, "refuse") == 0)
+            cfg->on_full = CONFIG_ON_FULL_REFUSE;
+        else if (strcmp(value, "wait") == 0)
+            cfg->on_full = CONFIG_ON_FULL_WAIT;
+        else if (strcmp(value, "evict") == 0)
+            cfg->on_full = CONFIG_ON_FULL_EVICT;
+        else
+            return set_on_full_error(err, errlen, src, value);
+        return CONFIG_OK;
     case OPT_FLAG:
         break;
     }

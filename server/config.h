@@ -30,6 +30,15 @@ typedef struct config_net {
     unsigned prefix;  /* 0..32 or 0..128 */
 } config_net_t;
 
+/** What a request that finds the pool full does (--on-full): refused at
+ * once, waits for room up to --full-wait-ms, or makes room by evicting
+ * idle sessions (server/evict.c). */
+typedef enum config_on_full {
+    CONFIG_ON_FULL_REFUSE = 0,
+    CONFIG_ON_FULL_WAIT,
+    CONFIG_ON_FULL_EVICT,
+} config_on_full_t;
+
 /** Every setting.  A plain value with no owned memory. */
 typedef struct server_config {
     char listen[CONFIG_HOST_MAX + 1];       /* numeric IPv4 or IPv6 address of the session port */
@@ -70,6 +79,8 @@ typedef struct server_config {
     uint32_t max_batch; /* single steps of one model a worker runs as one batch, 1..64 */
     uint32_t batch_us;  /* estimated microseconds a batch may take; 0 = only max_batch bounds it */
     bool worker_sched_batch; /* worker threads under SCHED_BATCH (worker.h) */
+    config_on_full_t on_full; /* a request the pool has no room for (evict.c) */
+    uint32_t full_wait_ms;    /* --on-full wait: the most a request waits for room */
     /* A connection before it is served (handshake.c). */
     uint32_t auth_timeout; /* seconds from accept to auth (and PROXY header); 0 = forever */
     size_t nproxy_from;    /* peers that must send a PROXY header: none by default */

@@ -26,6 +26,7 @@
 
 #include "auth.h"
 #include "conn_int.h"
+#include "evict_int.h"
 #include "handshake_int.h"
 #include "inspect_int.h"
 #include "launch_int.h"
@@ -599,6 +600,7 @@ static bool fork_apply(conn_t *c, req_t *r)
     r->fork_from = from;
     r->from_cs = from->cs;
     r->from_toks = from->toks;
+    r->from_evicted = from->evicted; /* the job starts it from the tokens instead (job.c) */
     r->model = m;
     req_model_found(r, m);
     r->owner_key = c->serial;
@@ -885,20 +887,29 @@ void dispatch__job_done(req_t *r)
     metrics_job_back(atomic_load_explicit(&r->started, memory_order_relaxed));
     if (r->chain_next != NULL && (r->rc != SLOTD_OK || r->chain_cut))
         launch__chain_return(r);
+    if (sess != NULL && sess->evicted) /* --on-full evict: maybe rebuilt */
+        evict__job_back(r);
     /* Refused for room while an earlier line has yet to take effect, which
-     * may make room: not answered, but run again once they all have. */
-    if (r->rc == SLOTD_ECACHE_FULL && !c->closed && !s->draining && earlier_pending(c, r)) {
+     * may make room: not answered, but run again once they all have.  With
+     * nothing earlier pending, --on-full may make room or wait for it. */
+    if (r->rc == SLOTD_ECACHE_FULL && !c->closed && !s->draining) {
+        bool pending = earlier_pending(c, r);
         if (sess != NULL && req__on_slot(r)) {
             /* The step may have moved the audit's recording (realloc) before
              * the pool refused it: the session keeps what the job left. */
             sess->cs = r->cs;
             sess->toks = r->toks;
         }
-        req_defer(c, r, true);
-        conn__update(c);
-        conn__unref(c);
-        return;
+        if (pending)
+            req_defer(c, r, true);
+        if (pending || evict__on_full(r)) {
+            conn__update(c);
+            conn__unref(c);
+            return;
+        }
     }
+    if (r->room_until != 0) /* it waited for room (evict.c) */
+        evict__room_done(r);
     if (r->rc == SLOTD_ECACHE_FULL) { /* the pool's: its bytes, or (an acquire) its slots */
         uint64_t free_bytes, free_slots;
         cache_pool_room(s->pool, &free_bytes, &free_slots);
@@ -973,7 +984,9 @@ void dispatch__drain(conn_t *c)
     conn__drain_input(c);
     slotd_error_set(&err, SLOTD_ESHUTTING_DOWN, SERVER_SHUTTING_DOWN_MSG);
     for (req_t *r = c->order_head; r != NULL; r = r->order_next) {
-        if (r->state != REQ_HELD && r->state != REQ_DEFER && r->state != REQ_BUILD)
+        if (r->state == REQ_ROOM)
+            evict__unwait(c->server, r); /* waiting for room (evict.c) */
+        else if (r->state != REQ_HELD && r->state != REQ_DEFER && r->state != REQ_BUILD)
             continue;
         if (r->session != NULL && r->session->running == r)
             r->session->running = NULL; /* deferred after its job ran: not out */

@@ -22,7 +22,8 @@
  * session: its chain's blocks and its state, each at its 64-byte stride,
  * as the pool counts them (cache_pool_slot_bytes()).  The state is "running"
  * while a worker runs a job of the session, "queued" while its requests
- * wait, "idle" otherwise; `outstanding` counts its requests not yet
+ * wait, "evicted" while idle with its slot evicted (--on-full evict:
+ * pool_bytes 0), "idle" otherwise; `outstanding` counts its requests not yet
  * answered by the model, the running one included.
  *
  * DESIGN.  The loop thread owns the server's records, every listing while
@@ -51,6 +52,7 @@ typedef enum listed_state {
     LISTED_IDLE = 0,
     LISTED_QUEUED,
     LISTED_RUNNING,
+    LISTED_EVICTED,
 } listed_state_t;
 
 /* One session as copied on the loop: nothing here points into the
@@ -134,7 +136,9 @@ static int listed_add(inspect_listing_t *l, const session_t *sess)
     bool started = sess->running != NULL &&
                    atomic_load_explicit(&sess->running->started, memory_order_relaxed);
     e->serial = sess->conn->serial;
-    e->bytes = m != NULL && sess->has_slot ? cache_pool_slot_bytes(m, sess->cs.entries) : 0;
+    e->bytes = m != NULL && sess->has_slot && !sess->evicted
+                   ? cache_pool_slot_bytes(m, sess->cs.entries)
+                   : 0;
     e->born = sess->born;
     e->age = (double)(l->now - sess->born) / 1000.0;
     e->idle = sess->in_lru ? (double)(l->now - sess->idle_since) / 1000.0 : 0.0;
@@ -144,6 +148,7 @@ static int listed_add(inspect_listing_t *l, const session_t *sess)
     e->outstanding = outstanding;
     e->state = started                                            ? LISTED_RUNNING
                : sess->running != NULL || sess->fifo_head != NULL ? LISTED_QUEUED
+               : sess->evicted                                    ? LISTED_EVICTED
                                                                   : LISTED_IDLE;
     snprintf(e->id, sizeof(e->id), "%s", sess->cs.owner.id);
     return SLOTD_OK;
@@ -191,6 +196,7 @@ static const char *const state_name[] = {
     [LISTED_IDLE] = "idle",
     [LISTED_QUEUED] = "queued",
     [LISTED_RUNNING] = "running",
+    [LISTED_EVICTED] = "evicted",
 };
 
 static int write_body(inspect_listing_t *l)
@@ -383,6 +389,9 @@ void inspect__stats(server_t *s, proto_stats_t *st)
     st->released_shutdown = metrics_released(METRICS_RELEASE_SHUTDOWN);
     st->uptime_seconds = (uv_hrtime() - s->start_ns) / 1000000000u;
     st->threads = s->cfg->threads;
+    st->evicted_sessions = s->evicted_sessions;
+    st->evictions_total = metrics_eviction_value();
+    st->rebuilt_entries_total = metrics_rebuilt_entry_value();
 }
 
 void inspect__tenant_stats(server_t *s, const tenant_t *t, proto_stats_t *st)

@@ -20,6 +20,7 @@
  */
 #include <assert.h>
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -442,6 +443,58 @@ unsliced: /* no room: the one call says so, in its words */
                                          rows, err);
 }
 
+/* Starts a slot of `m` for `owner` holding the sequence `t` (a prefill of
+ * its tokens, as a start with them as its prompt runs it) into *out: how
+ * an evicted session is rebuilt (evict.c).  Its entries are then those a
+ * start with the whole sequence computes, which are those the session's
+ * own start, steps and appends computed (docs/design.md, "What one cache
+ * entry holds"), bit for bit.  On an error nothing is held and *out is as
+ * it was.  The int64 copy of the tokens is this call's, freed before it
+ * returns. */
+static int rebuild_slot(server_t *s, worker_t *w, const req_t *r, const model_t *m,
+                        const cache_owner_t *owner, const audit_tokens_t *t, cache_session_t *out,
+                        slotd_error_t *err)
+{
+    uint64_t t0 = uv_hrtime();
+    cache_session_t cs;
+    int64_t *prompt;
+    int rc;
+
+    assert(t->len > 0);
+    prompt = malloc((size_t)t->len * sizeof(*prompt));
+    if (prompt == NULL)
+        return SLOTD_ENOMEM;
+    for (uint32_t i = 0; i < t->len; i++)
+        prompt[i] = t->v[i];
+    rc = cache_session_start(s->pool, m, owner, prompt, t->len, worker_scratch(w), &cs, err);
+    free(prompt);
+    if (rc == SLOTD_ECACHE_FULL)
+        return slotd_error_set(err, SLOTD_ECACHE_FULL,
+                               "%s: no room in the pool to rebuild evicted session '%s' (%" PRIu32
+                               " entries)",
+                               proto_op_name(r->rq.op), owner->id, t->len);
+    if (rc != SLOTD_OK)
+        return rc;
+    *out = cs;
+    metrics_count_rebuilt_entry_n(t->len); /* a rebuild, for --on-full evict */
+    metrics_count_rebuild_ns_n(uv_hrtime() - t0);
+    return SLOTD_OK;
+}
+
+/* A step or append of an evicted session: its slot back first (the
+ * loop sees `rebuild` cleared and counts the session as holding one). */
+static int rebuild_session(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
+{
+    cache_owner_t owner = r->cs.owner;
+    int rc;
+
+    assert(r->toks.len == r->cs.entries);
+    rc = rebuild_slot(s, w, r, r->cs.model, &owner, &r->toks, &r->cs, err);
+    if (rc == SLOTD_OK)
+        r->rebuild = false;
+    return rc;
+}
+
 static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 {
     cache_owner_t owner;
@@ -450,7 +503,7 @@ static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     owner.key = r->owner_key;
     memcpy(owner.id, r->rq.id, sizeof(owner.id));
     /* The recorded prompt first: nothing to undo if there is no room. */
-    if (s->audit != NULL) {
+    if (s->keep_toks) {
         if (audit_tokens_reserve(&r->toks, (uint32_t)r->rq.ntokens) != SLOTD_OK)
             return SLOTD_ENOMEM;
         for (size_t i = 0; i < r->rq.ntokens; i++)
@@ -535,8 +588,8 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
         logits = worker_logits(w, (size_t)n * vocab);
     if (tokens == NULL || (attn && logits == NULL))
         return SLOTD_ENOMEM;
-    /* The audit's room first, so that a step that ran can always be recorded. */
-    if (s->audit != NULL && audit_tokens_reserve(&r->toks, n) != SLOTD_OK)
+    /* The recording's room first, so that a step that ran can always be recorded. */
+    if (s->keep_toks && audit_tokens_reserve(&r->toks, n) != SLOTD_OK)
         return SLOTD_ENOMEM;
     if (n > 1 && step_is_long(s, m, n))
         rc = step_sliced(s, w, r, n, controls_dc(&ctl), tokens, logits, &picked, err);
@@ -547,6 +600,8 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
         return rc;
     if (s->audit != NULL)
         audit_step(s, w, r, picked, tokens, logits, &ctl);
+    else if (s->keep_toks)
+        audit_tokens_append(&r->toks, tokens, picked);
     JOB_FAULT_AFTER_STEP(s, r);
     return controls_reply_step(&ctl, &r->reply, &r->rq, m, tokens, picked,
                                controls_logits(&ctl, logits), r->cs.entries, worker_scratch(w));
@@ -562,14 +617,14 @@ static int run_append(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     uint32_t cached = 0, len = r->toks.len;
     int rc;
 
-    if (s->audit != NULL && r->rq.ntokens <= model_max_ctx(r->cs.model) &&
+    if (s->keep_toks && r->rq.ntokens <= model_max_ctx(r->cs.model) &&
         audit_tokens_reserve(&r->toks, (uint32_t)r->rq.ntokens) != SLOTD_OK)
         return SLOTD_ENOMEM;
     rc = cache_session_append(s->pool, &r->cs, r->rq.tokens, r->rq.ntokens, worker_scratch(w),
                               &cached, err);
     if (rc != SLOTD_OK)
         return rc;
-    if (s->audit != NULL) {
+    if (s->keep_toks) {
         assert(len + r->rq.ntokens == r->cs.entries); /* the recording follows the slot */
         for (size_t i = 0; i < r->rq.ntokens; i++)
             r->toks.v[len + i] = (uint32_t)r->rq.tokens[i]; /* checked: in [0, V) */
@@ -590,16 +645,19 @@ static int run_fork(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     (void)w;
     owner.key = r->owner_key;
     memcpy(owner.id, r->rq.id, sizeof(owner.id));
-    if (s->audit != NULL) {
+    if (s->keep_toks) {
         if (audit_tokens_reserve(&r->toks, r->from_toks.len) != SLOTD_OK)
             return SLOTD_ENOMEM;
         audit_tokens_append(&r->toks, r->from_toks.v, r->from_toks.len);
     }
-    rc = cache_session_fork(s->pool, &r->from_cs, &owner, &r->cs, err);
+    if (r->from_evicted) /* no slot to copy: its tokens run into a new one */
+        rc = rebuild_slot(s, w, r, r->from_cs.model, &owner, &r->from_toks, &r->cs, err);
+    else
+        rc = cache_session_fork(s->pool, &r->from_cs, &owner, &r->cs, err);
     if (rc == SLOTD_OK) {
-        /* Every entry was reused (copied), none computed. */
+        /* Every entry was reused (copied), none computed; or, rebuilt, none. */
         rc = proto_reply_fork(&r->reply, r->rq.tag, r->rq.id, model_name(r->model), r->cs.entries,
-                              r->cs.entries);
+                              r->from_evicted ? 0 : r->cs.entries);
         if (rc != SLOTD_OK) /* no reply, no session: give the slot back */
             (void)cache_session_finish(s->pool, &r->cs, &(uint32_t){0});
     }
@@ -674,12 +732,12 @@ bool job_group(const worker_job_t *first, const worker_job_t *cand, void *arg)
     const req_t *f = container_of(first, req_t, job), *c;
 
     (void)arg;
-    if (f->rq.op != PROTO_OP_STEP || f->rq.n != 1 || !model_batch_shares(f->cs.model))
+    if (f->rq.op != PROTO_OP_STEP || f->rq.n != 1 || f->rebuild || !model_batch_shares(f->cs.model))
         return false;
     if (cand == NULL)
         return true;
     c = container_of(cand, req_t, job);
-    return c->rq.op == PROTO_OP_STEP && c->rq.n == 1 && c->cs.model == f->cs.model &&
+    return c->rq.op == PROTO_OP_STEP && c->rq.n == 1 && !c->rebuild && c->cs.model == f->cs.model &&
            !atomic_load_explicit(&c->canceled, memory_order_relaxed);
 }
 
@@ -727,7 +785,7 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
         atomic_store_explicit(&r->started, true, memory_order_relaxed);
         job_begun(worker_index(w), worker_job_start(w), r);
         JOB_FAULT_POINT(s, r);
-        if (logits == NULL || (s->audit != NULL && audit_tokens_reserve(&r->toks, 1) != SLOTD_OK)) {
+        if (logits == NULL || (s->keep_toks && audit_tokens_reserve(&r->toks, 1) != SLOTD_OK)) {
             r->rc = SLOTD_ENOMEM;
             continue;
         }
@@ -755,6 +813,8 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
         if (rc[i] == SLOTD_OK) {
             if (s->audit != NULL)
                 audit_step(s, w, r, 1, &picks[i], lg[i], &ctl[i]);
+            else if (s->keep_toks)
+                audit_tokens_append(&r->toks, &picks[i], 1);
             JOB_FAULT_AFTER_STEP(s, r);
             rc[i] = controls_reply_step(&ctl[i], &r->reply, &r->rq, m, &picks[i], 1,
                                         controls_logits(&ctl[i], lg[i]), r->cs.entries,
@@ -848,6 +908,7 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
     uint64_t lent = job_lent_ns;                 /* others' time in this job, from here */
     unsigned shard = worker_index(w);
     slotd_error_t err;
+    bool rebuilt;
     int rc;
 
     slotd_error_clear(&err);
@@ -871,7 +932,10 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
         cpu0 = thread_cpu_ns();
 
     assert(proto_op_on_worker(r->rq.op) && job_runs[r->rq.op] != NULL);
-    if ((unsigned)r->rq.op < PROTO_OP__COUNT && job_runs[r->rq.op] != NULL)
+    rebuilt = r->rebuild;
+    if (rebuilt && (rc = rebuild_session(s, w, r, &err)) != SLOTD_OK)
+        ; /* answered as the request's own error: the session stays evicted */
+    else if ((unsigned)r->rq.op < PROTO_OP__COUNT && job_runs[r->rq.op] != NULL)
         rc = job_runs[r->rq.op](s, w, r, &err);
     else
         rc = SLOTD_EINVAL; /* only ops with proto_ops[op].on_worker are submitted */
@@ -895,7 +959,8 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
                                        m != NULL ? model_preset_index(m) : MODEL_NPRESETS);
         uint64_t ns = cpu_timed ? thread_cpu_ns() - cpu0 : now - t0;
 
-        cost_measured(s, r, ns > lent ? ns - lent : 0);
+        if (!rebuilt) /* a rebuild's prefill is not the op's cost */
+            cost_measured(s, r, ns > lent ? ns - lent : 0);
     }
 }
 

@@ -173,7 +173,16 @@ static inline void req_submit(req_t *r)
     uint64_t cost;
     uint16_t code;
 
-    if (step) {
+    if (step && r->session->evicted) {
+        /* Rebuilt first (job.c): run alone, never batched or chained. */
+        r->cs = r->session->cs;
+        r->toks = r->session->toks; /* the job's until it comes back */
+        r->rebuild = true;
+        memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));
+        r->job.lone = true;
+        cost = job_cost(c->server, r);
+        step = false;
+    } else if (step) {
         r->cs = r->session->cs;
         r->toks = r->session->toks; /* the job's until it comes back */
         /* Where the step will read first, as the last start or step of
@@ -190,6 +199,7 @@ static inline void req_submit(req_t *r)
          * alone and never the head of a chain. */
         r->cs = r->session->cs;
         r->toks = r->session->toks; /* the job's until it comes back */
+        r->rebuild = r->session->evicted; /* rebuilt first (job.c) */
         memset(r->job.hint_lines, 0, sizeof(r->job.hint_lines));
         r->job.lone = true;
         cost = job_cost(c->server, r);

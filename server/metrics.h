@@ -146,6 +146,21 @@ static inline size_t metrics_op_model(proto_op_t op, size_t model)
        "Cached decodes found to diverge from the uncached result.")                                \
     XX(COUNTER, audit, NONE, _, "slotd_cache_audits_total",                                        \
        "Step requests recomputed without the cache and compared (--audit-rate).")                  \
+    XX(STAT_GAUGE, evicted_sessions, NONE, evicted_sessions, "slotd_evicted_sessions",             \
+       "Live sessions holding no pool memory: evicted, rebuilt at their next request "             \
+       "(--on-full evict).")                                                                       \
+    XX(GAUGE, evicted_token_bytes, NONE, _, "slotd_evicted_token_bytes",                           \
+       "Bytes of the recorded tokens that evicted sessions keep outside the pool.")                \
+    XX(COUNTER, eviction, NONE, _, "slotd_evictions_total",                                        \
+       "Idle sessions whose slot was given back to make room (--on-full evict).")                  \
+    XX(COUNTER, rebuilt_entry, NONE, _, "slotd_rebuilt_entries_total",                             \
+       "Entries recomputed by the prefill that rebuilds an evicted session.")                      \
+    XX(COUNTER, rebuild_ns, NONE, ns, "slotd_rebuild_seconds_total",                               \
+       "Seconds workers spent rebuilding evicted sessions.")                                       \
+    XX(COUNTER, room_wait, NONE, _, "slotd_room_waits_total",                                      \
+       "Requests that found the pool full and waited for room (--on-full wait).")                  \
+    XX(HISTOGRAM, room_wait_seconds, NONE, seconds, "slotd_room_wait_seconds",                     \
+       "Time a request waited for room (--on-full wait), until it ran or was refused.")            \
     XX(COUNTER, step_batch, NONE, _, "slotd_step_batches_total",                                   \
        "Batches of two or more single steps of one model run as one (--max-batch).")               \
     XX(COUNTER, batched_step, NONE, _, "slotd_batched_steps_total",                                \

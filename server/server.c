@@ -41,6 +41,7 @@
 #include "admin.h"
 #include "conn_int.h"
 #include "dispatch_int.h"
+#include "evict_int.h"
 #include "handshake_int.h"
 #include "inspect_int.h"
 #include "job_int.h"
@@ -342,6 +343,7 @@ static void server_finish(server_t *s)
     close_quietly((uv_handle_t *)&s->sigusr1);
 #endif
     close_quietly((uv_handle_t *)&s->idle_timer);
+    close_quietly(evict__timer(s));
     close_quietly((uv_handle_t *)&s->shutdown_timer);
     close_quietly((uv_handle_t *)&s->flush_check);
     close_quietly((uv_handle_t *)&s->hold_timer);
@@ -386,6 +388,7 @@ static void server_drain(server_t *s)
     listener_close(s);
     uv_timer_stop(&s->accept_timer);
     uv_timer_stop(&s->idle_timer);
+    uv_timer_stop(&s->room_timer); /* its requests are answered below (dispatch__drain()) */
     uv_timer_stop(&s->quiet_timer);
     while (!TAILQ_EMPTY(&s->quiet)) /* a drain closes them anyway */
         conn__wait_remove(s, TAILQ_FIRST(&s->quiet));
@@ -481,6 +484,9 @@ static int start_workers(server_t *s)
         log_info("audit: %g of step requests recomputed without the cache; %zu bytes per worker",
                  s->cfg->audit_rate, audit_worker_bytes(s->audit));
     }
+
+    /* An evicted session is rebuilt from its tokens (evict.c). */
+    s->keep_toks = s->audit != NULL || s->cfg->on_full == CONFIG_ON_FULL_EVICT;
 
     memset(&wc, 0, sizeof(wc));
     wc.threads = s->cfg->threads;
@@ -649,6 +655,7 @@ int server_run(const server_config_t *cfg)
     log_warn("built with fault injection (SLOTD_FAULT_INJECTION): a test build, not for service");
 #endif
     uv_timer_init(&s->loop, &s->idle_timer);
+    evict__init(s);
     uv_timer_init(&s->loop, &s->shutdown_timer);
     uv_check_init(&s->loop, &s->flush_check);
     uv_timer_init(&s->loop, &s->hold_timer);

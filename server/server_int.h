@@ -84,6 +84,7 @@ typedef enum req_state {
     REQ_DONE,    /* `reply` holds its line */
     REQ_DEFER,   /* waits for its connection's earlier lines (dispatch.c, Pipelined order) */
     REQ_BUILD,   /* waits for the weights of its model (models.c); the connection's barrier */
+    REQ_ROOM,    /* refused for room, waits for some under --on-full wait (evict.c) */
 } req_state_t;
 
 /** A request record: one line read, from parse until its reply is copied
@@ -103,6 +104,8 @@ struct req {
     bool again;          /* REQ_DEFER after its job ran: run it again, not apply it */
     uint8_t refusal;     /* a cache_full: what ran out (metrics_refusal_t), counted when answered */
     bool uncounted;      /* read behind a barrier: counted in requests_total when it lifts */
+    uint64_t room_until; /* --on-full wait: uv_now() its wait for room ends; 0 before it began */
+    uint8_t room_tries;  /* --on-full evict: runs again with nothing evicted for it (evict.c) */
     uint8_t model_label; /* model_preset_index() + 1 of the model it named or its session's,
                             once found (slotd_request_duration_seconds); 0: none */
     req_state_t state;
@@ -113,6 +116,7 @@ struct req {
     req_t *order_next; /* the connection's order FIFO; the free list */
     uint64_t seq;      /* the line's number on its connection */
     uint64_t read_ns;  /* uv_hrtime() of the read its line came in (the wait metrics) */
+    req_t *room_prev, *room_next; /* server->room_head while REQ_ROOM (evict.c sets them) */
 
     /* The job's input: set by the loop before submit, read-only after.
      * req__put() relies on the order of `rq`, `model`, `cs` and `reply`. */
@@ -127,6 +131,10 @@ struct req {
     session_t *fork_from;
     cache_session_t from_cs;
     audit_tokens_t from_toks; /* a view of fork_from->toks: not owned */
+    /* Set at submit (launch.c, fork_apply()): the session (a fork: the
+     * session forked) is evicted, and the job first rebuilds it by a
+     * prefill of its recorded tokens (evict.c, job.c). */
+    bool rebuild, from_evicted;
 
     /* The job's result: written by its worker while REQ_RUNNING, by the
      * loop thread otherwise. */
@@ -189,9 +197,12 @@ struct session {
     bool in_map;                    /* the id names it: steps and finish can still reach it */
     bool has_slot;                  /* its start succeeded and it was not released yet */
     bool in_lru;                    /* idle: holds a slot, in the map, nothing queued or running */
+    bool evicted; /* has_slot, but its slot went back to the pool (--on-full evict, evict.c):
+                     `cs` keeps its model, owner and entries, `toks` its sequence */
 
     cache_session_t cs;  /* owner from the parse on (node.id is its id); the rest while has_slot */
-    audit_tokens_t toks; /* audit on: its tokens while has_slot; owned, freed with it */
+    audit_tokens_t toks; /* audit on or --on-full evict: its tokens while has_slot; owned, freed
+                            with it */
 
     /* Start, finish and close only. */
     session_map_node_t node;        /* id: cs.owner.id; linked in conn->map while in_map */
@@ -401,6 +412,15 @@ struct server {
     size_t live_sessions;           /* session records holding a slot */
     struct inspect_listing *listings; /* GET /sessions being gathered, in order (inspect.c) */
     TAILQ_HEAD(, session) lru;      /* idle sessions, oldest first (session.c) */
+    /* --on-full (evict.c).  Loop thread. */
+    bool keep_toks;                 /* sessions record their tokens (audit on, or evict) */
+    req_t *room_head, *room_tail;   /* REQ_ROOM requests, in the order they began to wait */
+    uv_timer_t room_timer;          /* the first wait's end, or a retry once room freed */
+    bool room_kick;                 /* room_timer is set to run waiting requests again */
+    uint32_t room_kicks;            /* room freed since: waiting requests to run again */
+    size_t evicted_sessions;        /* live sessions whose slot was evicted */
+    uint64_t evictions_total;       /* sessions evicted since start */
+    uint64_t evicted_token_bytes;   /* bytes of the recorded tokens of evicted sessions */
     req_t *free_reqs;
     size_t nfree_reqs;
     size_t free_reply_bytes; /* capacity of the reply buffers the free list keeps */

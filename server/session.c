@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "conn_int.h"
+#include "evict_int.h"
 #include "inspect_int.h"
 #include "launch_int.h"
 #include "log.h"
@@ -83,7 +84,7 @@ static void idle_timer_arm(server_t *s)
     session_t *oldest = TAILQ_FIRST(&s->lru);
     uint64_t due;
 
-    if (oldest == NULL)
+    if (oldest == NULL || timeout == 0) /* the list is evict.c's alone (--idle-timeout 0) */
         return;
     due = oldest->idle_since + timeout;
     uv_timer_start(&s->idle_timer, idle_timer_cb, due > now ? due - now : 0, 0);
@@ -134,8 +135,14 @@ static uint32_t session_release(session_t *sess, metrics_release_t why)
 
     if (!sess->has_slot)
         return 0;
-    if (cache_session_finish(s->pool, &sess->cs, &released) != SLOTD_OK)
+    if (sess->evicted) { /* its slot went already: it held its entries outside the pool */
+        released = sess->cs.entries;
+        evict__forget(sess);
+    } else if (cache_session_finish(s->pool, &sess->cs, &released) != SLOTD_OK) {
         log_error("session '%s': release failed (stale handle)", sess->node.id);
+    } else if (s->room_head != NULL) {
+        evict__room_freed(s); /* requests wait for room (evict.c) */
+    }
     sess->has_slot = false;
     audit_tokens_free(&sess->toks);
     s->live_sessions--;
@@ -272,7 +279,10 @@ static void share_resync(session_t *sess)
     conn_t *c = sess->conn;
     session_grow_t g;
 
-    session__grow_start(sess->cs.model, sess->cs.entries, &g);
+    if (sess->evicted) /* it holds nothing until it is rebuilt */
+        memset(&g, 0, sizeof(g));
+    else
+        session__grow_start(sess->cs.model, sess->cs.entries, &g);
     c->share_bytes = c->share_bytes - sess->charged + g.bytes;
     tenancy__charge(c, (int64_t)g.bytes - (int64_t)sess->charged, 0);
     sess->charged = g.bytes;
@@ -302,8 +312,10 @@ void session__detach(conn_t *c)
             atomic_store_explicit(&r->canceled, true, memory_order_relaxed);
             continue;
         }
-        if ((r->state == REQ_PARKED || r->state == REQ_DEFER) && r->session != NULL &&
-            r->session->running == r)
+        if (r->state == REQ_ROOM)
+            evict__unwait(s, r);
+        if ((r->state == REQ_PARKED || r->state == REQ_DEFER || r->state == REQ_WAITING) &&
+            r->session != NULL && r->session->running == r)
             r->session->running = NULL; /* not out */
         req__put(s, r);
     }
@@ -330,8 +342,13 @@ void session__settle(session_t *sess)
     if (sess->in_map && sess->has_slot) { /* live: after most steps */
         if (sess->share_stale)
             share_resync(sess);
-        if (!sess->in_lru && !s->draining && s->cfg->idle_timeout > 0 && sess->forks_out == 0)
+        if (!sess->in_lru && !s->draining &&
+            (s->cfg->idle_timeout > 0 || s->cfg->on_full == CONFIG_ON_FULL_EVICT) &&
+            sess->forks_out == 0) {
             lru_add(s, sess);
+            if (s->room_head != NULL && s->cfg->on_full == CONFIG_ON_FULL_EVICT)
+                evict__room_freed(s); /* a victim now, for a request waiting for room */
+        }
         return;
     }
     if (sess->in_map) /* its starts failed: the id is free again */

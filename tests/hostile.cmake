@@ -35,7 +35,8 @@ set(_valgrind_itests
   test_integration_malformed test_integration_lifetimes test_integration_admin
   test_integration_shutdown test_integration_pressure test_integration_hostile
   test_integration_presets test_integration_append test_integration_fork
-  test_integration_tenants)
+  test_integration_tenants
+  test_integration_onfull)
 foreach(_name IN LISTS _valgrind_itests)
   if(TEST ${_name})
     set_property(TEST ${_name} APPEND PROPERTY LABELS valgrind)

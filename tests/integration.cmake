@@ -95,3 +95,13 @@ slotd_check_test(test_integration_decode SOURCES test_integration_decode.c
 add_dependencies(test_integration_decode slotd)
 set_tests_properties(test_integration_decode PROPERTIES ENVIRONMENT "${_itest_env}"
                      LABELS integration)
+
+# When the pool is full (--on-full refuse|wait|evict, server/evict.c): each
+# policy against a 2 MiB pool of `small` sessions, every step of an evicted
+# session against the uncached reference; with the fault hooks (part
+# "faults"), a session whose step is in flight is never evicted.
+slotd_check_test(test_integration_onfull SOURCES test_integration_onfull.c
+                 LIBS slotd_itest slotd_core cjson TIMEOUT 300)
+add_dependencies(test_integration_onfull slotd)
+set_tests_properties(test_integration_onfull PROPERTIES ENVIRONMENT "${_itest_env}"
+                     LABELS integration)

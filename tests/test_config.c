@@ -570,6 +570,35 @@ START_TEST(test_audit_rate_environment)
 }
 END_TEST
 
+/* --on-full and --full-wait-ms: refuse and 1000 by default; the three
+ * policies by flag and variable, the flag winning; anything else refused
+ * with its source named. */
+START_TEST(test_on_full)
+{
+    server_config_t cfg;
+    char *const env[] = {"SLOTD_ON_FULL=evict", "SLOTD_FULL_WAIT_MS=250", NULL};
+
+    ck_assert_int_eq(parse_env(&cfg, no_env, (char *)NULL), CONFIG_OK);
+    ck_assert_int_eq(cfg.on_full, CONFIG_ON_FULL_REFUSE);
+    ck_assert_uint_eq(cfg.full_wait_ms, 1000);
+    ck_assert_int_eq(parse_env(&cfg, env, (char *)NULL), CONFIG_OK);
+    ck_assert_int_eq(cfg.on_full, CONFIG_ON_FULL_EVICT);
+    ck_assert_uint_eq(cfg.full_wait_ms, 250);
+    ck_assert_int_eq(parse_env(&cfg, env, "--on-full", "wait", (char *)NULL), CONFIG_OK);
+    ck_assert_int_eq(cfg.on_full, CONFIG_ON_FULL_WAIT);
+    ck_assert_int_eq(parse_env(&cfg, no_env, "--on-full=refuse", (char *)NULL), CONFIG_OK);
+    ck_assert_int_eq(cfg.on_full, CONFIG_ON_FULL_REFUSE);
+    ck_assert_int_eq(parse_env(&cfg, no_env, "--on-full", "drop", (char *)NULL), CONFIG_ERROR);
+    ck_assert_msg(strstr(err, "--on-full: 'drop' is not one of refuse, wait, evict") != NULL, "%s",
+                  err);
+    ck_assert_int_eq(parse_env(&cfg, (char *const[]){"SLOTD_ON_FULL=Evict", NULL}, (char *)NULL),
+                     CONFIG_ERROR);
+    ck_assert_ptr_nonnull(strstr(err, "SLOTD_ON_FULL"));
+    ck_assert_int_eq(parse_env(&cfg, no_env, "--full-wait-ms", "0", (char *)NULL), CONFIG_ERROR);
+    ck_assert_ptr_nonnull(strstr(err, "--full-wait-ms"));
+}
+END_TEST
+
 static const char *const bad_rates[] = {
     "1.5",  "-0",   "-0.1", "+0.5",  "nan",    "NAN", "inf", "infinity", "0x1p-2", "",
     " 0.5", "0.5 ", "0.5x", "1e400", "1e-400", "e5",  "..5", "1,5",      "2",      "1.0000001",
@@ -734,6 +763,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_audit_rate_environment);
     tcase_add_loop_test(tc, test_audit_rate_refused, 0,
                         (int)(sizeof(bad_rates) / sizeof(bad_rates[0])));
+    tcase_add_test(tc, test_on_full);
     tcase_add_test(tc, test_preload);
     tcase_add_test(tc, test_fault_flags);
     tcase_add_test(tc, test_cache_mb_cap);

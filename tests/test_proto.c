@@ -2267,6 +2267,9 @@ START_TEST(test_reply_stats)
         for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
             *fields[i] = 1000 * (i + 1) + t; /* every member distinct */
         st.threads = 8;
+        st.evicted_sessions = 3 + t;
+        st.evictions_total = 30 + t;
+        st.rebuilt_entries_total = 300 + t;
         ck_assert_int_eq(proto_reply_stats(&b, tags[t], &st), SLOTD_OK);
         j = reply_json(&b, 0);
         ck_tag(j, tags[t]);
@@ -2279,7 +2282,10 @@ START_TEST(test_reply_stats)
             ck_member_u64(rel, released[i], (double)*fields[11 + i]);
         ck_member_u64(j, "uptime_seconds", (double)st.uptime_seconds);
         ck_member_u64(j, "threads", 8);
-        ck_assert_int_eq(member_count(j), 14 + (tags[t] != NULL));
+        ck_member_u64(j, "evicted_sessions", (double)st.evicted_sessions);
+        ck_member_u64(j, "evictions_total", (double)st.evictions_total);
+        ck_member_u64(j, "rebuilt_entries_total", (double)st.rebuilt_entries_total);
+        ck_assert_int_eq(member_count(j), 17 + (tags[t] != NULL));
         cJSON_Delete(j);
         proto_buf_free(&b);
     }
