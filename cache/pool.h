@@ -96,6 +96,9 @@ typedef struct cache_pool_stats {
     uint64_t bytes_capacity; /* == bytes_used + bytes_free, always */
     uint64_t bytes_used;     /* blocks and state held by live slots, at their 64-byte strides */
     uint64_t bytes_free;
+    uint64_t shared_blocks; /* blocks of live slots held by more than one slot now */
+    uint64_t forks;         /* cache_pool_fork() calls that succeeded, since creation */
+    uint64_t tail_copies;   /* shared blocks copied before a write, since creation */
 } cache_pool_stats_t;
 
 /** Creates a pool.  *out is owned by the caller, freed by
@@ -140,6 +143,29 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
  * the slot's blocks are exactly full (the next reserve adds a block). */
 int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner, uint32_t n,
                        model_kv_t *kv);
+
+/** Gives `owner` a new slot holding exactly the sequence of the live slot
+ * `from` (of `from_owner`), sharing its blocks rather than copying them:
+ * every block of from that holds an entry gains a holder and sits in both
+ * chains (its capacity and first position are the same in every chain of
+ * the model), and the state is copied.  No entry is copied, so the pool's
+ * bytes grow by one state.  A shared block is never written: a reserve of
+ * n >= 1 positions on a slot whose tail (a partly filled block) is shared
+ * first gives the slot a copy of it ("copy on write"; that reserve may then
+ * be refused with SLOTD_ECACHE_FULL).  A block goes back to the pool when
+ * its last holder is released.  `from` must not run meanwhile (the
+ * caller's rule).  *shared (if not NULL) gets the blocks shared.
+ * SLOTD_ESTALE if from or from_owner does not match a live slot;
+ * SLOTD_ECACHE_FULL (no slot or no room for the state; nothing changes). */
+int cache_pool_fork(cache_pool_t *p, cache_handle_t from, const cache_owner_t *from_owner,
+                    const cache_owner_t *owner, cache_handle_t *h, uint32_t *shared);
+
+/** Makes every block of the slot that another slot holds too the slot's
+ * own, by copying it (as the copy on write of cache_pool_fork()), so that
+ * the slot's user may write anywhere in its chain (a rebuild, which
+ * rewrites every entry).  Some blocks may have been copied when it fails.
+ * SLOTD_ESTALE as above; SLOTD_ECACHE_FULL with no room for a copy. */
+int cache_pool_unshare(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner);
 
 /** Records kv->len (at least the slot's entries, within its room and the
  * model's max_ctx) as the slot's entries.  SLOTD_ESTALE as above; a length

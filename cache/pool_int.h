@@ -20,6 +20,7 @@
 #ifndef SLOTD_CACHE_POOL_INT_H
 #define SLOTD_CACHE_POOL_INT_H
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -156,7 +157,7 @@ typedef struct cache__slot {
     uint32_t entries;     /* (user) committed positions */
     uint32_t nblocks;     /* (user) blocks in the chain */
     uint32_t room;        /* (user) positions they hold: the sum of their capacities */
-    uint64_t bytes;       /* (user) their strides */
+    uint64_t bytes;       /* (user) their strides (a shared block counted in each holder) */
     model_block_t *head;  /* (user) first block, or NULL with no room */
     model_block_t *tail;  /* (user) the block holding `entries`; NULL when entries == room */
     model_block_t *last;  /* (user) last block of the chain, where reserve appends */
@@ -175,6 +176,47 @@ typedef struct cache__slot {
 } __attribute__((aligned(CACHE__ALIGN))) cache__slot_t;
 
 _Static_assert(sizeof(cache__slot_t) == 3 * CACHE__ALIGN, "a slot is three cache lines");
+
+/* Shared blocks.  A block of a live slot's chain counts in its header's
+ * `provider` word (core/model.h) the chains that hold it: 1 for a block
+ * that only its slot holds; more after cache_pool_fork() gave it to
+ * another slot too.  The count changes only under p->lock (atomically, as
+ * a slot's user reads it without the lock).  Nobody writes into a block
+ * whose count is above 1: the blocks a fork shares are the full ones and
+ * the partly filled tail, and a slot whose tail is shared first makes it
+ * its own (cache_pool_reserve() copies it, "copy on write") before it
+ * writes there.  A count of 1 that the slot's user reads stays 1 until it
+ * forks the slot itself, so its writes need no lock.  A block goes back to
+ * its page (or a thread cache) exactly when a release takes its count to
+ * 0. */
+static inline uint64_t cache__holders(const model_block_t *b)
+{
+    return __atomic_load_n(&b->provider, __ATOMIC_RELAXED);
+}
+
+/* Changes b's count by `delta` (p->lock held); returns the new count. */
+static inline uint64_t cache__do_hold(model_block_t *b, int delta)
+{
+    return __atomic_add_fetch(&b->provider, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
+}
+
+/* The index of the block of table t (n blocks, ascending firsts) that
+ * starts at position `first`: a binary search; the block must be there. */
+static inline uint32_t cache__block_index(model_block_t *const *t, uint32_t n, uint32_t first)
+{
+    uint32_t lo = 0, hi = n;
+
+    while (lo + 1 < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (t[mid]->first <= first)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    assert(lo < n && t[lo]->first == first);
+    return lo;
+}
+
 _Static_assert(SIZE_MAX / sizeof(cache__slot_t) >= UINT32_MAX,
                "a table of any uint32_t count of slots has a size_t size");
 _Static_assert(offsetof(cache__slot_t, id_words) + 5 * sizeof(uint64_t) <= 2 * CACHE__ALIGN,
@@ -197,6 +239,14 @@ struct cache_pool {
     uint32_t nclasses;
     cache__slot_t *slots;     /* max_slots entries, (lock); mapped, unmapped by destroy */
     size_t slots_bytes;       /* the mapping's length */
+    /* Each slot's block table, table_len entries a slot (the most blocks
+     * any model's chain has at max_ctx), slot i's from tables + i *
+     * table_len: entry k is the chain's k-th block, for k < nblocks.
+     * (user) as the slot's chain fields.  Mapped (touched as used),
+     * unmapped by destroy. */
+    model_block_t **tables;
+    size_t tables_bytes;
+    uint32_t table_len;
     cache__page_t *pages;     /* npages entries, (lock) */
     uint64_t serial;          /* this pool's number, never reused: names it to thread caches */
     cache__tcache_t *tcaches; /* CACHE__TCACHES; `thread` (lock), magazines see cache__mag_t */
@@ -224,6 +274,9 @@ struct cache_pool {
     uint32_t pages_held;            /* (lock) of those, pages the kernel still backs */
     uint32_t trim_epoch;            /* (lock) cache_pool_trim() calls so far, plus 1 */
     uint64_t live_slots;            /* (lock) */
+    uint64_t shared_forks;          /* (lock) cache_pool_fork() calls that succeeded */
+    uint64_t shared_blocks;         /* (lock) blocks whose count of holders is 2 or more */
+    uint64_t tail_copies;           /* (lock) shared blocks made a slot's own (do_block_copy()) */
     /* (lock) objects off the pages' free lists, at their strides: those
      * live slots hold, plus those parked in thread caches (and, for the
      * moment between its pops and its return, those a lock-free reserve
@@ -242,6 +295,12 @@ struct cache_pool {
     _Atomic uint64_t room_live;
     char pad_end[SLOTD_CACHE_LINE - 3 * sizeof(uint64_t)];
 };
+
+/* Slot si's block table (cache_pool.tables). */
+static inline model_block_t **cache__table(const cache_pool_t *p, uint32_t si)
+{
+    return p->tables + (size_t)si * p->table_len;
+}
 
 /* Releases p->lock, first publishing the room figures it guards for
  * cache_pool_room(). */
@@ -320,7 +379,6 @@ void *cache__mag_pop(cache_pool_t *p, cache__mag_t *m, uint32_t ci);
 void cache__do_mag_fill(cache_pool_t *p, cache__mag_t *m, uint32_t ci);
 void *cache__do_obj_alloc(cache_pool_t *p, uint32_t ci);
 void cache__do_obj_give(cache_pool_t *p, cache__tcache_t *tc, void *obj);
-void cache__do_chain_give(cache_pool_t *p, cache__tcache_t *tc, model_block_t *head);
 void cache__do_steal_all(cache_pool_t *p);
 bool cache__take_parked(cache_pool_t *p, cache__tcache_t *tc, const uint32_t *cls, uint32_t need,
                         model_block_t **got);

@@ -251,50 +251,21 @@ int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache
                        cache_session_t *s, slotd_error_t *err)
 {
     const model_t *m = from->model;
-    model_kv_t src, dst;
     cache_handle_t h;
-    uint64_t need;
     int rc;
 
-    /* A reserve of nothing: from's chain as it stands, no block taken. */
-    rc = cache_pool_reserve(p, from->handle, &from->owner, 0, &src);
+    /* No entry is copied: the new slot holds from's blocks too (pool.h,
+     * cache_pool_fork()), and only its state is its own. */
+    rc = cache_pool_fork(p, from->handle, &from->owner, owner, &h, NULL);
     if (rc != SLOTD_OK) {
-        return session__pool_error(p, err, rc, false, "fork", owner->id, 0, 0);
-    }
-    need = cache_pool_slot_bytes(m, src.len);
-    assert(src.len == from->entries);
-    rc = cache_pool_acquire(p, m, owner, &h);
-    if (rc != SLOTD_OK) {
-        return session__pool_error(p, err, rc, true, "fork", owner->id, need, need);
-    }
-    rc = cache_pool_reserve(p, h, owner, src.len, &dst);
-    if (rc != SLOTD_OK) {
-        (void)cache_pool_release(p, h, owner, NULL);
-        return session__pool_error(p, err, rc, false, "fork", owner->id, need, need);
-    }
-    assert(dst.len == 0);
-    /* Block i of every chain of m holds model_block_capacity(m, i)
-     * positions from the same first one: the bytes of each block that
-     * holds an entry go over as they are. */
-    for (const model_block_t *a = src.head, *b = dst.head; a != NULL && a->first < src.len;
-         a = a->next, b = b->next) {
-        assert(b != NULL && b->capacity == a->capacity && b->first == a->first);
-        memcpy(((model_block_t *)b)->data, a->data,
-               model_block_bytes_for(m, a->capacity) - MODEL_BLOCK_HEADER);
-    }
-    if (model_state_size(m) > 0) {
-        memcpy(dst.state, src.state, model_state_size(m));
-    }
-    dst.len = src.len;
-    rc = cache_pool_commit(p, h, owner, &dst);
-    if (rc != SLOTD_OK) {
-        (void)cache_pool_release(p, h, owner, NULL);
-        return session__pool_error(p, err, rc, false, "fork", owner->id, need, need);
+        uint64_t need = cache_pool_slot_bytes(m, 0);
+        return session__pool_error(p, err, rc, rc == SLOTD_ECACHE_FULL, "fork", owner->id, need,
+                                   need);
     }
     s->handle = h;
     s->model = m;
     s->owner = *owner;
-    s->entries = dst.len;
+    s->entries = from->entries;
     cache_pool_hint(p, h, &s->hint);
     return SLOTD_OK;
 }
@@ -393,6 +364,11 @@ int cache_session_rebuild(cache_pool_t *p, cache_session_t *s, const uint32_t *t
             return SLOTD_EINVAL;
         }
     }
+    /* Every entry is rewritten: no block may be another slot's too. */
+    rc = cache_pool_unshare(p, s->handle, &s->owner);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
     /* A reserve of nothing: the slot's chain as it stands, no block taken. */
     rc = cache_pool_reserve(p, s->handle, &s->owner, 0, &kv);
     if (rc != SLOTD_OK) {
@@ -411,6 +387,12 @@ int cache_session_fault_corrupt(cache_pool_t *p, cache_session_t *s)
     model_kv_t kv;
     int rc;
 
+    /* The damage is this session's alone: a block it shares is copied
+     * first, and the copy damaged. */
+    rc = cache_pool_unshare(p, s->handle, &s->owner);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
     rc = cache_pool_reserve(p, s->handle, &s->owner, 0, &kv);
     if (rc != SLOTD_OK) {
         return rc;
