@@ -250,12 +250,23 @@ int cache__pool_check(cache_pool_t *p)
 
             while (k + run < nseen && seen[k + run].b == seen[k].b)
                 run++;
-            CACHE__CHECK(cache__holders(seen[k].b) == run,
-                         "block %p counts %llu holders, %zu chains hold it", (const void *)seen[k].b,
-                         (unsigned long long)cache__holders(seen[k].b), run);
+            /* The prefix cache holds a block it keeps, besides the slots. */
+            size_t cached = cache__prefix_node_of(p, seen[k].b) != NULL;
+
+            CACHE__CHECK(cache__holders(seen[k].b) == run + cached,
+                         "block %p counts %llu holders, %zu chains and %zu cache hold it",
+                         (const void *)seen[k].b, (unsigned long long)cache__holders(seen[k].b),
+                         run, cached);
             used += seen[k].stride;
-            shared += run > 1;
+            shared += run + cached > 1;
             k += run;
+        }
+        /* Blocks only the cache holds: on its LRU list, and taken. */
+        {
+            uint64_t lru_bytes = 0, on_lru = 0;
+
+            bad += cache__prefix_check(p, &lru_bytes, &on_lru);
+            used += lru_bytes;
         }
         CACHE__CHECK(shared == p->shared_blocks, "shared blocks %llu, counted %llu",
                      (unsigned long long)p->shared_blocks, (unsigned long long)shared);

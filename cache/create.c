@@ -134,6 +134,8 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
 
     if ((rc = cache__slab_init(p, npages)) != SLOTD_OK)
         goto fail_tables;
+    if ((rc = cache__prefix_init(p, cfg->prefix_cache)) != SLOTD_OK)
+        goto fail_prefix;
     rc = SLOTD_ENOMEM;
     if (pthread_mutex_init(&p->lock, NULL) != 0)
         goto fail_slab;
@@ -142,6 +144,8 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
     return SLOTD_OK;
 
 fail_slab:
+fail_prefix:
+    cache__prefix_fini(p);
     cache__slab_fini(p);
 fail_tables:
     munmap(p->tables, p->tables_bytes);
@@ -163,6 +167,7 @@ void cache_pool_destroy(cache_pool_t *p)
     if (p == NULL)
         return;
     pthread_mutex_destroy(&p->lock);
+    cache__prefix_fini(p);
     cache__slab_fini(p);
     munmap(p->slots, p->slots_bytes);
     munmap(p->tables, p->tables_bytes);

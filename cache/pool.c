@@ -29,18 +29,6 @@
 #include <assert.h>
 #include <string.h>
 
-/* The index in md->caps of capacity `cap`, one the model's chains use. */
-static uint32_t cache__cap_index(const cache__model_t *md, uint32_t cap)
-{
-    uint32_t k = 0;
-
-    while (md->caps[k] != cap) {
-        k++;
-        assert(k < md->ncaps && "cache pool: a capacity the model does not use");
-    }
-    return k;
-}
-
 /* ---- Slots ---- */
 
 /* Records `owner` as slot `s`'s: the key, the id's length and its bytes in
@@ -319,6 +307,23 @@ static bool do_reserve_can(cache_pool_t *p, const cache__model_t *md, cache__tca
     return p->bytes_taken + bytes <= p->capacity && cache__do_classes_can(p, md, pages);
 }
 
+/* Takes one holder off block b (the lock held): true when that was the
+ * last, and b is to go back to its page.  A cached block whose last slot
+ * lets go stays, held by the prefix cache alone. */
+static bool do_unhold(cache_pool_t *p, model_block_t *b)
+{
+    uint64_t left;
+
+    assert(cache__holders(b) >= 1);
+    left = cache__do_hold(b, -1);
+    if (left == 1) {
+        p->shared_blocks--;
+        if (cache__prefix_node_of(p, b) != NULL)
+            cache__do_prefix_unheld(p, b);
+    }
+    return left == 0;
+}
+
 /* Makes the shared block i of slot si's chain its own (pool_int.h, Shared
  * blocks): a new block of its class gets its bytes and takes its place in
  * the chain, and the old one loses a holder.  SLOTD_ECACHE_FULL (nothing
@@ -336,6 +341,9 @@ static int do_block_copy(cache_pool_t *p, const cache__model_t *md, cache__slot_
     if (p->bytes_taken + stride > p->capacity || !cache__do_class_can(p, ci, 1)) {
         /* Not refused while a thread cache parks what would do. */
         cache__do_steal_all(p);
+        while ((p->bytes_taken + stride > p->capacity || !cache__do_class_can(p, ci, 1)) &&
+               cache__do_prefix_evict(p))
+            ;
         if (p->bytes_taken + stride > p->capacity || !cache__do_class_can(p, ci, 1))
             return SLOTD_ECACHE_FULL;
     }
@@ -358,18 +366,11 @@ static int do_block_copy(cache_pool_t *p, const cache__model_t *md, cache__slot_
         s->tail = b;
     p->tail_copies++;
     /* The other holders may have let go while the lock was free. */
-    switch (cache__do_hold(old, -1)) {
-    case 0:
+    if (do_unhold(p, old)) {
 #if CACHE__DEBUG
         cache__poison(old, stride, NULL);
 #endif
         cache__do_obj_give(p, NULL, old);
-        break;
-    case 1:
-        p->shared_blocks--;
-        break;
-    default:
-        break;
     }
     return SLOTD_OK;
 }
@@ -398,6 +399,10 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
                                 !cache__do_class_can(p, md->state_cls, 1))) {
         /* Not refused while a thread cache parks what would do. */
         cache__do_steal_all(p);
+        while ((p->bytes_taken + md->state_bytes > p->capacity ||
+                !cache__do_class_can(p, md->state_cls, 1)) &&
+               cache__do_prefix_evict(p))
+            ;
         if (p->bytes_taken + md->state_bytes > p->capacity ||
             !cache__do_class_can(p, md->state_cls, 1)) {
             rc = SLOTD_ECACHE_FULL;
@@ -462,6 +467,10 @@ int cache_pool_fork(cache_pool_t *p, cache_handle_t from, const cache_owner_t *f
     if (md->state_bytes > 0 && (p->bytes_taken + md->state_bytes > p->capacity ||
                                 !cache__do_class_can(p, md->state_cls, 1))) {
         cache__do_steal_all(p);
+        while ((p->bytes_taken + md->state_bytes > p->capacity ||
+                !cache__do_class_can(p, md->state_cls, 1)) &&
+               cache__do_prefix_evict(p))
+            ;
         if (p->bytes_taken + md->state_bytes > p->capacity ||
             !cache__do_class_can(p, md->state_cls, 1)) {
             rc = SLOTD_ECACHE_FULL;
@@ -515,6 +524,61 @@ int cache_pool_fork(cache_pool_t *p, cache_handle_t from, const cache_owner_t *f
 out:
     cache__unlock(p);
     return rc;
+}
+
+int cache_pool_prefix_attach(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                             uint64_t scope, const uint32_t *tokens, uint32_t n, uint32_t *reused)
+{
+    cache__slot_t *s;
+    uint64_t serial;
+    int rc = SLOTD_OK;
+
+    *reused = 0;
+    if (p == NULL || owner == NULL || (n > 0 && tokens == NULL))
+        return SLOTD_EINVAL;
+    if (!p->prefix.on)
+        return SLOTD_OK;
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL)
+        rc = SLOTD_ESTALE;
+    else if (s->entries != 0 || s->nblocks != 0)
+        rc = SLOTD_EINVAL;
+    else
+        *reused = cache__do_prefix_attach(p, s, h.slot, scope, tokens, n, &serial);
+    cache__unlock(p);
+    return rc;
+}
+
+int cache_pool_prefix_publish(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                              uint64_t scope, const uint32_t *tokens, uint32_t n)
+{
+    cache__slot_t *s;
+    int rc = SLOTD_OK;
+
+    if (p == NULL || owner == NULL || (n > 0 && tokens == NULL))
+        return SLOTD_EINVAL;
+    if (!p->prefix.on)
+        return SLOTD_OK;
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL)
+        rc = SLOTD_ESTALE;
+    else
+        (void)cache__do_prefix_publish(p, s, h.slot, scope, tokens, n);
+    cache__unlock(p);
+    return rc;
+}
+
+uint64_t cache_pool_prefix_flush(cache_pool_t *p)
+{
+    uint64_t n = 0;
+
+    pthread_mutex_lock(&p->lock);
+    while (cache__do_prefix_evict(p))
+        n++;
+    cache__unlock(p);
+    return n;
 }
 
 int cache_pool_unshare(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner)
@@ -609,6 +673,9 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
         if (!do_reserve_can(p, md, tc, count)) {
             /* Not refused while a thread cache parks what would do. */
             cache__do_steal_all(p);
+            /* Then what only the prefix cache holds (free room). */
+            while (!do_reserve_can(p, md, tc, count) && cache__do_prefix_evict(p))
+                ;
             if (!do_reserve_can(p, md, tc, count)) {
                 rc = SLOTD_ECACHE_FULL;
                 goto out;
@@ -724,14 +791,8 @@ int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
     for (uint32_t i = 0; i < s->nblocks; i++) {
         model_block_t *b = gone[i];
 
-        uint64_t left;
-
-        assert(cache__holders(b) >= 1);
-        left = cache__do_hold(b, -1);
-        if (left == 0)
+        if (do_unhold(p, b))
             gone[ngone++] = b;
-        else if (left == 1)
-            p->shared_blocks--;
     }
     state = s->state;
 #if CACHE__DEBUG
@@ -789,6 +850,11 @@ void cache_pool_stats(cache_pool_t *p, cache_pool_stats_t *st)
     st->bytes_used = p->bytes_taken;
     st->bytes_free = p->capacity - p->bytes_taken;
     st->shared_blocks = p->shared_blocks;
+    st->prefix_entries = p->prefix.lru_entries;
+    st->prefix_bytes = p->prefix.lru_bytes;
+    st->prefix_hit_entries = p->prefix.hit_entries;
+    st->prefix_query_entries = p->prefix.query_entries;
+    st->prefix_evicted_entries = p->prefix.evicted_entries;
     st->forks = p->shared_forks;
     st->tail_copies = p->tail_copies;
     cache__unlock(p);

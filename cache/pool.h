@@ -59,6 +59,9 @@ typedef struct cache_pool_config {
      * the bytes and slots refuse until fragmentation wastes about (F - 1)
      * budgets (docs/design.md, Accounting). */
     unsigned arena_factor;
+    /* Keep full blocks by their tokens for later starts to reuse (the
+     * prefix cache, cache_pool_prefix_attach()); false: none is kept. */
+    bool prefix_cache;
 } cache_pool_config_t;
 
 /** Who a slot belongs to: an opaque key (the server uses its connection's
@@ -99,6 +102,15 @@ typedef struct cache_pool_stats {
     uint64_t shared_blocks; /* blocks of live slots held by more than one slot now */
     uint64_t forks;         /* cache_pool_fork() calls that succeeded, since creation */
     uint64_t tail_copies;   /* shared blocks copied before a write, since creation */
+    /* The prefix cache (all 0 when it is off): entries and bytes of the
+     * blocks it alone holds now (free room, in bytes_used until given up),
+     * and, since creation, entries reused, entries looked up, and
+     * cached-only entries given up for room. */
+    uint64_t prefix_entries;
+    uint64_t prefix_bytes;
+    uint64_t prefix_hit_entries;
+    uint64_t prefix_query_entries;
+    uint64_t prefix_evicted_entries;
 } cache_pool_stats_t;
 
 /** Creates a pool.  *out is owned by the caller, freed by
@@ -159,6 +171,31 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
  * SLOTD_ECACHE_FULL (no slot or no room for the state; nothing changes). */
 int cache_pool_fork(cache_pool_t *p, cache_handle_t from, const cache_owner_t *from_owner,
                     const cache_owner_t *owner, cache_handle_t *h, uint32_t *shared);
+
+/** The prefix cache.  A full block can be kept by the identity of what
+ * made it: the model, a `scope` (the caller's: sequences of different
+ * scopes never share), the block before it, and its tokens, compared in
+ * full on every hit.  cache_pool_prefix_publish() keeps the full blocks of
+ * a slot whose first n entries are `tokens`; cache_pool_prefix_attach()
+ * gives an empty slot (just acquired) the kept blocks of the longest kept
+ * prefix of tokens[0 .. n-1] that ends before position n - 1 (the last
+ * position is always run: its state is what a pick reads) and sets its
+ * entries to the positions they hold (*reused); the caller then runs the
+ * rest (model_kv_resume() first, for hash's state).  An entry depends only
+ * on the tokens at and before it, so a reused block holds exactly what
+ * the slot would have computed.  A kept block that no slot holds any more
+ * stays in the cache, counted as free room (cache_pool_room()) and given
+ * up, least recently used first, before any request is refused.  Both
+ * calls: SLOTD_ESTALE as above; a no-op with the cache off (the config's
+ * prefix_cache).  attach: SLOTD_EINVAL for a slot that holds anything. */
+int cache_pool_prefix_attach(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                             uint64_t scope, const uint32_t *tokens, uint32_t n, uint32_t *reused);
+int cache_pool_prefix_publish(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                              uint64_t scope, const uint32_t *tokens, uint32_t n);
+
+/** Gives up every block only the prefix cache holds; returns how many.
+ * Blocks that live slots hold stay cached. */
+uint64_t cache_pool_prefix_flush(cache_pool_t *p);
 
 /** Makes every block of the slot that another slot holds too the slot's
  * own, by copying it (as the copy on write of cache_pool_fork()), so that

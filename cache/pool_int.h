@@ -191,13 +191,16 @@ _Static_assert(sizeof(cache__slot_t) == 3 * CACHE__ALIGN, "a slot is three cache
  * 0. */
 static inline uint64_t cache__holders(const model_block_t *b)
 {
-    return __atomic_load_n(&b->provider, __ATOMIC_RELAXED);
+    return __atomic_load_n(&b->provider, __ATOMIC_RELAXED) & UINT32_MAX;
 }
 
-/* Changes b's count by `delta` (p->lock held); returns the new count. */
+/* Changes b's count by `delta` (p->lock held); returns the new count.  The
+ * count is the word's low half; the high half names the block's node in
+ * the prefix cache (prefix.c), 0 for none. */
 static inline uint64_t cache__do_hold(model_block_t *b, int delta)
 {
-    return __atomic_add_fetch(&b->provider, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
+    return __atomic_add_fetch(&b->provider, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED) &
+           UINT32_MAX;
 }
 
 /* The index of the block of table t (n blocks, ascending firsts) that
@@ -221,6 +224,29 @@ _Static_assert(SIZE_MAX / sizeof(cache__slot_t) >= UINT32_MAX,
                "a table of any uint32_t count of slots has a size_t size");
 _Static_assert(offsetof(cache__slot_t, id_words) + 5 * sizeof(uint64_t) <= 2 * CACHE__ALIGN,
                "the owner check of an id of up to 40 bytes reads two lines");
+
+/* ---- prefix.c: the prefix cache ---- */
+
+typedef struct cache__pnode cache__pnode_t;
+TAILQ_HEAD(cache__pnodes, cache__pnode);
+
+/* The prefix cache's bookkeeping, all (lock) but `on` and `key` (set at
+ * creation). */
+typedef struct cache__prefix {
+    bool on;
+    uint64_t key[2];               /* the hash's per-process key */
+    cache__pnode_t **buckets;      /* nbuckets (a power of two) chains */
+    uint32_t nbuckets;
+    cache__pnode_t **nodes;        /* node index -> node (NULL: free), nnodes_cap of them */
+    uint32_t *free_ix;             /* free node indices, nfree_ix of them */
+    uint32_t nnodes_cap, nfree_ix;
+    uint64_t nnodes;               /* nodes in the cache */
+    uint64_t next_serial;          /* the next node's serial (from 1; 0: no parent) */
+    struct cache__pnodes lru;      /* nodes whose block only the cache holds, oldest first */
+    uint64_t lru_entries;          /* their entries */
+    uint64_t lru_bytes;            /* and their strides */
+    uint64_t hit_entries, query_entries, evicted_entries; /* since creation */
+} cache__prefix_t;
 
 /* ---- The pool ---- */
 
@@ -274,6 +300,7 @@ struct cache_pool {
     uint32_t pages_held;            /* (lock) of those, pages the kernel still backs */
     uint32_t trim_epoch;            /* (lock) cache_pool_trim() calls so far, plus 1 */
     uint64_t live_slots;            /* (lock) */
+    cache__prefix_t prefix;         /* (lock) prefix.c */
     uint64_t shared_forks;          /* (lock) cache_pool_fork() calls that succeeded */
     uint64_t shared_blocks;         /* (lock) blocks whose count of holders is 2 or more */
     uint64_t tail_copies;           /* (lock) shared blocks made a slot's own (do_block_copy()) */
@@ -296,6 +323,18 @@ struct cache_pool {
     char pad_end[SLOTD_CACHE_LINE - 3 * sizeof(uint64_t)];
 };
 
+/* The index of capacity `cap` among md's capacities. */
+static inline uint32_t cache__cap_index(const cache__model_t *md, uint32_t cap)
+{
+    uint32_t k = 0;
+
+    while (md->caps[k] != cap) {
+        k++;
+        assert(k < md->ncaps && "cache pool: a capacity the model does not use");
+    }
+    return k;
+}
+
 /* Slot si's block table (cache_pool.tables). */
 static inline model_block_t **cache__table(const cache_pool_t *p, uint32_t si)
 {
@@ -306,7 +345,9 @@ static inline model_block_t **cache__table(const cache_pool_t *p, uint32_t si)
  * cache_pool_room(). */
 static inline void cache__unlock(cache_pool_t *p)
 {
-    atomic_store_explicit(&p->room_taken, p->bytes_taken, memory_order_relaxed);
+    /* Blocks only the prefix cache holds are free room. */
+    atomic_store_explicit(&p->room_taken, p->bytes_taken - p->prefix.lru_bytes,
+                          memory_order_relaxed);
     atomic_store_explicit(&p->room_live, p->live_slots, memory_order_relaxed);
     pthread_mutex_unlock(&p->lock);
 }
@@ -382,5 +423,30 @@ void cache__do_obj_give(cache_pool_t *p, cache__tcache_t *tc, void *obj);
 void cache__do_steal_all(cache_pool_t *p);
 bool cache__take_parked(cache_pool_t *p, cache__tcache_t *tc, const uint32_t *cls, uint32_t need,
                         model_block_t **got);
+
+/* ---- prefix.c ---- */
+
+/* Sets the cache up (on: with its key and buckets), released by
+ * cache__prefix_fini() (on failure too). */
+int cache__prefix_init(cache_pool_t *p, bool on);
+void cache__prefix_fini(cache_pool_t *p);
+/* The node of a block, or NULL if the cache does not hold it. */
+cache__pnode_t *cache__prefix_node_of(const cache_pool_t *p, const model_block_t *b);
+/* Block b, cached, has just lost its last slot: onto the LRU list. */
+void cache__do_prefix_unheld(cache_pool_t *p, model_block_t *b);
+/* Gives up the least recently used cached-only block: false if none. */
+bool cache__do_prefix_evict(cache_pool_t *p);
+/* Gives the empty slot si the cached blocks of the longest cached prefix
+ * of tok[0 .. n-1] that ends before position n - 1; returns the positions
+ * they hold (the slot's entries now). */
+uint32_t cache__do_prefix_attach(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
+                                 const uint32_t *tok, uint32_t n, uint64_t *last_serial);
+/* Caches the full blocks of slot si that tok[0 .. n-1] made and the cache
+ * lacks; returns how many. */
+uint32_t cache__do_prefix_publish(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
+                                  const uint32_t *tok, uint32_t n);
+/* The checker's part: returns the violations; *lru_bytes gets the bytes of
+ * the cached-only blocks. */
+int cache__prefix_check(cache_pool_t *p, uint64_t *lru_bytes, uint64_t *nodes_on_lru);
 
 #endif

@@ -24,6 +24,7 @@
 #include "cache/session.h"
 
 #include <assert.h>
+#include <stdlib.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -78,32 +79,40 @@ static int session__step_error(cache_pool_t *p, const cache_session_t *s, uint32
     return session__pool_error(p, err, rc, false, "step", s->owner.id, after - before, after);
 }
 
-int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
-                        const int64_t *prompt, size_t n, void *scratch, cache_session_t *s,
-                        slotd_error_t *err)
+/* cache_session_start(), and with `toks` (the prompt as uint32_t, NULL:
+ * no prefix cache) its reuse of cached blocks of `scope`. */
+static int session__start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                          const int64_t *prompt, size_t n, const uint32_t *toks, uint64_t scope,
+                          void *scratch, cache_session_t *s, uint32_t *cached, slotd_error_t *err)
 {
     cache_handle_t h;
     model_kv_t kv;
+    uint32_t reused = 0;
     int rc;
 
-    rc = model_check_prompt(m, prompt, n, err);
-    if (rc != SLOTD_OK) {
-        return rc;
-    }
     rc = cache_pool_acquire(p, m, owner, &h);
     if (rc != SLOTD_OK) {
         return session__pool_error(p, err, rc, true, "start", owner->id,
                                    cache_pool_slot_bytes(m, (uint32_t)n),
                                    cache_pool_slot_bytes(m, (uint32_t)n));
     }
-    rc = cache_pool_reserve(p, h, owner, (uint32_t)n, &kv);
+    if (toks != NULL) {
+        rc = cache_pool_prefix_attach(p, h, owner, scope, toks, (uint32_t)n, &reused);
+        if (rc != SLOTD_OK) {
+            goto fail_release;
+        }
+    }
+    rc = cache_pool_reserve(p, h, owner, (uint32_t)(n - reused), &kv);
     if (rc != SLOTD_OK) {
         goto fail_release;
     }
-    assert(kv.len == 0);
+    assert(kv.len == reused && reused < n);
+    if (reused > 0) {
+        model_kv_resume(m, &kv);
+    }
     /* Layer by layer over MODEL_BATCH_MAX positions at a time (validated:
      * every token is in [0, V)). */
-    for (size_t i = 0; i < n;) {
+    for (size_t i = reused; i < n;) {
         uint32_t chunk[MODEL_BATCH_MAX];
         size_t k = 0;
         for (; k < MODEL_BATCH_MAX && i + k < n; k++) {
@@ -116,12 +125,18 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
     if (rc != SLOTD_OK) {
         goto fail_release;
     }
+    if (toks != NULL) {
+        (void)cache_pool_prefix_publish(p, h, owner, scope, toks, (uint32_t)n);
+    }
 
     s->handle = h;
     s->model = m;
     s->owner = *owner;
     s->entries = kv.len;
     cache_pool_hint(p, h, &s->hint);
+    if (cached != NULL) {
+        *cached = reused;
+    }
     return SLOTD_OK;
 
 fail_release:
@@ -129,6 +144,44 @@ fail_release:
     return session__pool_error(p, err, rc, false, "start", owner->id,
                                cache_pool_slot_bytes(m, (uint32_t)n),
                                cache_pool_slot_bytes(m, (uint32_t)n));
+}
+
+int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                        const int64_t *prompt, size_t n, void *scratch, cache_session_t *s,
+                        slotd_error_t *err)
+{
+    int rc = model_check_prompt(m, prompt, n, err);
+
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    return session__start(p, m, owner, prompt, n, NULL, 0, scratch, s, NULL, err);
+}
+
+int cache_session_start_shared(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                               uint64_t scope, const int64_t *prompt, size_t n, void *scratch,
+                               cache_session_t *s, uint32_t *cached, slotd_error_t *err)
+{
+    uint32_t *toks;
+    int rc = model_check_prompt(m, prompt, n, err);
+
+    if (cached != NULL) {
+        *cached = 0;
+    }
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    toks = malloc(n * sizeof(*toks));
+    if (toks == NULL) {
+        /* Without its tokens the start simply computes everything. */
+        return session__start(p, m, owner, prompt, n, NULL, 0, scratch, s, cached, err);
+    }
+    for (size_t i = 0; i < n; i++) {
+        toks[i] = (uint32_t)prompt[i];
+    }
+    rc = session__start(p, m, owner, prompt, n, toks, scope, scratch, s, cached, err);
+    free(toks);
+    return rc;
 }
 
 int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,

@@ -40,6 +40,18 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
                         const int64_t *prompt, size_t n, void *scratch, cache_session_t *s,
                         slotd_error_t *err);
 
+/** cache_session_start() that first reuses the blocks the pool's prefix
+ * cache keeps for the longest prefix of the prompt in `scope` (pool.h,
+ * cache_pool_prefix_attach()), computes only the positions after them, and
+ * then keeps the prompt's full blocks for later starts.  *cached (may be
+ * NULL) gets the entries reused.  The slot afterwards holds exactly the
+ * entries and state cache_session_start() would have left, and the
+ * session's replies are the same bit for bit; `rows` and `g_calls` count
+ * only what was computed.  Errors as cache_session_start(). */
+int cache_session_start_shared(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                               uint64_t scope, const int64_t *prompt, size_t n, void *scratch,
+                               cache_session_t *s, uint32_t *cached, slotd_error_t *err);
+
 /** Runs `n` >= 1 greedy steps: each picks the next token from what the slot
  * holds and runs it (one g call, or L rows), growing the slot by one entry.
  * `tokens` gets the n picks; `logits` (attn, may be NULL) the n*V rounded

@@ -704,6 +704,25 @@ void model_kv_rewind(model_kv_t *kv)
     kv->tail = kv->head;
 }
 
+void model_kv_resume(const model_t *m, model_kv_t *kv)
+{
+    const model_block_t *b = kv->head;
+    uint64_t sum = 0;
+    uint32_t bi = 0;
+
+    if (m->shape.family != MODEL_FAMILY_HASH || kv->len == 0) {
+        return;
+    }
+    /* hash: the state is the sum (mod 2^64) of the entries, in order. */
+    for (uint32_t p = 0; p < kv->len; p++) {
+        if (p - b->first == b->capacity) {
+            b = model__kv_next(kv, b, &bi);
+        }
+        sum += ((const uint64_t *)(const void *)b->data)[model__block_slot(b, p)];
+    }
+    memcpy(kv->state, &sum, sizeof(sum));
+}
+
 #if SLOTD_FAULT_INJECTION
 /* ---- Fault injection (test builds only) ---- */
 

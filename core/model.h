@@ -333,6 +333,14 @@ void model_kv_heap_free(model_kv_t *kv);
  * (the next model_run at position 0 overwrites it). */
 void model_kv_rewind(model_kv_t *kv);
 
+/** Makes kv->state what running the kv->len entries the chain holds would
+ * have left, where the state follows from the entries alone: hash, the
+ * sum of their g.  For attn the state is the last position's residual
+ * stream, which no entry holds: it is left as is, and a caller must run at
+ * least one position before a pick (the prefix cache reuses entries only
+ * before a sequence's last position).  No model call; nothing counted. */
+void model_kv_resume(const model_t *m, model_kv_t *kv);
+
 #if SLOTD_FAULT_INJECTION
 /* ---- Test builds only (-DSLOTD_FAULT_INJECTION=ON) ---- */
 

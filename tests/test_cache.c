@@ -66,7 +66,7 @@ static cache_owner_t owner(uint64_t key, const char *id)
 static cache_pool_t *pool(size_t capacity, uint32_t max_slots, const model_t *const *models,
                           size_t nmodels)
 {
-    cache_pool_config_t cfg = {capacity, max_slots, models, nmodels, 1};
+    cache_pool_config_t cfg = {capacity, max_slots, models, nmodels, 1, false};
     cache_pool_t *p = NULL;
 
     ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_OK);
@@ -308,7 +308,7 @@ START_TEST(test_create_invalid)
     model_t *hash = fx_model("hash");
     const model_t *models[] = {hash};
     const model_t *none[] = {NULL};
-    cache_pool_config_t cfg = {(size_t)4 << 20, 8, models, 1, 1};
+    cache_pool_config_t cfg = {(size_t)4 << 20, 8, models, 1, 1, false};
     cache_pool_t *p = NULL;
 
     ck_assert_int_eq(cache_pool_create(NULL, &p), SLOTD_EINVAL);
@@ -341,7 +341,7 @@ START_TEST(test_create_oom)
 {
     model_t *hash = fx_model("hash");
     const model_t *models[] = {hash};
-    cache_pool_config_t cfg = {(size_t)1 << 20, 8, models, 1, 1};
+    cache_pool_config_t cfg = {(size_t)1 << 20, 8, models, 1, 1, false};
     cache_pool_t *p = NULL;
     int budget = 0;
 
@@ -883,7 +883,10 @@ static void step_fresh(cache_pool_t *p, cache_session_t *s, int64_t *seq, size_t
     ck_assert(all != NULL && want != NULL && have != NULL);
     ck_assert_int_eq(
         model_generate(s->model, seq, *len, 1, true, NULL, NULL, all, want, NULL, NULL), SLOTD_OK);
-    ck_assert_int_eq(cache_session_step(p, s, 1, scratch, &got, have, &e), SLOTD_OK);
+    {
+        int rc = cache_session_step(p, s, 1, scratch, &got, have, &e);
+        ck_assert_msg(rc == SLOTD_OK, "step: %d %s", rc, e.message);
+    }
     ck_assert_uint_eq(got, all[*len]);
     if (model_family(s->model) == MODEL_FAMILY_ATTN)
         ck_assert_mem_eq(want, have, V * sizeof(double));
@@ -1648,7 +1651,7 @@ static uint32_t refusals_beyond_bytes(unsigned factor)
 {
     model_t *small = model("small"), *tiny = model("tiny");
     const model_t *models[] = {small, tiny};
-    cache_pool_config_t cfg = {6 * page_for(models, 2), 256, models, 2, factor};
+    cache_pool_config_t cfg = {6 * page_for(models, 2), 256, models, 2, factor, false};
     cache_pool_t *p = NULL;
     struct {
         cache_handle_t h;
@@ -2076,6 +2079,227 @@ START_TEST(test_guard_commit_shrinks)
 END_TEST
 #endif
 
+/* ---- The prefix cache ---- */
+
+/* A pool of the fixture's models with the prefix cache on. */
+static cache_pool_t *fx_pool_cached(size_t capacity, uint32_t max_slots)
+{
+    cache_pool_config_t cfg = {capacity, max_slots, fx_list, fx_nmodels, 1, true};
+
+    ck_assert_ptr_null(fx_p);
+    ck_assert_int_eq(cache_pool_create(&cfg, &fx_p), SLOTD_OK);
+    return fx_p;
+}
+
+/* A prompt: `common` tokens from base seed 1, then its own from `own`. */
+static void prompt_of(int64_t *t, size_t n, size_t common, uint32_t own, uint32_t V)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = (int64_t)(i < common ? (i * 7 + 3) % V : (i * 13 + own * 101 + 1) % V);
+}
+
+/* Starts `id` (scope `scope`) with t[0 .. n-1] through the prefix cache,
+ * checks that it reused exactly `want_cached` entries and computed only
+ * the rest, and that its next two steps are the fresh reference's, logits
+ * bit for bit. */
+static void start_cached(cache_pool_t *p, const model_t *m, cache_session_t *s, uint64_t key,
+                         const char *id, uint64_t scope, int64_t *t, size_t n, uint32_t want_cached,
+                         void *scratch)
+{
+    cache_owner_t o = owner(key, id);
+    uint64_t rows = model_rows(m) + model_g_calls(m);
+    uint32_t cached = 99;
+    size_t len = n;
+    slotd_error_t e;
+
+    ck_assert_int_eq(cache_session_start_shared(p, m, &o, scope, t, n, scratch, s, &cached, &e),
+                     SLOTD_OK);
+    ck_assert_uint_eq(cached, want_cached);
+    ck_assert_uint_eq(model_rows(m) + model_g_calls(m) - rows,
+                      (uint64_t)model_layers(m) * (n - want_cached));
+    ck_assert_uint_eq(s->entries, n);
+    step_fresh(p, s, t, &len, scratch);
+    step_fresh(p, s, t, &len, scratch);
+    sound(p);
+}
+
+/* Entries of the whole blocks of `m` that end before position n - 1. */
+static uint32_t reusable(const model_t *m, size_t n, size_t common)
+{
+    uint32_t pos = 0;
+
+    for (uint32_t i = 0;; i++) {
+        uint32_t cap = model_block_capacity(m, i);
+        if (pos + cap > n - 1 || pos + cap > common)
+            return pos;
+        pos += cap;
+    }
+}
+
+/* A start reuses the blocks an earlier start of the same model and scope
+ * made, whether the earlier one is still live or finished, exactly up to
+ * the block where the prompts diverge (inside it: that block and after
+ * are computed), and the replies are the reference's bit for bit.  Run
+ * with the hashes honest and, in test builds, all colliding, where only
+ * the comparison of tokens and identities keeps the cache right. */
+START_TEST(test_prefix_reuse_exact)
+{
+    model_t *small = fx_model("small"), *hash = fx_model("hash");
+    const model_t *ms[2] = {small, hash};
+    cache_pool_t *p = fx_pool_cached((size_t)64 << 20, 16);
+    void *scratch = malloc(model_scratch_size(small));
+    static int64_t t[4][700];
+
+#if SLOTD_FAULT_INJECTION
+    cache__prefix_force_collisions(_i == 1);
+#else
+    if (_i == 1)
+        return;
+#endif
+    ck_assert_ptr_nonnull(scratch);
+    for (int mi = 0; mi < 2; mi++) {
+        const model_t *m = ms[mi];
+        uint32_t V = model_vocab(m);
+        for (int live = 0; live < 2; live++) {
+            cache_session_t a, b, c, d;
+
+            cache_pool_prefix_flush(p);
+            /* a: 600 tokens, all new. */
+            prompt_of(t[0], 600, 600, 0, V);
+            start_cached(p, m, &a, 1, "a", 0, t[0], 600, 0, scratch);
+            if (!live) {
+                ck_assert_int_eq(cache_session_finish(p, &a, NULL), SLOTD_OK);
+                ck_assert_uint_eq(stats(p).entries, 0);
+                ck_assert_uint_gt(stats(p).prefix_entries, 0);
+                sound(p);
+            }
+            /* b: a's first 512 and 16 of its own. */
+            prompt_of(t[1], 528, 512, 1, V);
+            start_cached(p, m, &b, 2, "b", 0, t[1], 528, reusable(m, 528, 512), scratch);
+            /* c: diverges inside a block (position 300, in the middle). */
+            prompt_of(t[2], 400, 300, 2, V);
+            ck_assert_uint_lt(reusable(m, 400, 300), 300); /* 300 is inside a block */
+            start_cached(p, m, &c, 3, "c", 0, t[2], 400, reusable(m, 400, 300), scratch);
+            /* d: the same as a but one token shorter: every block but the
+             * one holding its last position. */
+            prompt_of(t[3], 599, 600, 0, V);
+            start_cached(p, m, &d, 4, "d", 0, t[3], 599, reusable(m, 599, 599), scratch);
+            ck_assert_uint_gt(stats(p).prefix_hit_entries, 0);
+            if (live)
+                ck_assert_int_eq(cache_session_finish(p, &a, NULL), SLOTD_OK);
+            ck_assert_int_eq(cache_session_finish(p, &b, NULL), SLOTD_OK);
+            ck_assert_int_eq(cache_session_finish(p, &c, NULL), SLOTD_OK);
+            ck_assert_int_eq(cache_session_finish(p, &d, NULL), SLOTD_OK);
+            ck_assert_uint_eq(stats(p).entries, 0);
+            sound(p);
+        }
+    }
+#if SLOTD_FAULT_INJECTION
+    cache__prefix_force_collisions(false);
+#endif
+    free(scratch);
+}
+END_TEST
+
+/* A different model never shares, and a different scope never shares,
+ * each paired with the same model and scope sharing (a test of "no reuse"
+ * alone would pass with the cache off); both orders; the hashes honest
+ * and, in test builds, all colliding. */
+START_TEST(test_prefix_model_scope_apart)
+{
+    model_t *tiny = fx_model("tiny"), *small = fx_model("small");
+    cache_pool_t *p = fx_pool_cached((size_t)32 << 20, 16);
+    void *scratch = malloc(model_scratch_size(small));
+    int64_t t[8]; /* 6 tokens and the two steps' picks */
+    cache_session_t s1, s2, s3;
+
+#if SLOTD_FAULT_INJECTION
+    cache__prefix_force_collisions(_i >= 2);
+#else
+    if (_i >= 2)
+        return;
+#endif
+    ck_assert_ptr_nonnull(scratch);
+    /* Tokens every model takes (tiny's V is 6), and room for two steps in
+     * tiny's max_ctx of 8. */
+    for (int i = 0; i < 6; i++)
+        t[i] = (i * 5 + 1) % 6;
+    {
+        /* Models: one order, then the other. */
+        const model_t *first = _i % 2 == 0 ? tiny : small, *second = _i % 2 == 0 ? small : tiny;
+        start_cached(p, first, &s1, 1, "m1", 0, t, 6, 0, scratch);
+        start_cached(p, second, &s2, 1, "m2", 0, t, 6, 0, scratch);
+        start_cached(p, first, &s3, 1, "m3", 0, t, 6, reusable(first, 6, 6), scratch);
+        ck_assert_uint_gt(reusable(first, 6, 6), 0);
+        ck_assert_int_eq(cache_session_finish(p, &s1, NULL), SLOTD_OK);
+        ck_assert_int_eq(cache_session_finish(p, &s2, NULL), SLOTD_OK);
+        ck_assert_int_eq(cache_session_finish(p, &s3, NULL), SLOTD_OK);
+    }
+    {
+        /* Scopes: 1 then 2, or 2 then 1, then the first again. */
+        uint64_t sa = _i % 2 == 0 ? 1 : 2, sb = _i % 2 == 0 ? 2 : 1;
+        int64_t u[42]; /* 40 tokens and the two steps' picks */
+        prompt_of(u, 40, 40, 7, 512);
+        start_cached(p, small, &s1, 1, "s1", sa, u, 40, 0, scratch);
+        start_cached(p, small, &s2, 2, "s2", sb, u, 40, 0, scratch);
+        start_cached(p, small, &s3, 3, "s3", sa, u, 40, reusable(small, 40, 40), scratch);
+        ck_assert_uint_gt(reusable(small, 40, 40), 0);
+        ck_assert_int_eq(cache_session_finish(p, &s1, NULL), SLOTD_OK);
+        ck_assert_int_eq(cache_session_finish(p, &s2, NULL), SLOTD_OK);
+        ck_assert_int_eq(cache_session_finish(p, &s3, NULL), SLOTD_OK);
+    }
+    ck_assert_uint_eq(stats(p).entries, 0);
+    sound(p);
+#if SLOTD_FAULT_INJECTION
+    cache__prefix_force_collisions(false);
+#endif
+    free(scratch);
+}
+END_TEST
+
+/* Cached-only blocks are free room: a start that needs memory takes them
+ * (least recently used first) before it is refused, and after 200
+ * finished requests the pool's entries are 0 whatever the cache holds. */
+START_TEST(test_prefix_free_room)
+{
+    model_t *small = fx_model("small");
+    cache_pool_t *p = fx_pool_cached((size_t)2 << 20, 8);
+    void *scratch = malloc(model_scratch_size(small));
+    static int64_t t[300];
+    cache_session_t s;
+    uint64_t room_free, slots_free;
+
+    ck_assert_ptr_nonnull(scratch);
+    for (uint32_t r = 0; r < 200; r++) {
+        size_t n = 40 + (r * 37) % 260;
+        uint32_t cached = 0;
+        cache_owner_t o = owner(r, "r");
+        slotd_error_t e;
+        uint32_t tok;
+
+        prompt_of(t, n, (r % 3) * 100, r, 512);
+        ck_assert_int_eq(
+            cache_session_start_shared(p, small, &o, 0, t, n, scratch, &s, &cached, &e), SLOTD_OK);
+        ck_assert_int_eq(cache_session_step(p, &s, 1, scratch, &tok, NULL, &e), SLOTD_OK);
+        ck_assert_int_eq(cache_session_finish(p, &s, NULL), SLOTD_OK);
+        ck_assert_uint_eq(stats(p).entries, 0);
+        cache_pool_room(p, &room_free, &slots_free);
+        ck_assert_uint_eq(room_free, stats(p).bytes_capacity);
+        if (r % 20 == 0)
+            sound(p);
+    }
+    ck_assert_uint_gt(stats(p).prefix_entries, 0);
+    ck_assert_uint_gt(stats(p).prefix_evicted_entries, 0);
+    ck_assert_uint_gt(stats(p).prefix_hit_entries, 0);
+    sound(p);
+    ck_assert_uint_gt(cache_pool_prefix_flush(p), 0);
+    ck_assert_uint_eq(stats(p).prefix_entries, 0);
+    ck_assert_uint_eq(stats(p).bytes_used, 0);
+    sound(p);
+    free(scratch);
+}
+END_TEST
+
 static Suite *cache_suite(bool forking)
 {
     Suite *s = suite_create("cache");
@@ -2119,8 +2343,19 @@ static Suite *cache_suite(bool forking)
     }
 #endif
     suite_add_tcase(s, tc);
+    {
+        TCase *pc = tcase_create("prefix");
+
+        tcase_add_checked_fixture(pc, NULL, fx_teardown);
+        tcase_set_timeout(pc, 120);
+        tcase_add_loop_test(pc, test_prefix_reuse_exact, 0, 2);
+        tcase_add_loop_test(pc, test_prefix_model_scope_apart, 0, 4);
+        tcase_add_test(pc, test_prefix_free_room);
+        suite_add_tcase(s, pc);
+    }
     return s;
 }
+
 
 int main(void)
 {
