@@ -20,6 +20,7 @@
 
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 /* The models' table, and with it the size classes their blocks and states
  * need. */
@@ -131,6 +132,16 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
         mmap(NULL, p->tables_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p->tables == MAP_FAILED)
         goto fail_slots;
+    {
+        long sp = sysconf(_SC_PAGESIZE); /* slab.c reads it again, the same */
+        p->sys_page = sp > 0 ? (size_t)sp : 4096;
+    }
+    p->tables_pages = (p->tables_bytes + p->sys_page - 1) / p->sys_page;
+    p->tables_dirty = calloc((p->tables_pages + 63) / 64, sizeof(uint64_t));
+    if (p->tables_dirty == NULL) {
+        munmap(p->tables, p->tables_bytes);
+        goto fail_slots;
+    }
 
     if ((rc = cache__slab_init(p, npages)) != SLOTD_OK)
         goto fail_tables;
@@ -149,6 +160,7 @@ fail_prefix:
     cache__slab_fini(p);
 fail_tables:
     munmap(p->tables, p->tables_bytes);
+    free(p->tables_dirty);
 fail_slots:
     munmap(p->slots, p->slots_bytes);
 fail_tcaches:
@@ -171,6 +183,7 @@ void cache_pool_destroy(cache_pool_t *p)
     cache__slab_fini(p);
     munmap(p->slots, p->slots_bytes);
     munmap(p->tables, p->tables_bytes);
+    free(p->tables_dirty);
     cache__tcache_fini(p);
     free(p->classes);
     free(p->models);

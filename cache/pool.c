@@ -28,6 +28,7 @@
 
 #include <assert.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* ---- Slots ---- */
 
@@ -804,9 +805,45 @@ int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
         pthread_mutex_lock(&p->lock);
     }
 #endif
+    /* The table's pages this tenancy wrote, for cache_pool_trim_tables(). */
+    if (s->nblocks > 0) {
+        size_t from = (size_t)h.slot * p->table_len * sizeof(*p->tables);
+        size_t to = from + (size_t)s->nblocks * sizeof(*p->tables) - 1;
+
+        for (size_t pg = from / p->sys_page; pg <= to / p->sys_page; pg++)
+            p->tables_dirty[pg / 64] |= UINT64_C(1) << (pg % 64);
+    }
     do_slot_free(p, cache__do_tcache_claim(p), h.slot, gone, ngone, state);
     cache__unlock(p);
     return SLOTD_OK;
+}
+
+uint64_t cache_pool_trim_tables(cache_pool_t *p)
+{
+    const size_t per = (size_t)p->table_len * sizeof(*p->tables);
+    uint64_t given = 0;
+
+    pthread_mutex_lock(&p->lock);
+    for (size_t w = 0; w < (p->tables_pages + 63) / 64; w++) {
+        while (p->tables_dirty[w] != 0) {
+            size_t pg = w * 64 + (size_t)__builtin_ctzll(p->tables_dirty[w]);
+            size_t lo = pg * p->sys_page / per;
+            size_t hi = ((pg + 1) * p->sys_page - 1) / per;
+            bool all_free = true;
+
+            p->tables_dirty[w] &= p->tables_dirty[w] - 1;
+            for (size_t si = lo; si <= hi && si < p->max_slots; si++)
+                if (atomic_load_explicit(&p->slots[si].gen, memory_order_relaxed) & 1)
+                    all_free = false;
+            /* A page a live slot uses is marked again when it is released;
+             * under the lock no slot is acquired meanwhile. */
+            if (all_free &&
+                madvise((char *)p->tables + pg * p->sys_page, p->sys_page, MADV_DONTNEED) == 0)
+                given += p->sys_page;
+        }
+    }
+    cache__unlock(p);
+    return given;
 }
 
 uint64_t cache_pool_entries(const cache_pool_t *p)

@@ -135,6 +135,14 @@ void cache_pool_destroy(cache_pool_t *p);
  * lock for at most 32 pages at a time.  Returns the bytes given back. */
 uint64_t cache_pool_trim(cache_pool_t *p, uint64_t keep_bytes);
 
+/** Gives back to the kernel the pages of the slots' block tables (a
+ * mapping outside the budget, pool_int.h) that only free slots use and a
+ * released slot wrote since the last call: the tables of many short
+ * sessions otherwise stay resident.  Meant to be called with
+ * cache_pool_trim(); takes the lock for one pass over a bitmap of the
+ * tables' pages.  Returns the bytes given back. */
+uint64_t cache_pool_trim_tables(cache_pool_t *p);
+
 /** Bytes of free pages whose memory the kernel still backs (written since
  * they were last given back). */
 uint64_t cache_pool_held_free_bytes(cache_pool_t *p);

@@ -273,6 +273,11 @@ struct cache_pool {
     model_block_t **tables;
     size_t tables_bytes;
     uint32_t table_len;
+    /* (lock) one bit per system page of the tables: a released slot wrote
+     * there since cache_pool_trim_tables() last gave it back.  calloc'd at
+     * creation, freed by destroy. */
+    uint64_t *tables_dirty;
+    size_t tables_pages;
     cache__page_t *pages;     /* npages entries, (lock) */
     uint64_t serial;          /* this pool's number, never reused: names it to thread caches */
     cache__tcache_t *tcaches; /* CACHE__TCACHES; `thread` (lock), magazines see cache__mag_t */

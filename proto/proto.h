@@ -302,12 +302,19 @@ typedef struct proto_stats {
     uint64_t released_shutdown;
     uint64_t uptime_seconds;
     uint32_t threads;
+    /* The prefix cache: entries only it holds now; since start, entries
+     * reused, looked up, and given up for room. */
+    uint64_t prefix_entries;
+    uint64_t prefix_hit_entries;
+    uint64_t prefix_query_entries;
+    uint64_t prefix_evicted_entries;
 } proto_stats_t;
 
 /* `tag` is NULL or JSON text from proto_request_t.tag, echoed as "tag". */
 int proto_reply_error(proto_buf_t *b, const char *tag, const slotd_error_t *err);
+/** `cached`: the prompt's entries reused from the prefix cache. */
 int proto_reply_start(proto_buf_t *b, const char *tag, const char *id, const char *model,
-                      uint32_t entries);
+                      uint32_t entries, uint32_t cached);
 /** `logits` is NULL (hash) or n*V values, printed "%.6f". */
 int proto_reply_step(proto_buf_t *b, const char *tag, const char *id, const uint32_t *tokens,
                      uint32_t n, const double *logits, uint32_t vocab, uint32_t entries);

@@ -419,7 +419,7 @@ int proto_reply_error(proto_buf_t *b, const char *tag, const slotd_error_t *err)
 }
 
 int proto_reply_start(proto_buf_t *b, const char *tag, const char *id, const char *model,
-                      uint32_t entries)
+                      uint32_t entries, uint32_t cached)
 {
     size_t start = b->len;
 
@@ -427,6 +427,7 @@ int proto_reply_start(proto_buf_t *b, const char *tag, const char *id, const cha
     TRY(PUT_MEMBER(b, "\"id\":", put_str, id));
     TRY(PUT_MEMBER(b, ",\"model\":", put_str, model));
     TRY(PUT_MEMBER(b, ",\"entries\":", put_u64, entries));
+    TRY(PUT_MEMBER(b, ",\"cached\":", put_u64, cached));
     return put_close(b, start);
 }
 
@@ -616,6 +617,10 @@ int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st)
         M(",\"shutdown\":", st->released_shutdown),
         M("},\"uptime_seconds\":", st->uptime_seconds),
         M(",\"threads\":", st->threads),
+        M(",\"prefix_cache\":{\"entries\":", st->prefix_entries),
+        M(",\"hit_entries\":", st->prefix_hit_entries),
+        M(",\"query_entries\":", st->prefix_query_entries),
+        M(",\"evicted_entries\":", st->prefix_evicted_entries),
 #undef M
     };
     size_t start = b->len;
@@ -625,6 +630,7 @@ int proto_reply_stats(proto_buf_t *b, const char *tag, const proto_stats_t *st)
         TRY(put(b, members[i].key, members[i].len));
         TRY(put_u64(b, members[i].value));
     }
+    TRY(put(b, "}", 1));
     return put_close(b, start);
 }
 

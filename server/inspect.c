@@ -379,7 +379,8 @@ void inspect__stats(server_t *s, proto_stats_t *st)
     st->requests_total = metrics_requests_total();
     st->errors_total = metrics_errors_total();
     st->pool_bytes_total = ps.bytes_capacity;
-    st->pool_bytes_used = ps.bytes_used;
+    /* Blocks only the prefix cache holds are free room, not used. */
+    st->pool_bytes_used = ps.bytes_used - ps.prefix_bytes;
     st->pool_slots_total = ps.max_slots;
     st->pool_slots_used = ps.live_slots;
     st->released_finish = metrics_released(METRICS_RELEASE_FINISH);
@@ -388,6 +389,10 @@ void inspect__stats(server_t *s, proto_stats_t *st)
     st->released_shutdown = metrics_released(METRICS_RELEASE_SHUTDOWN);
     st->uptime_seconds = (uv_hrtime() - s->start_ns) / 1000000000u;
     st->threads = s->cfg->threads;
+    st->prefix_entries = ps.prefix_entries;
+    st->prefix_hit_entries = ps.prefix_hit_entries;
+    st->prefix_query_entries = ps.prefix_query_entries;
+    st->prefix_evicted_entries = ps.prefix_evicted_entries;
 }
 
 void inspect__health(void *arg, bool *draining, bool *wedged)

@@ -445,6 +445,7 @@ unsliced: /* no room: the one call says so, in its words */
 static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 {
     cache_owner_t owner;
+    uint32_t cached = 0;
     int rc;
 
     owner.key = r->owner_key;
@@ -457,10 +458,14 @@ static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
             r->toks.v[i] = (uint32_t)r->rq.tokens[i]; /* validated on the loop: in [0, V) */
         r->toks.len = (uint32_t)r->rq.ntokens;
     }
-    rc = cache_session_start(s->pool, r->model, &owner, r->rq.tokens, r->rq.ntokens,
-                             worker_scratch(w), &r->cs, err);
+    /* Scope 0 is every connection's; a connection's own is its key + 1. */
+    rc = cache_session_start_shared(
+        s->pool, r->model, &owner,
+        s->cfg->prefix_scope == CONFIG_SCOPE_CONNECTION ? r->owner_key + 1 : 0, r->rq.tokens,
+        r->rq.ntokens, worker_scratch(w), &r->cs, &cached, err);
     if (rc == SLOTD_OK) {
-        rc = proto_reply_start(&r->reply, r->rq.tag, r->rq.id, model_name(r->model), r->cs.entries);
+        rc = proto_reply_start(&r->reply, r->rq.tag, r->rq.id, model_name(r->model), r->cs.entries,
+                               cached);
         if (rc != SLOTD_OK) /* no reply, no session: give the slot back */
             (void)cache_session_finish(s->pool, &r->cs, &(uint32_t){0});
     }

@@ -135,6 +135,7 @@ static void trim_timer_cb(uv_timer_t *h)
     bool shed = s->low_free_reqs > 0 || s->low_free_sessions > 0;
 
     (void)cache_pool_trim(s->pool, keep < TRIM_KEEP_BYTES ? keep : TRIM_KEEP_BYTES);
+    (void)cache_pool_trim_tables(s->pool);
     /* Records no request needed for a whole period go back to malloc, and
      * malloc gives what it then holds free back to the kernel. */
     req__shed(s, s->low_free_reqs);
@@ -636,6 +637,7 @@ int server_run(const server_config_t *cfg)
      * leave: the outcome of a request then depends on what is live, not on
      * the order concurrent requests took and gave back blocks. */
     pc.arena_factor = 2;
+    pc.prefix_cache = cfg->prefix_cache;
     rc = cache_pool_create(&pc, &s->pool);
     if (rc != SLOTD_OK) {
         log_error("cache pool of %" PRIu64 " MiB: %s", cfg->cache_mb, slotd_strerror(rc));
