@@ -130,6 +130,34 @@ START_TEST(test_prefix_scope_connection)
 }
 END_TEST
 
+/* POST /prefix-cache/flush on the admin port empties the cache (with the
+ * token when one is set): a start afterwards computes everything. */
+START_TEST(test_prefix_flush)
+{
+    itest_daemon_t *d = itest_daemon_start("--models", "small,tiny", NULL);
+    itest_conn_t *c = itest_connect(d);
+    itest_seq_t *s = calloc(1, sizeof(*s));
+    static const char req[] = "POST /prefix-cache/flush HTTP/1.1\r\nHost: x\r\n"
+                              "Content-Length: 0\r\nConnection: close\r\n\r\n";
+    itest_http_t r;
+
+    ck_assert_ptr_nonnull(s);
+    start_expect(c, s, "a", 0);
+    cJSON_Delete(itest_rpc(c, "{\"op\":\"finish\",\"id\":\"a\"}"));
+    ck_assert_int_gt(prefix_stat(c, "entries"), 0);
+    ck_assert(itest_http_raw(d->admin_port, req, sizeof(req) - 1, &r));
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_ptr_nonnull(strstr(r.body, "\"flushed_entries\":"));
+    ck_assert_int_eq(atoll(strstr(r.body, ":") + 1), prefix_stat(c, "evicted_entries"));
+    itest_http_free(&r);
+    ck_assert_int_eq(prefix_stat(c, "entries"), 0);
+    start_expect(c, s, "b", 0);
+    itest_seq_step(c, s, 1);
+    free(s);
+    itest_close(c);
+}
+END_TEST
+
 /* --prefix-cache off: nothing is reused, and the counts stay 0. */
 START_TEST(test_prefix_off)
 {
@@ -155,5 +183,6 @@ int main(void)
     itest_add(s, "prefix_default_on", test_prefix_default_on);
     itest_add(s, "prefix_scope_connection", test_prefix_scope_connection);
     itest_add(s, "prefix_off", test_prefix_off);
+    itest_add(s, "prefix_flush", test_prefix_flush);
     return itest_main(s);
 }
