@@ -308,6 +308,7 @@ typedef struct proto_stats {
     uint64_t prefix_hit_entries;
     uint64_t prefix_query_entries;
     uint64_t prefix_evicted_entries;
+    uint64_t shared_blocks; /* blocks with two or more holders; in the metrics only */
 } proto_stats_t;
 
 /* `tag` is NULL or JSON text from proto_request_t.tag, echoed as "tag". */

@@ -393,6 +393,7 @@ void inspect__stats(server_t *s, proto_stats_t *st)
     st->prefix_hit_entries = ps.prefix_hit_entries;
     st->prefix_query_entries = ps.prefix_query_entries;
     st->prefix_evicted_entries = ps.prefix_evicted_entries;
+    st->shared_blocks = ps.shared_blocks;
 }
 
 void inspect__health(void *arg, bool *draining, bool *wedged)

@@ -84,6 +84,8 @@ START_TEST(test_prefix_default_on)
     itest_seq_step(c, a, 3);
     ck_assert(memcmp(a->tok, b->tok, a->len * sizeof(int64_t)) == 0);
     ck_assert_int_eq(prefix_stat(c, "hit_entries"), REUSED);
+    ck_assert_int_eq(itest_metric(d, "slotd_prefix_cache_hit_entries_total"), REUSED);
+    ck_assert_int_gt(itest_metric(d, "slotd_shared_blocks"), 0);
     /* The first start looked up its first block and missed. */
     ck_assert_int_gt(prefix_stat(c, "query_entries"), REUSED);
     cJSON_Delete(itest_rpc(c, "{\"op\":\"finish\",\"id\":\"a\"}"));
