@@ -571,6 +571,25 @@ int cache_pool_prefix_publish(cache_pool_t *p, cache_handle_t h, const cache_own
     return rc;
 }
 
+int cache_pool_prefix_forget(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                             uint32_t *forgotten)
+{
+    cache__slot_t *s;
+    int rc = SLOTD_OK;
+
+    *forgotten = 0;
+    if (p == NULL || owner == NULL)
+        return SLOTD_EINVAL;
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL)
+        rc = SLOTD_ESTALE;
+    else if (p->prefix.on)
+        *forgotten = cache__do_prefix_forget(p, s, h.slot);
+    cache__unlock(p);
+    return rc;
+}
+
 uint64_t cache_pool_prefix_flush(cache_pool_t *p)
 {
     uint64_t n = 0;

@@ -201,6 +201,13 @@ int cache_pool_prefix_attach(cache_pool_t *p, cache_handle_t h, const cache_owne
 int cache_pool_prefix_publish(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
                               uint64_t scope, const uint32_t *tokens, uint32_t n);
 
+/** Takes every block the slot holds out of the prefix cache (the slot
+ * keeps them), so that no later start reuses them: for a slot whose
+ * entries were found wrong.  *forgotten gets how many.  SLOTD_ESTALE as
+ * above. */
+int cache_pool_prefix_forget(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                             uint32_t *forgotten);
+
 /** Gives up every block only the prefix cache holds; returns how many.
  * Blocks that live slots hold stay cached. */
 uint64_t cache_pool_prefix_flush(cache_pool_t *p);

@@ -439,6 +439,9 @@ void cache__prefix_fini(cache_pool_t *p);
 cache__pnode_t *cache__prefix_node_of(const cache_pool_t *p, const model_block_t *b);
 /* Block b, cached, has just lost its last slot: onto the LRU list. */
 void cache__do_prefix_unheld(cache_pool_t *p, model_block_t *b);
+/* Takes every block slot si holds out of the cache (they stay the
+ * slot's); returns how many. */
+uint32_t cache__do_prefix_forget(cache_pool_t *p, cache__slot_t *s, uint32_t si);
 /* Gives up the least recently used cached-only block: false if none. */
 bool cache__do_prefix_evict(cache_pool_t *p);
 /* Gives the empty slot si the cached blocks of the longest cached prefix

@@ -210,6 +210,25 @@ static void do_unlink(cache_pool_t *p, cache__pnode_t *n)
     free(n);
 }
 
+uint32_t cache__do_prefix_forget(cache_pool_t *p, cache__slot_t *s, uint32_t si)
+{
+    model_block_t **t = cache__table(p, si);
+    uint32_t n = 0;
+
+    for (uint32_t i = 0; i < s->nblocks; i++) {
+        cache__pnode_t *node = cache__prefix_node_of(p, t[i]);
+
+        if (node == NULL)
+            continue;
+        do_unlink(p, node);
+        /* The slot still holds the block: the count stays at 1 or more. */
+        if (cache__do_hold(t[i], -1) == 1)
+            p->shared_blocks--;
+        n++;
+    }
+    return n;
+}
+
 bool cache__do_prefix_evict(cache_pool_t *p)
 {
     cache__pnode_t *n = TAILQ_FIRST(&p->prefix.lru);

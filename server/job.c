@@ -511,6 +511,17 @@ static void audit_step(server_t *s, worker_t *w, req_t *r, uint32_t n, uint32_t 
              ": the cached step diverges from the uncached reference; replying with the "
              "reference and rebuilding the slot",
              r->cs.owner.key, r->rq.id, len + bad);
+    {
+        /* Blocks it may have taken from, or given to, the prefix cache are
+         * suspect: no later start reuses them. */
+        uint32_t forgotten = 0;
+        if (cache_pool_prefix_forget(s->pool, r->cs.handle, &r->cs.owner, &forgotten) ==
+                SLOTD_OK &&
+            forgotten > 0)
+            log_warn("audit: connection %" PRIu64 " session '%s': %" PRIu32
+                     " blocks dropped from the prefix cache",
+                     r->cs.owner.key, r->rq.id, forgotten);
+    }
     rc = cache_session_rebuild(s->pool, &r->cs, r->toks.v, r->toks.len, worker_scratch(w));
     if (rc != SLOTD_OK)
         log_error("audit: connection %" PRIu64 " session '%s': rebuild failed: %s", r->cs.owner.key,

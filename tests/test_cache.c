@@ -2300,6 +2300,59 @@ START_TEST(test_prefix_free_room)
 }
 END_TEST
 
+#if SLOTD_FAULT_INJECTION
+/* A cached block that is damaged (the fault hook, as a memory fault would)
+ * damages every start that reuses it, which is what the audit catches; the
+ * pool then forgets the blocks of the session found wrong, and the next
+ * start of the same prompt computes everything and is right. */
+START_TEST(test_prefix_damaged_block_forgotten)
+{
+    model_t *small = fx_model("small");
+    cache_pool_t *p = fx_pool_cached((size_t)16 << 20, 8);
+    void *scratch = malloc(model_scratch_size(small));
+    static int64_t t[3][110];
+    cache_session_t a, b, c;
+    cache_owner_t oa = owner(1, "a"), ob = owner(2, "b"), oc = owner(3, "c");
+    uint32_t cached = 0, forgotten = 0, got, want[101];
+    double wl[512], hl[512];
+    slotd_error_t e;
+    model_kv_t kv;
+
+    ck_assert_ptr_nonnull(scratch);
+    for (int k = 0; k < 3; k++)
+        prompt_of(t[k], 100, 100, 0, 512);
+    ck_assert_int_eq(
+        cache_session_start_shared(p, small, &oa, 0, t[0], 100, scratch, &a, &cached, &e), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_reserve(p, a.handle, &oa, 0, &kv), SLOTD_OK);
+    model_fault_corrupt(small, &kv, 5);
+    /* b reuses the damaged block, and goes wrong. */
+    ck_assert_int_eq(
+        cache_session_start_shared(p, small, &ob, 0, t[1], 100, scratch, &b, &cached, &e), SLOTD_OK);
+    ck_assert_uint_gt(cached, 5);
+    ck_assert_int_eq(model_generate(small, t[1], 100, 1, true, NULL, NULL, want, wl, NULL, NULL),
+                     SLOTD_OK);
+    ck_assert_int_eq(cache_session_step(p, &b, 1, scratch, &got, hl, &e), SLOTD_OK);
+    ck_assert_msg(memcmp(wl, hl, sizeof(wl)) != 0, "the damage did not reach b");
+    /* Found wrong: its blocks leave the cache. */
+    ck_assert_int_eq(cache_pool_prefix_forget(p, b.handle, &ob, &forgotten), SLOTD_OK);
+    ck_assert_uint_gt(forgotten, 0);
+    sound(p);
+    ck_assert_int_eq(
+        cache_session_start_shared(p, small, &oc, 0, t[2], 100, scratch, &c, &cached, &e), SLOTD_OK);
+    ck_assert_uint_eq(cached, 0);
+    {
+        size_t len = 100;
+        step_fresh(p, &c, t[2], &len, scratch);
+    }
+    ck_assert_int_eq(cache_session_finish(p, &a, NULL), SLOTD_OK);
+    ck_assert_int_eq(cache_session_finish(p, &b, NULL), SLOTD_OK);
+    ck_assert_int_eq(cache_session_finish(p, &c, NULL), SLOTD_OK);
+    sound(p);
+    free(scratch);
+}
+END_TEST
+#endif
+
 static Suite *cache_suite(bool forking)
 {
     Suite *s = suite_create("cache");
@@ -2351,6 +2404,9 @@ static Suite *cache_suite(bool forking)
         tcase_add_loop_test(pc, test_prefix_reuse_exact, 0, 2);
         tcase_add_loop_test(pc, test_prefix_model_scope_apart, 0, 4);
         tcase_add_test(pc, test_prefix_free_room);
+#if SLOTD_FAULT_INJECTION
+        tcase_add_test(pc, test_prefix_damaged_block_forgotten);
+#endif
         suite_add_tcase(s, pc);
     }
     return s;
