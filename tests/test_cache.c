@@ -2148,7 +2148,7 @@ START_TEST(test_prefix_reuse_exact)
     const model_t *ms[2] = {small, hash};
     cache_pool_t *p = fx_pool_cached((size_t)64 << 20, 16);
     void *scratch = malloc(model_scratch_size(small));
-    static int64_t t[4][700];
+    static int64_t t[4][210];
 
 #if SLOTD_FAULT_INJECTION
     cache__prefix_force_collisions(_i == 1);
@@ -2164,26 +2164,26 @@ START_TEST(test_prefix_reuse_exact)
             cache_session_t a, b, c, d;
 
             cache_pool_prefix_flush(p);
-            /* a: 600 tokens, all new. */
-            prompt_of(t[0], 600, 600, 0, V);
-            start_cached(p, m, &a, 1, "a", 0, t[0], 600, 0, scratch);
+            /* a: 200 tokens, all new. */
+            prompt_of(t[0], 200, 200, 0, V);
+            start_cached(p, m, &a, 1, "a", 0, t[0], 200, 0, scratch);
             if (!live) {
                 ck_assert_int_eq(cache_session_finish(p, &a, NULL), SLOTD_OK);
                 ck_assert_uint_eq(stats(p).entries, 0);
                 ck_assert_uint_gt(stats(p).prefix_entries, 0);
                 sound(p);
             }
-            /* b: a's first 512 and 16 of its own. */
-            prompt_of(t[1], 528, 512, 1, V);
-            start_cached(p, m, &b, 2, "b", 0, t[1], 528, reusable(m, 528, 512), scratch);
-            /* c: diverges inside a block (position 300, in the middle). */
-            prompt_of(t[2], 400, 300, 2, V);
-            ck_assert_uint_lt(reusable(m, 400, 300), 300); /* 300 is inside a block */
-            start_cached(p, m, &c, 3, "c", 0, t[2], 400, reusable(m, 400, 300), scratch);
+            /* b: a's first 160 and 16 of its own. */
+            prompt_of(t[1], 176, 160, 1, V);
+            start_cached(p, m, &b, 2, "b", 0, t[1], 176, reusable(m, 176, 160), scratch);
+            /* c: diverges inside a block (position 100). */
+            prompt_of(t[2], 140, 100, 2, V);
+            ck_assert_uint_lt(reusable(m, 140, 100), 100); /* 100 is inside a block */
+            start_cached(p, m, &c, 3, "c", 0, t[2], 140, reusable(m, 140, 100), scratch);
             /* d: the same as a but one token shorter: every block but the
              * one holding its last position. */
-            prompt_of(t[3], 599, 600, 0, V);
-            start_cached(p, m, &d, 4, "d", 0, t[3], 599, reusable(m, 599, 599), scratch);
+            prompt_of(t[3], 199, 200, 0, V);
+            start_cached(p, m, &d, 4, "d", 0, t[3], 199, reusable(m, 199, 199), scratch);
             ck_assert_uint_gt(stats(p).prefix_hit_entries, 0);
             if (live)
                 ck_assert_int_eq(cache_session_finish(p, &a, NULL), SLOTD_OK);
