@@ -1,7 +1,9 @@
 /*
  * check.c: what the cache tests see of the pool's insides (pool_impl.h):
  * its pages, the page an object lives on, a second free on demand, and the
- * checker that walks every table and list and counts broken invariants.
+ * checker that walks every table and list and counts broken invariants
+ * (shared blocks' holder counts and the prefix cache's included; the
+ * checker's sorted list of blocks is malloc'd and freed by it).
  * Nothing in the daemon calls it.
  *
  * Threads and lock.  Any thread; each call takes p->lock for its whole

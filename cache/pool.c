@@ -18,11 +18,12 @@
  * fails before anything else is read.  The prefetch hints take no lock and
  * read the slot's own fields only.
  *
- * Calls tcache.c (parking, stealing) and slab.c (objects, pages); neither
- * calls back.
+ * Calls prefix.c (the prefix cache), tcache.c (parking, stealing) and
+ * slab.c (objects, pages); none calls back.
  *
  * Design: docs/design.md, "The pool", "The allocator and per-thread
- * caches", "Prefetch hints" and "Blocks of growing capacity".
+ * caches", "Prefetch hints", "Blocks of growing capacity" and "Shared
+ * blocks and zero-copy fork".
  */
 #include "cache/pool_int.h"
 

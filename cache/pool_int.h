@@ -1,11 +1,12 @@
 /*
  * pool_int.h: what the files of the slot pool share and nobody else sees.
  *
- * The pool is five files; calls go down this list, never up:
+ * The pool is six files; calls go down this list, never up:
  *
- *   check.c   the checker the tests use (pool_impl.h)  -> tcache.c, slab.c
- *   create.c  making and unmaking a pool               -> tcache.c, slab.c
- *   pool.c    slots, ownership, prefetch, the API      -> tcache.c, slab.c
+ *   check.c   the checker the tests use (pool_impl.h)  -> prefix.c, tcache.c, slab.c
+ *   create.c  making and unmaking a pool               -> prefix.c, tcache.c, slab.c
+ *   pool.c    slots, ownership, prefetch, the API      -> prefix.c, tcache.c, slab.c
+ *   prefix.c  the prefix cache's nodes and LRU list    -> tcache.c, slab.c
  *   tcache.c  the per-thread caches and the stealing   -> slab.c
  *   slab.c    the arena, its pages and size classes    -> nothing
  *
