@@ -138,7 +138,7 @@ int main(int argc, char **argv)
     }
     for (unsigned r = 0; r < rounds; r++) {
         const model_t *models[] = {m};
-        cache_pool_config_t cfg = {(size_t)1 << 30, threads * sessions, models, 1, 1};
+        cache_pool_config_t cfg = {(size_t)1 << 30, threads * sessions, models, 1, 1, false};
         cache_pool_t *p;
         worker_t w[MAX_THREADS];
         double t0, sum_cpu = 0;

@@ -1,7 +1,9 @@
 /*
  * check.c: what the cache tests see of the pool's insides (pool_impl.h):
  * its pages, the page an object lives on, a second free on demand, and the
- * checker that walks every table and list and counts broken invariants.
+ * checker that walks every table and list and counts broken invariants
+ * (shared blocks' holder counts and the prefix cache's included; the
+ * checker's sorted list of blocks is malloc'd and freed by it).
  * Nothing in the daemon calls it.
  *
  * Threads and lock.  Any thread; each call takes p->lock for its whole
@@ -89,9 +91,26 @@ void cache__pool_debug_free(cache_pool_t *p, void *obj)
         }                                                                                          \
     } while (0)
 
+/* A block of a live slot's chain as the checker saw it: each occurrence
+ * once, sorted by address so that a block's occurrences sit together. */
+typedef struct cache__seen {
+    const model_block_t *b;
+    uint64_t stride;
+} cache__seen_t;
+
+static int cache__seen_cmp(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)((const cache__seen_t *)a)->b;
+    uintptr_t y = (uintptr_t)((const cache__seen_t *)b)->b;
+
+    return x < y ? -1 : x > y;
+}
+
 int cache__pool_check(cache_pool_t *p)
 {
     uint64_t used = 0, entries = 0, live = 0, nfree_slots = 0, room, bytes;
+    cache__seen_t *seen = NULL;
+    size_t nseen = 0, seen_cap = 0;
     uint64_t *cls_free;
     uint32_t *cls_objs;
     uint32_t n;
@@ -163,12 +182,37 @@ int cache__pool_check(cache_pool_t *p)
         n = 0;
         room = 0;
         bytes = 0;
-        for (b = s->head; b != NULL && n <= s->nblocks; b = b->next) {
-            int64_t pg = cache__pool_page_of(p, b);
-            size_t stride =
-                cache__round_up(model_block_bytes_for(md->m, b->capacity), CACHE__ALIGN);
+        CACHE__CHECK(s->nblocks <= p->table_len, "slot %u has %u blocks, tables hold %u", i,
+                     s->nblocks, p->table_len);
+        for (; n < s->nblocks && n < p->table_len; n++) {
+            int64_t pg;
+            size_t stride;
 
+            b = cache__table(p, i)[n];
+            pg = cache__pool_page_of(p, b);
+            stride = cache__round_up(model_block_bytes_for(md->m, b->capacity), CACHE__ALIGN);
+            /* A shared block holds only entries the slot has; the tail's
+             * positions from `entries` on are written only when it is the
+             * slot's own. */
+            CACHE__CHECK(cache__holders(b) >= 1, "slot %u block %u has no holder", i, n);
+            CACHE__CHECK(cache__holders(b) == 1 || b->first < s->entries,
+                         "slot %u block %u shared past its entries", i, n);
+            if (nseen == seen_cap) {
+                size_t cap = seen_cap != 0 ? 2 * seen_cap : 256;
+                cache__seen_t *more = realloc(seen, cap * sizeof *more);
+
+                if (more == NULL) {
+                    bad++;
+                    break;
+                }
+                seen = more;
+                seen_cap = cap;
+            }
+            seen[nseen].b = b;
+            seen[nseen++].stride = stride;
             CACHE__CHECK(pg >= 0, "slot %u block outside arena", i);
+            CACHE__CHECK(n == 0 || b != cache__table(p, i)[n - 1], "slot %u block %u twice", i,
+                         n);
             CACHE__CHECK(b->capacity == model_block_capacity(md->m, n),
                          "slot %u block %u capacity %u", i, n, b->capacity);
             CACHE__CHECK(b->first == room, "slot %u block %u first %u, room before %llu", i, n,
@@ -183,8 +227,9 @@ int cache__pool_check(cache_pool_t *p)
             room += b->capacity;
             bytes += stride;
             last = b;
-            n++;
         }
+        CACHE__CHECK(s->head == (s->nblocks > 0 ? cache__table(p, i)[0] : NULL), "slot %u head",
+                     i);
         CACHE__CHECK(n == s->nblocks, "slot %u chain has %u blocks, nblocks %u", i, n, s->nblocks);
         CACHE__CHECK(room == s->room, "slot %u room %u, counted %llu", i, s->room,
                      (unsigned long long)room);
@@ -193,9 +238,42 @@ int cache__pool_check(cache_pool_t *p)
         CACHE__CHECK(tail == s->tail, "slot %u tail", i);
         CACHE__CHECK(s->entries <= s->room, "slot %u entries past room", i);
         CACHE__CHECK((s->state != NULL) == (md->state_bytes > 0), "slot %u state", i);
-        used += s->bytes + (s->state != NULL ? md->state_bytes : 0);
+        used += s->state != NULL ? md->state_bytes : 0;
         entries += s->entries;
     }
+    /* Each block once in the bytes, and as many holders as chains hold it. */
+    if (nseen > 0)
+        qsort(seen, nseen, sizeof *seen, cache__seen_cmp);
+    {
+        uint64_t shared = 0;
+
+        for (size_t k = 0; k < nseen;) {
+            size_t run = 1;
+
+            while (k + run < nseen && seen[k + run].b == seen[k].b)
+                run++;
+            /* The prefix cache holds a block it keeps, besides the slots. */
+            size_t cached = cache__prefix_node_of(p, seen[k].b) != NULL;
+
+            CACHE__CHECK(cache__holders(seen[k].b) == run + cached,
+                         "block %p counts %llu holders, %zu chains and %zu cache hold it",
+                         (const void *)seen[k].b, (unsigned long long)cache__holders(seen[k].b),
+                         run, cached);
+            used += seen[k].stride;
+            shared += run + cached > 1;
+            k += run;
+        }
+        /* Blocks only the cache holds: on its LRU list, and taken. */
+        {
+            uint64_t lru_bytes = 0, on_lru = 0;
+
+            bad += cache__prefix_check(p, &lru_bytes, &on_lru);
+            used += lru_bytes;
+        }
+        CACHE__CHECK(shared == p->shared_blocks, "shared blocks %llu, counted %llu",
+                     (unsigned long long)p->shared_blocks, (unsigned long long)shared);
+    }
+    free(seen);
     CACHE__CHECK(live == p->live_slots, "live %llu, counted %llu",
                  (unsigned long long)p->live_slots, (unsigned long long)live);
     CACHE__CHECK(live + nfree_slots == p->max_slots, "slots lost: %llu live, %llu free",

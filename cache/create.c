@@ -2,7 +2,8 @@
  * create.c: the making and unmaking of a slot pool.  Owns the order in
  * which a pool's parts are made and released: the pool record, the table
  * of configured models (and, through it, the size classes their blocks and
- * states need), the thread caches (tcache.c), the slot table (a mapping,
+ * states need), the thread caches (tcache.c), the slot table and the
+ * slots' block tables (mappings, the slot table
  * advised to use huge pages), the arena and its pages (slab.c) and the
  * lock.  Every part made here is released by cache_pool_destroy(), and on
  * a failure by the unwinding below, in reverse order.
@@ -19,6 +20,7 @@
 
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 /* The models' table, and with it the size classes their blocks and states
  * need. */
@@ -118,9 +120,33 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
     for (uint32_t i = 0; i < p->max_slots; i++)
         p->slots[i].next_free = i + 1 < p->max_slots ? i + 1 : CACHE__NONE;
     p->free_slot = 0;
+    /* The block tables: as many entries a slot as the longest chain. */
+    p->table_len = 1;
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        uint32_t nb = model_chain_blocks(cfg->models[i], model_max_ctx(cfg->models[i]), 1, NULL);
+        if (nb > p->table_len)
+            p->table_len = nb;
+    }
+    p->tables_bytes = (size_t)cfg->max_slots * p->table_len * sizeof *p->tables;
+    p->tables =
+        mmap(NULL, p->tables_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p->tables == MAP_FAILED)
+        goto fail_slots;
+    {
+        long sp = sysconf(_SC_PAGESIZE); /* slab.c reads it again, the same */
+        p->sys_page = sp > 0 ? (size_t)sp : 4096;
+    }
+    p->tables_pages = (p->tables_bytes + p->sys_page - 1) / p->sys_page;
+    p->tables_dirty = calloc((p->tables_pages + 63) / 64, sizeof(uint64_t));
+    if (p->tables_dirty == NULL) {
+        munmap(p->tables, p->tables_bytes);
+        goto fail_slots;
+    }
 
     if ((rc = cache__slab_init(p, npages)) != SLOTD_OK)
-        goto fail_slots;
+        goto fail_tables;
+    if ((rc = cache__prefix_init(p, cfg->prefix_cache)) != SLOTD_OK)
+        goto fail_prefix;
     rc = SLOTD_ENOMEM;
     if (pthread_mutex_init(&p->lock, NULL) != 0)
         goto fail_slab;
@@ -129,7 +155,12 @@ int cache_pool_create(const cache_pool_config_t *cfg, cache_pool_t **out)
     return SLOTD_OK;
 
 fail_slab:
+fail_prefix:
+    cache__prefix_fini(p);
     cache__slab_fini(p);
+fail_tables:
+    munmap(p->tables, p->tables_bytes);
+    free(p->tables_dirty);
 fail_slots:
     munmap(p->slots, p->slots_bytes);
 fail_tcaches:
@@ -148,8 +179,11 @@ void cache_pool_destroy(cache_pool_t *p)
     if (p == NULL)
         return;
     pthread_mutex_destroy(&p->lock);
+    cache__prefix_fini(p);
     cache__slab_fini(p);
     munmap(p->slots, p->slots_bytes);
+    munmap(p->tables, p->tables_bytes);
+    free(p->tables_dirty);
     cache__tcache_fini(p);
     free(p->classes);
     free(p->models);

@@ -18,28 +18,18 @@
  * fails before anything else is read.  The prefetch hints take no lock and
  * read the slot's own fields only.
  *
- * Calls tcache.c (parking, stealing) and slab.c (objects, pages); neither
- * calls back.
+ * Calls prefix.c (the prefix cache), tcache.c (parking, stealing) and
+ * slab.c (objects, pages); none calls back.
  *
  * Design: docs/design.md, "The pool", "The allocator and per-thread
- * caches", "Prefetch hints" and "Blocks of growing capacity".
+ * caches", "Prefetch hints", "Blocks of growing capacity" and "Shared
+ * blocks and zero-copy fork".
  */
 #include "cache/pool_int.h"
 
 #include <assert.h>
 #include <string.h>
-
-/* The index in md->caps of capacity `cap`, one the model's chains use. */
-static uint32_t cache__cap_index(const cache__model_t *md, uint32_t cap)
-{
-    uint32_t k = 0;
-
-    while (md->caps[k] != cap) {
-        k++;
-        assert(k < md->ncaps && "cache pool: a capacity the model does not use");
-    }
-    return k;
-}
+#include <sys/mman.h>
 
 /* ---- Slots ---- */
 
@@ -132,12 +122,13 @@ static int cache__model_index(const cache_pool_t *p, const model_t *m)
 /* Hands slot `si`'s objects back (`head` the chain, linked through the
  * first word of each block) to the caller's thread cache `tc` (may be
  * NULL) or their pages, and puts the slot on the free stack. */
-static void do_slot_free(cache_pool_t *p, cache__tcache_t *tc, uint32_t si, model_block_t *head,
-                         void *state)
+static void do_slot_free(cache_pool_t *p, cache__tcache_t *tc, uint32_t si,
+                         model_block_t *const *gone, uint32_t ngone, void *state)
 {
     cache__slot_t *s = &p->slots[si];
 
-    cache__do_chain_give(p, tc, head);
+    for (uint32_t i = 0; i < ngone; i++)
+        cache__do_obj_give(p, tc, gone[i]);
     if (state != NULL)
         cache__do_obj_give(p, NULL, state); /* to its page: states are not parked */
     assert(p->live_slots > 0);
@@ -153,16 +144,14 @@ static void do_slot_free(cache_pool_t *p, cache__tcache_t *tc, uint32_t si, mode
 
 #if CACHE__DEBUG
 /* Poisons a detached chain and state, keeping the chain linked. */
-static void cache__poison_slot(const cache_pool_t *p, const cache__model_t *md, model_block_t *head,
-                               void *state)
+static void cache__poison_slot(const cache_pool_t *p, const cache__model_t *md,
+                               model_block_t *const *gone, uint32_t ngone, void *state)
 {
-    while (head != NULL) {
-        model_block_t *next = head->next;
+    for (uint32_t i = 0; i < ngone; i++) {
         size_t bstride =
-            cache__round_up(model_block_bytes_for(md->m, head->capacity), CACHE__ALIGN);
+            cache__round_up(model_block_bytes_for(md->m, gone[i]->capacity), CACHE__ALIGN);
 
-        cache__poison(head, bstride, next);
-        head = next;
+        cache__poison(gone[i], bstride, NULL);
     }
     if (state != NULL)
         cache__poison(state, p->classes[md->state_cls].stride, NULL);
@@ -171,16 +160,17 @@ static void cache__poison_slot(const cache_pool_t *p, const cache__model_t *md, 
 
 /* Appends block `b` of `cap` positions, just taken for slot `s`, to its
  * chain.  The slot's user, with or without the lock. */
-static void cache__slot_append(cache__slot_t *s, model_block_t *b, uint32_t cap)
+static void cache__slot_append(const cache_pool_t *p, cache__slot_t *s, model_block_t *b,
+                               uint32_t cap)
 {
-    /* The taker zeroed b->next. */
+    __atomic_store_n(&b->provider, 1, __ATOMIC_RELAXED); /* its slot's alone */
     b->capacity = cap;
     b->first = s->room;
-    if (s->last != NULL)
-        s->last->next = b;
-    else
+    if (s->last == NULL)
         s->head = b;
     s->last = b;
+    assert(s->nblocks < p->table_len);
+    cache__table(p, (uint32_t)(s - p->slots))[s->nblocks] = b;
     if (s->nblocks < CACHE__SLOT_BLOCKS)
         s->blocks[s->nblocks] = b;
     if (s->tail == NULL)
@@ -288,7 +278,7 @@ static bool cache__reserve_parked(cache_pool_t *p, const cache__model_t *md, cac
     if (!cache__take_parked(p, tc, cls, need, got))
         return false;
     for (uint32_t i = 0; i < need; i++) {
-        cache__slot_append(s, got[i], caps[i]);
+        cache__slot_append(p, s, got[i], caps[i]);
         s->bytes += p->classes[cls[i]].stride;
     }
     return true;
@@ -319,6 +309,74 @@ static bool do_reserve_can(cache_pool_t *p, const cache__model_t *md, cache__tca
     return p->bytes_taken + bytes <= p->capacity && cache__do_classes_can(p, md, pages);
 }
 
+/* Takes one holder off block b (the lock held): true when that was the
+ * last, and b is to go back to its page.  A cached block whose last slot
+ * lets go stays, held by the prefix cache alone. */
+static bool do_unhold(cache_pool_t *p, model_block_t *b)
+{
+    uint64_t left;
+
+    assert(cache__holders(b) >= 1);
+    left = cache__do_hold(b, -1);
+    if (left == 1) {
+        p->shared_blocks--;
+        if (cache__prefix_node_of(p, b) != NULL)
+            cache__do_prefix_unheld(p, b);
+    }
+    return left == 0;
+}
+
+/* Makes the shared block i of slot si's chain its own (pool_int.h, Shared
+ * blocks): a new block of its class gets its bytes and takes its place in
+ * the chain, and the old one loses a holder.  SLOTD_ECACHE_FULL (nothing
+ * changes) when there is no room for the block.  The lock is held on entry
+ * and on return, and let go for the copy: the old block stays (this slot
+ * holds it) and nobody writes into it (it is shared), and only this slot's
+ * user, the caller, changes the slot. */
+static int do_block_copy(cache_pool_t *p, const cache__model_t *md, cache__slot_t *s, uint32_t si,
+                         uint32_t i)
+{
+    model_block_t **t = cache__table(p, si), *old = t[i], *b;
+    const uint32_t ci = md->caps_cls[cache__cap_index(md, old->capacity)];
+    const size_t stride = p->classes[ci].stride;
+
+    if (p->bytes_taken + stride > p->capacity || !cache__do_class_can(p, ci, 1)) {
+        /* Not refused while a thread cache parks what would do. */
+        cache__do_steal_all(p);
+        while ((p->bytes_taken + stride > p->capacity || !cache__do_class_can(p, ci, 1)) &&
+               cache__do_prefix_evict(p))
+            ;
+        if (p->bytes_taken + stride > p->capacity || !cache__do_class_can(p, ci, 1))
+            return SLOTD_ECACHE_FULL;
+    }
+    b = cache__do_obj_alloc(p, ci);
+    p->bytes_taken += stride;
+    cache__unlock(p);
+    memcpy(b->data, old->data, model_block_bytes_for(md->m, old->capacity) - MODEL_BLOCK_HEADER);
+    pthread_mutex_lock(&p->lock);
+    __atomic_store_n(&b->provider, 1, __ATOMIC_RELAXED);
+    b->capacity = old->capacity;
+    b->first = old->first;
+    t[i] = b;
+    if (i < CACHE__SLOT_BLOCKS)
+        s->blocks[i] = b;
+    if (s->head == old)
+        s->head = b;
+    if (s->last == old)
+        s->last = b;
+    if (s->tail == old)
+        s->tail = b;
+    p->tail_copies++;
+    /* The other holders may have let go while the lock was free. */
+    if (do_unhold(p, old)) {
+#if CACHE__DEBUG
+        cache__poison(old, stride, NULL);
+#endif
+        cache__do_obj_give(p, NULL, old);
+    }
+    return SLOTD_OK;
+}
+
 /* ---- The public calls ---- */
 
 int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
@@ -343,6 +401,10 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
                                 !cache__do_class_can(p, md->state_cls, 1))) {
         /* Not refused while a thread cache parks what would do. */
         cache__do_steal_all(p);
+        while ((p->bytes_taken + md->state_bytes > p->capacity ||
+                !cache__do_class_can(p, md->state_cls, 1)) &&
+               cache__do_prefix_evict(p))
+            ;
         if (p->bytes_taken + md->state_bytes > p->capacity ||
             !cache__do_class_can(p, md->state_cls, 1)) {
             rc = SLOTD_ECACHE_FULL;
@@ -372,6 +434,195 @@ out:
     return rc;
 }
 
+int cache_pool_fork(cache_pool_t *p, cache_handle_t from, const cache_owner_t *from_owner,
+                    const cache_owner_t *owner, cache_handle_t *h, uint32_t *shared)
+{
+    const cache__model_t *md;
+    cache__slot_t *src, *s;
+    model_block_t *const *st;
+    model_block_t **dt;
+    const void *src_state = NULL;
+    uint32_t si, nshare;
+    int rc = SLOTD_OK;
+
+    if (p == NULL || from_owner == NULL || owner == NULL || h == NULL)
+        return SLOTD_EINVAL;
+
+    pthread_mutex_lock(&p->lock);
+    src = do_slot_get(p, from, from_owner);
+    if (src == NULL) {
+        rc = SLOTD_ESTALE;
+        goto out;
+    }
+    md = &p->models[src->model];
+    st = cache__table(p, from.slot);
+    /* The blocks that hold an entry: every one before the tail, and the
+     * tail when it holds one. */
+    nshare = src->nblocks;
+    if (src->tail != NULL)
+        nshare = cache__block_index(st, src->nblocks, src->tail->first) +
+                 (src->entries > src->tail->first);
+    if (p->free_slot == CACHE__NONE) {
+        rc = SLOTD_ECACHE_FULL;
+        goto out;
+    }
+    if (md->state_bytes > 0 && (p->bytes_taken + md->state_bytes > p->capacity ||
+                                !cache__do_class_can(p, md->state_cls, 1))) {
+        cache__do_steal_all(p);
+        while ((p->bytes_taken + md->state_bytes > p->capacity ||
+                !cache__do_class_can(p, md->state_cls, 1)) &&
+               cache__do_prefix_evict(p))
+            ;
+        if (p->bytes_taken + md->state_bytes > p->capacity ||
+            !cache__do_class_can(p, md->state_cls, 1)) {
+            rc = SLOTD_ECACHE_FULL;
+            goto out;
+        }
+    }
+    si = p->free_slot;
+    s = &p->slots[si];
+    p->free_slot = s->next_free;
+    s->next_free = CACHE__NONE;
+    assert((atomic_load_explicit(&s->gen, memory_order_relaxed) & 1) == 0 && s->head == NULL &&
+           s->state == NULL && s->entries == 0);
+    s->model = src->model;
+    if (md->state_bytes > 0) {
+        s->state = cache__do_obj_alloc(p, md->state_cls);
+        p->bytes_taken += md->state_bytes;
+        src_state = src->state;
+    }
+    dt = cache__table(p, si);
+    for (uint32_t i = 0; i < nshare; i++) {
+        model_block_t *b = st[i];
+
+        if (cache__do_hold(b, +1) == 2)
+            p->shared_blocks++;
+        dt[i] = b;
+        if (i < CACHE__SLOT_BLOCKS)
+            s->blocks[i] = b;
+        s->bytes += p->classes[md->caps_cls[cache__cap_index(md, b->capacity)]].stride;
+        s->room += b->capacity;
+    }
+    s->nblocks = nshare;
+    s->head = nshare > 0 ? dt[0] : NULL;
+    s->last = nshare > 0 ? dt[nshare - 1] : NULL;
+    s->tail = s->room > src->entries ? s->last : NULL;
+    s->entries = src->entries;
+    atomic_fetch_add_explicit(&p->entries, s->entries, memory_order_relaxed);
+    p->shared_forks++;
+    do_owner_set(s, owner);
+    h->gen = atomic_load_explicit(&s->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&s->gen, h->gen, memory_order_release);
+    p->live_slots++;
+    h->slot = si;
+    if (shared != NULL)
+        *shared = nshare;
+    /* The state is the new slot's, not yet handed to anyone, and `from`
+     * does not run meanwhile (the caller's rule): copied without the lock. */
+    cache__unlock(p);
+    if (src_state != NULL)
+        memcpy(s->state, src_state, md->state_bytes);
+    return SLOTD_OK;
+out:
+    cache__unlock(p);
+    return rc;
+}
+
+int cache_pool_prefix_attach(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                             uint64_t scope, const uint32_t *tokens, uint32_t n, uint32_t *reused)
+{
+    cache__slot_t *s;
+    uint64_t serial;
+    int rc = SLOTD_OK;
+
+    *reused = 0;
+    if (p == NULL || owner == NULL || (n > 0 && tokens == NULL))
+        return SLOTD_EINVAL;
+    if (!p->prefix.on)
+        return SLOTD_OK;
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL)
+        rc = SLOTD_ESTALE;
+    else if (s->entries != 0 || s->nblocks != 0)
+        rc = SLOTD_EINVAL;
+    else
+        *reused = cache__do_prefix_attach(p, s, h.slot, scope, tokens, n, &serial);
+    cache__unlock(p);
+    return rc;
+}
+
+int cache_pool_prefix_publish(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                              uint64_t scope, const uint32_t *tokens, uint32_t n)
+{
+    cache__slot_t *s;
+    int rc = SLOTD_OK;
+
+    if (p == NULL || owner == NULL || (n > 0 && tokens == NULL))
+        return SLOTD_EINVAL;
+    if (!p->prefix.on)
+        return SLOTD_OK;
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL)
+        rc = SLOTD_ESTALE;
+    else
+        (void)cache__do_prefix_publish(p, s, h.slot, scope, tokens, n);
+    cache__unlock(p);
+    return rc;
+}
+
+int cache_pool_prefix_forget(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                             uint32_t *forgotten)
+{
+    cache__slot_t *s;
+    int rc = SLOTD_OK;
+
+    *forgotten = 0;
+    if (p == NULL || owner == NULL)
+        return SLOTD_EINVAL;
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL)
+        rc = SLOTD_ESTALE;
+    else if (p->prefix.on)
+        *forgotten = cache__do_prefix_forget(p, s, h.slot);
+    cache__unlock(p);
+    return rc;
+}
+
+uint64_t cache_pool_prefix_flush(cache_pool_t *p)
+{
+    uint64_t n = 0;
+
+    pthread_mutex_lock(&p->lock);
+    while (cache__do_prefix_evict(p))
+        n++;
+    cache__unlock(p);
+    return n;
+}
+
+int cache_pool_unshare(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner)
+{
+    cache__slot_t *s;
+    int rc = SLOTD_OK;
+
+    if (p == NULL || owner == NULL)
+        return SLOTD_EINVAL;
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL) {
+        rc = SLOTD_ESTALE;
+        goto out;
+    }
+    for (uint32_t i = 0; i < s->nblocks && rc == SLOTD_OK; i++)
+        if (cache__holders(cache__table(p, h.slot)[i]) > 1)
+            rc = do_block_copy(p, &p->models[s->model], s, h.slot, i);
+out:
+    cache__unlock(p);
+    return rc;
+}
+
 int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner, uint32_t n,
                        model_kv_t *kv)
 {
@@ -389,7 +640,7 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
      * lacks are parked in this thread's cache; only the slot's user and
      * this thread's magazines are touched. */
     s = cache__slot_get_unlocked(p, h, owner);
-    if (s != NULL) {
+    if (s != NULL && (n == 0 || s->tail == NULL || cache__holders(s->tail) == 1)) {
         md = &p->models[s->model];
         want = (uint64_t)s->entries + n;
         if (want <= md->max_ctx &&
@@ -400,6 +651,8 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
             kv->tail = s->tail;
             kv->len = s->entries;
             kv->state = s->state;
+            kv->blocks = cache__table(p, h.slot);
+            kv->nblocks = s->nblocks;
             return SLOTD_OK;
         }
     }
@@ -418,6 +671,13 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
         rc = SLOTD_EINVAL;
         goto out;
     }
+    /* Entries are about to be written into the tail: it must be the
+     * slot's own. */
+    if (n > 0 && s->tail != NULL && cache__holders(s->tail) > 1 &&
+        (rc = do_block_copy(p, md, s, h.slot,
+                            cache__block_index(cache__table(p, h.slot), s->nblocks,
+                                               s->tail->first))) != SLOTD_OK)
+        goto out;
     if (want > room) {
         uint64_t count[CACHE__MAX_CAPS] = {0}, bytes = 0;
         uint32_t need = 0;
@@ -434,6 +694,9 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
         if (!do_reserve_can(p, md, tc, count)) {
             /* Not refused while a thread cache parks what would do. */
             cache__do_steal_all(p);
+            /* Then what only the prefix cache holds (free room). */
+            while (!do_reserve_can(p, md, tc, count) && cache__do_prefix_evict(p))
+                ;
             if (!do_reserve_can(p, md, tc, count)) {
                 rc = SLOTD_ECACHE_FULL;
                 goto out;
@@ -449,7 +712,7 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
                 b = cache__do_obj_alloc(p, ci);
                 p->bytes_taken += p->classes[ci].stride;
             }
-            cache__slot_append(s, b, cap);
+            cache__slot_append(p, s, b, cap);
         }
         s->bytes += bytes;
         /* Park what the next reserves of this and other slots will want:
@@ -467,6 +730,8 @@ int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
     kv->tail = s->tail;
     kv->len = s->entries;
     kv->state = s->state;
+    kv->blocks = cache__table(p, h.slot);
+    kv->nblocks = s->nblocks;
 out:
     cache__unlock(p);
     return rc;
@@ -501,11 +766,17 @@ int cache_pool_commit(cache_pool_t *p, cache_handle_t h, const cache_owner_t *ow
     assert(kv->len <= room && "cache pool: commit past the reserved room");
     if (kv->len < s->entries || kv->len > room)
         return SLOTD_EINVAL;
-    /* Walk the tail forward over the blocks the new entries filled: at most
-     * the blocks the last reserves took, so amortised O(1) per entry. */
+    /* Move the tail forward over the blocks the new entries filled: at
+     * most the blocks the last reserves took, so amortised O(1) per
+     * entry. */
     b = s->tail;
-    while (b != NULL && kv->len - b->first >= b->capacity)
-        b = b->next;
+    if (b != NULL && kv->len - b->first >= b->capacity) {
+        model_block_t *const *t = cache__table(p, h.slot);
+        uint32_t i = cache__block_index(t, s->nblocks, b->first);
+
+        while (b != NULL && kv->len - b->first >= b->capacity)
+            b = ++i < s->nblocks ? t[i] : NULL;
+    }
     assert(kv->len < s->room ? b != NULL : b == NULL);
     s->tail = b;
     atomic_fetch_add_explicit(&p->entries, kv->len - s->entries, memory_order_relaxed);
@@ -517,7 +788,8 @@ int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
                        uint32_t *entries)
 {
     cache__slot_t *s;
-    model_block_t *head;
+    model_block_t **gone;
+    uint32_t ngone = 0;
     void *state;
 
     if (p == NULL || owner == NULL)
@@ -534,20 +806,64 @@ int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
     atomic_fetch_add_explicit(&s->gen, 1, memory_order_relaxed);
     if (entries != NULL)
         *entries = s->entries;
-    head = s->head;
+    /* The blocks this slot alone held go back; the table, the slot's own
+     * and dead now, lists them.  A block another slot holds stays. */
+    gone = cache__table(p, h.slot);
+    for (uint32_t i = 0; i < s->nblocks; i++) {
+        model_block_t *b = gone[i];
+
+        if (do_unhold(p, b))
+            gone[ngone++] = b;
+    }
     state = s->state;
 #if CACHE__DEBUG
     {
         const cache__model_t *md = &p->models[s->model];
 
         cache__unlock(p);
-        cache__poison_slot(p, md, head, state);
+        cache__poison_slot(p, md, gone, ngone, state);
         pthread_mutex_lock(&p->lock);
     }
 #endif
-    do_slot_free(p, cache__do_tcache_claim(p), (uint32_t)(s - p->slots), head, state);
+    /* The table's pages this tenancy wrote, for cache_pool_trim_tables(). */
+    if (s->nblocks > 0) {
+        size_t from = (size_t)h.slot * p->table_len * sizeof(*p->tables);
+        size_t to = from + (size_t)s->nblocks * sizeof(*p->tables) - 1;
+
+        for (size_t pg = from / p->sys_page; pg <= to / p->sys_page; pg++)
+            p->tables_dirty[pg / 64] |= UINT64_C(1) << (pg % 64);
+    }
+    do_slot_free(p, cache__do_tcache_claim(p), h.slot, gone, ngone, state);
     cache__unlock(p);
     return SLOTD_OK;
+}
+
+uint64_t cache_pool_trim_tables(cache_pool_t *p)
+{
+    const size_t per = (size_t)p->table_len * sizeof(*p->tables);
+    uint64_t given = 0;
+
+    pthread_mutex_lock(&p->lock);
+    for (size_t w = 0; w < (p->tables_pages + 63) / 64; w++) {
+        while (p->tables_dirty[w] != 0) {
+            size_t pg = w * 64 + (size_t)__builtin_ctzll(p->tables_dirty[w]);
+            size_t lo = pg * p->sys_page / per;
+            size_t hi = ((pg + 1) * p->sys_page - 1) / per;
+            bool all_free = true;
+
+            p->tables_dirty[w] &= p->tables_dirty[w] - 1;
+            for (size_t si = lo; si <= hi && si < p->max_slots; si++)
+                if (atomic_load_explicit(&p->slots[si].gen, memory_order_relaxed) & 1)
+                    all_free = false;
+            /* A page a live slot uses is marked again when it is released;
+             * under the lock no slot is acquired meanwhile. */
+            if (all_free &&
+                madvise((char *)p->tables + pg * p->sys_page, p->sys_page, MADV_DONTNEED) == 0)
+                given += p->sys_page;
+        }
+    }
+    cache__unlock(p);
+    return given;
 }
 
 uint64_t cache_pool_entries(const cache_pool_t *p)
@@ -590,5 +906,13 @@ void cache_pool_stats(cache_pool_t *p, cache_pool_stats_t *st)
     st->bytes_capacity = p->capacity;
     st->bytes_used = p->bytes_taken;
     st->bytes_free = p->capacity - p->bytes_taken;
+    st->shared_blocks = p->shared_blocks;
+    st->prefix_entries = p->prefix.lru_entries;
+    st->prefix_bytes = p->prefix.lru_bytes;
+    st->prefix_hit_entries = p->prefix.hit_entries;
+    st->prefix_query_entries = p->prefix.query_entries;
+    st->prefix_evicted_entries = p->prefix.evicted_entries;
+    st->forks = p->shared_forks;
+    st->tail_copies = p->tail_copies;
     cache__unlock(p);
 }

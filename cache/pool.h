@@ -59,6 +59,9 @@ typedef struct cache_pool_config {
      * the bytes and slots refuse until fragmentation wastes about (F - 1)
      * budgets (docs/design.md, Accounting). */
     unsigned arena_factor;
+    /* Keep full blocks by their tokens for later starts to reuse (the
+     * prefix cache, cache_pool_prefix_attach()); false: none is kept. */
+    bool prefix_cache;
 } cache_pool_config_t;
 
 /** Who a slot belongs to: an opaque key (the server uses its connection's
@@ -96,6 +99,18 @@ typedef struct cache_pool_stats {
     uint64_t bytes_capacity; /* == bytes_used + bytes_free, always */
     uint64_t bytes_used;     /* blocks and state held by live slots, at their 64-byte strides */
     uint64_t bytes_free;
+    uint64_t shared_blocks; /* blocks of live slots held by more than one slot now */
+    uint64_t forks;         /* cache_pool_fork() calls that succeeded, since creation */
+    uint64_t tail_copies;   /* shared blocks copied before a write, since creation */
+    /* The prefix cache (all 0 when it is off): entries and bytes of the
+     * blocks it alone holds now (free room, in bytes_used until given up),
+     * and, since creation, entries reused, entries looked up, and
+     * cached-only entries given up for room. */
+    uint64_t prefix_entries;
+    uint64_t prefix_bytes;
+    uint64_t prefix_hit_entries;
+    uint64_t prefix_query_entries;
+    uint64_t prefix_evicted_entries;
 } cache_pool_stats_t;
 
 /** Creates a pool.  *out is owned by the caller, freed by
@@ -120,6 +135,14 @@ void cache_pool_destroy(cache_pool_t *p);
  * lock for at most 32 pages at a time.  Returns the bytes given back. */
 uint64_t cache_pool_trim(cache_pool_t *p, uint64_t keep_bytes);
 
+/** Gives back to the kernel the pages of the slots' block tables (a
+ * mapping outside the budget, pool_int.h) that only free slots use and a
+ * released slot wrote since the last call: the tables of many short
+ * sessions otherwise stay resident.  Meant to be called with
+ * cache_pool_trim(); takes the lock for one pass over a bitmap of the
+ * tables' pages.  Returns the bytes given back. */
+uint64_t cache_pool_trim_tables(cache_pool_t *p);
+
 /** Bytes of free pages whose memory the kernel still backs (written since
  * they were last given back). */
 uint64_t cache_pool_held_free_bytes(cache_pool_t *p);
@@ -140,6 +163,61 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
  * the slot's blocks are exactly full (the next reserve adds a block). */
 int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner, uint32_t n,
                        model_kv_t *kv);
+
+/** Gives `owner` a new slot holding exactly the sequence of the live slot
+ * `from` (of `from_owner`), sharing its blocks rather than copying them:
+ * every block of from that holds an entry gains a holder and sits in both
+ * chains (its capacity and first position are the same in every chain of
+ * the model), and the state is copied.  No entry is copied, so the pool's
+ * bytes grow by one state.  A shared block is never written: a reserve of
+ * n >= 1 positions on a slot whose tail (a partly filled block) is shared
+ * first gives the slot a copy of it ("copy on write"; that reserve may then
+ * be refused with SLOTD_ECACHE_FULL).  A block goes back to the pool when
+ * its last holder is released.  `from` must not run meanwhile (the
+ * caller's rule).  *shared (if not NULL) gets the blocks shared.
+ * SLOTD_ESTALE if from or from_owner does not match a live slot;
+ * SLOTD_ECACHE_FULL (no slot or no room for the state; nothing changes). */
+int cache_pool_fork(cache_pool_t *p, cache_handle_t from, const cache_owner_t *from_owner,
+                    const cache_owner_t *owner, cache_handle_t *h, uint32_t *shared);
+
+/** The prefix cache.  A full block can be kept by the identity of what
+ * made it: the model, a `scope` (the caller's: sequences of different
+ * scopes never share), the block before it, and its tokens, compared in
+ * full on every hit.  cache_pool_prefix_publish() keeps the full blocks of
+ * a slot whose first n entries are `tokens`; cache_pool_prefix_attach()
+ * gives an empty slot (just acquired) the kept blocks of the longest kept
+ * prefix of tokens[0 .. n-1] that ends before position n - 1 (the last
+ * position is always run: its state is what a pick reads) and sets its
+ * entries to the positions they hold (*reused); the caller then runs the
+ * rest (model_kv_resume() first, for hash's state).  An entry depends only
+ * on the tokens at and before it, so a reused block holds exactly what
+ * the slot would have computed.  A kept block that no slot holds any more
+ * stays in the cache, counted as free room (cache_pool_room()) and given
+ * up, least recently used first, before any request is refused.  Both
+ * calls: SLOTD_ESTALE as above; a no-op with the cache off (the config's
+ * prefix_cache).  attach: SLOTD_EINVAL for a slot that holds anything. */
+int cache_pool_prefix_attach(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                             uint64_t scope, const uint32_t *tokens, uint32_t n, uint32_t *reused);
+int cache_pool_prefix_publish(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                              uint64_t scope, const uint32_t *tokens, uint32_t n);
+
+/** Takes every block the slot holds out of the prefix cache (the slot
+ * keeps them), so that no later start reuses them: for a slot whose
+ * entries were found wrong.  *forgotten gets how many.  SLOTD_ESTALE as
+ * above. */
+int cache_pool_prefix_forget(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                             uint32_t *forgotten);
+
+/** Gives up every block only the prefix cache holds; returns how many.
+ * Blocks that live slots hold stay cached. */
+uint64_t cache_pool_prefix_flush(cache_pool_t *p);
+
+/** Makes every block of the slot that another slot holds too the slot's
+ * own, by copying it (as the copy on write of cache_pool_fork()), so that
+ * the slot's user may write anywhere in its chain (a rebuild, which
+ * rewrites every entry).  Some blocks may have been copied when it fails.
+ * SLOTD_ESTALE as above; SLOTD_ECACHE_FULL with no room for a copy. */
+int cache_pool_unshare(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner);
 
 /** Records kv->len (at least the slot's entries, within its room and the
  * model's max_ctx) as the slot's entries.  SLOTD_ESTALE as above; a length

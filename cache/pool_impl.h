@@ -65,4 +65,12 @@ int cache__pool_check(cache_pool_t *p);
  * guard (debug builds). */
 void cache__pool_debug_free(cache_pool_t *p, void *obj);
 
+#if SLOTD_FAULT_INJECTION
+/** Test builds only: with `on`, every block's hash in the prefix cache is
+ * the same, so that every lookup meets every cached block of every model
+ * and scope, and only the comparison of the identities (tokens included)
+ * tells them apart.  Not thread-safe; set it while no pool is in use. */
+void cache__prefix_force_collisions(bool on);
+#endif
+
 #endif

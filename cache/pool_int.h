@@ -1,11 +1,12 @@
 /*
  * pool_int.h: what the files of the slot pool share and nobody else sees.
  *
- * The pool is five files; calls go down this list, never up:
+ * The pool is six files; calls go down this list, never up:
  *
- *   check.c   the checker the tests use (pool_impl.h)  -> tcache.c, slab.c
- *   create.c  making and unmaking a pool               -> tcache.c, slab.c
- *   pool.c    slots, ownership, prefetch, the API      -> tcache.c, slab.c
+ *   check.c   the checker the tests use (pool_impl.h)  -> prefix.c, tcache.c, slab.c
+ *   create.c  making and unmaking a pool               -> prefix.c, tcache.c, slab.c
+ *   pool.c    slots, ownership, prefetch, the API      -> prefix.c, tcache.c, slab.c
+ *   prefix.c  the prefix cache's nodes and LRU list    -> tcache.c, slab.c
  *   tcache.c  the per-thread caches and the stealing   -> slab.c
  *   slab.c    the arena, its pages and size classes    -> nothing
  *
@@ -20,6 +21,7 @@
 #ifndef SLOTD_CACHE_POOL_INT_H
 #define SLOTD_CACHE_POOL_INT_H
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -156,7 +158,7 @@ typedef struct cache__slot {
     uint32_t entries;     /* (user) committed positions */
     uint32_t nblocks;     /* (user) blocks in the chain */
     uint32_t room;        /* (user) positions they hold: the sum of their capacities */
-    uint64_t bytes;       /* (user) their strides */
+    uint64_t bytes;       /* (user) their strides (a shared block counted in each holder) */
     model_block_t *head;  /* (user) first block, or NULL with no room */
     model_block_t *tail;  /* (user) the block holding `entries`; NULL when entries == room */
     model_block_t *last;  /* (user) last block of the chain, where reserve appends */
@@ -175,10 +177,77 @@ typedef struct cache__slot {
 } __attribute__((aligned(CACHE__ALIGN))) cache__slot_t;
 
 _Static_assert(sizeof(cache__slot_t) == 3 * CACHE__ALIGN, "a slot is three cache lines");
+
+/* Shared blocks.  A block of a live slot's chain counts in its header's
+ * `provider` word (core/model.h) the chains that hold it: 1 for a block
+ * that only its slot holds; more after cache_pool_fork() gave it to
+ * another slot too.  The count changes only under p->lock (atomically, as
+ * a slot's user reads it without the lock).  Nobody writes into a block
+ * whose count is above 1: the blocks a fork shares are the full ones and
+ * the partly filled tail, and a slot whose tail is shared first makes it
+ * its own (cache_pool_reserve() copies it, "copy on write") before it
+ * writes there.  A count of 1 that the slot's user reads stays 1 until it
+ * forks the slot itself, so its writes need no lock.  A block goes back to
+ * its page (or a thread cache) exactly when a release takes its count to
+ * 0. */
+static inline uint64_t cache__holders(const model_block_t *b)
+{
+    return __atomic_load_n(&b->provider, __ATOMIC_RELAXED) & UINT32_MAX;
+}
+
+/* Changes b's count by `delta` (p->lock held); returns the new count.  The
+ * count is the word's low half; the high half names the block's node in
+ * the prefix cache (prefix.c), 0 for none. */
+static inline uint64_t cache__do_hold(model_block_t *b, int delta)
+{
+    return __atomic_add_fetch(&b->provider, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED) &
+           UINT32_MAX;
+}
+
+/* The index of the block of table t (n blocks, ascending firsts) that
+ * starts at position `first`: a binary search; the block must be there. */
+static inline uint32_t cache__block_index(model_block_t *const *t, uint32_t n, uint32_t first)
+{
+    uint32_t lo = 0, hi = n;
+
+    while (lo + 1 < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (t[mid]->first <= first)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    assert(lo < n && t[lo]->first == first);
+    return lo;
+}
+
 _Static_assert(SIZE_MAX / sizeof(cache__slot_t) >= UINT32_MAX,
                "a table of any uint32_t count of slots has a size_t size");
 _Static_assert(offsetof(cache__slot_t, id_words) + 5 * sizeof(uint64_t) <= 2 * CACHE__ALIGN,
                "the owner check of an id of up to 40 bytes reads two lines");
+
+/* ---- prefix.c: the prefix cache ---- */
+
+typedef struct cache__pnode cache__pnode_t;
+TAILQ_HEAD(cache__pnodes, cache__pnode);
+
+/* The prefix cache's bookkeeping, all (lock) but `on` and `key` (set at
+ * creation). */
+typedef struct cache__prefix {
+    bool on;
+    uint64_t key[2];               /* the hash's per-process key */
+    cache__pnode_t **buckets;      /* nbuckets (a power of two) chains */
+    uint32_t nbuckets;
+    cache__pnode_t **nodes;        /* node index -> node (NULL: free), nnodes_cap of them */
+    uint32_t *free_ix;             /* free node indices, nfree_ix of them */
+    uint32_t nnodes_cap, nfree_ix;
+    uint64_t nnodes;               /* nodes in the cache */
+    uint64_t next_serial;          /* the next node's serial (from 1; 0: no parent) */
+    struct cache__pnodes lru;      /* nodes whose block only the cache holds, oldest first */
+    uint64_t lru_entries;          /* their entries */
+    uint64_t lru_bytes;            /* and their strides */
+    uint64_t hit_entries, query_entries, evicted_entries; /* since creation */
+} cache__prefix_t;
 
 /* ---- The pool ---- */
 
@@ -197,6 +266,19 @@ struct cache_pool {
     uint32_t nclasses;
     cache__slot_t *slots;     /* max_slots entries, (lock); mapped, unmapped by destroy */
     size_t slots_bytes;       /* the mapping's length */
+    /* Each slot's block table, table_len entries a slot (the most blocks
+     * any model's chain has at max_ctx), slot i's from tables + i *
+     * table_len: entry k is the chain's k-th block, for k < nblocks.
+     * (user) as the slot's chain fields.  Mapped (touched as used),
+     * unmapped by destroy. */
+    model_block_t **tables;
+    size_t tables_bytes;
+    uint32_t table_len;
+    /* (lock) one bit per system page of the tables: a released slot wrote
+     * there since cache_pool_trim_tables() last gave it back.  calloc'd at
+     * creation, freed by destroy. */
+    uint64_t *tables_dirty;
+    size_t tables_pages;
     cache__page_t *pages;     /* npages entries, (lock) */
     uint64_t serial;          /* this pool's number, never reused: names it to thread caches */
     cache__tcache_t *tcaches; /* CACHE__TCACHES; `thread` (lock), magazines see cache__mag_t */
@@ -224,6 +306,10 @@ struct cache_pool {
     uint32_t pages_held;            /* (lock) of those, pages the kernel still backs */
     uint32_t trim_epoch;            /* (lock) cache_pool_trim() calls so far, plus 1 */
     uint64_t live_slots;            /* (lock) */
+    cache__prefix_t prefix;         /* (lock) prefix.c */
+    uint64_t shared_forks;          /* (lock) cache_pool_fork() calls that succeeded */
+    uint64_t shared_blocks;         /* (lock) blocks whose count of holders is 2 or more */
+    uint64_t tail_copies;           /* (lock) shared blocks made a slot's own (do_block_copy()) */
     /* (lock) objects off the pages' free lists, at their strides: those
      * live slots hold, plus those parked in thread caches (and, for the
      * moment between its pops and its return, those a lock-free reserve
@@ -243,11 +329,31 @@ struct cache_pool {
     char pad_end[SLOTD_CACHE_LINE - 3 * sizeof(uint64_t)];
 };
 
+/* The index of capacity `cap` among md's capacities. */
+static inline uint32_t cache__cap_index(const cache__model_t *md, uint32_t cap)
+{
+    uint32_t k = 0;
+
+    while (md->caps[k] != cap) {
+        k++;
+        assert(k < md->ncaps && "cache pool: a capacity the model does not use");
+    }
+    return k;
+}
+
+/* Slot si's block table (cache_pool.tables). */
+static inline model_block_t **cache__table(const cache_pool_t *p, uint32_t si)
+{
+    return p->tables + (size_t)si * p->table_len;
+}
+
 /* Releases p->lock, first publishing the room figures it guards for
  * cache_pool_room(). */
 static inline void cache__unlock(cache_pool_t *p)
 {
-    atomic_store_explicit(&p->room_taken, p->bytes_taken, memory_order_relaxed);
+    /* Blocks only the prefix cache holds are free room. */
+    atomic_store_explicit(&p->room_taken, p->bytes_taken - p->prefix.lru_bytes,
+                          memory_order_relaxed);
     atomic_store_explicit(&p->room_live, p->live_slots, memory_order_relaxed);
     pthread_mutex_unlock(&p->lock);
 }
@@ -320,9 +426,36 @@ void *cache__mag_pop(cache_pool_t *p, cache__mag_t *m, uint32_t ci);
 void cache__do_mag_fill(cache_pool_t *p, cache__mag_t *m, uint32_t ci);
 void *cache__do_obj_alloc(cache_pool_t *p, uint32_t ci);
 void cache__do_obj_give(cache_pool_t *p, cache__tcache_t *tc, void *obj);
-void cache__do_chain_give(cache_pool_t *p, cache__tcache_t *tc, model_block_t *head);
 void cache__do_steal_all(cache_pool_t *p);
 bool cache__take_parked(cache_pool_t *p, cache__tcache_t *tc, const uint32_t *cls, uint32_t need,
                         model_block_t **got);
+
+/* ---- prefix.c ---- */
+
+/* Sets the cache up (on: with its key and buckets), released by
+ * cache__prefix_fini() (on failure too). */
+int cache__prefix_init(cache_pool_t *p, bool on);
+void cache__prefix_fini(cache_pool_t *p);
+/* The node of a block, or NULL if the cache does not hold it. */
+cache__pnode_t *cache__prefix_node_of(const cache_pool_t *p, const model_block_t *b);
+/* Block b, cached, has just lost its last slot: onto the LRU list. */
+void cache__do_prefix_unheld(cache_pool_t *p, model_block_t *b);
+/* Takes every block slot si holds out of the cache (they stay the
+ * slot's); returns how many. */
+uint32_t cache__do_prefix_forget(cache_pool_t *p, cache__slot_t *s, uint32_t si);
+/* Gives up the least recently used cached-only block: false if none. */
+bool cache__do_prefix_evict(cache_pool_t *p);
+/* Gives the empty slot si the cached blocks of the longest cached prefix
+ * of tok[0 .. n-1] that ends before position n - 1; returns the positions
+ * they hold (the slot's entries now). */
+uint32_t cache__do_prefix_attach(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
+                                 const uint32_t *tok, uint32_t n, uint64_t *last_serial);
+/* Caches the full blocks of slot si that tok[0 .. n-1] made and the cache
+ * lacks; returns how many. */
+uint32_t cache__do_prefix_publish(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
+                                  const uint32_t *tok, uint32_t n);
+/* The checker's part: returns the violations; *lru_bytes gets the bytes of
+ * the cached-only blocks. */
+int cache__prefix_check(cache_pool_t *p, uint64_t *lru_bytes, uint64_t *nodes_on_lru);
 
 #endif

@@ -24,6 +24,7 @@
 #include "cache/session.h"
 
 #include <assert.h>
+#include <stdlib.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -78,32 +79,40 @@ static int step_error(cache_pool_t *p, const cache_session_t *s, uint32_t n, int
     return pool_error(p, err, rc, false, "step", s->owner.id, after - before, after);
 }
 
-int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
-                        const int64_t *prompt, size_t n, void *scratch, cache_session_t *s,
-                        slotd_error_t *err)
+/* cache_session_start(), and with `toks` (the prompt as uint32_t, NULL:
+ * no prefix cache) its reuse of cached blocks of `scope`. */
+static int session__start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                          const int64_t *prompt, size_t n, const uint32_t *toks, uint64_t scope,
+                          void *scratch, cache_session_t *s, uint32_t *cached, slotd_error_t *err)
 {
     cache_handle_t h;
     model_kv_t kv;
+    uint32_t reused = 0;
     int rc;
 
-    rc = model_check_prompt(m, prompt, n, err);
-    if (rc != SLOTD_OK) {
-        return rc;
-    }
     rc = cache_pool_acquire(p, m, owner, &h);
     if (rc != SLOTD_OK) {
         return pool_error(p, err, rc, true, "start", owner->id,
                           cache_pool_slot_bytes(m, (uint32_t)n),
                           cache_pool_slot_bytes(m, (uint32_t)n));
     }
-    rc = cache_pool_reserve(p, h, owner, (uint32_t)n, &kv);
+    if (toks != NULL) {
+        rc = cache_pool_prefix_attach(p, h, owner, scope, toks, (uint32_t)n, &reused);
+        if (rc != SLOTD_OK) {
+            goto fail_release;
+        }
+    }
+    rc = cache_pool_reserve(p, h, owner, (uint32_t)(n - reused), &kv);
     if (rc != SLOTD_OK) {
         goto fail_release;
     }
-    assert(kv.len == 0);
+    assert(kv.len == reused && reused < n);
+    if (reused > 0) {
+        model_kv_resume(m, &kv);
+    }
     /* Layer by layer over MODEL_BATCH_MAX positions at a time (validated:
      * every token is in [0, V)). */
-    for (size_t i = 0; i < n;) {
+    for (size_t i = reused; i < n;) {
         uint32_t chunk[MODEL_BATCH_MAX];
         size_t k = 0;
         for (; k < MODEL_BATCH_MAX && i + k < n; k++) {
@@ -116,18 +125,62 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
     if (rc != SLOTD_OK) {
         goto fail_release;
     }
+    if (toks != NULL) {
+        (void)cache_pool_prefix_publish(p, h, owner, scope, toks, (uint32_t)n);
+    }
 
     s->handle = h;
     s->model = m;
     s->owner = *owner;
     s->entries = kv.len;
     cache_pool_hint(p, h, &s->hint);
+    if (cached != NULL) {
+        *cached = reused;
+    }
     return SLOTD_OK;
 
 fail_release:
     (void)cache_pool_release(p, h, owner, NULL);
     return pool_error(p, err, rc, false, "start", owner->id, cache_pool_slot_bytes(m, (uint32_t)n),
                       cache_pool_slot_bytes(m, (uint32_t)n));
+}
+
+int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                        const int64_t *prompt, size_t n, void *scratch, cache_session_t *s,
+                        slotd_error_t *err)
+{
+    int rc = model_check_prompt(m, prompt, n, err);
+
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    return session__start(p, m, owner, prompt, n, NULL, 0, scratch, s, NULL, err);
+}
+
+int cache_session_start_shared(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                               uint64_t scope, const int64_t *prompt, size_t n, void *scratch,
+                               cache_session_t *s, uint32_t *cached, slotd_error_t *err)
+{
+    uint32_t *toks;
+    int rc = model_check_prompt(m, prompt, n, err);
+
+    if (cached != NULL) {
+        *cached = 0;
+    }
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
+    toks = malloc(n * sizeof(*toks));
+    if (toks == NULL) {
+        /* Without its tokens the start simply computes everything. */
+        return session__start(p, m, owner, prompt, n, NULL, 0, scratch, s, cached, err);
+    }
+    for (size_t i = 0; i < n; i++) {
+        toks[i] = (uint32_t)prompt[i];
+    }
+    rc = session__start(p, m, owner, prompt, n, toks, scope, scratch, s, cached, err);
+    free(toks);
+    return rc;
 }
 
 int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
@@ -249,50 +302,20 @@ int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache
                        cache_session_t *s, slotd_error_t *err)
 {
     const model_t *m = from->model;
-    model_kv_t src, dst;
     cache_handle_t h;
-    uint64_t need;
     int rc;
 
-    /* A reserve of nothing: from's chain as it stands, no block taken. */
-    rc = cache_pool_reserve(p, from->handle, &from->owner, 0, &src);
+    /* No entry is copied: the new slot holds from's blocks too (pool.h,
+     * cache_pool_fork()), and only its state is its own. */
+    rc = cache_pool_fork(p, from->handle, &from->owner, owner, &h, NULL);
     if (rc != SLOTD_OK) {
-        return pool_error(p, err, rc, false, "fork", owner->id, 0, 0);
-    }
-    need = cache_pool_slot_bytes(m, src.len);
-    assert(src.len == from->entries);
-    rc = cache_pool_acquire(p, m, owner, &h);
-    if (rc != SLOTD_OK) {
-        return pool_error(p, err, rc, true, "fork", owner->id, need, need);
-    }
-    rc = cache_pool_reserve(p, h, owner, src.len, &dst);
-    if (rc != SLOTD_OK) {
-        (void)cache_pool_release(p, h, owner, NULL);
-        return pool_error(p, err, rc, false, "fork", owner->id, need, need);
-    }
-    assert(dst.len == 0);
-    /* Block i of every chain of m holds model_block_capacity(m, i)
-     * positions from the same first one: the bytes of each block that
-     * holds an entry go over as they are. */
-    for (const model_block_t *a = src.head, *b = dst.head; a != NULL && a->first < src.len;
-         a = a->next, b = b->next) {
-        assert(b != NULL && b->capacity == a->capacity && b->first == a->first);
-        memcpy(((model_block_t *)b)->data, a->data,
-               model_block_bytes_for(m, a->capacity) - MODEL_BLOCK_HEADER);
-    }
-    if (model_state_size(m) > 0) {
-        memcpy(dst.state, src.state, model_state_size(m));
-    }
-    dst.len = src.len;
-    rc = cache_pool_commit(p, h, owner, &dst);
-    if (rc != SLOTD_OK) {
-        (void)cache_pool_release(p, h, owner, NULL);
-        return pool_error(p, err, rc, false, "fork", owner->id, need, need);
+        uint64_t need = cache_pool_slot_bytes(m, 0);
+        return pool_error(p, err, rc, rc == SLOTD_ECACHE_FULL, "fork", owner->id, need, need);
     }
     s->handle = h;
     s->model = m;
     s->owner = *owner;
-    s->entries = dst.len;
+    s->entries = from->entries;
     cache_pool_hint(p, h, &s->hint);
     return SLOTD_OK;
 }
@@ -391,6 +414,11 @@ int cache_session_rebuild(cache_pool_t *p, cache_session_t *s, const uint32_t *t
             return SLOTD_EINVAL;
         }
     }
+    /* Every entry is rewritten: no block may be another slot's too. */
+    rc = cache_pool_unshare(p, s->handle, &s->owner);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
     /* A reserve of nothing: the slot's chain as it stands, no block taken. */
     rc = cache_pool_reserve(p, s->handle, &s->owner, 0, &kv);
     if (rc != SLOTD_OK) {
@@ -409,6 +437,12 @@ int cache_session_fault_corrupt(cache_pool_t *p, cache_session_t *s)
     model_kv_t kv;
     int rc;
 
+    /* The damage is this session's alone: a block it shares is copied
+     * first, and the copy damaged. */
+    rc = cache_pool_unshare(p, s->handle, &s->owner);
+    if (rc != SLOTD_OK) {
+        return rc;
+    }
     rc = cache_pool_reserve(p, s->handle, &s->owner, 0, &kv);
     if (rc != SLOTD_OK) {
         return rc;

@@ -40,6 +40,18 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
                         const int64_t *prompt, size_t n, void *scratch, cache_session_t *s,
                         slotd_error_t *err);
 
+/** cache_session_start() that first reuses the blocks the pool's prefix
+ * cache keeps for the longest prefix of the prompt in `scope` (pool.h,
+ * cache_pool_prefix_attach()), computes only the positions after them, and
+ * then keeps the prompt's full blocks for later starts.  *cached (may be
+ * NULL) gets the entries reused.  The slot afterwards holds exactly the
+ * entries and state cache_session_start() would have left, and the
+ * session's replies are the same bit for bit; `rows` and `g_calls` count
+ * only what was computed.  Errors as cache_session_start(). */
+int cache_session_start_shared(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                               uint64_t scope, const int64_t *prompt, size_t n, void *scratch,
+                               cache_session_t *s, uint32_t *cached, slotd_error_t *err);
+
 /** Runs `n` >= 1 greedy steps: each picks the next token from what the slot
  * holds and runs it (one g call, or L rows), growing the slot by one entry.
  * `tokens` gets the n picks; `logits` (attn, may be NULL) the n*V rounded
@@ -74,12 +86,13 @@ int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tok
                          void *scratch, uint32_t *cached, slotd_error_t *err);
 
 /** Starts session `s` for `owner` holding exactly the sequence of the live
- * session `from`: a slot of from's model with room for its entries, into
- * which every entry and the state are copied, block by block (the chains
- * of one model have the same blocks at the same places, and the bytes are
- * the model's, copied as they are).  No model call is made; from is only
- * read, and must not run meanwhile (the caller's rule).  Afterwards the two
- * are independent: nothing done to one changes the other.  SLOTD_ECACHE_FULL
+ * session `from`, without a model call and without copying an entry: the
+ * new slot holds from's blocks too (cache_pool_fork()), and only the state
+ * is copied.  A shared block is never written: whichever of the two first
+ * runs a position into a partly filled block they share makes it its own
+ * first (one block copied, in its step's reserve).  from is only read, and
+ * must not run meanwhile (the caller's rule).  Afterwards the two are
+ * independent: nothing done to one changes the other.  SLOTD_ECACHE_FULL
  * (nothing held), SLOTD_ESTALE for a finished `from`. */
 int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache_owner_t *owner,
                        cache_session_t *s, slotd_error_t *err);
@@ -114,7 +127,9 @@ int cache_session_finish(cache_pool_t *p, cache_session_t *s, uint32_t *released
  * after it the slot holds exactly what a start with those tokens would
  * have left, whatever its entries held before.  This is how a slot found
  * to disagree with the uncached reference is repaired.  Costs n model
- * runs (counted as usual) and allocates nothing.  SLOTD_ESTALE for a
+ * runs (counted as usual); allocates nothing, except a copy of each block
+ * it shares with another session (cache_pool_unshare()), which it never
+ * writes into: SLOTD_ECACHE_FULL if those do not fit.  SLOTD_ESTALE for a
  * finished session, SLOTD_EINVAL if n != s->entries or a token is out of
  * range; neither changes anything. */
 int cache_session_rebuild(cache_pool_t *p, cache_session_t *s, const uint32_t *tokens, uint32_t n,
@@ -123,8 +138,10 @@ int cache_session_rebuild(cache_pool_t *p, cache_session_t *s, const uint32_t *t
 #if SLOTD_FAULT_INJECTION
 /** Test builds only: damages the slot's most recent entry through the
  * model (model_fault_corrupt()), so that the session's later cached steps
- * go wrong.  SLOTD_ESTALE for a finished session, SLOTD_EINVAL for one
- * with no entries. */
+ * go wrong; a block it shares with another session is made its own first
+ * (cache_pool_unshare()), so only this session is damaged.  SLOTD_ESTALE
+ * for a finished session, SLOTD_EINVAL for one with no entries,
+ * SLOTD_ECACHE_FULL with no room for the copies. */
 int cache_session_fault_corrupt(cache_pool_t *p, cache_session_t *s);
 #endif
 

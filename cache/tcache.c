@@ -260,18 +260,6 @@ void cache__do_obj_give(cache_pool_t *p, cache__tcache_t *tc, void *obj)
     p->bytes_taken -= p->classes[ci].stride;
 }
 
-/* Gives back a released slot's chain (`head`, linked through the first
- * word of each block), each block as cache__do_obj_give() does. */
-void cache__do_chain_give(cache_pool_t *p, cache__tcache_t *tc, model_block_t *head)
-{
-    while (head != NULL) {
-        model_block_t *next = cache__link_get(head);
-
-        cache__do_obj_give(p, tc, head);
-        head = next;
-    }
-}
-
 /* Pops `need` objects of classes cls[0 .. need-1] from the caller's own
  * cache `tc` into got[], without the lock: true if they were all parked
  * there, else false with nothing taken.  A steal between the count and the

@@ -284,11 +284,14 @@ static inline void d8_matvec(const double *restrict x, const double *restrict w,
 }
 
 /* s[r] = (sum over j ascending of q[j] * K[r][j]) * inv_sqrt_d, for the n
- * rows of layer l of the chain from b. */
-static inline void d8_scores(const model_block_t *b, size_t l, uint32_t n, const double *restrict q,
+ * rows of layer l of kv's chain. */
+static inline void d8_scores(const model_kv_t *kv, size_t l, uint32_t n, const double *restrict q,
                              double inv_sqrt_d, double *restrict s)
 {
-    for (uint32_t r = 0; r < n; b = b->next) {
+    const model_block_t *b = kv->head;
+    uint32_t bi = 0;
+
+    for (uint32_t r = 0; r < n; b = model__kv_next(kv, b, &bi)) {
         const size_t cap = b->capacity;
         const double *restrict kt = block_kt(b, l, D8);
         const uint32_t cnt = n - r < cap ? n - r : (uint32_t)cap;
@@ -313,13 +316,15 @@ static inline void d8_scores(const model_block_t *b, size_t l, uint32_t n, const
 }
 
 /* a[j] = sum over r ascending of f[r] * V[r][j], for the n rows of layer l
- * of the chain from b. */
-static inline void d8_mix(const model_block_t *b, size_t l, uint32_t n, const double *restrict f,
+ * of kv's chain. */
+static inline void d8_mix(const model_kv_t *kv, size_t l, uint32_t n, const double *restrict f,
                           double *restrict a)
 {
     v2d acc[D8_PAIRS] = {{0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}, {0.0, 0.0}};
+    const model_block_t *b = kv->head;
+    uint32_t bi = 0;
 
-    for (uint32_t r = 0; r < n; b = b->next) {
+    for (uint32_t r = 0; r < n; b = model__kv_next(kv, b, &bi)) {
         const size_t cap = b->capacity;
         const double *restrict vb = block_kt(b, l, D8) + cap * D8;
         const uint32_t cnt = n - r < cap ? n - r : (uint32_t)cap;
@@ -359,9 +364,9 @@ static void d8_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scrat
         for (size_t j = 0; j < D8; j++) {
             kt[j * per + slot] = k[j];
         }
-        d8_scores(kv->head, l, p + 1, q, m->inv_sqrt_d, s);
+        d8_scores(kv, l, p + 1, q, m->inv_sqrt_d, s);
         attend_factors(s, p + 1);
-        d8_mix(kv->head, l, p + 1, s, a);
+        d8_mix(kv, l, p + 1, s, a);
         d8_matvec(a, wo, o);
         for (size_t j = 0; j < D8; j++) {
             x[j] = x[j] + o[j];
@@ -418,6 +423,10 @@ static void attn_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scr
     const double *emb = m->emb + (size_t)token * d, *pos = m->pos + (size_t)p * d;
     double *state = kv->state;
     const model_block_t *head = kv->head;
+    /* The chain as attend() takes it: the table, or the head and `next`. */
+    const model_block_t *const *bl =
+        kv->blocks != NULL ? (const model_block_t *const *)kv->blocks : &head;
+    const size_t nbl = kv->blocks != NULL ? kv->nblocks : 1;
 
     for (size_t i = 0; i < d; i++) {
         x[i] = emb[i] + pos[i];
@@ -434,7 +443,7 @@ static void attn_run(const model_t *m, model_kv_t *kv, uint32_t token, void *scr
         for (size_t j = 0; j < d; j++) {
             kt[j * per + slot] = k[j];
         }
-        attend(m, &head, 1, p + 1, l, q, s, a);
+        attend(m, bl, nbl, p + 1, l, q, s, a);
         matvec(a, wo, o, d, d);
         for (size_t j = 0; j < d; j++) {
             x[j] = x[j] + o[j];
@@ -609,8 +618,13 @@ static void attn_run_batch(const model_t *m, model_kv_t *const *kv, const uint32
     const model_block_t **bl = batch_bl(m, nb, scratch);
 
     for (size_t b = 0; b < nb; b++) {
-        it[b].bl = bl + b * BATCH_BL;
-        it[b].nbl = collect_blocks(kv[b]->head, kv[b]->len + 1, bl + b * BATCH_BL);
+        if (kv[b]->blocks != NULL) {
+            it[b].bl = (const model_block_t *const *)kv[b]->blocks;
+            it[b].nbl = kv[b]->nblocks;
+        } else {
+            it[b].bl = bl + b * BATCH_BL;
+            it[b].nbl = collect_blocks(kv[b]->head, kv[b]->len + 1, bl + b * BATCH_BL);
+        }
         it[b].blk = kv[b]->tail;
         it[b].p = kv[b]->len;
         it[b].slot = model__block_slot(kv[b]->tail, kv[b]->len);
@@ -634,12 +648,16 @@ static void attn_prefill(const model_t *m, model_kv_t *kv, const uint32_t *token
         size_t nb = n - done < MODEL_BATCH_MAX ? n - done : MODEL_BATCH_MAX;
         model_block_t *blk = kv->tail;
         uint32_t p = kv->len, slot = model__block_slot(blk, p);
-        const model_block_t **bl = batch_bl(m, nb, scratch);
-        const size_t nbl = collect_blocks(kv->head, p + (uint32_t)nb, bl);
+        const model_block_t **own = batch_bl(m, nb, scratch);
+        const model_block_t *const *bl =
+            kv->blocks != NULL ? (const model_block_t *const *)kv->blocks : own;
+        const size_t nbl =
+            kv->blocks != NULL ? kv->nblocks : collect_blocks(kv->head, p + (uint32_t)nb, own);
+        uint32_t bi = kv->blocks != NULL ? model__kv_index_at(kv, blk->first) : 0;
 
         for (size_t b = 0; b < nb; b++, p++, slot++) {
             if (slot == blk->capacity) {
-                blk = blk->next;
+                blk = model__kv_next(kv, blk, &bi);
                 slot = 0;
             }
             it[b].bl = bl;

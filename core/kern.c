@@ -431,8 +431,10 @@ static void KERN_FN(scores)(const double *q, const model_block_t *const *bl, siz
             const model_block_t *at = b;
             size_t k = 0, nv, ai = bi;
 
-            while (k < KERN_PIECE_VECS * g && at != NULL && at->capacity == c &&
-                   r + (k + 1) * c <= n) {
+            /* Rows first: a chain given whole by its table (core/model.h)
+             * has no block past the one holding row n - 1. */
+            while (k < KERN_PIECE_VECS * g && r + (k + 1) * c <= n && at != NULL &&
+                   at->capacity == c) {
                 p[k++] = area(at, l, d);
                 at = chain_next(at, bl, nbl, &ai);
             }

@@ -23,8 +23,10 @@ typedef void (*model__mm_fn)(const double *x, size_t ldx, size_t nb, const doubl
 
 /* A chain as the attention kernels walk it: its first nbl (>= 1) blocks
  * in order, bl[0] the head; past bl[nbl - 1] the chain goes on through
- * `next`.  With the blocks' addresses known up front, their headers load
- * side by side rather than one `next` after another. */
+ * `next`, unless bl is a block table (core/model.h) that holds every
+ * block with one of the n rows: then nothing past them is read, as their
+ * `next` is not a link.  With the blocks' addresses known up front, their
+ * headers load side by side rather than one `next` after another. */
 
 /* An attention row's dot products: s[r] = sum over j < d ascending of
  * q[j] * K[r][j], for r < n, K being layer l's keys of the chain `bl`

@@ -341,7 +341,9 @@ void model_run_batch(const model_t *m, model_kv_t *const *kv, const uint32_t *to
         assert(tokens[b] < m->shape.vocab);
         assert(kv[b]->len < m->shape.max_ctx && kv[b]->tail != NULL && kv[b]->state != NULL);
         for (size_t c = 0; c < b; c++) {
-            assert(kv[c] != kv[b] && kv[c]->head != kv[b]->head);
+            /* Chains may share the blocks before their tails (core/model.h);
+             * the blocks written, and the states, are each one's own. */
+            assert(kv[c] != kv[b] && kv[c]->tail != kv[b]->tail && kv[c]->state != kv[b]->state);
         }
     }
     if (m->ops->run_batch == NULL || nb == 1) {
@@ -702,17 +704,36 @@ void model_kv_rewind(model_kv_t *kv)
     kv->tail = kv->head;
 }
 
+void model_kv_resume(const model_t *m, model_kv_t *kv)
+{
+    const model_block_t *b = kv->head;
+    uint64_t sum = 0;
+    uint32_t bi = 0;
+
+    if (m->shape.family != MODEL_FAMILY_HASH || kv->len == 0) {
+        return;
+    }
+    /* hash: the state is the sum (mod 2^64) of the entries, in order. */
+    for (uint32_t p = 0; p < kv->len; p++) {
+        if (p - b->first == b->capacity) {
+            b = model__kv_next(kv, b, &bi);
+        }
+        sum += ((const uint64_t *)(const void *)b->data)[model__block_slot(b, p)];
+    }
+    memcpy(kv->state, &sum, sizeof(sum));
+}
+
 #if SLOTD_FAULT_INJECTION
 /* ---- Fault injection (test builds only) ---- */
 
 void model_fault_corrupt(const model_t *m, model_kv_t *kv, uint32_t pos)
 {
     model_block_t *b = kv->head;
-    uint32_t per, slot;
+    uint32_t per, slot, bi = 0;
 
     assert(pos < kv->len);
     while (pos - b->first >= b->capacity) {
-        b = b->next;
+        b = model__kv_next(kv, b, &bi);
     }
     per = b->capacity;
     slot = model__block_slot(b, pos);

@@ -43,7 +43,15 @@ typedef struct model model_t;
  * the chain writes the header: `capacity` is model_block_capacity() of the
  * block's index, `first` the sum of the capacities of the blocks before it. */
 typedef struct model_block {
-    struct model_block *next; /* the block holding the following positions, or NULL */
+    union {
+        /* A chain without a block table (model_kv_t.blocks NULL): the
+         * block holding the following positions, or NULL. */
+        struct model_block *next;
+        /* A chain with a table: the provider's own word (the slot pool
+         * counts there the chains that hold the block).  The model never
+         * reads or writes it. */
+        uint64_t provider;
+    };
     uint32_t capacity;        /* positions this block holds */
     uint32_t first;           /* the position of its first entry */
     unsigned char data[];
@@ -60,6 +68,16 @@ typedef struct model_kv {
     model_block_t *tail; /* the block that holds position `len`, where the next entry goes */
     uint32_t len;        /* entries held: positions 0 .. len-1 are valid */
     void *state;         /* model_state_size() bytes the model keeps between calls, 8-byte aligned */
+    /* The block table, or NULL: blocks[i] is the chain's i-th block, for i
+     * < nblocks, which cover every position the caller is about to run.
+     * With a table the model finds blocks through it and never through
+     * `next`, so that one full block may sit in several chains (the slot
+     * pool shares the full blocks of a prefix between sessions); without
+     * one it follows `next`.  The table is the provider's; the model only
+     * reads it.  The model writes only into the blocks from `tail` on, at
+     * positions `len` and after; blocks before the tail are only read. */
+    model_block_t *const *blocks;
+    uint32_t nblocks;
 } model_kv_t;
 
 /** Creates the model for `preset` ("hash", "tiny", "small", "base"),
@@ -192,7 +210,8 @@ size_t model_batch_scratch_size(const model_t *m, size_t nb);
 /** model_run(m, kv[b], tokens[b], ...) for each b < nb, as one call: every
  * weight the products read is loaded once for the whole batch (attn), and
  * each sequence's attention runs on its own chain.  The sequences are of
- * model `m`, all different chains, at any lengths; the entries, states and
+ * model `m`, all different chains (they may share the blocks before their
+ * tails, but not a tail or a state), at any lengths; the entries, states and
  * counters afterwards are bit for bit those of the nb single runs (nb * L
  * rows, or nb g calls).  Preconditions as model_run(), for each; nb <=
  * MODEL_BATCH_MAX; `scratch` of model_batch_scratch_size(m, nb) bytes. */
@@ -313,6 +332,14 @@ void model_kv_heap_free(model_kv_t *kv);
 /** Empties a chain for reuse: len 0, tail = head.  The state is left as is
  * (the next model_run at position 0 overwrites it). */
 void model_kv_rewind(model_kv_t *kv);
+
+/** Makes kv->state what running the kv->len entries the chain holds would
+ * have left, where the state follows from the entries alone: hash, the
+ * sum of their g.  For attn the state is the last position's residual
+ * stream, which no entry holds: it is left as is, and a caller must run at
+ * least one position before a pick (the prefix cache reuses entries only
+ * before a sequence's last position).  No model call; nothing counted. */
+void model_kv_resume(const model_t *m, model_kv_t *kv);
 
 #if SLOTD_FAULT_INJECTION
 /* ---- Test builds only (-DSLOTD_FAULT_INJECTION=ON) ---- */

@@ -143,11 +143,46 @@ static inline uint32_t model__block_slot(const model_block_t *b, uint32_t p)
 
 /* Moves kv past the position just written: one more entry, and the tail on
  * to the next block (possibly NULL) when this one is full. */
+/* The index in kv's block table of the block whose first position is
+ * `pos`, or kv->nblocks if no block starts there: a binary search, as the
+ * table's blocks start at ascending positions. */
+static inline uint32_t model__kv_index_at(const model_kv_t *kv, uint32_t pos)
+{
+    uint32_t lo = 0, hi = kv->nblocks;
+
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (kv->blocks[mid]->first < pos) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo < kv->nblocks && kv->blocks[lo]->first == pos ? lo : kv->nblocks;
+}
+
+/* The block after `b` in kv's chain, through the table when there is one
+ * (b the i-th, i then counting it), else through `next`. */
+static inline model_block_t *model__kv_next(const model_kv_t *kv, const model_block_t *b,
+                                            uint32_t *i)
+{
+    if (kv->blocks != NULL) {
+        ++*i;
+        return *i < kv->nblocks ? kv->blocks[*i] : NULL;
+    }
+    return b->next;
+}
+
 static inline void model__kv_advance(model_kv_t *kv)
 {
     kv->len++;
     if (kv->len - kv->tail->first == kv->tail->capacity) {
-        kv->tail = kv->tail->next;
+        if (kv->blocks != NULL) {
+            uint32_t i = model__kv_index_at(kv, kv->len);
+            kv->tail = i < kv->nblocks ? kv->blocks[i] : NULL;
+        } else {
+            kv->tail = kv->tail->next;
+        }
     }
 }
 

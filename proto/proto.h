@@ -306,12 +306,20 @@ typedef struct proto_stats {
     uint64_t evicted_sessions;      /* live sessions holding no pool memory now */
     uint64_t evictions_total;       /* sessions evicted since start */
     uint64_t rebuilt_entries_total; /* entries recomputed rebuilding them */
+    /* The prefix cache: entries only it holds now; since start, entries
+     * reused, looked up, and given up for room. */
+    uint64_t prefix_entries;
+    uint64_t prefix_hit_entries;
+    uint64_t prefix_query_entries;
+    uint64_t prefix_evicted_entries;
+    uint64_t shared_blocks; /* blocks with two or more holders; in the metrics only */
 } proto_stats_t;
 
 /* `tag` is NULL or JSON text from proto_request_t.tag, echoed as "tag". */
 int proto_reply_error(proto_buf_t *b, const char *tag, const slotd_error_t *err);
+/** `cached`: the prompt's entries reused from the prefix cache. */
 int proto_reply_start(proto_buf_t *b, const char *tag, const char *id, const char *model,
-                      uint32_t entries);
+                      uint32_t entries, uint32_t cached);
 /** `logits` is NULL (hash) or n*V values, printed "%.6f". */
 int proto_reply_step(proto_buf_t *b, const char *tag, const char *id, const uint32_t *tokens,
                      uint32_t n, const double *logits, uint32_t vocab, uint32_t entries);

@@ -419,7 +419,7 @@ int proto_reply_error(proto_buf_t *b, const char *tag, const slotd_error_t *err)
 }
 
 int proto_reply_start(proto_buf_t *b, const char *tag, const char *id, const char *model,
-                      uint32_t entries)
+                      uint32_t entries, uint32_t cached)
 {
     size_t start = b->len;
 
@@ -427,6 +427,7 @@ int proto_reply_start(proto_buf_t *b, const char *tag, const char *id, const cha
     TRY(PUT_MEMBER(b, "\"id\":", put_str, id));
     TRY(PUT_MEMBER(b, ",\"model\":", put_str, model));
     TRY(PUT_MEMBER(b, ",\"entries\":", put_u64, entries));
+    TRY(PUT_MEMBER(b, ",\"cached\":", put_u64, cached));
     return put_close(b, start);
 }
 
@@ -626,6 +627,10 @@ int proto_reply_stats_tenant(proto_buf_t *b, const char *tag, const proto_stats_
         M(",\"evicted_sessions\":", st->evicted_sessions),
         M(",\"evictions_total\":", st->evictions_total),
         M(",\"rebuilt_entries_total\":", st->rebuilt_entries_total),
+        M(",\"prefix_cache\":{\"entries\":", st->prefix_entries),
+        M(",\"hit_entries\":", st->prefix_hit_entries),
+        M(",\"query_entries\":", st->prefix_query_entries),
+        M(",\"evicted_entries\":", st->prefix_evicted_entries),
 #undef M
     };
     size_t start = b->len;
@@ -635,6 +640,7 @@ int proto_reply_stats_tenant(proto_buf_t *b, const char *tag, const proto_stats_
         TRY(put_bytes(b, members[i].key, members[i].len));
         TRY(put_u64(b, members[i].value));
     }
+    TRY(PUT_LIT(b, "}")); /* prefix_cache */
     if (tenant != NULL) {
         TRY(PUT_LIT(b, ",\"tenant\":"));
         TRY(put_str(b, tenant));

@@ -41,6 +41,9 @@ typedef struct admin_hooks {
     /** Whether the daemon drains and whether a worker is wedged, for the
      * gauges of GET /metrics.  NULL: both false. */
     void (*health)(void *arg, bool *draining, bool *wedged);
+    /** POST /prefix-cache/flush: gives up every entry only the prefix cache
+     * holds and returns how many.  NULL: the route is 404. */
+    uint64_t (*prefix_flush)(void *arg);
     void *arg;
     /** The token of --auth-token-file, or NULL (token_len 0) for none.
      * When set, every route but /health asks for "Authorization: Bearer

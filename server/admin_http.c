@@ -12,6 +12,9 @@
  *                 writes it (proto_reply_stats() with no tag), trailing
  *                 newline kept;
  *   GET /metrics  200 text/plain; version=0.0.4, from metrics_render();
+ *   POST /prefix-cache/flush  200 {"flushed_entries":N}: the prefix cache
+ *                 gives up every entry only it holds (the prefix_flush
+ *                 hook; 404 without it, as GET is 405);
  *   GET /sessions 200 application/json with at most ?limit=N sessions
  *                 (ADMIN_HTTP_SESSIONS_DEFAULT): the caller has the body
  *                 built (ADMIN_HTTP_WAIT, admin_http_complete()) and it
@@ -386,7 +389,24 @@ static int respond(admin_http_t *h)
     r.head = p->method == HTTP_HEAD;
     h->body.len = 0;
 
-    if (p->method != HTTP_GET && p->method != HTTP_HEAD) {
+    if (p->method == HTTP_POST && h->hooks.prefix_flush != NULL &&
+        h->url_len == sizeof("/prefix-cache/flush") - 1 &&
+        memcmp(h->url, "/prefix-cache/flush", h->url_len) == 0) {
+        /* The one route that changes something: the token when one is set. */
+        r.content_type = "application/json";
+        if (!authorized(h)) {
+            r.status = 401;
+            r.content_type = "text/plain; charset=utf-8";
+            r.extra = "WWW-Authenticate: Bearer\r\n";
+            rc = proto_buf_append(&h->body, "Unauthorized\n", 13);
+        } else {
+            char line[64];
+            int n = snprintf(line, sizeof(line), "{\"flushed_entries\":%" PRIu64 "}\n",
+                             h->hooks.prefix_flush(h->hooks.arg));
+            r.status = 200;
+            rc = proto_buf_append(&h->body, line, (size_t)n);
+        }
+    } else if (p->method != HTTP_GET && p->method != HTTP_HEAD) {
         r.status = 405;
         r.content_type = "text/plain; charset=utf-8";
         r.extra = "Allow: GET, HEAD\r\n";

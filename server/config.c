@@ -58,6 +58,8 @@ typedef enum opt_kind {
     OPT_FLAG,
     OPT_NETS,
     OPT_ONFULL,
+    OPT_ONOFF,
+    OPT_SCOPE,
 } opt_kind_t;
 
 typedef struct option {
@@ -127,6 +129,11 @@ static const option_t options[] = {
     {"auth-timeout", OPT_UINT, 0, 86400, FIELD(auth_timeout),
      "seconds from a connection's accept to its auth (with a token) and its PROXY header (from "
      "a --proxy-from peer) before it is closed, 0 for never (5)"},
+    {"prefix-cache", OPT_ONOFF, 0, 0, FIELD(prefix_cache),
+     "on: a start reuses the cached entries of the longest prompt prefix an earlier start of the "
+     "same model and scope computed (on)"},
+    {"prefix-scope", OPT_SCOPE, 0, 0, FIELD(prefix_scope),
+     "global (every connection shares) or connection (each its own) (global)"},
     {"proxy-from", OPT_NETS, 0, 0, 0, 0,
      "addresses or CIDR networks, comma separated, whose connections begin with a PROXY "
      "protocol header (v1 or v2) naming the client, or none (none)"},
@@ -297,6 +304,8 @@ void config_defaults_for(server_config_t *cfg, long online_cores, long affinity_
     cfg->log_level = LOG_LEVEL_INFO;
     cfg->protected_mode = true;
     cfg->worker_sched_batch = true;
+    cfg->prefix_cache = true;
+    cfg->prefix_scope = CONFIG_SCOPE_GLOBAL;
     cfg->auth_timeout = 5;
     cfg->nproxy_from = 0;
 }
@@ -543,6 +552,23 @@ static config_result_t set_on_full_error(char *err, size_t errlen, const char *s
 
 /* Sets option `o` from `value`; `src` names where it came from ("--port",
  * "SLOTD_PORT") for the error message. */
+/* --prefix-scope: the one place that knows the scopes. */
+static int set_scope(server_config_t *cfg, const char *src, const char *value, char *err,
+                     size_t errlen)
+{
+    if (strcmp(value, "global") == 0) {
+        cfg->prefix_scope = CONFIG_SCOPE_GLOBAL;
+        return CONFIG_OK;
+    }
+    if (strcmp(value, "connection") == 0) {
+        cfg->prefix_scope = CONFIG_SCOPE_CONNECTION;
+        return CONFIG_OK;
+    }
+    if (strcmp(value, "tenant") == 0)
+        return config_fail(err, errlen, "%s: 'tenant' needs tenants, which this build does not have", src);
+    return config_fail(err, errlen, "%s: '%s' is not global or connection", src, value);
+}
+
 static config_result_t set_option(server_config_t *cfg, const option_t *o, const char *src,
                                   const char *value, char *err, size_t errlen)
 {
@@ -611,6 +637,13 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
         else
             return set_on_full_error(err, errlen, src, value);
         return CONFIG_OK;
+    case OPT_ONOFF:
+        if (strcmp(value, "on") != 0 && strcmp(value, "off") != 0)
+            return config_fail(err, errlen, "%s: '%s' is not on or off", src, value);
+        *(bool *)((char *)cfg + o->offset) = strcmp(value, "on") == 0;
+        return CONFIG_OK;
+    case OPT_SCOPE:
+        return set_scope(cfg, src, value, err, errlen);
     case OPT_FLAG:
         break;
     }

@@ -40,6 +40,12 @@ typedef enum config_on_full {
 } config_on_full_t;
 
 /** Every setting.  A plain value with no owned memory. */
+/* Which requests may share cached blocks (--prefix-scope). */
+typedef enum config_prefix_scope {
+    CONFIG_SCOPE_GLOBAL = 0,     /* every connection: one scope */
+    CONFIG_SCOPE_CONNECTION = 1, /* each connection its own */
+} config_prefix_scope_t;
+
 typedef struct server_config {
     char listen[CONFIG_HOST_MAX + 1];       /* numeric IPv4 or IPv6 address of the session port */
     char admin_listen[CONFIG_HOST_MAX + 1]; /* the same for the admin port */
@@ -81,6 +87,10 @@ typedef struct server_config {
     bool worker_sched_batch; /* worker threads under SCHED_BATCH (worker.h) */
     config_on_full_t on_full; /* a request the pool has no room for (evict.c) */
     uint32_t full_wait_ms;    /* --on-full wait: the most a request waits for room */
+    /* The prefix cache (cache/prefix.c): on by default; the scope of its
+     * sharing. */
+    bool prefix_cache;
+    config_prefix_scope_t prefix_scope;
     /* A connection before it is served (handshake.c). */
     uint32_t auth_timeout; /* seconds from accept to auth (and PROXY header); 0 = forever */
     size_t nproxy_from;    /* peers that must send a PROXY header: none by default */

@@ -380,7 +380,8 @@ void inspect__stats(server_t *s, proto_stats_t *st)
     st->requests_total = metrics_requests_total();
     st->errors_total = metrics_errors_total();
     st->pool_bytes_total = ps.bytes_capacity;
-    st->pool_bytes_used = ps.bytes_used;
+    /* Blocks only the prefix cache holds are free room, not used. */
+    st->pool_bytes_used = ps.bytes_used - ps.prefix_bytes;
     st->pool_slots_total = ps.max_slots;
     st->pool_slots_used = ps.live_slots;
     st->released_finish = metrics_released(METRICS_RELEASE_FINISH);
@@ -392,6 +393,11 @@ void inspect__stats(server_t *s, proto_stats_t *st)
     st->evicted_sessions = s->evicted_sessions;
     st->evictions_total = metrics_eviction_value();
     st->rebuilt_entries_total = metrics_rebuilt_entry_value();
+    st->prefix_entries = ps.prefix_entries;
+    st->prefix_hit_entries = ps.prefix_hit_entries;
+    st->prefix_query_entries = ps.prefix_query_entries;
+    st->prefix_evicted_entries = ps.prefix_evicted_entries;
+    st->shared_blocks = ps.shared_blocks;
 }
 
 void inspect__tenant_stats(server_t *s, const tenant_t *t, proto_stats_t *st)

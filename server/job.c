@@ -498,6 +498,7 @@ static int rebuild_session(server_t *s, worker_t *w, req_t *r, slotd_error_t *er
 static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 {
     cache_owner_t owner;
+    uint32_t cached = 0;
     int rc;
 
     owner.key = r->owner_key;
@@ -510,10 +511,14 @@ static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
             r->toks.v[i] = (uint32_t)r->rq.tokens[i]; /* validated on the loop: in [0, V) */
         r->toks.len = (uint32_t)r->rq.ntokens;
     }
-    rc = cache_session_start(s->pool, r->model, &owner, r->rq.tokens, r->rq.ntokens,
-                             worker_scratch(w), &r->cs, err);
+    /* Scope 0 is every connection's; a connection's own is its key + 1. */
+    rc = cache_session_start_shared(
+        s->pool, r->model, &owner,
+        s->cfg->prefix_scope == CONFIG_SCOPE_CONNECTION ? r->owner_key + 1 : 0, r->rq.tokens,
+        r->rq.ntokens, worker_scratch(w), &r->cs, &cached, err);
     if (rc == SLOTD_OK) {
-        rc = proto_reply_start(&r->reply, r->rq.tag, r->rq.id, model_name(r->model), r->cs.entries);
+        rc = proto_reply_start(&r->reply, r->rq.tag, r->rq.id, model_name(r->model), r->cs.entries,
+                               cached);
         if (rc != SLOTD_OK) /* no reply, no session: give the slot back */
             (void)cache_session_finish(s->pool, &r->cs, &(uint32_t){0});
     }
@@ -559,6 +564,17 @@ static void audit_step(server_t *s, worker_t *w, req_t *r, uint32_t n, uint32_t 
              ": the cached step diverges from the uncached reference; replying with the "
              "reference and rebuilding the slot",
              r->cs.owner.key, r->rq.id, len + bad);
+    {
+        /* Blocks it may have taken from, or given to, the prefix cache are
+         * suspect: no later start reuses them. */
+        uint32_t forgotten = 0;
+        if (cache_pool_prefix_forget(s->pool, r->cs.handle, &r->cs.owner, &forgotten) ==
+                SLOTD_OK &&
+            forgotten > 0)
+            log_warn("audit: connection %" PRIu64 " session '%s': %" PRIu32
+                     " blocks dropped from the prefix cache",
+                     r->cs.owner.key, r->rq.id, forgotten);
+    }
     rc = cache_session_rebuild(s->pool, &r->cs, r->toks.v, r->toks.len, worker_scratch(w));
     if (rc != SLOTD_OK)
         log_error("audit: connection %" PRIu64 " session '%s': rebuild failed: %s", r->cs.owner.key,

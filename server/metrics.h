@@ -192,7 +192,18 @@ static inline size_t metrics_op_model(proto_op_t op, size_t model)
        "1 while the daemon drains (SIGTERM or SIGINT received), else 0.")                          \
     XX(GAUGE, wedged, NONE, _, "slotd_wedged",                                                     \
        "1 while a worker is wedged (--wedge-timeout), else 0.")                                    \
-    XX(STAT_GAUGE, threads, NONE, threads, "slotd_threads", "Worker threads.")
+    XX(STAT_GAUGE, threads, NONE, threads, "slotd_threads", "Worker threads.")                     \
+    XX(STAT_GAUGE, prefix_entries, NONE, prefix_entries, "slotd_prefix_cache_entries",             \
+       "Entries only the prefix cache holds (free room).")                                         \
+    XX(STAT_COUNTER, prefix_hits, NONE, prefix_hit_entries, "slotd_prefix_cache_hit_entries_total", \
+       "Prompt entries taken over from the prefix cache instead of computed.")                     \
+    XX(STAT_COUNTER, prefix_queries, NONE, prefix_query_entries,                                   \
+       "slotd_prefix_cache_lookup_entries_total", "Prompt entries looked up in the prefix cache.") \
+    XX(STAT_COUNTER, prefix_evictions, NONE, prefix_evicted_entries,                               \
+       "slotd_prefix_cache_evicted_entries_total",                                                 \
+       "Entries only the prefix cache held, given up for room or by a flush.")                     \
+    XX(STAT_GAUGE, shared_blocks, NONE, shared_blocks, "slotd_shared_blocks",                      \
+       "Cache blocks held by more than one holder (sessions or the prefix cache).")
 
 /* The declarations each kind generates (see ADDING A METRIC).  Any thread
  * may count; the readers are for the loop thread and tests. */

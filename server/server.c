@@ -130,6 +130,21 @@ static void admin_stats_cb(void *arg, proto_stats_t *out)
     inspect__stats(arg, out);
 }
 
+/* POST /prefix-cache/flush (admin.h): the entries given up, from the
+ * pool's figures before and after (blocks that live sessions hold stay). */
+static uint64_t admin_prefix_flush_cb(void *arg)
+{
+    server_t *s = arg;
+    cache_pool_stats_t before, after;
+
+    cache_pool_stats(s->pool, &before);
+    (void)cache_pool_prefix_flush(s->pool);
+    cache_pool_stats(s->pool, &after);
+    log_info("admin: the prefix cache gave up %" PRIu64 " entries",
+             before.prefix_entries - after.prefix_entries);
+    return before.prefix_entries - after.prefix_entries;
+}
+
 static void trim_timer_cb(uv_timer_t *h)
 {
     server_t *s = container_of(h, server_t, trim_timer);
@@ -138,6 +153,7 @@ static void trim_timer_cb(uv_timer_t *h)
     bool shed = s->low_free_reqs > 0 || s->low_free_sessions > 0;
 
     (void)cache_pool_trim(s->pool, keep < TRIM_KEEP_BYTES ? keep : TRIM_KEEP_BYTES);
+    (void)cache_pool_trim_tables(s->pool);
     /* Records no request needed for a whole period go back to malloc, and
      * malloc gives what it then holds free back to the kernel. */
     req__shed(s, s->low_free_reqs);
@@ -679,6 +695,7 @@ int server_run(const server_config_t *cfg)
      * leave: the outcome of a request then depends on what is live, not on
      * the order concurrent requests took and gave back blocks. */
     pc.arena_factor = 2;
+    pc.prefix_cache = cfg->prefix_cache;
     rc = cache_pool_create(&pc, &s->pool);
     if (rc != SLOTD_OK) {
         log_error("cache pool of %" PRIu64 " MiB: %s", cfg->cache_mb, slotd_strerror(rc));
@@ -696,6 +713,7 @@ int server_run(const server_config_t *cfg)
     hooks.sessions = inspect__sessions;
     hooks.sessions_cancel = inspect__sessions_cancel;
     hooks.health = inspect__health;
+    hooks.prefix_flush = admin_prefix_flush_cb;
     hooks.arg = s;
     hooks.token = cfg->auth_token;
     hooks.token_len = cfg->auth_token_len;

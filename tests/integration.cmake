@@ -14,7 +14,8 @@ if(PROMTOOL_EXECUTABLE)
   list(APPEND _itest_env "PROMTOOL=${PROMTOOL_EXECUTABLE}")
 endif()
 
-foreach(theme ops cache errors messages malformed lifetimes admin shutdown auth presets append fork)
+foreach(theme ops cache errors messages malformed lifetimes admin shutdown auth presets append fork
+              prefix)
   set(_name test_integration_${theme})
   slotd_check_test(${_name} SOURCES ${_name}.c LIBS slotd_itest slotd_core cjson TIMEOUT 90)
   add_dependencies(${_name} slotd)

@@ -350,7 +350,7 @@ tls_session() {
 }
 reply=$(tls_session)
 check "a session through HAProxy's TLS frontend: ${reply:-no reply (see tls.err)}" \
-  bash -c '[[ $1 == "{\"ok\":true} {\"id\":\"t\",\"model\":\"tiny\",\"entries\":3} {\"id\":\"t\",\"tokens\":[4,0],"*"\"entries\":5} {\"id\":\"t\",\"released\":5}" ]]' _ "$reply"
+  bash -c '[[ $1 == "{\"ok\":true} {\"id\":\"t\",\"model\":\"tiny\",\"entries\":3,\"cached\":0} {\"id\":\"t\",\"tokens\":[4,0],"*"\"entries\":5} {\"id\":\"t\",\"released\":5}" ]]' _ "$reply"
 
 # ---- 2. Load through HAProxy ----
 

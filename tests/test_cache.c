@@ -66,7 +66,7 @@ static cache_owner_t owner(uint64_t key, const char *id)
 static cache_pool_t *pool(size_t capacity, uint32_t max_slots, const model_t *const *models,
                           size_t nmodels)
 {
-    cache_pool_config_t cfg = {capacity, max_slots, models, nmodels, 1};
+    cache_pool_config_t cfg = {capacity, max_slots, models, nmodels, 1, false};
     cache_pool_t *p = NULL;
 
     ck_assert_int_eq(cache_pool_create(&cfg, &p), SLOTD_OK);
@@ -112,20 +112,30 @@ typedef struct view {
     uint32_t nblocks;
 } view_t;
 
-static uint32_t chain_len(const model_block_t *b)
+/* The blocks of a pool chain, through its table (the pool's chains are
+ * not linked by `next`: a shared block sits in several), checked to start
+ * at the head and to hold ascending positions without a gap. */
+static uint32_t chain_len(const model_kv_t *kv)
 {
-    uint32_t n = 0;
+    uint32_t room = 0;
 
-    for (; b != NULL; b = b->next)
-        n++;
-    return n;
+    if (kv->nblocks == 0) {
+        ck_assert_ptr_null(kv->head);
+        return 0;
+    }
+    ck_assert_ptr_nonnull(kv->blocks);
+    ck_assert_ptr_eq(kv->blocks[0], kv->head);
+    for (uint32_t i = 0; i < kv->nblocks; i++) {
+        ck_assert_uint_eq(kv->blocks[i]->first, room);
+        room += kv->blocks[i]->capacity;
+    }
+    return kv->nblocks;
 }
 
-static const model_block_t *chain_at(const model_block_t *b, uint32_t i)
+static const model_block_t *chain_at(const model_kv_t *kv, uint32_t i)
 {
-    while (i-- > 0)
-        b = b->next;
-    return b;
+    ck_assert_uint_lt(i, kv->nblocks);
+    return kv->blocks[i];
 }
 
 static view_t view(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o)
@@ -134,7 +144,7 @@ static view_t view(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o)
 
     memset(&v, 0, sizeof v);
     ck_assert_int_eq(cache_pool_reserve(p, h, o, 0, &v.kv), SLOTD_OK);
-    v.nblocks = chain_len(v.kv.head);
+    v.nblocks = chain_len(&v.kv);
     return v;
 }
 
@@ -298,7 +308,7 @@ START_TEST(test_create_invalid)
     model_t *hash = fx_model("hash");
     const model_t *models[] = {hash};
     const model_t *none[] = {NULL};
-    cache_pool_config_t cfg = {(size_t)4 << 20, 8, models, 1, 1};
+    cache_pool_config_t cfg = {(size_t)4 << 20, 8, models, 1, 1, false};
     cache_pool_t *p = NULL;
 
     ck_assert_int_eq(cache_pool_create(NULL, &p), SLOTD_EINVAL);
@@ -331,7 +341,7 @@ START_TEST(test_create_oom)
 {
     model_t *hash = fx_model("hash");
     const model_t *models[] = {hash};
-    cache_pool_config_t cfg = {(size_t)1 << 20, 8, models, 1, 1};
+    cache_pool_config_t cfg = {(size_t)1 << 20, 8, models, 1, 1, false};
     cache_pool_t *p = NULL;
     int budget = 0;
 
@@ -420,7 +430,7 @@ START_TEST(test_reserve_commit_grows_exactly)
         /* Room for exactly what was asked, in whole blocks, or what was there. */
         if (blocks_for(hash, entries + steps[i]) > nb)
             nb = blocks_for(hash, entries + steps[i]);
-        ck_assert_uint_eq(chain_len(kv.head), nb);
+        ck_assert_uint_eq(chain_len(&kv), nb);
         st = stats(p);
         ck_assert_uint_eq(st.bytes_used, slot_bytes(hash, nb));
         ck_assert_uint_eq(st.entries, entries); /* nothing committed yet */
@@ -466,13 +476,13 @@ START_TEST(test_hint_names_the_slot)
         ck_assert_int_eq(grow(p, h, &o, 1), SLOTD_OK);
         ck_assert_int_eq(cache_pool_reserve(p, h, &o, 0, &kv), SLOTD_OK);
         cache_pool_hint(p, h, &hint);
-        nb = chain_len(kv.head);
+        nb = chain_len(&kv);
         ck_assert_uint_gt(hint.lines[0], 0); /* the slot's own record */
         ck_assert_ptr_eq(hint.addr[1], kv.state);
         ck_assert_uint_eq(hint.lines[1], 1); /* d = 8 doubles */
         used = 2;
         for (k = 2; k < CACHE_HINTS && k - 2 < nb; k++, used++) {
-            const model_block_t *b = chain_at(kv.head, (uint32_t)(k - 2));
+            const model_block_t *b = chain_at(&kv, (uint32_t)(k - 2));
             size_t bytes = model_block_bytes_for(tiny, b->capacity);
             ck_assert_ptr_eq(hint.addr[k], b);
             ck_assert_uint_ge((size_t)hint.lines[k] * 64, bytes < 640 ? bytes : 640);
@@ -513,7 +523,7 @@ START_TEST(test_block_boundaries)
     /* Exactly one block's worth: one block, and once committed the slot is
      * full, so the tail (the block of position `entries`) is NULL. */
     ck_assert_int_eq(cache_pool_reserve(p, h, &o, per, &kv), SLOTD_OK);
-    ck_assert_uint_eq(chain_len(kv.head), 1);
+    ck_assert_uint_eq(chain_len(&kv), 1);
     ck_assert_ptr_eq(kv.tail, kv.head);
     ck_assert_uint_eq((uintptr_t)kv.head % CACHE__ALIGN, 0);
     kv.len = per;
@@ -525,29 +535,29 @@ START_TEST(test_block_boundaries)
 
     /* One more: a second block, which is the new tail. */
     ck_assert_int_eq(cache_pool_reserve(p, h, &o, 1, &kv), SLOTD_OK);
-    ck_assert_uint_eq(chain_len(kv.head), 2);
-    ck_assert_ptr_eq(kv.tail, kv.head->next);
+    ck_assert_uint_eq(chain_len(&kv), 2);
+    ck_assert_ptr_eq(kv.tail, kv.blocks[1]);
     ck_assert_ptr_eq(kv.head, v.kv.head);
     kv.len = per + 1;
     ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
     v = view(p, h, &o);
-    ck_assert_ptr_eq(v.kv.tail, v.kv.head->next);
+    ck_assert_ptr_eq(v.kv.tail, v.kv.blocks[1]);
 
     /* Across several boundaries at once: tail is the block holding len. */
     ck_assert_int_eq(cache_pool_reserve(p, h, &o, room_of(hash, 5) - (per + 1), &kv), SLOTD_OK);
-    ck_assert_uint_eq(chain_len(kv.head), 5);
+    ck_assert_uint_eq(chain_len(&kv), 5);
     for (uint32_t i = 0; i < 5; i++) {
-        ck_assert_uint_eq(chain_at(kv.head, i)->capacity, model_block_capacity(hash, i));
-        ck_assert_uint_eq(chain_at(kv.head, i)->first, room_of(hash, i));
+        ck_assert_uint_eq(chain_at(&kv, i)->capacity, model_block_capacity(hash, i));
+        ck_assert_uint_eq(chain_at(&kv, i)->first, room_of(hash, i));
     }
     kv.len = room_of(hash, 4);
     ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
     v = view(p, h, &o);
-    ck_assert_ptr_eq(v.kv.tail, chain_at(v.kv.head, 4));
+    ck_assert_ptr_eq(v.kv.tail, chain_at(&v.kv, 4));
     kv.len = room_of(hash, 4) + 1;
     ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
     v = view(p, h, &o);
-    ck_assert_ptr_eq(v.kv.tail, chain_at(v.kv.head, 4));
+    ck_assert_ptr_eq(v.kv.tail, chain_at(&v.kv, 4));
     kv.len = room_of(hash, 5);
     ck_assert_int_eq(cache_pool_commit(p, h, &o, &kv), SLOTD_OK);
     v = view(p, h, &o);
@@ -739,7 +749,9 @@ START_TEST(test_session_append_fork)
         ck_assert_uint_eq(model_rows(small), rows);
     }
     ck_assert_uint_eq(sb.entries, na);
-    ck_assert_uint_eq(stats(p).bytes_used, 2 * used);
+    /* No block copied: only b's state is new. */
+    ck_assert_uint_eq(stats(p).bytes_used, used + cache_pool_slot_bytes(small, 0));
+    ck_assert_uint_gt(stats(p).shared_blocks, 0);
     ck_assert_uint_eq(stats(p).live_slots, 2);
     sound(p);
     memcpy(b, a, na * sizeof(int64_t));
@@ -766,27 +778,207 @@ START_TEST(test_session_append_fork)
 }
 END_TEST
 
-/* A fork the pool cannot hold is cache_full and holds nothing. */
+/* A fork needs a slot and a state, nothing more: with the pool too full
+ * for a state it is cache_full and holds nothing.  The first step of a
+ * fork whose tail block is shared copies that block first: with no room
+ * for it, that step is cache_full and changes nothing, and once room is
+ * made it picks what the parent would. */
 START_TEST(test_session_fork_full)
 {
     model_t *small = fx_model("small");
     cache_pool_t *p = fx_pool((size_t)1 << 20, 8);
     void *scratch = malloc(model_scratch_size(small));
-    int64_t a[150];
-    cache_owner_t oa = owner(1, "a"), ob = owner(1, "b");
-    cache_session_t sa, sb;
+    int64_t a[1024], b[1024], c[1024];
+    size_t na = 150, nb, nc = 1;
+    cache_owner_t oa = owner(1, "a"), ob = owner(1, "b"), oc = owner(1, "c");
+    cache_session_t sa, sb, sc;
+    cache_pool_stats_t before;
     slotd_error_t e;
+    uint32_t tok;
+    int rc;
 
     ck_assert_ptr_nonnull(scratch);
-    for (int i = 0; i < 150; i++)
-        a[i] = i;
-    ck_assert_int_eq(cache_session_start(p, small, &oa, a, 150, scratch, &sa, &e), SLOTD_OK);
-    cache_pool_stats_t before = stats(p);
-    ck_assert_int_eq(cache_session_fork(p, &sa, &ob, &sb, &e), SLOTD_ECACHE_FULL);
-    ck_assert_uint_eq(stats(p).bytes_used, before.bytes_used);
-    ck_assert_uint_eq(stats(p).live_slots, 1);
+    for (size_t i = 0; i < na; i++)
+        a[i] = (int64_t)i;
+    ck_assert_int_eq(cache_session_start(p, small, &oa, a, na, scratch, &sa, &e), SLOTD_OK);
+    ck_assert_uint_ne(na % 16, 0); /* the tail is partly filled: shared by a fork */
+    before = stats(p);
+    ck_assert_int_eq(cache_session_fork(p, &sa, &ob, &sb, &e), SLOTD_OK);
+    ck_assert_uint_eq(stats(p).bytes_used, before.bytes_used + cache_pool_slot_bytes(small, 0));
+    memcpy(b, a, na * sizeof a[0]);
+    nb = na;
+    /* c takes every byte left. */
+    c[0] = 1;
+    ck_assert_int_eq(cache_session_start(p, small, &oc, c, nc, scratch, &sc, &e), SLOTD_OK);
+    while ((rc = cache_session_step(p, &sc, 1, scratch, &tok, NULL, &e)) == SLOTD_OK)
+        c[nc++] = tok;
+    ck_assert_int_eq(rc, SLOTD_ECACHE_FULL);
+    /* Forks until refused (the states no longer fit, or the slots run
+     * out): the refusal changes nothing. */
+    {
+        cache_session_t sd[8];
+        cache_owner_t od[8];
+        int nd = 0;
+        cache_pool_stats_t now;
+
+        for (;;) {
+            char id[8];
+
+            snprintf(id, sizeof id, "d%d", nd);
+            od[nd] = owner(1, id);
+            before = stats(p);
+            rc = cache_session_fork(p, &sa, &od[nd], &sd[nd], &e);
+            if (rc != SLOTD_OK)
+                break;
+            nd++;
+            ck_assert_int_lt(nd, 8);
+        }
+        ck_assert_int_eq(rc, SLOTD_ECACHE_FULL);
+        now = stats(p);
+        stats_eq(&before, &now);
+        sound(p);
+        while (nd > 0) {
+            nd--;
+            ck_assert_int_eq(cache_session_finish(p, &sd[nd], NULL), SLOTD_OK);
+        }
+        /* c takes back what the forks' states left. */
+        while (cache_session_step(p, &sc, 1, scratch, &tok, NULL, &e) == SLOTD_OK)
+            c[nc++] = tok;
+        /* b's first step must copy the shared tail, a block of c's class:
+         * no room, and nothing changes. */
+        before = stats(p);
+        ck_assert_int_eq(cache_session_step(p, &sb, 1, scratch, &tok, NULL, &e),
+                         SLOTD_ECACHE_FULL);
+        ck_assert_uint_eq(sb.entries, nb);
+        now = stats(p);
+        stats_eq(&before, &now);
+        sound(p);
+    }
+    /* Room again: b and a each pick the reference's next token. */
+    ck_assert_int_eq(cache_session_finish(p, &sc, NULL), SLOTD_OK);
+    step_ref(p, &sb, b, &nb, scratch);
+    step_ref(p, &sa, a, &na, scratch);
+    ck_assert_int_eq(a[na - 1], b[nb - 1]);
     sound(p);
+    ck_assert_uint_ge(stats(p).tail_copies, 1);
     ck_assert_int_eq(cache_session_finish(p, &sa, NULL), SLOTD_OK);
+    ck_assert_int_eq(cache_session_finish(p, &sb, NULL), SLOTD_OK);
+    ck_assert_uint_eq(stats(p).bytes_used, 0);
+    sound(p);
+    free(scratch);
+}
+END_TEST
+
+/* A step of `s` checked against a fresh heap-chain computation of the
+ * whole sequence (model_generate(), cached: each position run once):
+ * the same pick and, for attn, bit for bit the same rounded logits. */
+static void step_fresh(cache_pool_t *p, cache_session_t *s, int64_t *seq, size_t *len,
+                       void *scratch)
+{
+    uint32_t V = model_vocab(s->model), got;
+    uint32_t *all = malloc((*len + 1) * sizeof(uint32_t));
+    double *want = calloc(V, sizeof(double)), *have = calloc(V, sizeof(double));
+    slotd_error_t e;
+
+    ck_assert(all != NULL && want != NULL && have != NULL);
+    ck_assert_int_eq(
+        model_generate(s->model, seq, *len, 1, true, NULL, NULL, all, want, NULL, NULL), SLOTD_OK);
+    {
+        int rc = cache_session_step(p, s, 1, scratch, &got, have, &e);
+        ck_assert_msg(rc == SLOTD_OK, "step: %d %s", rc, e.message);
+    }
+    ck_assert_uint_eq(got, all[*len]);
+    if (model_family(s->model) == MODEL_FAMILY_ATTN)
+        ck_assert_mem_eq(want, have, V * sizeof(double));
+    seq[(*len)++] = got;
+    ck_assert_uint_eq(s->entries, *len);
+    free(all);
+    free(want);
+    free(have);
+}
+
+/* A fork of a 1000-entry small session (and of shorter ones, of small and
+ * hash): no model call, the pool's bytes grow by one state (less than one
+ * block), every block that holds an entry is shared.  Then the parent, the fork and a fork of the fork are
+ * stepped alternately against the reference, finished in every order of
+ * three, the checker sound after each call, and every byte comes back. */
+START_TEST(test_fork_shares_blocks)
+{
+    model_t *small = fx_model("small"), *hash = fx_model("hash");
+    const model_t *ms[2] = {small, hash};
+    cache_pool_t *p = fx_pool((size_t)64 << 20, 8);
+    void *scratch = malloc(model_scratch_size(small) > model_scratch_size(hash)
+                               ? model_scratch_size(small)
+                               : model_scratch_size(hash));
+    static const int order[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2},
+                                    {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+    static int64_t seq[3][1100];
+
+    ck_assert_ptr_nonnull(scratch);
+    for (int mi = 0; mi < 2; mi++) {
+        const model_t *m = ms[mi];
+        for (int o = 0; o < 6; o++) {
+            cache_owner_t ow[3] = {owner(1, "a"), owner(1, "b"), owner(2, "c")};
+            cache_session_t ss[3];
+            size_t len[3];
+            uint32_t V = model_vocab(m);
+            /* 1000: the target's fork; then a partly filled tail, and a full one. */
+            size_t n0 = o == 0 ? 1000 : o % 2 == 0 ? 200 : 192;
+            uint64_t rows, g, used, nblocks;
+            slotd_error_t e;
+            model_kv_t kv;
+
+            for (size_t i = 0; i < n0; i++)
+                seq[0][i] = (int64_t)((i * 131 + 7) % V);
+            ck_assert_int_eq(cache_session_start(p, m, &ow[0], seq[0], n0, scratch, &ss[0], &e),
+                             SLOTD_OK);
+            len[0] = n0;
+            ck_assert_int_eq(cache_pool_reserve(p, ss[0].handle, &ow[0], 0, &kv), SLOTD_OK);
+            nblocks = model_chain_blocks(m, (uint32_t)n0, 1, NULL);
+            used = stats(p).bytes_used;
+            rows = model_rows(m);
+            g = model_g_calls(m);
+            ck_assert_int_eq(cache_session_fork(p, &ss[0], &ow[1], &ss[1], &e), SLOTD_OK);
+            ck_assert_uint_eq(model_rows(m), rows);
+            ck_assert_uint_eq(model_g_calls(m), g);
+            ck_assert_uint_eq(stats(p).bytes_used, used + cache_pool_slot_bytes(m, 0));
+            ck_assert_uint_lt(stats(p).bytes_used - used, model_block_bytes(m));
+            ck_assert_uint_eq(stats(p).shared_blocks, nblocks);
+            ck_assert_uint_eq(stats(p).entries, 2 * n0);
+            ck_assert_uint_eq(ss[1].entries, n0);
+            sound(p);
+            memcpy(seq[1], seq[0], n0 * sizeof seq[0][0]);
+            len[1] = n0;
+            step_fresh(p, &ss[1], seq[1], &len[1], scratch);
+            /* A fork of the fork, on another connection's key. */
+            ck_assert_int_eq(cache_session_fork(p, &ss[1], &ow[2], &ss[2], &e), SLOTD_OK);
+            memcpy(seq[2], seq[1], len[1] * sizeof seq[0][0]);
+            len[2] = len[1];
+            sound(p);
+            for (int k = 0; k < (o == 0 ? 2 : 10); k++) {
+                int w = (k * 7 + o) % 3;
+                step_fresh(p, &ss[w], seq[w], &len[w], scratch);
+                if (k % 5 == 4) {
+                    int64_t t[2] = {(int64_t)(k % V), (int64_t)((k * 3) % V)};
+                    ck_assert_int_eq(cache_session_append(p, &ss[w], t, 2, scratch, NULL, &e),
+                                     SLOTD_OK);
+                    memcpy(seq[w] + len[w], t, sizeof t);
+                    len[w] += 2;
+                }
+                sound(p);
+            }
+            for (int k = 0; k < 3; k++) {
+                int w = order[o][k];
+                ck_assert_int_eq(cache_session_finish(p, &ss[w], NULL), SLOTD_OK);
+                sound(p);
+                for (int r = k + 1; r < 3; r++)
+                    step_fresh(p, &ss[order[o][r]], seq[order[o][r]], &len[order[o][r]], scratch);
+                sound(p);
+            }
+            ck_assert_uint_eq(stats(p).bytes_used, 0);
+            ck_assert_uint_eq(stats(p).shared_blocks, 0);
+        }
+    }
     free(scratch);
 }
 END_TEST
@@ -1409,7 +1601,7 @@ static int frag_scenario(bool steal_first, bool *other_page)
             ck_assert_int_eq(cache_pool_reserve(p, h[nslots], &o[nslots], 0, &kv), SLOTD_OK);
             if (page_a < 0)
                 page_a = cache__pool_page_of(p, kv.head);
-            ck_assert_int_eq(cache__pool_page_of(p, chain_at(kv.head, i)), page_a);
+            ck_assert_int_eq(cache__pool_page_of(p, chain_at(&kv, i)), page_a);
         }
         nslots++;
     }
@@ -1459,7 +1651,7 @@ static uint32_t refusals_beyond_bytes(unsigned factor)
 {
     model_t *small = model("small"), *tiny = model("tiny");
     const model_t *models[] = {small, tiny};
-    cache_pool_config_t cfg = {6 * page_for(models, 2), 256, models, 2, factor};
+    cache_pool_config_t cfg = {6 * page_for(models, 2), 256, models, 2, factor, false};
     cache_pool_t *p = NULL;
     struct {
         cache_handle_t h;
@@ -1552,7 +1744,7 @@ START_TEST(test_pages_move_between_classes)
     ck_assert_uint_eq(cache__pool_pages_free(p), 0);
     va = view(p, ha, &a);
     for (uint32_t i = 0; i < nsmall; i++) {
-        const model_block_t *blk = chain_at(va.kv.head, i);
+        const model_block_t *blk = chain_at(&va.kv, i);
         pages_of_small[i] = cache__pool_page_of(p, blk);
         ck_assert_int_ge(pages_of_small[i], 0);
         ck_assert_uint_eq(cache__pool_page_stride(p, (uint32_t)pages_of_small[i]),
@@ -1693,7 +1885,7 @@ START_TEST(test_randomized)
                 ck_assert_uint_eq(kv.len, r->entries);
                 r->nblocks += need;
                 used += need_bytes;
-                ck_assert_uint_eq(chain_len(kv.head), r->nblocks);
+                ck_assert_uint_eq(chain_len(&kv), r->nblocks);
                 /* Commit anything from the entries to the room, usually all. */
                 len = rng_below(4) == 0 ? r->entries + rng_below(n + 1) : r->entries + n;
                 if (rng_below(3) == 0)
@@ -1784,9 +1976,9 @@ START_TEST(test_poison_after_release)
     ck_assert_int_eq(cache_pool_reserve(p, h, &a, room_of(hash, 2), &kv), SLOTD_OK);
     memset(kv.head->data, 0x11,
            model_block_bytes_for(hash, model_block_capacity(hash, 0)) - sizeof(model_block_t));
-    memset(kv.head->next->data, 0x22, bb - sizeof(model_block_t));
+    memset(kv.blocks[1]->data, 0x22, bb - sizeof(model_block_t));
     memset(kv.state, 0x33, sb);
-    block = (const unsigned char *)kv.head->next;
+    block = (const unsigned char *)kv.blocks[1];
     state = kv.state;
     ck_assert_int_eq(cache_pool_release(p, h, &a, NULL), SLOTD_OK);
     /* The arena stays mapped: the raw bytes show the poison.  The first 16
@@ -1817,7 +2009,7 @@ START_TEST(test_check_finds_written_parked_block)
     ck_assert_int_eq(cache_pool_acquire(p, tiny, &a, &h), SLOTD_OK);
     ck_assert_int_eq(grow(p, h, &a, 3), SLOTD_OK);
     ck_assert_int_eq(cache_pool_reserve(p, h, &a, 0, &kv), SLOTD_OK);
-    block = (unsigned char *)kv.head->next;
+    block = (unsigned char *)kv.blocks[1];
     /* The reserve filled this thread's cache; emptied (the page count
      * takes parked blocks back), it parks the released ones. */
     (void)cache__pool_pages_free(p);
@@ -1887,6 +2079,280 @@ START_TEST(test_guard_commit_shrinks)
 END_TEST
 #endif
 
+/* ---- The prefix cache ---- */
+
+/* A pool of the fixture's models with the prefix cache on. */
+static cache_pool_t *fx_pool_cached(size_t capacity, uint32_t max_slots)
+{
+    cache_pool_config_t cfg = {capacity, max_slots, fx_list, fx_nmodels, 1, true};
+
+    ck_assert_ptr_null(fx_p);
+    ck_assert_int_eq(cache_pool_create(&cfg, &fx_p), SLOTD_OK);
+    return fx_p;
+}
+
+/* A prompt: `common` tokens from base seed 1, then its own from `own`. */
+static void prompt_of(int64_t *t, size_t n, size_t common, uint32_t own, uint32_t V)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = (int64_t)(i < common ? (i * 7 + 3) % V : (i * 13 + own * 101 + 1) % V);
+}
+
+/* Starts `id` (scope `scope`) with t[0 .. n-1] through the prefix cache,
+ * checks that it reused exactly `want_cached` entries and computed only
+ * the rest, and that its next two steps are the fresh reference's, logits
+ * bit for bit. */
+static void start_cached(cache_pool_t *p, const model_t *m, cache_session_t *s, uint64_t key,
+                         const char *id, uint64_t scope, int64_t *t, size_t n, uint32_t want_cached,
+                         void *scratch)
+{
+    cache_owner_t o = owner(key, id);
+    uint64_t rows = model_rows(m) + model_g_calls(m);
+    uint32_t cached = 99;
+    size_t len = n;
+    slotd_error_t e;
+
+    ck_assert_int_eq(cache_session_start_shared(p, m, &o, scope, t, n, scratch, s, &cached, &e),
+                     SLOTD_OK);
+    ck_assert_uint_eq(cached, want_cached);
+    ck_assert_uint_eq(model_rows(m) + model_g_calls(m) - rows,
+                      (uint64_t)model_layers(m) * (n - want_cached));
+    ck_assert_uint_eq(s->entries, n);
+    step_fresh(p, s, t, &len, scratch);
+    step_fresh(p, s, t, &len, scratch);
+    sound(p);
+}
+
+/* Entries of the whole blocks of `m` that end before position n - 1. */
+static uint32_t reusable(const model_t *m, size_t n, size_t common)
+{
+    uint32_t pos = 0;
+
+    for (uint32_t i = 0;; i++) {
+        uint32_t cap = model_block_capacity(m, i);
+        if (pos + cap > n - 1 || pos + cap > common)
+            return pos;
+        pos += cap;
+    }
+}
+
+/* A start reuses the blocks an earlier start of the same model and scope
+ * made, whether the earlier one is still live or finished, exactly up to
+ * the block where the prompts diverge (inside it: that block and after
+ * are computed), and the replies are the reference's bit for bit.  Run
+ * with the hashes honest and, in test builds, all colliding, where only
+ * the comparison of tokens and identities keeps the cache right. */
+START_TEST(test_prefix_reuse_exact)
+{
+    model_t *small = fx_model("small"), *hash = fx_model("hash");
+    const model_t *ms[2] = {small, hash};
+    cache_pool_t *p = fx_pool_cached((size_t)64 << 20, 16);
+    void *scratch = malloc(model_scratch_size(small));
+    static int64_t t[4][210];
+
+#if SLOTD_FAULT_INJECTION
+    cache__prefix_force_collisions(_i == 1);
+#else
+    if (_i == 1)
+        return;
+#endif
+    ck_assert_ptr_nonnull(scratch);
+    for (int mi = 0; mi < 2; mi++) {
+        const model_t *m = ms[mi];
+        uint32_t V = model_vocab(m);
+        for (int live = 0; live < 2; live++) {
+            cache_session_t a, b, c, d;
+
+            cache_pool_prefix_flush(p);
+            /* a: 200 tokens, all new. */
+            prompt_of(t[0], 200, 200, 0, V);
+            start_cached(p, m, &a, 1, "a", 0, t[0], 200, 0, scratch);
+            if (!live) {
+                ck_assert_int_eq(cache_session_finish(p, &a, NULL), SLOTD_OK);
+                ck_assert_uint_eq(stats(p).entries, 0);
+                ck_assert_uint_gt(stats(p).prefix_entries, 0);
+                sound(p);
+            }
+            /* b: a's first 160 and 16 of its own. */
+            prompt_of(t[1], 176, 160, 1, V);
+            start_cached(p, m, &b, 2, "b", 0, t[1], 176, reusable(m, 176, 160), scratch);
+            /* c: diverges inside a block (position 100). */
+            prompt_of(t[2], 140, 100, 2, V);
+            ck_assert_uint_lt(reusable(m, 140, 100), 100); /* 100 is inside a block */
+            start_cached(p, m, &c, 3, "c", 0, t[2], 140, reusable(m, 140, 100), scratch);
+            /* d: the same as a but one token shorter: every block but the
+             * one holding its last position. */
+            prompt_of(t[3], 199, 200, 0, V);
+            start_cached(p, m, &d, 4, "d", 0, t[3], 199, reusable(m, 199, 199), scratch);
+            ck_assert_uint_gt(stats(p).prefix_hit_entries, 0);
+            if (live)
+                ck_assert_int_eq(cache_session_finish(p, &a, NULL), SLOTD_OK);
+            ck_assert_int_eq(cache_session_finish(p, &b, NULL), SLOTD_OK);
+            ck_assert_int_eq(cache_session_finish(p, &c, NULL), SLOTD_OK);
+            ck_assert_int_eq(cache_session_finish(p, &d, NULL), SLOTD_OK);
+            ck_assert_uint_eq(stats(p).entries, 0);
+            sound(p);
+        }
+    }
+#if SLOTD_FAULT_INJECTION
+    cache__prefix_force_collisions(false);
+#endif
+    free(scratch);
+}
+END_TEST
+
+/* A different model never shares, and a different scope never shares,
+ * each paired with the same model and scope sharing (a test of "no reuse"
+ * alone would pass with the cache off); both orders; the hashes honest
+ * and, in test builds, all colliding. */
+START_TEST(test_prefix_model_scope_apart)
+{
+    model_t *tiny = fx_model("tiny"), *small = fx_model("small");
+    cache_pool_t *p = fx_pool_cached((size_t)32 << 20, 16);
+    void *scratch = malloc(model_scratch_size(small));
+    int64_t t[8]; /* 6 tokens and the two steps' picks */
+    cache_session_t s1, s2, s3;
+
+#if SLOTD_FAULT_INJECTION
+    cache__prefix_force_collisions(_i >= 2);
+#else
+    if (_i >= 2)
+        return;
+#endif
+    ck_assert_ptr_nonnull(scratch);
+    /* Tokens every model takes (tiny's V is 6), and room for two steps in
+     * tiny's max_ctx of 8. */
+    for (int i = 0; i < 6; i++)
+        t[i] = (i * 5 + 1) % 6;
+    {
+        /* Models: one order, then the other. */
+        const model_t *first = _i % 2 == 0 ? tiny : small, *second = _i % 2 == 0 ? small : tiny;
+        start_cached(p, first, &s1, 1, "m1", 0, t, 6, 0, scratch);
+        start_cached(p, second, &s2, 1, "m2", 0, t, 6, 0, scratch);
+        start_cached(p, first, &s3, 1, "m3", 0, t, 6, reusable(first, 6, 6), scratch);
+        ck_assert_uint_gt(reusable(first, 6, 6), 0);
+        ck_assert_int_eq(cache_session_finish(p, &s1, NULL), SLOTD_OK);
+        ck_assert_int_eq(cache_session_finish(p, &s2, NULL), SLOTD_OK);
+        ck_assert_int_eq(cache_session_finish(p, &s3, NULL), SLOTD_OK);
+    }
+    {
+        /* Scopes: 1 then 2, or 2 then 1, then the first again. */
+        uint64_t sa = _i % 2 == 0 ? 1 : 2, sb = _i % 2 == 0 ? 2 : 1;
+        int64_t u[42]; /* 40 tokens and the two steps' picks */
+        prompt_of(u, 40, 40, 7, 512);
+        start_cached(p, small, &s1, 1, "s1", sa, u, 40, 0, scratch);
+        start_cached(p, small, &s2, 2, "s2", sb, u, 40, 0, scratch);
+        start_cached(p, small, &s3, 3, "s3", sa, u, 40, reusable(small, 40, 40), scratch);
+        ck_assert_uint_gt(reusable(small, 40, 40), 0);
+        ck_assert_int_eq(cache_session_finish(p, &s1, NULL), SLOTD_OK);
+        ck_assert_int_eq(cache_session_finish(p, &s2, NULL), SLOTD_OK);
+        ck_assert_int_eq(cache_session_finish(p, &s3, NULL), SLOTD_OK);
+    }
+    ck_assert_uint_eq(stats(p).entries, 0);
+    sound(p);
+#if SLOTD_FAULT_INJECTION
+    cache__prefix_force_collisions(false);
+#endif
+    free(scratch);
+}
+END_TEST
+
+/* Cached-only blocks are free room: a start that needs memory takes them
+ * (least recently used first) before it is refused, and after 200
+ * finished requests the pool's entries are 0 whatever the cache holds. */
+START_TEST(test_prefix_free_room)
+{
+    model_t *small = fx_model("small");
+    cache_pool_t *p = fx_pool_cached((size_t)2 << 20, 8);
+    void *scratch = malloc(model_scratch_size(small));
+    static int64_t t[300];
+    cache_session_t s;
+    uint64_t room_free, slots_free;
+
+    ck_assert_ptr_nonnull(scratch);
+    for (uint32_t r = 0; r < 200; r++) {
+        size_t n = 40 + (r * 37) % 260;
+        uint32_t cached = 0;
+        cache_owner_t o = owner(r, "r");
+        slotd_error_t e;
+        uint32_t tok;
+
+        prompt_of(t, n, (r % 3) * 100, r, 512);
+        ck_assert_int_eq(
+            cache_session_start_shared(p, small, &o, 0, t, n, scratch, &s, &cached, &e), SLOTD_OK);
+        ck_assert_int_eq(cache_session_step(p, &s, 1, scratch, &tok, NULL, &e), SLOTD_OK);
+        ck_assert_int_eq(cache_session_finish(p, &s, NULL), SLOTD_OK);
+        ck_assert_uint_eq(stats(p).entries, 0);
+        cache_pool_room(p, &room_free, &slots_free);
+        ck_assert_uint_eq(room_free, stats(p).bytes_capacity);
+        if (r % 20 == 0)
+            sound(p);
+    }
+    ck_assert_uint_gt(stats(p).prefix_entries, 0);
+    ck_assert_uint_gt(stats(p).prefix_evicted_entries, 0);
+    ck_assert_uint_gt(stats(p).prefix_hit_entries, 0);
+    sound(p);
+    ck_assert_uint_gt(cache_pool_prefix_flush(p), 0);
+    ck_assert_uint_eq(stats(p).prefix_entries, 0);
+    ck_assert_uint_eq(stats(p).bytes_used, 0);
+    sound(p);
+    free(scratch);
+}
+END_TEST
+
+#if SLOTD_FAULT_INJECTION
+/* A cached block that is damaged (the fault hook, as a memory fault would)
+ * damages every start that reuses it, which is what the audit catches; the
+ * pool then forgets the blocks of the session found wrong, and the next
+ * start of the same prompt computes everything and is right. */
+START_TEST(test_prefix_damaged_block_forgotten)
+{
+    model_t *small = fx_model("small");
+    cache_pool_t *p = fx_pool_cached((size_t)16 << 20, 8);
+    void *scratch = malloc(model_scratch_size(small));
+    static int64_t t[3][110];
+    cache_session_t a, b, c;
+    cache_owner_t oa = owner(1, "a"), ob = owner(2, "b"), oc = owner(3, "c");
+    uint32_t cached = 0, forgotten = 0, got, want[101];
+    double wl[512], hl[512];
+    slotd_error_t e;
+    model_kv_t kv;
+
+    ck_assert_ptr_nonnull(scratch);
+    for (int k = 0; k < 3; k++)
+        prompt_of(t[k], 100, 100, 0, 512);
+    ck_assert_int_eq(
+        cache_session_start_shared(p, small, &oa, 0, t[0], 100, scratch, &a, &cached, &e), SLOTD_OK);
+    ck_assert_int_eq(cache_pool_reserve(p, a.handle, &oa, 0, &kv), SLOTD_OK);
+    model_fault_corrupt(small, &kv, 5);
+    /* b reuses the damaged block, and goes wrong. */
+    ck_assert_int_eq(
+        cache_session_start_shared(p, small, &ob, 0, t[1], 100, scratch, &b, &cached, &e), SLOTD_OK);
+    ck_assert_uint_gt(cached, 5);
+    ck_assert_int_eq(model_generate(small, t[1], 100, 1, true, NULL, NULL, want, wl, NULL, NULL),
+                     SLOTD_OK);
+    ck_assert_int_eq(cache_session_step(p, &b, 1, scratch, &got, hl, &e), SLOTD_OK);
+    ck_assert_msg(memcmp(wl, hl, sizeof(wl)) != 0, "the damage did not reach b");
+    /* Found wrong: its blocks leave the cache. */
+    ck_assert_int_eq(cache_pool_prefix_forget(p, b.handle, &ob, &forgotten), SLOTD_OK);
+    ck_assert_uint_gt(forgotten, 0);
+    sound(p);
+    ck_assert_int_eq(
+        cache_session_start_shared(p, small, &oc, 0, t[2], 100, scratch, &c, &cached, &e), SLOTD_OK);
+    ck_assert_uint_eq(cached, 0);
+    {
+        size_t len = 100;
+        step_fresh(p, &c, t[2], &len, scratch);
+    }
+    ck_assert_int_eq(cache_session_finish(p, &a, NULL), SLOTD_OK);
+    ck_assert_int_eq(cache_session_finish(p, &b, NULL), SLOTD_OK);
+    ck_assert_int_eq(cache_session_finish(p, &c, NULL), SLOTD_OK);
+    sound(p);
+    free(scratch);
+}
+END_TEST
+#endif
+
 static Suite *cache_suite(bool forking)
 {
     Suite *s = suite_create("cache");
@@ -1929,8 +2395,23 @@ static Suite *cache_suite(bool forking)
     }
 #endif
     suite_add_tcase(s, tc);
+    {
+        TCase *pc = tcase_create("share");
+
+        tcase_add_checked_fixture(pc, NULL, fx_teardown);
+        tcase_set_timeout(pc, 300); /* sanitizer builds: the references are long */
+        tcase_add_loop_test(pc, test_prefix_reuse_exact, 0, 2);
+        tcase_add_loop_test(pc, test_prefix_model_scope_apart, 0, 4);
+        tcase_add_test(pc, test_prefix_free_room);
+        tcase_add_test(pc, test_fork_shares_blocks);
+#if SLOTD_FAULT_INJECTION
+        tcase_add_test(pc, test_prefix_damaged_block_forgotten);
+#endif
+        suite_add_tcase(s, pc);
+    }
     return s;
 }
+
 
 int main(void)
 {

@@ -67,7 +67,10 @@ def accepts(port):
 
 
 class Daemon:
-    """The daemon on two free loopback ports, with tiny, hash and small."""
+    """The daemon on two free loopback ports, with tiny, hash and small.
+    Without the prefix cache: the checks compare the client's output of a
+    session with the daemon's replies to the same lines sent again, and
+    the second start of a prompt would say it reused entries (`cached`)."""
 
     def __init__(self, workdir, *flags):
         for _ in range(5):
@@ -77,7 +80,8 @@ class Daemon:
             self.log = open(os.path.join(workdir, "daemon.log"), "ab")
             self.proc = subprocess.Popen(
                 [SLOTD, "--port", str(self.port), "--admin-port", str(self.admin),
-                 "--models", "tiny,hash,small", "--threads", "2", *flags],
+                 "--models", "tiny,hash,small", "--threads", "2", "--prefix-cache", "off",
+                 *flags],
                 stdout=self.log, stderr=subprocess.STDOUT)
             limit = time.monotonic() + 10 * SCALE
             while time.monotonic() < limit and self.proc.poll() is None:
@@ -213,7 +217,8 @@ def run_batch(d, work):
     check("every session command: one compact line per reply, as the daemon's line says",
           got == want, "got:\n" + "\n".join(got) + "\nwant:\n" + "\n".join(want))
     # The shape itself, written out (docs/models.md's tiny model, as in the README).
-    check("start: 'id: a  model: tiny  entries: 3'", got[:1] == ["id: a  model: tiny  entries: 3"],
+    check("start: 'id: a  model: tiny  entries: 3  cached: 0'",
+          got[:1] == ["id: a  model: tiny  entries: 3  cached: 0"],
           repr(got[:1]))
     check("step with logits shortened: 'logits: 2 × 6, first [-0.125467 0.468642 …]'",
           len(got) > 3 and got[3] == "id: a  tokens: [1 0]  logits: 2 × 6, first "
@@ -223,8 +228,9 @@ def run_batch(d, work):
     check("logits: one vector, 'logits: 6, first [...]  rows: 6'",
           len(got) > 6 and re.fullmatch(r"logits: 6, first \[-?\d\.\d{6} -?\d\.\d{6} …\]  rows: 6",
                                         got[6]) is not None, repr(got[6:7]))
-    check("a JSON line goes as it is, members in the daemon's order: 'tag: 7  id: j  model: tiny  entries: 1'",
-          got[-1:] == ["tag: 7  id: j  model: tiny  entries: 1"], repr(got[-1:]))
+    check("a JSON line goes as it is, members in the daemon's order: "
+          "'tag: 7  id: j  model: tiny  entries: 1  cached: 0'",
+          got[-1:] == ["tag: 7  id: j  model: tiny  entries: 1  cached: 0"], repr(got[-1:]))
 
     r = cli(d, stdin=("\n".join(cmds) + "\n").encode(), env=env)
     check("the same commands from stdin: the same output, no prompt, exit 0",
@@ -756,7 +762,7 @@ def run_pty(d, work):
     t = Term(d, env)
     check("a prompt 'slotd> '", t.prompt() is not None, t.text())
     t.send("start a 1 2 3\r")
-    check("start at the prompt", t.read_until(rb"entries: 3\r\n") is not None, t.text())
+    check("start at the prompt", t.read_until(rb"entries: 3  cached: 0\r\n") is not None, t.text())
     t.prompt()
     t.send("step a 2\r")
     check("step a 2: entries 5", t.read_until(rb"entries: 5\r\n") is not None, t.text())
@@ -814,7 +820,7 @@ def run_pty(d, work):
     t.send("\x1b[B\x1b[B\x1b[B")
     t.send("start a 1 2 3\r")
     check("down past the newest line gives an empty line to type on",
-          t.read_until(rb"entries: 3\r\n") is not None, repr(t.text()))
+          t.read_until(rb"entries: 3  cached: 0\r\n") is not None, repr(t.text()))
     t.prompt()
     t.send("\x1b[A" * 6)
     check("six lines up: 'step a 2' of the first run",
@@ -880,7 +886,7 @@ def run_auth_pty(plain, work):
         t.prompt()
         t.send("start a 1 2 3\r")
         check("--auth-token-file at the prompt: start works",
-              t.read_until(rb"entries: 3\r\n") is not None, t.text())
+              t.read_until(rb"entries: 3  cached: 0\r\n") is not None, t.text())
         t.prompt()
         t.send("metrics slotd_live_sessions\r")
         check("... and metrics", t.read_until(rb"slotd_live_sessions 1\r\n") is not None, t.text())

@@ -416,6 +416,9 @@ static const struct {
     const char *args[3];
     const char *says;
 } bad[] = {
+    {{"--prefix-cache", "yes"}, "not on or off"},
+    {{"--prefix-scope", "tenant"}, "needs tenants"},
+    {{"--prefix-scope", "user"}, "not global or connection"},
     {{"--port", "65536"}, "--port"},
     {{"--port", "-1"}, "--port"},
     {{"--port", ""}, "--port"},

@@ -88,15 +88,15 @@ check "SLOTD_CACHE_MB=64: pool_bytes_total is $(stat "$a" pool_bytes_total)" \
 mapfile -t r < <(talk "$p" '{"op":"start","id":"d","prompt":[1,2]}' \
   '{"op":"start","id":"s","model":"small","prompt":[1,2]}')
 check "SLOTD_DEFAULT_MODEL=hash: a start without a model gets ${r[0]:-nothing}" \
-  test "${r[0]:-}" = '{"id":"d","model":"hash","entries":2}'
+  test "${r[0]:-}" = '{"id":"d","model":"hash","entries":2,"cached":0}'
 check "SLOTD_MODELS=tiny,hash,small: a small session starts: ${r[1]:-nothing}" \
-  test "${r[1]:-}" = '{"id":"s","model":"small","entries":2}'
+  test "${r[1]:-}" = '{"id":"s","model":"small","entries":2,"cached":0}'
 
 mapfile -t r < <(talk "$p" '{"op":"start","id":"a1","prompt":[1]}' '{"op":"start","id":"a2","prompt":[1]}' \
   '{"op":"start","id":"a3","prompt":[1]}' '{"op":"start","id":"a4","prompt":[1]}' \
   '{"op":"start","id":"a5","prompt":[1]}' '{"op":"start","id":"a6","prompt":[1]}')
 ok=0
-for k in 0 1 2 3 4; do [[ ${r[$k]:-} == *'"entries":1}' ]] || ok=1; done
+for k in 0 1 2 3 4; do [[ ${r[$k]:-} == *'"entries":1,"cached":0}' ]] || ok=1; done
 [[ ${r[5]:-} == *'"code":"cache_full"'* ]] || ok=1
 check "SLOTD_MAX_SESSIONS=5 with SLOTD_MAX_CONNECTION_SHARE=1: five starts on one connection pass, the sixth is ${r[5]:-nothing}" test $ok -eq 0
 
@@ -161,7 +161,7 @@ if grep -q -- '--fault-wedge-after' <<<"$help"; then
     wait_for 8 wedged "$aw"
   kill -USR1 "$wpid"
   IFS= read -r -t 5 line <&"$fd" || line=""
-  check "the released job is answered: ${line:-nothing}" test "$line" = '{"id":"w","model":"tiny","entries":1}'
+  check "the released job is answered: ${line:-nothing}" test "$line" = '{"id":"w","model":"tiny","entries":1,"cached":0}'
   check "SLOTD_WEDGE_TIMEOUT=1: /health is 200 again once the job ends" wait_for 5 healthy "$aw"
   exec {fd}>&-
   kill -TERM "$wpid"; wait "$wpid"
@@ -244,7 +244,7 @@ if wait_for 10 healthy "$af"; then
   check "--cache-mb=32 beats SLOTD_CACHE_MB=64" test "$(stat "$af" pool_bytes_total)" = $((32 << 20))
   reply=$(talk "$pf" '{"op":"start","id":"d","prompt":[1]}')
   check "--default-model tiny beats SLOTD_DEFAULT_MODEL=hash: $reply" \
-    test "$reply" = '{"id":"d","model":"tiny","entries":1}'
+    test "$reply" = '{"id":"d","model":"tiny","entries":1,"cached":0}'
 else
   fail "flags over variables: no /health on the flags' admin port $af"
 fi
@@ -260,7 +260,7 @@ daemon models -- --port "$pm" --admin-port "$am" --threads 1 --cache-mb 16 --mod
 if wait_for 10 healthy "$am"; then
   reply=$(talk "$pm" '{"op":"start","id":"d","prompt":[1]}')
   check "--models small alone: a start without a model gets small: $reply" \
-    test "$reply" = '{"id":"d","model":"small","entries":1}'
+    test "$reply" = '{"id":"d","model":"small","entries":1,"cached":0}'
   kill -TERM "$dpid"; wait "$dpid"
 else
   fail "--models small alone: no /health on $am: $(tail -n 2 "$work/models.log")"

@@ -372,7 +372,7 @@ if exec 3<>"/dev/tcp/127.0.0.1/$port"; then
   exec 3>&-
 fi
 check "start/step/finish on the session port: ${replies[*]:-no reply}" \
-  bash -c '[ "$1" = "{\"id\":\"a\",\"model\":\"tiny\",\"entries\":3}" ] &&
+  bash -c '[ "$1" = "{\"id\":\"a\",\"model\":\"tiny\",\"entries\":3,\"cached\":0}" ] &&
            [[ $2 == "{\"id\":\"a\",\"tokens\":[4,0,0,0,0],"*"\"entries\":8}" ]] &&
            [ "$3" = "{\"id\":\"a\",\"released\":8}" ]' _ "${replies[@]:0:3}" "" "" ""
 

@@ -260,7 +260,7 @@ END_TEST
 
 static cache_pool_t *pool_for(const model_t *m)
 {
-    cache_pool_config_t pc = {1 << 20, 4, (const model_t *const *)&m, 1, 1};
+    cache_pool_config_t pc = {1 << 20, 4, (const model_t *const *)&m, 1, 1, false};
     cache_pool_t *p;
 
     ck_assert_int_eq(cache_pool_create(&pc, &p), SLOTD_OK);

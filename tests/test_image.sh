@@ -160,7 +160,7 @@ if exec 3<>"/dev/tcp/127.0.0.1/$port"; then
   exec 3>&-
 fi
 check "a session against the container: ${replies[*]:-no reply}" \
-  bash -c '[ "$1" = "{\"ok\":true}" ] && [ "$2" = "{\"id\":\"a\",\"model\":\"tiny\",\"entries\":3}" ] &&
+  bash -c '[ "$1" = "{\"ok\":true}" ] && [ "$2" = "{\"id\":\"a\",\"model\":\"tiny\",\"entries\":3,\"cached\":0}" ] &&
            [[ $3 == "{\"id\":\"a\",\"tokens\":[4,0,0,0,0],"*"\"entries\":8}" ]] &&
            [ "$4" = "{\"id\":\"a\",\"released\":8}" ]' _ "${replies[@]:0:4}" "" "" "" ""
 

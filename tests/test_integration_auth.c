@@ -140,7 +140,7 @@ START_TEST(test_auth_session)
     ck_assert_str_eq(itest_last_line(c), "{\"tag\":7,\"ok\":true}");
     cJSON_Delete(r);
     r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"a\",\"prompt\":[1,2]}");
-    ck_assert_str_eq(itest_last_line(c), "{\"id\":\"a\",\"model\":\"tiny\",\"entries\":2}");
+    ck_assert_str_eq(itest_last_line(c), "{\"id\":\"a\",\"model\":\"tiny\",\"entries\":2,\"cached\":0}");
     cJSON_Delete(r);
     r = itest_rpc(c, "{\"op\":\"finish\",\"id\":\"a\"}");
     ck_assert_str_eq(itest_last_line(c), "{\"id\":\"a\",\"released\":2}");

@@ -775,6 +775,21 @@ END_TEST
 
 /* Sends `lines` (a pipeline) on `c` and reads one raw reply line per
  * request line into `out` (malloc'd strings). */
+/* Replies as the stories compare them: the number of a start's `cached`
+ * member taken out (a prompt started again reuses its own earlier entries
+ * from the prefix cache; every other byte must stay as it was). */
+static void drop_cached(char *line)
+{
+    char *at = strstr(line, ",\"cached\":");
+
+    if (at != NULL) {
+        char *end = at + strlen(",\"cached\":");
+        while (*end >= '0' && *end <= '9')
+            end++;
+        memmove(at, end, strlen(end) + 1);
+    }
+}
+
 static void pipeline_raw(itest_conn_t *c, const char *lines, int count, char **out)
 {
     ck_assert(itest_send_str(c, lines));
@@ -782,6 +797,7 @@ static void pipeline_raw(itest_conn_t *c, const char *lines, int count, char **o
         size_t len = 0;
         out[i] = itest_read_line(c, ITEST_REPLY_MS, &len);
         ck_assert_msg(out[i] != NULL, "reply %d of %d did not come", i + 1, count);
+        drop_cached(out[i]);
     }
 }
 

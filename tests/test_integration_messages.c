@@ -144,8 +144,10 @@ START_TEST(test_share_message_figures)
 {
     /* One connection fills its share (512 KiB of a 1 MiB pool) with
      * small sessions: the refusal's figures are /stats's, and the retry it
-     * advises succeeds once a session is finished. */
-    itest_daemon_t *d = itest_daemon_start("--cache-mb", "1", NULL);
+     * advises succeeds once a session is finished.  Every session has
+     * the same prompt: the prefix cache, which would share their blocks
+     * and so change the figures, is off. */
+    itest_daemon_t *d = itest_daemon_start("--cache-mb", "1", "--prefix-cache", "off", NULL);
     itest_conn_t *c = itest_connect(d);
     int64_t need = slot_bytes("small", 40), started = 0;
     char *m = NULL;
@@ -205,9 +207,10 @@ START_TEST(test_pool_message_figures)
 {
     /* Without a share the pool refuses: its figures are /stats's; a
      * request bigger than the whole pool never fits; the session limit
-     * is a refusal of its own. */
+     * is a refusal of its own.  The prefix cache, which would share the
+     * sessions' equal prompts, is off. */
     itest_daemon_t *d = itest_daemon_start("--cache-mb", "1", "--max-connection-share", "1",
-                                           "--max-sessions", "40", NULL);
+                                           "--max-sessions", "40", "--prefix-cache", "off", NULL);
     itest_conn_t *c = itest_connect(d);
     int64_t need = slot_bytes("small", 64), started = 0;
     char *m = NULL;

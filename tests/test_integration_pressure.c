@@ -307,10 +307,13 @@ START_TEST(test_pressure_small_fill_and_recover)
      * a class of its own.  The sessions that fill the pool have a prompt of
      * exactly P positions, where the blocks of 16 begin: every next block
      * they need is a 16-position block, one to a page, so a step of theirs
-     * gets cache_full exactly when no page is free. */
+     * gets cache_full exactly when no page is free.  The sessions repeat
+     * three prompts: the prefix cache, which would share their blocks, is
+     * off, so that every session holds its own. */
     itest_daemon_t *d =
         itest_daemon_start("--max-connection-share", "1", "--cache-mb", "8", "--models", "small",
-                           "--default-model", "small", "--threads", "2", NULL);
+                           "--default-model", "small", "--threads", "2", "--prefix-cache", "off",
+                           NULL);
     const model_t *m = itest_model("small");
     const uint32_t B = model_block_positions(m), V = model_vocab(m);
     uint32_t k16 = 0;
@@ -666,8 +669,11 @@ END_TEST
  * figures come back to the second's, then to zero. */
 START_TEST(test_pressure_connection_share)
 {
+    /* Without the prefix cache: the figures are those of sessions that
+     * each hold their own blocks. */
     itest_daemon_t *d = itest_daemon_start("--cache-mb", "8", "--models", "small",
-                                           "--default-model", "small", NULL);
+                                           "--default-model", "small", "--prefix-cache", "off",
+                                           NULL);
     const model_t *m = itest_model("small");
     const uint64_t half = (uint64_t)8 << 19;
     itest_conn_t *a = itest_connect(d), *b = itest_connect(d);

@@ -107,6 +107,15 @@ static bool entry_ok(const slot_t *s, model_block_t *b, uint32_t pos)
     return first == want && last == want;
 }
 
+/* The block after b in kv's chain, through its table, or NULL. */
+static model_block_t *next_block(const model_kv_t *kv, const model_block_t *b)
+{
+    for (uint32_t i = 0; i + 1 < kv->nblocks; i++)
+        if (kv->blocks[i] == b)
+            return kv->blocks[i + 1];
+    return NULL;
+}
+
 /* Reads back every position and the state of a live slot. */
 static void verify(worker_t *w, slot_t *s)
 {
@@ -125,9 +134,9 @@ static void verify(worker_t *w, slot_t *s)
     if (tag != s->tag)
         FAIL("worker %u: state holds another tenancy's tag\n", w->index);
     b = kv.head;
-    for (uint32_t pos = 0; pos < s->entries; pos++) {
+    for (uint32_t pos = 0, bi = 0; pos < s->entries; pos++) {
         if (b != NULL && pos - b->first == b->capacity)
-            b = b->next;
+            b = ++bi < kv.nblocks ? kv.blocks[bi] : NULL;
         if (b == NULL || !entry_ok(s, b, pos)) {
             FAIL("worker %u: position %u of its slot is not its own\n", w->index, pos);
             return;
@@ -187,9 +196,10 @@ static void do_grow(worker_t *w, slot_t *s)
     }
     /* Written without the pool's lock, as a model would. */
     b = kv.tail;
+    /* The pool's chains are walked through their tables (core/model.h). */
     for (pos = s->entries; pos < s->entries + n; pos++) {
         if (b != NULL && pos - b->first == b->capacity)
-            b = b->next;
+            b = next_block(&kv, b);
         if (b == NULL) {
             FAIL("worker %u: the chain has no room at %u\n", w->index, pos);
             return;

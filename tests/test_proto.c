@@ -2088,17 +2088,18 @@ START_TEST(test_reply_start_finish)
         proto_buf_init(&b);
         ck_assert_int_eq(proto_buf_append(&b, "previous\n", 9), SLOTD_OK);
         from = b.len;
-        ck_assert_int_eq(proto_reply_start(&b, tags[t], "a", "tiny", 3), SLOTD_OK);
+        ck_assert_int_eq(proto_reply_start(&b, tags[t], "a", "tiny", 3, 0), SLOTD_OK);
         ck_assert(memcmp(b.data, "previous\n", 9) == 0);
         if (tags[t] == NULL)
-            ck_assert(memcmp(b.data + from, "{\"id\":\"a\",\"model\":\"tiny\",\"entries\":3}\n",
+            ck_assert(memcmp(b.data + from, "{\"id\":\"a\",\"model\":\"tiny\",\"entries\":3,\"cached\":0}\n",
                              b.len - from) == 0);
         j = reply_json(&b, from);
         ck_tag(j, tags[t]);
         ck_member_str(j, "id", "a");
         ck_member_str(j, "model", "tiny");
         ck_member_u64(j, "entries", 3);
-        ck_assert_int_eq(member_count(j), 3 + (tags[t] != NULL));
+        ck_member_u64(j, "cached", 0);
+        ck_assert_int_eq(member_count(j), 4 + (tags[t] != NULL));
         cJSON_Delete(j);
 
         from = b.len;
@@ -2270,6 +2271,10 @@ START_TEST(test_reply_stats)
         st.evicted_sessions = 3 + t;
         st.evictions_total = 30 + t;
         st.rebuilt_entries_total = 300 + t;
+        st.prefix_entries = 51 + t;
+        st.prefix_hit_entries = 52 + t;
+        st.prefix_query_entries = 53 + t;
+        st.prefix_evicted_entries = 54 + t;
         ck_assert_int_eq(proto_reply_stats(&b, tags[t], &st), SLOTD_OK);
         j = reply_json(&b, 0);
         ck_tag(j, tags[t]);
@@ -2285,7 +2290,16 @@ START_TEST(test_reply_stats)
         ck_member_u64(j, "evicted_sessions", (double)st.evicted_sessions);
         ck_member_u64(j, "evictions_total", (double)st.evictions_total);
         ck_member_u64(j, "rebuilt_entries_total", (double)st.rebuilt_entries_total);
-        ck_assert_int_eq(member_count(j), 17 + (tags[t] != NULL));
+        {
+            cJSON *pc = cJSON_GetObjectItemCaseSensitive(j, "prefix_cache");
+            ck_assert(cJSON_IsObject(pc));
+            ck_assert_int_eq(member_count(pc), 4);
+            ck_member_u64(pc, "entries", (double)st.prefix_entries);
+            ck_member_u64(pc, "hit_entries", (double)st.prefix_hit_entries);
+            ck_member_u64(pc, "query_entries", (double)st.prefix_query_entries);
+            ck_member_u64(pc, "evicted_entries", (double)st.prefix_evicted_entries);
+        }
+        ck_assert_int_eq(member_count(j), 18 + (tags[t] != NULL));
         cJSON_Delete(j);
         proto_buf_free(&b);
     }
@@ -2382,7 +2396,7 @@ START_TEST(test_reply_strings)
 
     /* Ids and model names are validated, but a writer escapes them anyway. */
     proto_buf_init(&b);
-    ck_assert_int_eq(proto_reply_start(&b, NULL, "a\"b\n\xff", "m\\", 1), SLOTD_OK);
+    ck_assert_int_eq(proto_reply_start(&b, NULL, "a\"b\n\xff", "m\\", 1, 0), SLOTD_OK);
     j = reply_json(&b, 0);
     ck_member_str(j, "id", "a\"b\n\xef\xbf\xbd");
     ck_member_str(j, "model", "m\\");
@@ -2495,7 +2509,7 @@ START_TEST(test_reply_nomem)
                 rc = proto_reply_error(&b, "\"tag\"", &e);
                 break;
             case 1:
-                rc = proto_reply_start(&b, "1", "id", "tiny", 3);
+                rc = proto_reply_start(&b, "1", "id", "tiny", 3, 0);
                 break;
             case 2:
                 rc = proto_reply_step(&b, "1", "id", toks, 2, logits, 6, 9);

@@ -169,7 +169,7 @@ for u in "${units[@]}"; do
     exec 3>&-
   fi
   check "$name: a session with the token: ${replies[*]:-no reply}" \
-    test "${replies[*]:-}" = '{"ok":true} {"id":"u","model":"tiny","entries":3} {"id":"u","released":3}'
+    test "${replies[*]:-}" = '{"ok":true} {"id":"u","model":"tiny","entries":3,"cached":0} {"id":"u","released":3}'
   sig=$(key "$u" KillSignal)
   stop=$(key "$u" TimeoutStopSec)
   kill -s "${sig#SIG}" "$daemon"

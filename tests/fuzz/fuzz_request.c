@@ -245,7 +245,7 @@ static void check_replies(const proto_request_t *r, const uint8_t *data, size_t 
 
     proto_buf_init(&b);
     from = b.len;
-    FUZZ_CHECK(proto_reply_start(&b, r->tag, id, model, (uint32_t)r->ntokens) == SLOTD_OK);
+    FUZZ_CHECK(proto_reply_start(&b, r->tag, id, model, (uint32_t)r->ntokens, 0) == SLOTD_OK);
     cJSON_Delete(check_reply(&b, from, r->tag));
     from = b.len;
     FUZZ_CHECK(proto_reply_step(&b, r->tag, id, toks, n, logits, V, r->n) == SLOTD_OK);

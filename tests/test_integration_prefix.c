@@ -1,0 +1,190 @@
+/*
+ * test_integration_prefix.c: the prefix cache through the daemon: `cached`
+ * in start replies, the `prefix_cache` object of `stats`, and
+ * --prefix-cache / --prefix-scope.
+ *
+ * Owns nothing beyond each test's daemon and connections (tests/itest.c),
+ * released at each test's end.  One thread.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/model.h"
+#include "itest.h"
+
+#define PROMPT 40
+
+/* The entries a start of PROMPT tokens reuses: small's whole blocks that
+ * end before the prompt's last position (core/model.h's block plan). */
+static int64_t reused(void)
+{
+    const model_t *m = itest_model("small");
+    uint32_t pos = 0;
+
+    for (uint32_t i = 0; pos + model_block_capacity(m, i) <= PROMPT - 1; i++)
+        pos += model_block_capacity(m, i);
+    return pos;
+}
+#define REUSED reused()
+
+/* Starts `s` with the PROMPT tokens itest_seq_token(k0..) and checks
+ * `cached`. */
+static void start_from(itest_conn_t *c, itest_seq_t *s, const char *id, int64_t cached, size_t k0)
+{
+    snprintf(s->id, sizeof(s->id), "%s", id);
+    s->model = "small";
+    s->len = 0;
+    for (size_t i = 0; i < PROMPT; i++)
+        s->tok[s->len++] = itest_seq_token("small", i + k0);
+    char *p = itest_json_tokens(s->tok, s->len);
+    cJSON *r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"%s\",\"model\":\"small\",\"prompt\":%s}",
+                         id, p);
+    free(p);
+    itest_expect_ok(r);
+    ck_assert_int_eq(itest_int(r, "entries"), PROMPT);
+    ck_assert_int_eq(itest_int(r, "cached"), cached);
+    cJSON_Delete(r);
+}
+
+static void start_expect(itest_conn_t *c, itest_seq_t *s, const char *id, int64_t cached)
+{
+    start_from(c, s, id, cached, 7);
+}
+
+static int64_t prefix_stat(itest_conn_t *c, const char *name)
+{
+    cJSON *st = itest_stats(c);
+    const cJSON *pc = cJSON_GetObjectItemCaseSensitive(st, "prefix_cache");
+    int64_t v;
+
+    ck_assert(cJSON_IsObject(pc));
+    v = itest_int(pc, name);
+    cJSON_Delete(st);
+    return v;
+}
+
+/* On by default: the second start of a prompt reuses its whole blocks
+ * before the last position, computes only the rest (rows), and its steps
+ * are the reference's; once both finish, cache_entries and
+ * pool_bytes_used are 0 while the cache keeps the blocks. */
+START_TEST(test_prefix_default_on)
+{
+    itest_daemon_t *d = itest_daemon_start("--models", "small,tiny", NULL);
+    itest_conn_t *c = itest_connect(d);
+    itest_seq_t *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+    int64_t rows;
+
+    ck_assert(a != NULL && b != NULL);
+    start_expect(c, a, "a", 0);
+    rows = itest_stat(c, "rows");
+    start_expect(c, b, "b", REUSED);
+    ck_assert_int_eq(itest_stat(c, "rows") - rows, 4 * (PROMPT - REUSED));
+    itest_seq_step(c, b, 3);
+    itest_seq_step(c, a, 3);
+    ck_assert(memcmp(a->tok, b->tok, a->len * sizeof(int64_t)) == 0);
+    ck_assert_int_eq(prefix_stat(c, "hit_entries"), REUSED);
+    ck_assert_int_eq(itest_metric(d, "slotd_prefix_cache_hit_entries_total"), REUSED);
+    ck_assert_int_gt(itest_metric(d, "slotd_shared_blocks"), 0);
+    /* The first start looked up its first block and missed. */
+    ck_assert_int_gt(prefix_stat(c, "query_entries"), REUSED);
+    cJSON_Delete(itest_rpc(c, "{\"op\":\"finish\",\"id\":\"a\"}"));
+    cJSON_Delete(itest_rpc(c, "{\"op\":\"finish\",\"id\":\"b\"}"));
+    ck_assert_int_eq(itest_stat(c, "cache_entries"), 0);
+    ck_assert_int_eq(itest_stat(c, "pool_bytes_used"), 0);
+    ck_assert_int_gt(prefix_stat(c, "entries"), 0);
+    /* After the holders finished: still reused. */
+    start_expect(c, a, "c", REUSED);
+    itest_seq_step(c, a, 2);
+    free(a);
+    free(b);
+    itest_close(c);
+}
+END_TEST
+
+/* --prefix-scope connection: another connection never shares, paired with
+ * the same connection sharing; both orders of the two connections. */
+START_TEST(test_prefix_scope_connection)
+{
+    itest_daemon_t *d =
+        itest_daemon_start("--models", "small,tiny", "--prefix-scope", "connection", NULL);
+    itest_conn_t *x = itest_connect(d), *y = itest_connect(d);
+    itest_seq_t *s = calloc(1, sizeof(*s));
+
+    ck_assert_ptr_nonnull(s);
+    for (int order = 0; order < 2; order++) {
+        itest_conn_t *first = order == 0 ? x : y, *second = order == 0 ? y : x;
+        size_t k0 = order == 0 ? 7 : 500; /* a prompt of its own each round */
+        char id[4][8];
+
+        for (int i = 0; i < 4; i++)
+            snprintf(id[i], sizeof(id[i]), "%c%d", 'a' + i, order);
+        start_from(first, s, id[0], 0, k0);
+        start_from(second, s, id[1], 0, k0);
+        start_from(first, s, id[2], REUSED, k0);
+        itest_seq_step(first, s, 2);
+        start_from(second, s, id[3], REUSED, k0);
+        itest_seq_step(second, s, 2);
+    }
+    free(s);
+    itest_close(x);
+    itest_close(y);
+}
+END_TEST
+
+/* POST /prefix-cache/flush on the admin port empties the cache (with the
+ * token when one is set): a start afterwards computes everything. */
+START_TEST(test_prefix_flush)
+{
+    itest_daemon_t *d = itest_daemon_start("--models", "small,tiny", NULL);
+    itest_conn_t *c = itest_connect(d);
+    itest_seq_t *s = calloc(1, sizeof(*s));
+    static const char req[] = "POST /prefix-cache/flush HTTP/1.1\r\nHost: x\r\n"
+                              "Content-Length: 0\r\nConnection: close\r\n\r\n";
+    itest_http_t r;
+
+    ck_assert_ptr_nonnull(s);
+    start_expect(c, s, "a", 0);
+    cJSON_Delete(itest_rpc(c, "{\"op\":\"finish\",\"id\":\"a\"}"));
+    ck_assert_int_gt(prefix_stat(c, "entries"), 0);
+    ck_assert(itest_http_raw(d->admin_port, req, sizeof(req) - 1, &r));
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_ptr_nonnull(strstr(r.body, "\"flushed_entries\":"));
+    ck_assert_int_eq(atoll(strstr(r.body, ":") + 1), prefix_stat(c, "evicted_entries"));
+    itest_http_free(&r);
+    ck_assert_int_eq(prefix_stat(c, "entries"), 0);
+    start_expect(c, s, "b", 0);
+    itest_seq_step(c, s, 1);
+    free(s);
+    itest_close(c);
+}
+END_TEST
+
+/* --prefix-cache off: nothing is reused, and the counts stay 0. */
+START_TEST(test_prefix_off)
+{
+    itest_daemon_t *d = itest_daemon_start("--models", "small,tiny", "--prefix-cache", "off", NULL);
+    itest_conn_t *c = itest_connect(d);
+    itest_seq_t *s = calloc(1, sizeof(*s));
+
+    ck_assert_ptr_nonnull(s);
+    start_expect(c, s, "a", 0);
+    start_expect(c, s, "b", 0);
+    itest_seq_step(c, s, 2);
+    ck_assert_int_eq(prefix_stat(c, "hit_entries"), 0);
+    ck_assert_int_eq(prefix_stat(c, "query_entries"), 0);
+    ck_assert_int_eq(prefix_stat(c, "entries"), 0);
+    free(s);
+    itest_close(c);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("integration_prefix");
+    itest_add(s, "prefix_default_on", test_prefix_default_on);
+    itest_add(s, "prefix_scope_connection", test_prefix_scope_connection);
+    itest_add(s, "prefix_off", test_prefix_off);
+    itest_add(s, "prefix_flush", test_prefix_flush);
+    return itest_main(s);
+}
