@@ -133,7 +133,8 @@ static const option_t options[] = {
      "on: a start reuses the cached entries of the longest prompt prefix an earlier start of the "
      "same model and scope computed (on)"},
     {"prefix-scope", OPT_SCOPE, 0, 0, FIELD(prefix_scope),
-     "global (every connection shares) or connection (each its own) (global)"},
+     "global (every connection shares), connection (each its own) or tenant (each tenant its "
+     "own; without a tenants file, each connection) (global; tenant with --tenants-file)"},
     {"proxy-from", OPT_NETS, 0, 0, 0, 0,
      "addresses or CIDR networks, comma separated, whose connections begin with a PROXY "
      "protocol header (v1 or v2) naming the client, or none (none)"},
@@ -556,6 +557,7 @@ static config_result_t set_on_full_error(char *err, size_t errlen, const char *s
 static int set_scope(server_config_t *cfg, const char *src, const char *value, char *err,
                      size_t errlen)
 {
+    cfg->prefix_scope_given = true; /* undone below if the value is refused */
     if (strcmp(value, "global") == 0) {
         cfg->prefix_scope = CONFIG_SCOPE_GLOBAL;
         return CONFIG_OK;
@@ -564,9 +566,12 @@ static int set_scope(server_config_t *cfg, const char *src, const char *value, c
         cfg->prefix_scope = CONFIG_SCOPE_CONNECTION;
         return CONFIG_OK;
     }
-    if (strcmp(value, "tenant") == 0)
-        return config_fail(err, errlen, "%s: 'tenant' needs tenants, which this build does not have", src);
-    return config_fail(err, errlen, "%s: '%s' is not global or connection", src, value);
+    if (strcmp(value, "tenant") == 0) {
+        cfg->prefix_scope = CONFIG_SCOPE_TENANT;
+        return CONFIG_OK;
+    }
+    cfg->prefix_scope_given = false;
+    return config_fail(err, errlen, "%s: '%s' is not global, connection or tenant", src, value);
 }
 
 static config_result_t set_option(server_config_t *cfg, const option_t *o, const char *src,
@@ -764,6 +769,8 @@ config_result_t config_parse(server_config_t *cfg, int argc, char *const *argv, 
     if (cfg->auth_token_file[0] != '\0' &&
         auth_load(cfg->auth_token_file, cfg->auth_token, &cfg->auth_token_len, err, errlen) != 0)
         return CONFIG_ERROR;
+    if (cfg->tenants_file[0] != '\0' && !cfg->prefix_scope_given)
+        cfg->prefix_scope = CONFIG_SCOPE_TENANT; /* a tenant's prefixes are its own */
     if (cfg->tenants_file[0] != '\0') {
         tenants_file_t tf = {NULL, 0};
         if (cfg->auth_token_len > 0)

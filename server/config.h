@@ -44,6 +44,7 @@ typedef enum config_on_full {
 typedef enum config_prefix_scope {
     CONFIG_SCOPE_GLOBAL = 0,     /* every connection: one scope */
     CONFIG_SCOPE_CONNECTION = 1, /* each connection its own */
+    CONFIG_SCOPE_TENANT = 2,     /* each tenant its own (a connection without tenants) */
 } config_prefix_scope_t;
 
 typedef struct server_config {
@@ -91,6 +92,7 @@ typedef struct server_config {
      * sharing. */
     bool prefix_cache;
     config_prefix_scope_t prefix_scope;
+    bool prefix_scope_given; /* set by flag or environment; else tenant with a tenants file */
     /* A connection before it is served (handshake.c). */
     uint32_t auth_timeout; /* seconds from accept to auth (and PROXY header); 0 = forever */
     size_t nproxy_from;    /* peers that must send a PROXY header: none by default */

@@ -389,6 +389,7 @@ static int read_open(conn_t *c, req_t *r, slotd_error_t *err)
         return rc == ROOM_DEFERRED ? SLOTD_OK : rc;
     r->model = m;
     r->owner_key = c->serial;
+    r->scope_key = tenancy__prefix_scope(c, s->cfg->prefix_scope);
     if (sess != NULL) {
         /* The id's start has not succeeded yet: this one is decided after
          * it, duplicate_id if it succeeds, run if it fails. */

@@ -511,11 +511,8 @@ static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
             r->toks.v[i] = (uint32_t)r->rq.tokens[i]; /* validated on the loop: in [0, V) */
         r->toks.len = (uint32_t)r->rq.ntokens;
     }
-    /* Scope 0 is every connection's; a connection's own is its key + 1. */
-    rc = cache_session_start_shared(
-        s->pool, r->model, &owner,
-        s->cfg->prefix_scope == CONFIG_SCOPE_CONNECTION ? r->owner_key + 1 : 0, r->rq.tokens,
-        r->rq.ntokens, worker_scratch(w), &r->cs, &cached, err);
+    rc = cache_session_start_shared(s->pool, r->model, &owner, r->scope_key, r->rq.tokens,
+                                    r->rq.ntokens, worker_scratch(w), &r->cs, &cached, err);
     if (rc == SLOTD_OK) {
         rc = proto_reply_start(&r->reply, r->rq.tag, r->rq.id, model_name(r->model), r->cs.entries,
                                cached);

@@ -123,6 +123,7 @@ struct req {
     proto_request_t rq;   /* owns tag and tokens */
     const model_t *model; /* start, logits, generate */
     uint64_t owner_key;   /* the connection's serial number */
+    uint64_t scope_key;   /* a start: its prefix-cache scope (tenancy__prefix_scope()) */
     req_t *chain_next;    /* a step: the next step of its session run in the same job (launch.c) */
     /* A fork: the session forked, its slot and its recorded tokens as they
      * stood when the fork was applied (dispatch.c: fork_apply()).  The

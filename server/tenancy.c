@@ -236,3 +236,16 @@ uint64_t tenancy_scope_key(const conn_t *c)
 {
     return c->tenant != NULL ? c->tenant->key : c->serial;
 }
+
+uint64_t tenancy__prefix_scope(const conn_t *c, config_prefix_scope_t sc)
+{
+    switch (sc) {
+    case CONFIG_SCOPE_GLOBAL:
+        return 0;
+    case CONFIG_SCOPE_CONNECTION:
+        return c->serial + 1;
+    case CONFIG_SCOPE_TENANT:
+        return tenancy_scope_key(c) + 1;
+    }
+    return 0;
+}

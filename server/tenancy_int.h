@@ -86,6 +86,11 @@ void tenancy__conn_freed(conn_t *c);
  * meet.  Loop thread. */
 uint64_t tenancy_scope_key(const conn_t *c);
 
+/** The prefix cache's scope for `c`'s requests under --prefix-scope `sc`
+ * (cache/prefix.c): 0 for global, else a key + 1 that no other connection
+ * or tenant has. */
+uint64_t tenancy__prefix_scope(const conn_t *c, config_prefix_scope_t sc);
+
 /** The flow `c`'s jobs join: its tenant's, or its own without one. */
 static inline worker_flow_t *tenancy__flow(conn_t *c)
 {

@@ -417,8 +417,7 @@ static const struct {
     const char *says;
 } bad[] = {
     {{"--prefix-cache", "yes"}, "not on or off"},
-    {{"--prefix-scope", "tenant"}, "needs tenants"},
-    {{"--prefix-scope", "user"}, "not global or connection"},
+    {{"--prefix-scope", "user"}, "not global, connection or tenant"},
     {{"--port", "65536"}, "--port"},
     {{"--port", "-1"}, "--port"},
     {{"--port", ""}, "--port"},

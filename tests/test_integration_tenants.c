@@ -645,6 +645,54 @@ START_TEST(test_tenant_fairness_equal)
 }
 END_TEST
 
+/* A start of `small` with a 300-token prompt on `c`; its `cached`. */
+static int64_t start_cached(itest_conn_t *c, const char *id)
+{
+    char prompt[2048];
+    size_t n = (size_t)snprintf(prompt, sizeof(prompt), "[3");
+    for (int i = 1; i < 300; i++)
+        n += (size_t)snprintf(prompt + n, sizeof(prompt) - n, ",%d", (i * 7) % 500);
+    snprintf(prompt + n, sizeof(prompt) - n, "]");
+    cJSON *r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"%s\",\"model\":\"small\",\"prompt\":%s}",
+                         id, prompt);
+    itest_expect_ok(r);
+    int64_t cached = itest_int(r, "cached");
+    cJSON_Delete(r);
+    return cached;
+}
+
+/* With a tenants file the prefix cache's scope is the tenant by default:
+ * alice's second connection reuses what her first computed, bob never
+ * does, in either order; --prefix-scope global shares between them. */
+START_TEST(test_tenant_prefix_scope)
+{
+    for (int order = 0; order < 3; order++) {
+        itest_daemon_t *d = itest_daemon_start(
+            "--tenants-file", tenants_file("alice " TOK_A "\nbob " TOK_B "\n"),
+            "--prefix-scope", order == 2 ? "global" : "tenant", NULL);
+        itest_conn_t *a1 = connect_as(d, TOK_A, "alice"), *a2 = connect_as(d, TOK_A, "alice");
+        itest_conn_t *b1 = connect_as(d, TOK_B, "bob");
+        if (order == 0) {
+            ck_assert_int_eq(start_cached(a1, "x"), 0);
+            ck_assert_int_gt(start_cached(a2, "x"), 0);
+            ck_assert_int_eq(start_cached(b1, "x"), 0);
+        } else if (order == 1) {
+            ck_assert_int_eq(start_cached(b1, "x"), 0);
+            ck_assert_int_eq(start_cached(a1, "x"), 0);
+            ck_assert_int_gt(start_cached(a2, "x"), 0);
+        } else {
+            ck_assert_int_eq(start_cached(a1, "x"), 0);
+            ck_assert_int_gt(start_cached(b1, "x"), 0);
+        }
+        itest_close(a1);
+        itest_close(a2);
+        itest_close(b1);
+        ck_assert_int_eq(itest_daemon_stop(d), 0);
+        tenants_unlink();
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("integration_tenants");
@@ -654,6 +702,7 @@ int main(void)
     ITEST_ADD(s, test_tenant_sessions);
     ITEST_ADD(s, test_tenant_share);
     ITEST_ADD(s, test_tenant_reload);
+    ITEST_ADD(s, test_tenant_prefix_scope);
     ITEST_ADD_TIMEOUT(s, test_tenant_fairness_equal, 300);
     return itest_main(s);
 }
