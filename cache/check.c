@@ -1,5 +1,5 @@
 /*
- * check.c: what the cache tests see of the pool's insides (pool_impl.h):
+ * check.c: what the cache tests see of the pool's insides (pool_check_int.h):
  * its pages, the page an object lives on, a second free on demand, and the
  * checker that walks every table and list and counts broken invariants
  * (shared blocks' holder counts and the prefix cache's included; the

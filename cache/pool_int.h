@@ -3,7 +3,7 @@
  *
  * The pool is six files; calls go down this list, never up:
  *
- *   check.c   the checker the tests use (pool_impl.h)  -> prefix.c, tcache.c, slab.c
+ *   check.c   the checker the tests use (pool_check_int.h)  -> prefix.c, tcache.c, slab.c
  *   create.c  making and unmaking a pool               -> prefix.c, tcache.c, slab.c
  *   pool.c    slots, ownership, prefetch, the API      -> prefix.c, tcache.c, slab.c
  *   prefix.c  the prefix cache's nodes and LRU list    -> tcache.c, slab.c
@@ -31,7 +31,7 @@
 #include <sys/queue.h>
 
 #include "cache/pool.h"
-#include "cache/pool_impl.h"
+#include "cache/pool_check_int.h"
 #include "core/util.h"
 
 #ifdef NDEBUG
@@ -389,7 +389,7 @@ static inline cache__page_t *cache__page_at(const cache_pool_t *p, const void *o
 
 /* ---- slab.c ---- */
 
-/* The calloc() of the pool's tables (pool_impl.h, cache__pool_set_calloc()). */
+/* The calloc() of the pool's tables (pool_check_int.h, cache__pool_set_calloc()). */
 extern void *(*cache__calloc)(size_t nmemb, size_t size);
 
 #if CACHE__DEBUG

@@ -17,7 +17,7 @@
  * Design: docs/design.md, "The attn family's layout", "Blocks of growing
  * capacity" and "Batches".
  */
-#include "model_impl.h"
+#include "model_int.h"
 #include "kern.h"
 #include "sample.h"
 

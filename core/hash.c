@@ -8,7 +8,7 @@
  * 0 .. len-1, so that a pick is the sum mod V with no call of g, and a run
  * makes exactly one call.
  */
-#include "model_impl.h"
+#include "model_int.h"
 
 static void hash_sizes(model_t *m)
 {

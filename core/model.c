@@ -12,7 +12,7 @@
  * belong to hash.c and attn.c, reached through the table of functions a
  * model points to.
  */
-#include "model_impl.h"
+#include "model_int.h"
 #include "sample.h"
 
 #include <math.h>

@@ -12,7 +12,7 @@
  *
  * Design: docs/design.md, "Parsing a request line" (cJSON's memory).
  */
-#include "proto/parse__internal.h"
+#include "proto/parse_int.h"
 
 #include <assert.h>
 #include <cjson/cJSON.h>

@@ -7,7 +7,7 @@
  * proto_buf_consume() drops a written-out prefix by moving the rest down;
  * the capacity is kept for the next replies.
  */
-#include "proto/proto__internal.h"
+#include "proto/proto_int.h"
 
 #include <assert.h>
 #include <stddef.h>

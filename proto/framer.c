@@ -19,7 +19,7 @@
  * After a line too long, the carry is freed and every feed is refused with
  * SLOTD_ELINE_TOO_LONG.
  */
-#include "proto/proto__internal.h"
+#include "proto/proto_int.h"
 
 #include <assert.h>
 #include <stdlib.h>

@@ -14,7 +14,7 @@
  *
  * Design: docs/design.md, "Parsing a request line".
  */
-#include "proto/parse__internal.h"
+#include "proto/parse_int.h"
 
 #include <assert.h>
 #include <stddef.h>

@@ -22,7 +22,7 @@
  *
  * No state outside the struct; the caller's thread only.
  */
-#include "proto/proto__internal.h"
+#include "proto/proto_int.h"
 
 #include <arpa/inet.h>
 #include <string.h>

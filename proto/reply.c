@@ -15,7 +15,7 @@
  * writes the digits; it falls back to snprintf() beyond that.  "%.6f" of an
  * infinity or a NaN is not JSON, so such a value is written as null.
  */
-#include "proto/proto__internal.h"
+#include "proto/proto_int.h"
 
 #include <assert.h>
 #include <math.h>

@@ -8,7 +8,7 @@
  *
  * Design: docs/design.md, "Parsing a request line" (where cJSON is lenient).
  */
-#include "proto/parse__internal.h"
+#include "proto/parse_int.h"
 
 static int scan_container(proto__scan_t *j, int depth);
 

@@ -5,7 +5,7 @@
  *
  * Design: docs/design.md, "Parsing a request line".
  */
-#include "proto/proto__internal.h"
+#include "proto/proto_int.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -24,4 +24,5 @@ add_test(NAME layout_selftest COMMAND sh ${PROJECT_SOURCE_DIR}/tests/layout/self
 add_test(NAME layout_names COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/names.sh ${PROJECT_SOURCE_DIR})
 # Every document and section a comment names exists.
 add_test(NAME doc_refs COMMAND python3 ${PROJECT_SOURCE_DIR}/scripts/check_doc_refs.py ${PROJECT_SOURCE_DIR})
-set_tests_properties(layout_writers layout_selftest layout_names doc_refs PROPERTIES TIMEOUT 60 LABELS layout)
+add_test(NAME layout_headers COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/headers.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(layout_writers layout_selftest layout_names layout_headers doc_refs PROPERTIES TIMEOUT 60 LABELS layout)

@@ -715,7 +715,7 @@ START_TEST(test_http_empty_and_partial)
 }
 END_TEST
 
-/* proto/'s allocator hook (proto/proto__internal.h): every proto_buf_t
+/* proto/'s allocator hook (proto/proto_int.h): every proto_buf_t
  * grows through it, so it reaches every allocation admin_http makes after
  * admin_http_new(). */
 extern void *(*proto__realloc)(void *ptr, size_t size);

@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "cache/pool.h"
-#include "cache/pool_impl.h"
+#include "cache/pool_check_int.h"
 #include "cache/session.h"
 #include "core/model.h"
 
@@ -226,7 +226,7 @@ static uint64_t slot_bytes(const model_t *m, uint32_t nblocks)
     return bytes;
 }
 
-/* The page size the pool picks for `models` (pool_impl.h): the smallest
+/* The page size the pool picks for `models` (pool_check_int.h): the smallest
  * multiple of the largest page unit (for each capacity c of a chain,
  * ceil(largest / c) blocks of c positions at their strides) or state that
  * reaches CACHE__PAGE_MIN. */

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "core/model.h"
-#include "core/model_impl.h"
+#include "core/model_int.h"
 #include "test_model_util.h"
 
 /* ---- Golden values ---- */

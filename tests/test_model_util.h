@@ -2,7 +2,7 @@
  * test_model_util.h: the helpers the suites of core/ (test_core.c,
  * test_batch.c) share: a seeded generator, model creation that fails the
  * test on error, and the family's work counter.  Include after <check.h>
- * and core/model_impl.h; each suite has its own generator state.
+ * and core/model_int.h; each suite has its own generator state.
  */
 #ifndef SLOTD_TESTS_TEST_MODEL_UTIL_H
 #define SLOTD_TESTS_TEST_MODEL_UTIL_H
@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "core/model.h"
-#include "core/model_impl.h"
+#include "core/model_int.h"
 
 /* A small deterministic generator for the random cases; a suite seeds it
  * by assigning rng_state. */

@@ -28,7 +28,7 @@
 #include <time.h>
 
 #include "cache/pool.h"
-#include "cache/pool_impl.h"
+#include "cache/pool_check_int.h"
 #include "core/model.h"
 
 enum { THREADS = 4, SLOTS = 4, ITERS = 50000, MAX_SLOTS = 12 };

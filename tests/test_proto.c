@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "proto/proto.h"
-#include "proto/proto__internal.h"
+#include "proto/proto_int.h"
 
 /* Under valgrind the formatter check runs a tenth of its values. */
 #if defined(__has_include)

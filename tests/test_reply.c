@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "proto/proto.h"
-#include "proto/proto__internal.h"
+#include "proto/proto_int.h"
 #include "test_util.h"
 
 /* A small deterministic generator for the random cases. */

@@ -29,7 +29,7 @@
 #include <string.h>
 
 #include "proto/proto.h"
-#include "proto/proto__internal.h"
+#include "proto/proto_int.h"
 #include "tests/fuzz/fuzz.h"
 
 /* Checks the reply at b->data + from and returns the parsed object. */

@@ -1,9 +1,9 @@
 /*
- * proto__internal.h: names shared between the files of proto/ (and its
+ * proto_int.h: names shared between the files of proto/ (and its
  * tests) that are not part of the module's interface.
  */
-#ifndef SLOTD_PROTO_PROTO__INTERNAL_H
-#define SLOTD_PROTO_PROTO__INTERNAL_H
+#ifndef SLOTD_PROTO_PROTO_INT_H
+#define SLOTD_PROTO_PROTO_INT_H
 
 #include <stddef.h>
 

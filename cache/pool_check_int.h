@@ -1,13 +1,13 @@
 /*
- * pool_impl.h: what the pool's files share with the cache tests and nobody else.
+ * pool_check_int.h: what the pool's files share with the cache tests and nobody else.
  *
  * The pool's layout constants, the debug poison, an allocator hook for
  * testing allocation failure, and read-only views of the page bookkeeping
  * so that a test can see which page an object lives on and check every
  * internal invariant.  Nothing here is part of the pool's contract.
  */
-#ifndef SLOTD_CACHE_POOL_IMPL_H
-#define SLOTD_CACHE_POOL_IMPL_H
+#ifndef SLOTD_CACHE_POOL_CHECK_INT_H
+#define SLOTD_CACHE_POOL_CHECK_INT_H
 
 #include <stddef.h>
 #include <stdint.h>

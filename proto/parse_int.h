@@ -1,5 +1,5 @@
 /*
- * parse__internal.h: what the files of the request parser share, and
+ * parse_int.h: what the files of the request parser share, and
  * nothing else includes.  Who calls whom (never back):
  *
  *   request.c  -> flat.c, rules.c, scan.c, arena.c, utf8.c
@@ -12,15 +12,15 @@
  *
  * Design: docs/design.md, "Parsing a request line".
  */
-#ifndef SLOTD_PROTO_PARSE__INTERNAL_H
-#define SLOTD_PROTO_PARSE__INTERNAL_H
+#ifndef SLOTD_PROTO_PARSE_INT_H
+#define SLOTD_PROTO_PARSE_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "proto/proto__internal.h"
+#include "proto/proto_int.h"
 
 #define PROTO__JSON_MAX_DEPTH 128
 #define PROTO__INT_LIMIT 9007199254740992.0 /* 2^53 */

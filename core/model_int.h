@@ -1,11 +1,11 @@
 /*
- * model_impl.h: what the files of core/ share about a model and nothing
+ * model_int.h: what the files of core/ share about a model and nothing
  * else may use: the struct behind model_t, the per-family table of
  * functions, and the helpers every family needs (the mixer, the walk along
  * a chain).  Names here carry the `model__` prefix.
  */
-#ifndef SLOTD_CORE_MODEL_IMPL_H
-#define SLOTD_CORE_MODEL_IMPL_H
+#ifndef SLOTD_CORE_MODEL_INT_H
+#define SLOTD_CORE_MODEL_INT_H
 
 #include <assert.h>
 #include <math.h>
