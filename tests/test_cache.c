@@ -2153,8 +2153,10 @@ START_TEST(test_prefix_reuse_exact)
 #if SLOTD_FAULT_INJECTION
     cache__prefix_force_collisions(_i == 1);
 #else
-    if (_i == 1)
+    if (_i == 1) { /* no hook to force collisions in this build */
+        free(scratch);
         return;
+    }
 #endif
     ck_assert_ptr_nonnull(scratch);
     for (int mi = 0; mi < 2; mi++) {
@@ -2216,8 +2218,10 @@ START_TEST(test_prefix_model_scope_apart)
 #if SLOTD_FAULT_INJECTION
     cache__prefix_force_collisions(_i >= 2);
 #else
-    if (_i >= 2)
+    if (_i >= 2) { /* no hook to force collisions in this build */
+        free(scratch);
         return;
+    }
 #endif
     ck_assert_ptr_nonnull(scratch);
     /* Tokens every model takes (tiny's V is 6), and room for two steps in
