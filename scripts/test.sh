@@ -86,7 +86,9 @@ run_valgrind() {
   local dir=build-test-plain
   scripts/build.sh "$dir" none -DCMAKE_BUILD_TYPE=Debug "${plain_cmake_args[@]}" >/dev/null || return 1
   local rc=0
-  CK_FORK=no ctest --test-dir "$dir" --output-on-failure -j"$jobs" -L unit \
+  # CK_EXCLUDE_TAGS: the Check cases too slow under memcheck (the
+  # prefix cache's long references in test_cache), run by ASan and TSan.
+  CK_FORK=no CK_EXCLUDE_TAGS=memcheck_slow ctest --test-dir "$dir" --output-on-failure -j"$jobs" -L unit \
     -T memcheck --overwrite MemoryCheckCommandOptions="--error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect --track-origins=no" || rc=1
 
   # The integration tests labelled valgrind (tests/hostile.cmake names

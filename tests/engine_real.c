@@ -94,6 +94,7 @@ static int real_open(const char *preset, const stage_limits_t *lim, void **self)
     const model_t *models[1];
     int rc;
 
+    memset(&cfg, 0, sizeof(cfg)); /* every member set below; the prefix cache off */
     if (e == NULL) {
         return SLOTD_ENOMEM;
     }

@@ -2401,6 +2401,10 @@ static Suite *cache_suite(bool forking)
     suite_add_tcase(s, tc);
     {
         TCase *pc = tcase_create("share");
+        /* Its references are long `small` computations: hours under
+         * memcheck, so the valgrind stage leaves it out (CK_EXCLUDE_TAGS in
+         * scripts/test.sh); ASan and TSan run it. */
+        tcase_set_tags(pc, "memcheck_slow");
 
         tcase_add_checked_fixture(pc, NULL, fx_teardown);
         tcase_set_timeout(pc, 300); /* sanitizer builds: the references are long */

@@ -293,6 +293,7 @@ START_TEST(test_pool_threads)
     pthread_t reader;
     cache_pool_stats_t st;
 
+    memset(&cfg, 0, sizeof(cfg)); /* every member set below; the prefix cache off */
     ck_assert_ptr_nonnull(workers);
     ck_assert_int_eq(model_create("hash", &models[0]), SLOTD_OK);
     ck_assert_int_eq(model_create("tiny", &models[1]), SLOTD_OK);

@@ -802,6 +802,7 @@ static void session_open(int i, size_t capacity, uint32_t slots)
     cache_pool_config_t cfg;
     int rc;
 
+    memset(&cfg, 0, sizeof(cfg)); /* every member set below; the prefix cache off */
     preset = stage_models[i];
     rc = model_create(preset, &ref_model);
     ck_assert_msg(rc == SLOTD_OK, "setup: model_create(%s)", preset);
