@@ -644,6 +644,9 @@ START_TEST(test_http_split_bytes)
                       "HEAD /metrics HTTP/1.1\r\n\r\n"
                       "GET /health HTTP/1.1\r\nConnection: close\r\n\r\n";
     hx_t whole, split;
+    /* HEAD /metrics still sends Content-Length, and the process figures
+     * (RSS, CPU seconds) change its digits between two renders. */
+    metrics_process_figures(false);
     hx_init(&whole);
     hx_init(&split);
     ck_assert_int_eq(hx_feed(&whole, req), ADMIN_HTTP_CLOSE);
@@ -657,6 +660,7 @@ START_TEST(test_http_split_bytes)
     ck_assert_uint_eq(admin_http_responses(whole.h), 5);
     hx_free(&whole);
     hx_free(&split);
+    metrics_process_figures(true);
 }
 END_TEST
 
