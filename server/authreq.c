@@ -129,4 +129,3 @@ bool authreq__revoke(conn_t *c)
     conn__end_input(c);
     return true;
 }
-

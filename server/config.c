@@ -559,7 +559,7 @@ typedef struct words {
 
 #define WORDS(name, expected, ...)                                                                 \
     static const word_t name##_list[] = {__VA_ARGS__};                                             \
-    static const words_t name = {name##_list, sizeof(name##_list) / sizeof(name##_list[0]),       \
+    static const words_t name = {name##_list, sizeof(name##_list) / sizeof(name##_list[0]),        \
                                  expected}
 
 WORDS(yesno_words, "yes or no", {"yes", true}, {"no", false});

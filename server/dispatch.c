@@ -7,10 +7,11 @@
  * (launch.c), or answered at once; a stats waits for the head of the
  * FIFO, with the lines after it held behind it (the barrier), and a
  * request for a model not built yet waits for its build likewise
- * (REQ_BUILD; models.c builds it, dispatch__model_built() resumes it).  It keeps the pipelining rule (below: "Pipelined order
- * under pressure", REQ_DEFER), takes back jobs from the workers
- * (dispatch__job_done()), moves ready replies to the connection's output
- * in read order (conn_advance()), and answers a drain shutting_down.
+ * (REQ_BUILD; models.c builds it, dispatch__model_built() resumes it).
+ * It keeps the pipelining rule (below: "Pipelined order under pressure",
+ * REQ_DEFER), takes back jobs from the workers (dispatch__job_done()),
+ * moves ready replies to the connection's output in read order
+ * (conn_advance()), and answers a drain shutting_down.
  *
  * DESIGN.  Loop thread only; no lock.  A record whose job is out
  * (REQ_RUNNING) belongs to the workers until dispatch__job_done(); conn.c
