@@ -377,26 +377,18 @@ static int do_block_copy(cache_pool_t *p, const cache__model_t *md, cache__slot_
     return SLOTD_OK;
 }
 
-/* ---- The public calls ---- */
-
-int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
-                       cache_handle_t *h)
+/* Takes a free slot for model `mi` with its state, if the model has one:
+ * SLOTD_ECACHE_FULL when no slot is free or the state finds no room, even
+ * after the thread caches are drained and cached prefixes evicted.  The
+ * slot's tenancy has not begun (do_tenancy_begin). */
+static int do_slot_take(cache_pool_t *p, uint32_t mi, uint32_t *si_out)
 {
-    const cache__model_t *md;
+    const cache__model_t *md = &p->models[mi];
     cache__slot_t *s;
     uint32_t si;
-    int mi;
-    int rc = SLOTD_OK;
 
-    if (p == NULL || owner == NULL || h == NULL || (mi = cache__model_index(p, m)) < 0)
-        return SLOTD_EINVAL;
-    md = &p->models[mi];
-
-    pthread_mutex_lock(&p->lock);
-    if (p->free_slot == CACHE__NONE) {
-        rc = SLOTD_ECACHE_FULL;
-        goto out;
-    }
+    if (p->free_slot == CACHE__NONE)
+        return SLOTD_ECACHE_FULL;
     if (md->state_bytes > 0 && (p->bytes_taken + md->state_bytes > p->capacity ||
                                 !cache__do_class_can(p, md->state_cls, 1))) {
         /* Not refused while a thread cache parks what would do. */
@@ -406,10 +398,8 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
                cache__do_prefix_evict(p))
             ;
         if (p->bytes_taken + md->state_bytes > p->capacity ||
-            !cache__do_class_can(p, md->state_cls, 1)) {
-            rc = SLOTD_ECACHE_FULL;
-            goto out;
-        }
+            !cache__do_class_can(p, md->state_cls, 1))
+            return SLOTD_ECACHE_FULL;
     }
     si = p->free_slot;
     s = &p->slots[si];
@@ -417,19 +407,46 @@ int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *o
     s->next_free = CACHE__NONE;
     assert((atomic_load_explicit(&s->gen, memory_order_relaxed) & 1) == 0 && s->head == NULL &&
            s->state == NULL && s->entries == 0);
-    s->model = (uint32_t)mi;
-    /* A state is never parked: the acquire holds the lock anyway. */
+    s->model = mi;
+    /* A state is never parked: the take holds the lock anyway. */
     if (md->state_bytes > 0) {
         s->state = cache__do_obj_alloc(p, md->state_cls);
         p->bytes_taken += md->state_bytes;
     }
+    *si_out = si;
+    return SLOTD_OK;
+}
+
+/* Slot `si`'s tenancy begins for `owner`: everything written to the slot
+ * before is published with its new generation, which `h` carries. */
+static void do_tenancy_begin(cache_pool_t *p, uint32_t si, const cache_owner_t *owner,
+                             cache_handle_t *h)
+{
+    cache__slot_t *s = &p->slots[si];
+
     do_owner_set(s, owner);
-    /* The tenancy begins: everything above is published with it. */
     h->gen = atomic_load_explicit(&s->gen, memory_order_relaxed) + 1;
     atomic_store_explicit(&s->gen, h->gen, memory_order_release);
     p->live_slots++;
     h->slot = si;
-out:
+}
+
+/* ---- The public calls ---- */
+
+int cache_pool_acquire(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
+                       cache_handle_t *h)
+{
+    uint32_t si;
+    int mi;
+    int rc;
+
+    if (p == NULL || owner == NULL || h == NULL || (mi = cache__model_index(p, m)) < 0)
+        return SLOTD_EINVAL;
+
+    pthread_mutex_lock(&p->lock);
+    rc = do_slot_take(p, (uint32_t)mi, &si);
+    if (rc == SLOTD_OK)
+        do_tenancy_begin(p, si, owner, h);
     cache__unlock(p);
     return rc;
 }
@@ -462,35 +479,12 @@ int cache_pool_fork(cache_pool_t *p, cache_handle_t from, const cache_owner_t *f
     if (src->tail != NULL)
         nshare = cache__block_index(st, src->nblocks, src->tail->first) +
                  (src->entries > src->tail->first);
-    if (p->free_slot == CACHE__NONE) {
-        rc = SLOTD_ECACHE_FULL;
+    rc = do_slot_take(p, src->model, &si);
+    if (rc != SLOTD_OK)
         goto out;
-    }
-    if (md->state_bytes > 0 && (p->bytes_taken + md->state_bytes > p->capacity ||
-                                !cache__do_class_can(p, md->state_cls, 1))) {
-        cache__do_steal_all(p);
-        while ((p->bytes_taken + md->state_bytes > p->capacity ||
-                !cache__do_class_can(p, md->state_cls, 1)) &&
-               cache__do_prefix_evict(p))
-            ;
-        if (p->bytes_taken + md->state_bytes > p->capacity ||
-            !cache__do_class_can(p, md->state_cls, 1)) {
-            rc = SLOTD_ECACHE_FULL;
-            goto out;
-        }
-    }
-    si = p->free_slot;
     s = &p->slots[si];
-    p->free_slot = s->next_free;
-    s->next_free = CACHE__NONE;
-    assert((atomic_load_explicit(&s->gen, memory_order_relaxed) & 1) == 0 && s->head == NULL &&
-           s->state == NULL && s->entries == 0);
-    s->model = src->model;
-    if (md->state_bytes > 0) {
-        s->state = cache__do_obj_alloc(p, md->state_cls);
-        p->bytes_taken += md->state_bytes;
+    if (md->state_bytes > 0)
         src_state = src->state;
-    }
     dt = cache__table(p, si);
     for (uint32_t i = 0; i < nshare; i++) {
         model_block_t *b = st[i];
@@ -510,11 +504,7 @@ int cache_pool_fork(cache_pool_t *p, cache_handle_t from, const cache_owner_t *f
     s->entries = src->entries;
     atomic_fetch_add_explicit(&p->entries, s->entries, memory_order_relaxed);
     p->shared_forks++;
-    do_owner_set(s, owner);
-    h->gen = atomic_load_explicit(&s->gen, memory_order_relaxed) + 1;
-    atomic_store_explicit(&s->gen, h->gen, memory_order_release);
-    p->live_slots++;
-    h->slot = si;
+    do_tenancy_begin(p, si, owner, h);
     if (shared != NULL)
         *shared = nshare;
     /* The state is the new slot's, not yet handed to anyone, and `from`

@@ -25,6 +25,7 @@
 
 #include "core/model.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -543,37 +544,58 @@ static config_result_t set_nets(server_config_t *cfg, const char *src, const cha
     return CONFIG_OK;
 }
 
-/* The error of an --on-full (SLOTD_ON_FULL) that is none of the three. */
-static config_result_t set_on_full_error(char *err, size_t errlen, const char *src,
-                                         const char *value)
+/* A setting that takes one of a few words: each word's value, and how the
+ * error names them all. */
+typedef struct word {
+    const char *word;
+    int value;
+} word_t;
+
+typedef struct words {
+    const word_t *words;
+    size_t n;
+    const char *expected; /* "'%s' is not <expected>" */
+} words_t;
+
+#define WORDS(name, expected, ...)                                                                 \
+    static const word_t name##_list[] = {__VA_ARGS__};                                             \
+    static const words_t name = {name##_list, sizeof(name##_list) / sizeof(name##_list[0]),        \
+                                 expected}
+
+WORDS(yesno_words, "yes or no", {"yes", true}, {"no", false});
+WORDS(onoff_words, "on or off", {"on", true}, {"off", false});
+WORDS(onfull_words, "one of refuse, wait, evict", {"refuse", CONFIG_ON_FULL_REFUSE},
+      {"wait", CONFIG_ON_FULL_WAIT}, {"evict", CONFIG_ON_FULL_EVICT});
+WORDS(scope_words, "global, connection or tenant", {"global", CONFIG_SCOPE_GLOBAL},
+      {"connection", CONFIG_SCOPE_CONNECTION}, {"tenant", CONFIG_SCOPE_TENANT});
+_Static_assert(sizeof(config_on_full_t) == sizeof(int) &&
+                   sizeof(config_prefix_scope_t) == sizeof(int),
+               "set_word() stores an enum as an int");
+
+/* Sets option `o`'s field, a bool or an enum, to the value of the word of
+ * `t` that `value` is; refuses any other word and leaves the field as it
+ * was. */
+static config_result_t set_word(server_config_t *cfg, const option_t *o, const words_t *t,
+                                const char *src, const char *value, char *err, size_t errlen)
 {
-    snprintf(err, errlen, "%s: '%s' is not one of refuse, wait, evict", src, value);
-    return CONFIG_ERROR;
+    char *field = (char *)cfg + o->offset;
+
+    for (size_t i = 0; i < t->n; i++) {
+        if (strcmp(value, t->words[i].word) != 0)
+            continue;
+        if (o->size == sizeof(bool)) {
+            *(bool *)field = t->words[i].value != 0;
+        } else {
+            assert(o->size == sizeof(int)); /* an enum of config.h (above) */
+            memcpy(field, &t->words[i].value, sizeof(int));
+        }
+        return CONFIG_OK;
+    }
+    return config_fail(err, errlen, "%s: '%s' is not %s", src, value, t->expected);
 }
 
 /* Sets option `o` from `value`; `src` names where it came from ("--port",
  * "SLOTD_PORT") for the error message. */
-/* --prefix-scope: the one place that knows the scopes. */
-static int set_scope(server_config_t *cfg, const char *src, const char *value, char *err,
-                     size_t errlen)
-{
-    cfg->prefix_scope_given = true; /* undone below if the value is refused */
-    if (strcmp(value, "global") == 0) {
-        cfg->prefix_scope = CONFIG_SCOPE_GLOBAL;
-        return CONFIG_OK;
-    }
-    if (strcmp(value, "connection") == 0) {
-        cfg->prefix_scope = CONFIG_SCOPE_CONNECTION;
-        return CONFIG_OK;
-    }
-    if (strcmp(value, "tenant") == 0) {
-        cfg->prefix_scope = CONFIG_SCOPE_TENANT;
-        return CONFIG_OK;
-    }
-    cfg->prefix_scope_given = false;
-    return config_fail(err, errlen, "%s: '%s' is not global, connection or tenant", src, value);
-}
-
 static config_result_t set_option(server_config_t *cfg, const option_t *o, const char *src,
                                   const char *value, char *err, size_t errlen)
 {
@@ -626,29 +648,18 @@ static config_result_t set_option(server_config_t *cfg, const option_t *o, const
         strcpy((char *)cfg + o->offset, value);
         return CONFIG_OK;
     case OPT_YESNO:
-        if (strcmp(value, "yes") != 0 && strcmp(value, "no") != 0)
-            return config_fail(err, errlen, "%s: '%s' is not yes or no", src, value);
-        *(bool *)((char *)cfg + o->offset) = strcmp(value, "yes") == 0;
-        return CONFIG_OK;
+        return set_word(cfg, o, &yesno_words, src, value, err, errlen);
     case OPT_NETS:
         return set_nets(cfg, src, value, err, errlen);
     case OPT_ONFULL:
-        if (strcmp(value, "refuse") == 0)
-            cfg->on_full = CONFIG_ON_FULL_REFUSE;
-        else if (strcmp(value, "wait") == 0)
-            cfg->on_full = CONFIG_ON_FULL_WAIT;
-        else if (strcmp(value, "evict") == 0)
-            cfg->on_full = CONFIG_ON_FULL_EVICT;
-        else
-            return set_on_full_error(err, errlen, src, value);
-        return CONFIG_OK;
+        return set_word(cfg, o, &onfull_words, src, value, err, errlen);
     case OPT_ONOFF:
-        if (strcmp(value, "on") != 0 && strcmp(value, "off") != 0)
-            return config_fail(err, errlen, "%s: '%s' is not on or off", src, value);
-        *(bool *)((char *)cfg + o->offset) = strcmp(value, "on") == 0;
-        return CONFIG_OK;
+        return set_word(cfg, o, &onoff_words, src, value, err, errlen);
     case OPT_SCOPE:
-        return set_scope(cfg, src, value, err, errlen);
+        if (set_word(cfg, o, &scope_words, src, value, err, errlen) != CONFIG_OK)
+            return CONFIG_ERROR;
+        cfg->prefix_scope_given = true;
+        return CONFIG_OK;
     case OPT_FLAG:
         break;
     }

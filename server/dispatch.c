@@ -1,16 +1,17 @@
 /*
  * dispatch.c: request dispatch, a line in and a job or an answer out.  It
  * parses each line read into a request record in read order (the order
- * FIFO), checks it (auth, the model, the map, a step's context, the
- * session limit, the connection's share, the pool's room) and applies it: to a session's FIFO
- * (session.c), to the workers (launch.c), or answered at once; a stats
- * waits for the head of the FIFO, with the lines after it held behind it
- * (the barrier), and a request for a model not built yet waits for its
- * build likewise (REQ_BUILD; models.c builds it, dispatch__model_built()
- * resumes it).  It keeps the pipelining rule (below: "Pipelined order
- * under pressure", REQ_DEFER), takes back jobs from the workers
- * (dispatch__job_done()), moves ready replies to the connection's output
- * in read order (conn_advance()), and answers a drain shutting_down.
+ * FIFO), checks it (auth, through authreq.c; the model, the map, a step's
+ * context, the session limit, the connection's share, the pool's room)
+ * and applies it: to a session's FIFO (session.c), to the workers
+ * (launch.c), or answered at once; a stats waits for the head of the
+ * FIFO, with the lines after it held behind it (the barrier), and a
+ * request for a model not built yet waits for its build likewise
+ * (REQ_BUILD; models.c builds it, dispatch__model_built() resumes it).
+ * It keeps the pipelining rule (below: "Pipelined order under pressure",
+ * REQ_DEFER), takes back jobs from the workers (dispatch__job_done()),
+ * moves ready replies to the connection's output in read order
+ * (conn_advance()), and answers a drain shutting_down.
  *
  * DESIGN.  Loop thread only; no lock.  A record whose job is out
  * (REQ_RUNNING) belongs to the workers until dispatch__job_done(); conn.c
@@ -24,7 +25,7 @@
 #include <inttypes.h>
 #include <string.h>
 
-#include "auth.h"
+#include "authreq_int.h"
 #include "conn_int.h"
 #include "evict_int.h"
 #include "handshake_int.h"
@@ -671,107 +672,11 @@ static void release_barrier(conn_t *c, req_t *r)
     }
 }
 
-/* An auth request with a tenants file: a tenant's token makes the
- * connection that tenant's (once: another tenant's token later is
- * bad_request and changes nothing), within the tenant's connections.
- * SLOTD_OK with *t set, or an error in `err`; `close` when the connection
- * closes after the reply. */
-static int auth_tenant(conn_t *c, req_t *r, tenant_t **t, bool *close, slotd_error_t *err)
-{
-    *close = true;
-    if ((*t = tenancy__find(c->server, r->rq.token, r->rq.token_len)) == NULL) {
-        if (c->tenant == NULL)
-            return slotd_error_set(err, SLOTD_EAUTH_FAILED,
-                                   "auth: wrong token; the connection is closed");
-        *close = false;
-        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
-                               "auth: token names no tenant; the connection stays tenant '%s''s",
-                               c->tenant->name);
-    }
-    if (c->tenant != NULL) {
-        *close = false;
-        if (*t == c->tenant)
-            return SLOTD_OK;
-        return slotd_error_set(err, SLOTD_EBAD_REQUEST,
-                               "auth: token is another tenant's; the connection stays tenant "
-                               "'%s''s",
-                               c->tenant->name);
-    }
-    return tenancy__attach(c, *t, err);
-}
-
-/* An auth request: with no token set, or the right one, the connection is
- * open from now on; a wrong one is auth_failed, counted and logged (not
- * the token), and the connection closes after the reply.  False if the
- * connection had to close (no memory). */
-static bool req_auth(conn_t *c, req_t *r)
-{
-    const server_config_t *cfg = c->server->cfg;
-    slotd_error_t err;
-    tenant_t *t = NULL;
-    bool close = true;
-    int rc = SLOTD_OK;
-
-    slotd_error_clear(&err);
-    if (cfg->tenants_file[0] != '\0')
-        rc = auth_tenant(c, r, &t, &close, &err);
-    else if (cfg->auth_token_len != 0 &&
-             !auth_equal(r->rq.token, r->rq.token_len, cfg->auth_token, cfg->auth_token_len))
-        rc = slotd_error_set(&err, SLOTD_EAUTH_FAILED,
-                             "auth: wrong token; the connection is closed");
-    if (rc == SLOTD_OK) {
-        c->authed = true;
-        handshake__authed(c);
-        r->rc = SLOTD_OK;
-        r->reply.len = 0;
-        if (proto_reply_auth_tenant(&r->reply, r->rq.tag, t != NULL ? t->name : NULL) != SLOTD_OK) {
-            conn__close(c);
-            return false;
-        }
-        req__done(r);
-        return true;
-    }
-    if (rc == SLOTD_EAUTH_FAILED) {
-        metrics_count_auth_failure();
-        log_warn("connection %" PRIu64 " from %s: auth with a wrong token; closing it", c->serial,
-                 c->peer);
-    } else {
-        log_warn("connection %" PRIu64 " from %s: auth refused: %s", c->serial, c->peer,
-                 err.message);
-    }
-    if (!req__fail(r, &err))
-        return false;
-    if (close)
-        conn__end_input(c);
-    return true;
-}
-
+/* A reload marked c's tenant gone: its auth_revoked line goes out after
+ * the replies to every line it read (authreq.c). */
 void dispatch__revoke(conn_t *c)
 {
-    slotd_error_t err;
-    req_t *r;
-
-    if (c->closed || c->tenant == NULL || !c->tenant->gone)
-        return;
-    log_info("connection %" PRIu64 " from %s: tenant '%s' revoked by a reload; closing it",
-             c->serial, c->peer, c->tenant->name);
-    /* A line of its own at the end of the order FIFO: every line read
-     * before is answered first, then this one, then the connection closes
-     * (no more input is read). */
-    if ((r = req__get(c->server)) == NULL) {
-        conn__close(c);
-        return;
-    }
-    r->conn = c;
-    r->read_ns = uv_hrtime();
-    req__order_append(c, r);
-    slotd_error_set(&err, SLOTD_EAUTH_REVOKED,
-                    "tenant '%s' was removed or its token changed; the connection is closed",
-                    c->tenant->name);
-    if (!req__fail(r, &err))
-        return;
-    conn__end_input(c);
-    if (c->order_head != NULL && c->order_head->state != REQ_RUNNING)
+    if (authreq__revoke(c) && c->order_head != NULL && c->order_head->state != REQ_RUNNING)
         conn_advance(c);
 }
 
@@ -801,7 +706,7 @@ int dispatch__on_line(void *arg, const char *line, size_t len)
     else
         r->uncounted = true;
     if (r->rq.op == PROTO_OP_AUTH && rc == SLOTD_OK) {
-        if (!req_auth(c, r))
+        if (!authreq__auth(c, r))
             return SLOTD_ENOMEM;
     } else if (r->rq.op != PROTO_OP_AUTH && !c->authed && config_auth_on(c->server->cfg)) {
         slotd_error_set(&err, SLOTD_EAUTH_REQUIRED,

@@ -30,6 +30,7 @@
  * long job last counted positions (worker_progress()).  A long job's
  * worker_yield() takes other flows' cheap jobs under queue_lock and runs
  * each inside it, with swapped-in buffers, on the worker's own thread.
+ * The flows of tenants are capped (tenantcap.c, under queue_lock too).
  *
  * Design: docs/design.md, "The worker queue and its wake-up rule",
  * "Prefetch hints", "Batches", "Scheduler" and "Long jobs".
@@ -45,6 +46,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "tenantcap_int.h"
 #include "workbuf.h"
 
 /* The cache line, as hints count it (worker.h). */
@@ -128,7 +130,7 @@ struct worker_pool {
     unsigned waking;            /* queue_lock: woken, not yet back at the queue */
     unsigned nsleeping;         /* queue_lock: workers on the sleepers stack */
     uint64_t taken;             /* queue_lock: jobs ever taken off the queue */
-    worker_flow_t *busy;        /* queue_lock: capped flows with jobs queued or taken */
+    tenantcap_t caps;           /* queue_lock: the busy capped flows (tenantcap.c) */
     bool stopping;              /* queue_lock */
 
     /* Completed jobs, the latest first (DESIGN), on a line of its own:
@@ -143,8 +145,6 @@ struct worker_pool {
     unsigned nsems;    /* workers whose `wake` is initialised */
     worker_t *workers; /* nworkers of them, owned, cache-line aligned */
 };
-
-static void do_busy_remove(worker_pool_t *wp, worker_flow_t *f);
 
 void worker_flow_init(worker_flow_t *f)
 {
@@ -161,114 +161,6 @@ void worker_flow_set_capped(worker_flow_t *f)
     f->_capped = true;
 }
 
-/* How long a capped flow counts as busy after it last had a job in the
- * pool (do_busy_update()). */
-#define WORKER_CAP_LINGER_NS 2000000u
-
-/* ---- Capped flows (tenants) ----
- *
- * A batch of chains steps each chain once a round (job.c), so a tenant
- * with 32 sessions stepping beside one with 4 gets 8 times the steps
- * whatever the order the queue serves them in.  A capped flow may
- * therefore have taken at most as many jobs, per unit of weight, as the
- * busiest other capped flow (at least one for a flow with jobs queued):
- * (taken + 1) / weight <= max over the others of max(taken, 1) / weight.
- * A flow with none taken may always take one.  Uncapped flows are not
- * counted.  All under queue_lock. */
-
-/* Keeps f's place in wp->busy: listed while it has jobs queued or taken,
- * and for WORKER_CAP_LINGER_NS after (do_held_back() drops it then): a
- * client that pipelines a few requests has none in the daemon for the
- * moment its replies travel and its next requests come back, and it is
- * still as busy as one with many. */
-static void do_busy_update(worker_pool_t *wp, worker_flow_t *f)
-{
-    bool busy = f->_head != NULL || f->_taken > 0;
-
-    if (f->_taken > f->_peak)
-        f->_peak = f->_taken;
-    if (!busy) {
-        f->_idle_at = uv_hrtime();
-        return;
-    }
-    f->_idle_at = 0;
-    if (f->_busy)
-        return;
-    f->_busy = true;
-    f->_bprev = NULL;
-    f->_bnext = wp->busy;
-    if (wp->busy != NULL)
-        wp->busy->_bprev = f;
-    wp->busy = f;
-}
-
-static void do_busy_remove(worker_pool_t *wp, worker_flow_t *f)
-{
-    if (f->_bprev != NULL)
-        f->_bprev->_bnext = f->_bnext;
-    else
-        wp->busy = f->_bnext;
-    if (f->_bnext != NULL)
-        f->_bnext->_bprev = f->_bprev;
-    f->_bnext = f->_bprev = NULL;
-    f->_busy = false;
-    f->_peak = 0;
-}
-
-/* Whether capped flow f may not take one more job now.  Each other busy
- * flow counts the most jobs it had taken at once since it became busy. */
-static bool do_held_back(worker_pool_t *wp, const worker_flow_t *f)
-{
-    uint64_t wf = sched_flow_weight(&f->_sched), best_n = 0, best_w = 1, now = 0;
-
-    if (!f->_capped || f->_taken == 0)
-        return false;
-    for (worker_flow_t *g = wp->busy, *next; g != NULL; g = next) {
-        uint64_t n = g->_peak > 0 ? g->_peak : 1, w = sched_flow_weight(&g->_sched);
-        next = g->_bnext;
-        if (g->_idle_at != 0) {
-            if (now == 0)
-                now = uv_hrtime();
-            if (now - g->_idle_at > WORKER_CAP_LINGER_NS) {
-                do_busy_remove(wp, g);
-                continue;
-            }
-        }
-        /* A tenant with one job at a time gains nothing from holding the
-         * others to one: its job is served first by the queue's order
-         * (and worker_yield()), and a cap of one would break every batch
-         * of the others into single jobs. */
-        if (g->_peak < 2)
-            continue;
-        if (g != f && n * best_w > best_n * w) {
-            best_n = n;
-            best_w = w;
-        }
-    }
-    /* No other capped flow busy: nothing to hold back for. */
-    return best_n > 0 && ((uint64_t)f->_taken + 1) * best_w > best_n * wf;
-}
-
-/* Counts `n` jobs of flow f taken (n may be negative: given back). */
-static void do_taken_add(worker_pool_t *wp, worker_flow_t *f, int n)
-{
-    if (f == NULL || !f->_capped)
-        return;
-    assert(n > 0 || f->_taken >= (uint32_t)-n);
-    f->_taken = (uint32_t)((int64_t)f->_taken + n);
-    do_busy_update(wp, f);
-}
-
-/* Whether any of jobs[0 .. n-1] is of a capped flow (read from the jobs,
- * not their flows: without tenants nothing more is touched). */
-static bool any_capped(worker_job_t *const *jobs, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (jobs[i]->_capped)
-            return true;
-    return false;
-}
-
 static worker_t *do_pick_sleeper(worker_pool_t *wp, size_t unstarted);
 
 /* jobs[0 .. n-1] are back (done, or about to be): their capped flows'
@@ -278,12 +170,12 @@ static void untake(worker_pool_t *wp, worker_job_t *const *jobs, size_t n)
 {
     worker_t *wake;
 
-    if (!any_capped(jobs, n))
+    if (!tenantcap__any(jobs, n))
         return;
     pthread_mutex_lock(&wp->queue_lock);
     for (size_t i = 0; i < n; i++)
         if (jobs[i]->_capped)
-            do_taken_add(wp, jobs[i]->flow, -1);
+            tenantcap__do_taken_add(&wp->caps, jobs[i]->flow, -1);
     wake = wp->queued > 0 ? do_pick_sleeper(wp, wp->queued) : NULL;
     pthread_mutex_unlock(&wp->queue_lock);
     if (wake != NULL)
@@ -307,7 +199,7 @@ void worker_pool_flow_forget(worker_pool_t *wp, worker_flow_t *f)
     pthread_mutex_lock(&wp->queue_lock);
     assert(f->_head == NULL && f->_taken == 0);
     if (f->_busy)
-        do_busy_remove(wp, f);
+        tenantcap__do_busy_remove(&wp->caps, f);
     pthread_mutex_unlock(&wp->queue_lock);
 }
 
@@ -333,7 +225,7 @@ static void do_enqueue(worker_pool_t *wp, worker_job_t *job)
     f->_tail = job;
     wp->queued++;
     if (f->_capped)
-        do_busy_update(wp, f);
+        tenantcap__do_busy_update(&wp->caps, f);
 }
 
 /* Takes the head of the queue of flow `f`, the one the scheduler serves
@@ -348,7 +240,7 @@ static worker_job_t *do_dequeue(worker_pool_t *wp, worker_flow_t *f)
         f->_tail = NULL;
     sched_serve(&wp->sched, worker_job_cost(job), f->_head != NULL);
     wp->queued--;
-    do_taken_add(wp, f, 1);
+    tenantcap__do_taken_add(&wp->caps, f, 1);
     return job;
 }
 
@@ -647,7 +539,7 @@ again:
         unsigned first = w->nlocal;
         if (f == NULL)
             break;
-        if (do_held_back(wp, f)) {
+        if (tenantcap__do_held_back(&wp->caps, f)) {
             if (nskip == WORKER_GATHER_SCAN)
                 break;
             (void)sched_pop(&wp->sched);
@@ -660,13 +552,13 @@ again:
         for (;;) {
             job = f->_head;
             f->_head = job->next;
-            do_taken_add(wp, f, 1);
+            tenantcap__do_taken_add(&wp->caps, f, 1);
             run += cost;
             w->local[w->nlocal] = job;
             w->local_seq[w->nlocal] = ++wp->taken;
             memcpy(w->local_hint[w->nlocal], job->hint, sizeof(job->hint));
             memcpy(w->local_lines[w->nlocal], job->hint_lines, sizeof(job->hint_lines));
-            if (++w->nlocal == n || f->_head == NULL || do_held_back(wp, f))
+            if (++w->nlocal == n || f->_head == NULL || tenantcap__do_held_back(&wp->caps, f))
                 break;
             cost = worker_job_cost(f->_head);
             if (bound > 0 && sum + run + cost > bound)
@@ -677,7 +569,7 @@ again:
         sched_serve(&wp->sched, run, f->_head != NULL);
         wp->queued -= w->nlocal - first;
         if (f->_capped)
-            do_busy_update(wp, f);
+            tenantcap__do_busy_update(&wp->caps, f);
         sum += run;
     }
     while (nskip > 0)
@@ -754,7 +646,7 @@ static size_t gather(worker_t *w, worker_job_t *first, bool locked)
      * set aside, its place kept, and put back after. */
     for (size_t took = 0; took < share && (f = do_next_flow(wp)) != NULL;) {
         worker_job_t *job = f->_head;
-        if (do_held_back(wp, f) || !wp->group(first, job, wp->arg)) {
+        if (tenantcap__do_held_back(&wp->caps, f) || !wp->group(first, job, wp->arg)) {
             if (nskip == WORKER_GATHER_SCAN)
                 break;
             (void)sched_pop(&wp->sched);
@@ -838,7 +730,8 @@ static worker_job_t *do_take_light(worker_t *w, const worker_flow_t *mine, uint6
     size_t nskip = 0;
 
     while ((f = do_next_flow(wp)) != NULL && sched_flow_start(&f->_sched) < vpos) {
-        if (f != mine && worker_job_cost(f->_head) <= light_ns && !do_held_back(wp, f)) {
+        if (f != mine && worker_job_cost(f->_head) <= light_ns &&
+            !tenantcap__do_held_back(&wp->caps, f)) {
             job = do_dequeue(wp, f);
             wp->taken++;
             break;
@@ -969,7 +862,7 @@ static void requeue(worker_t *w, size_t n)
     for (size_t i = 0; i < n; i++) {
         worker_job_t *job = w->batch[i];
         if (job->_capped)
-            do_taken_add(wp, job->flow, -1);
+            tenantcap__do_taken_add(&wp->caps, job->flow, -1);
         if (job->_requeue) {
             job->_requeue = false;
             do_enqueue(wp, job);
@@ -1282,7 +1175,7 @@ void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out)
         assert(wp->outstanding > 0);
         wp->outstanding--;
         if (first->local[first->back]->_capped)
-            do_taken_add(wp, first->local[first->back]->flow, -1);
+            tenantcap__do_taken_add(&wp->caps, first->local[first->back]->flow, -1);
         worker_batch_push(out, first->local[first->back++]);
     }
     /* Then every flow's queue, whole, the flows in the order they would
@@ -1293,7 +1186,7 @@ void worker_pool_take_back(worker_pool_t *wp, worker_batch_t *out)
         tail = &f->_tail->next;
         f->_head = f->_tail = NULL;
         if (f->_capped)
-            do_busy_update(wp, f);
+            tenantcap__do_busy_update(&wp->caps, f);
     }
     wp->queued = 0;
     pthread_mutex_unlock(&wp->queue_lock);

@@ -54,12 +54,30 @@ static itest_daemon_t *start_daemon(const char *on_full, const char *extra, cons
                               extra, value, NULL);
 }
 
+/* A reference session `id` of `small`, on a prompt of PROMPT tokens made
+ * from `seed`, for `steps` steps. */
+static void ref_init_seeded(itest_ref_t *ref, const char *id, uint64_t seed, size_t steps)
+{
+    int64_t p[PROMPT];
+
+    make_prompt(p, PROMPT, seed);
+    itest_ref_init(ref, id, "small", p, PROMPT, steps);
+}
+
+/* Sends the start of `ref` on `c`; *sent_at (if not NULL) is when. */
+static void send_start(itest_conn_t *c, const itest_ref_t *ref, int64_t *sent_at)
+{
+    char *line = itest_ref_start_line(ref);
+    if (sent_at != NULL)
+        *sent_at = itest_now_ms();
+    ck_assert(itest_send_str(c, line));
+    free(line);
+}
+
 /* Sends the start of `ref` on `c` and returns its reply. */
 static cJSON *start_ref(itest_conn_t *c, const itest_ref_t *ref)
 {
-    char *line = itest_ref_start_line(ref);
-    ck_assert(itest_send_str(c, line));
-    free(line);
+    send_start(c, ref, NULL);
     return itest_read_reply(c);
 }
 
@@ -80,10 +98,28 @@ typedef struct fleet {
 static void fleet_init(fleet_t *f, itest_daemon_t *d)
 {
     for (int i = 0; i < NSESS; i++) {
-        int64_t p[PROMPT];
-        make_prompt(p, PROMPT, (uint64_t)i + 1);
         f->c[i] = itest_connect(d);
-        itest_ref_init(&f->ref[i], "s", "small", p, PROMPT, 16);
+        ref_init_seeded(&f->ref[i], "s", (uint64_t)i + 1, 16);
+    }
+}
+
+/* Every session of the fleet started, each a success. */
+static void fleet_start(fleet_t *f)
+{
+    for (int i = 0; i < NSESS; i++)
+        start_ok(f->c[i], &f->ref[i]);
+}
+
+/* `n` sessions PREFIX0 .. on `c`, seeded from `seed`, each started: a
+ * success. */
+static void start_many(itest_conn_t *c, itest_ref_t *refs, int n, const char *prefix, uint64_t seed,
+                       size_t steps)
+{
+    for (int i = 0; i < n; i++) {
+        char id[16];
+        snprintf(id, sizeof(id), "%s%d", prefix, i);
+        ref_init_seeded(&refs[i], id, (uint64_t)i + seed, steps);
+        start_ok(c, &refs[i]);
     }
 }
 
@@ -127,8 +163,7 @@ START_TEST(test_evict_every_step_exact)
     int64_t evicted, live;
 
     fleet_init(&f, d);
-    for (int i = 0; i < NSESS; i++)
-        start_ok(f.c[i], &f.ref[i]);
+    fleet_start(&f);
     evicted = itest_stat(f.c[0], "evicted_sessions");
     live = itest_stat(f.c[0], "live_sessions");
     ck_assert_int_eq(live, NSESS);
@@ -183,8 +218,7 @@ START_TEST(test_evict_append_exact)
     itest_seq_step(a, s, 1);
     /* Others fill the pool: "a", the least recently used, goes first. */
     fleet_init(&f, d);
-    for (int i = 0; i < NSESS; i++)
-        start_ok(f.c[i], &f.ref[i]);
+    fleet_start(&f);
     ck_assert_int_ge(itest_stat(a, "evicted_sessions"), 1);
     itest_seq_append(a, s, 5, 1000);
     itest_seq_step(a, s, 2);
@@ -239,8 +273,7 @@ START_TEST(test_evicted_released_like_others)
     int64_t evicted, until;
 
     fleet_init(&f, d);
-    for (int i = 0; i < NSESS; i++)
-        start_ok(f.c[i], &f.ref[i]);
+    fleet_start(&f);
     evicted = itest_stat(f.c[NSESS - 1], "evicted_sessions");
     ck_assert_int_ge(evicted, 1);
     /* The first sessions started are the ones evicted: close their
@@ -275,23 +308,15 @@ START_TEST(test_evict_fair_between_connections)
     itest_daemon_t *d = start_daemon("evict", NULL, NULL);
     itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
     itest_ref_t rb, ra[6];
-    int64_t p[PROMPT];
     itest_http_t h;
     char want[128];
 
     /* b's one session, the least recently used of all, holds less than an
      * equal part of the pool (2 MiB over 2 connections); a, which holds
      * more, makes its room from its own sessions, never from b's. */
-    make_prompt(p, PROMPT, 99);
-    itest_ref_init(&rb, "b", "small", p, PROMPT, 2);
+    ref_init_seeded(&rb, "b", 99, 2);
     start_ok(b, &rb);
-    for (int i = 0; i < 6; i++) {
-        char id[8];
-        make_prompt(p, PROMPT, (uint64_t)i + 200);
-        snprintf(id, sizeof(id), "a%d", i);
-        itest_ref_init(&ra[i], id, "small", p, PROMPT, 2);
-        start_ok(a, &ra[i]);
-    }
+    start_many(a, ra, 6, "a", 200, 2);
     ck_assert_int_ge(itest_stat(a, "evicted_sessions"), 1);
     itest_http_get(d, "/sessions", &h);
     snprintf(want, sizeof(want),
@@ -313,33 +338,49 @@ END_TEST
 /* Five sessions of PROMPT on `a`: the pool is full. */
 static void fill(itest_conn_t *a)
 {
-    for (int i = 0; i < 5; i++) {
-        int64_t p[PROMPT];
-        itest_ref_t ref;
-        char id[8];
-        make_prompt(p, PROMPT, (uint64_t)i + 100);
-        snprintf(id, sizeof(id), "f%d", i);
-        itest_ref_init(&ref, id, "small", p, PROMPT, 1);
-        start_ok(a, &ref);
-        itest_ref_free(&ref);
-    }
+    itest_ref_t refs[5];
+
+    start_many(a, refs, 5, "f", 100, 1);
+    for (int i = 0; i < 5; i++)
+        itest_ref_free(&refs[i]);
+}
+
+/* The wait tests' scene: under --on-full wait with --full-wait-ms
+ * `wait_ms`, `a` fills the pool and `b` sends the start of `ref`, a
+ * session "b" of `steps` steps, at `sent_at`. */
+typedef struct waiting {
+    itest_daemon_t *d;
+    itest_conn_t *a, *b;
+    itest_ref_t ref;
+    int64_t sent_at;
+} waiting_t;
+
+static void waiting_begin(waiting_t *w, const char *wait_ms, size_t steps)
+{
+    w->d = start_daemon("wait", "--full-wait-ms", wait_ms);
+    w->a = itest_connect(w->d);
+    w->b = itest_connect(w->d);
+    fill(w->a);
+    ref_init_seeded(&w->ref, "b", 7, steps);
+    send_start(w->b, &w->ref, &w->sent_at);
+}
+
+static void waiting_end(waiting_t *w)
+{
+    itest_ref_free(&w->ref);
+    itest_close(w->a);
+    itest_close(w->b);
 }
 
 START_TEST(test_wait_until_room_frees)
 {
-    itest_daemon_t *d = start_daemon("wait", "--full-wait-ms", "20000");
-    itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
-    itest_ref_t ref;
-    int64_t p[PROMPT];
-    char *line, why[256];
+    waiting_t w;
+    char why[256];
     cJSON *r;
 
-    fill(a);
-    make_prompt(p, PROMPT, 7);
-    itest_ref_init(&ref, "b", "small", p, PROMPT, 2);
-    line = itest_ref_start_line(&ref);
-    ck_assert(itest_send_str(b, line));
-    free(line);
+    waiting_begin(&w, "20000", 2);
+    itest_daemon_t *d = w.d;
+    itest_conn_t *a = w.a, *b = w.b;
     /* The line after it, sent at once, is answered after it. */
     ck_assert(itest_send_str(b, "{\"op\":\"stats\"}\n"));
     /* No room: it waits, unanswered. */
@@ -350,38 +391,28 @@ START_TEST(test_wait_until_room_frees)
     itest_expect_ok(r);
     cJSON_Delete(r);
     r = itest_read_reply(b);
-    ck_assert_msg(itest_ref_start_ok(&ref, r, itest_last_line(b), why, sizeof(why)), "%s", why);
+    ck_assert_msg(itest_ref_start_ok(&w.ref, r, itest_last_line(b), why, sizeof(why)), "%s", why);
     cJSON_Delete(r);
     r = itest_read_reply(b);
     ck_assert_int_eq(itest_int(r, "live_sessions"), 5);
     ck_assert_int_eq(itest_int(r, "cache_entries"), 5 * PROMPT);
     cJSON_Delete(r);
-    itest_ref_step(b, &ref, 2);
+    itest_ref_step(b, &w.ref, 2);
     ck_assert_int_eq(itest_stat(b, "evictions_total"), 0);
-    itest_ref_free(&ref);
-    itest_close(a);
-    itest_close(b);
+    waiting_end(&w);
 }
 END_TEST
 
 START_TEST(test_wait_times_out)
 {
-    itest_daemon_t *d = start_daemon("wait", "--full-wait-ms", "600");
-    itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
-    itest_ref_t ref;
-    int64_t p[PROMPT], t0, took;
-    char *line;
+    waiting_t w;
+    int64_t took;
     cJSON *r;
 
-    fill(a);
-    make_prompt(p, PROMPT, 7);
-    itest_ref_init(&ref, "b", "small", p, PROMPT, 1);
-    line = itest_ref_start_line(&ref);
-    t0 = itest_now_ms();
-    ck_assert(itest_send_str(b, line));
-    free(line);
+    waiting_begin(&w, "600", 1);
+    itest_conn_t *b = w.b;
     r = itest_read_reply(b);
-    took = itest_now_ms() - t0;
+    took = itest_now_ms() - w.sent_at;
     itest_expect_error(r, NULL, "cache_full", NULL);
     ck_assert_msg(took >= 600, "refused after %lld ms, before --full-wait-ms 600", (long long)took);
     cJSON_Delete(r);
@@ -389,37 +420,24 @@ START_TEST(test_wait_times_out)
     r = itest_rpc(b, "{\"op\":\"stats\"}");
     ck_assert_int_eq(itest_int(r, "live_sessions"), 5);
     cJSON_Delete(r);
-    ck_assert_int_ge(itest_metric(d, "slotd_room_wait_seconds_count"), 1);
-    itest_ref_free(&ref);
-    itest_close(a);
-    itest_close(b);
+    ck_assert_int_ge(itest_metric(w.d, "slotd_room_wait_seconds_count"), 1);
+    waiting_end(&w);
 }
 END_TEST
 
 START_TEST(test_wait_drain_answers)
 {
-    itest_daemon_t *d = start_daemon("wait", "--full-wait-ms", "60000");
-    itest_conn_t *a = itest_connect(d), *b = itest_connect(d);
-    itest_ref_t ref;
-    int64_t p[PROMPT];
-    char *line;
+    waiting_t w;
     cJSON *r;
 
-    fill(a);
-    make_prompt(p, PROMPT, 7);
-    itest_ref_init(&ref, "b", "small", p, PROMPT, 1);
-    line = itest_ref_start_line(&ref);
-    ck_assert(itest_send_str(b, line));
-    free(line);
-    ck_assert(itest_expect_silence(b, 300));
-    itest_daemon_signal(d, SIGTERM);
-    r = itest_read_reply(b);
+    waiting_begin(&w, "60000", 1);
+    ck_assert(itest_expect_silence(w.b, 300));
+    itest_daemon_signal(w.d, SIGTERM);
+    r = itest_read_reply(w.b);
     itest_expect_error(r, NULL, "shutting_down", NULL);
     cJSON_Delete(r);
-    ck_assert_int_eq(itest_daemon_wait(d, ITEST_STOP_MS), 0);
-    itest_ref_free(&ref);
-    itest_close(a);
-    itest_close(b);
+    ck_assert_int_eq(itest_daemon_wait(w.d, ITEST_STOP_MS), 0);
+    waiting_end(&w);
 }
 END_TEST
 
@@ -490,7 +508,6 @@ START_TEST(test_evict_never_in_flight)
     itest_daemon_t *d = start_daemon("evict", "--fault-wedge-after", "2");
     itest_conn_t *a = itest_connect(d), *b = itest_connect(d), *idle[8];
     itest_ref_t ref, others[6];
-    int64_t p[PROMPT];
     char why[256];
     cJSON *r;
 
@@ -500,20 +517,13 @@ START_TEST(test_evict_never_in_flight)
     for (int i = 0; i < 8; i++)
         idle[i] = itest_connect(d);
 
-    make_prompt(p, PROMPT, 42);
-    itest_ref_init(&ref, "a", "small", p, PROMPT, 2);
+    ref_init_seeded(&ref, "a", 42, 2);
     start_ok(a, &ref);
     ck_assert(itest_send_str(a, "{\"op\":\"step\",\"id\":\"a\"}\n"));
     ck_assert(itest_expect_silence(a, 200));
     /* b needs more room than a leaves: it may evict only its own idle
      * sessions, never a. */
-    for (int i = 0; i < 6; i++) {
-        char id[8];
-        make_prompt(p, PROMPT, (uint64_t)i + 7);
-        snprintf(id, sizeof(id), "b%d", i);
-        itest_ref_init(&others[i], id, "small", p, PROMPT, 1);
-        start_ok(b, &others[i]);
-    }
+    start_many(b, others, 6, "b", 7, 1);
     ck_assert_int_ge(itest_stat(b, "evictions_total"), 1);
     itest_daemon_signal(d, SIGUSR1);
     r = itest_read_reply(a);

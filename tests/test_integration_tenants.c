@@ -22,6 +22,7 @@
  */
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,6 +141,86 @@ static void expect_error_naming(itest_conn_t *c, cJSON *r, const char *code, con
                   itest_last_line(c), what);
 }
 
+/* Sends the request `fmt` (printf-style, without the newline) on `c`;
+ * returns its reply. */
+static cJSON *rpc_v(itest_conn_t *c, const char *fmt, va_list ap)
+{
+    char line[8192];
+    int n = vsnprintf(line, sizeof(line), fmt, ap);
+
+    ck_assert(n >= 0 && (size_t)n < sizeof(line));
+    return itest_rpc(c, "%s", line);
+}
+
+/* Sends a request that must succeed. */
+static void rpc_ok(itest_conn_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void rpc_ok(itest_conn_t *c, const char *fmt, ...)
+{
+    va_list ap;
+    cJSON *r;
+
+    va_start(ap, fmt);
+    r = rpc_v(c, fmt, ap);
+    va_end(ap);
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+}
+
+/* Sends a request that must fail with error `code` naming `what`. */
+static void rpc_error_naming(itest_conn_t *c, const char *code, const char *what, const char *fmt,
+                             ...) __attribute__((format(printf, 4, 5)));
+static void rpc_error_naming(itest_conn_t *c, const char *code, const char *what, const char *fmt,
+                             ...)
+{
+    va_list ap;
+    cJSON *r;
+
+    va_start(ap, fmt);
+    r = rpc_v(c, fmt, ap);
+    va_end(ap);
+    expect_error_naming(c, r, code, what);
+    cJSON_Delete(r);
+}
+
+/* The status of GET `path` on the admin port as the tenant of `token`
+ * (NULL: none). */
+static int admin_status(const itest_daemon_t *d, const char *path, const char *token)
+{
+    itest_http_t h;
+    int status;
+
+    admin_get(d, path, token, &h);
+    status = h.status;
+    itest_http_free(&h);
+    return status;
+}
+
+/* `token` on a fresh connection is auth_failed (and, if `closed`, the
+ * connection is closed). */
+static void auth_fails(const itest_daemon_t *d, const char *token, bool closed)
+{
+    itest_conn_t *c = itest_connect(d);
+    cJSON *r = itest_rpc(c, "{\"op\":\"auth\",\"token\":\"%s\"}", token);
+
+    itest_expect_error(r, NULL, "auth_failed", NULL);
+    cJSON_Delete(r);
+    if (closed)
+        ck_assert(itest_expect_closed(c, ITEST_REPLY_MS));
+    itest_close(c);
+}
+
+/* Writes into `buf` a JSON array of `count` tokens: `first`, then
+ * (i * mul) % 500 for i = 1 .. count - 1. */
+static void prompt_json(char *buf, size_t size, int first, int count, int mul)
+{
+    size_t n = (size_t)snprintf(buf, size, "[%d", first);
+
+    for (int i = 1; i < count; i++)
+        n += (size_t)snprintf(buf + n, size - n, ",%d", (i * mul) % 500);
+    snprintf(buf + n, size - n, "]");
+    ck_assert(n + 1 < size);
+}
+
 START_TEST(test_tenant_identity)
 {
     itest_daemon_t *d = itest_daemon_start(
@@ -149,9 +230,8 @@ START_TEST(test_tenant_identity)
                      "bob " TOK_B " weight=2\n"
                      "ops " TOK_OPS " admin\n"),
         NULL);
-    itest_conn_t *c = itest_connect(d), *w;
+    itest_conn_t *c = itest_connect(d);
     cJSON *r;
-    itest_http_t h;
 
     /* Before auth: auth_required. */
     r = itest_rpc(c, "{\"op\":\"stats\",\"tag\":1}");
@@ -160,50 +240,27 @@ START_TEST(test_tenant_identity)
     r = itest_rpc(c, "{\"op\":\"auth\",\"token\":\"" TOK_A "\",\"tag\":2}");
     ck_assert_str_eq(itest_last_line(c), "{\"tag\":2,\"ok\":true,\"tenant\":\"alice\"}");
     cJSON_Delete(r);
-    r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1,2]}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
+    rpc_ok(c, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1,2]}");
     /* Another tenant's token, or none of any, changes nothing. */
-    r = itest_rpc(c, "{\"op\":\"auth\",\"token\":\"" TOK_B "\",\"tag\":3}");
-    expect_error_naming(c, r, "bad_request", "alice");
-    cJSON_Delete(r);
-    r = itest_rpc(c, "{\"op\":\"auth\",\"token\":\"no-such-token-0123456789\",\"tag\":4}");
-    expect_error_naming(c, r, "bad_request", "alice");
-    cJSON_Delete(r);
+    rpc_error_naming(c, "bad_request", "alice",
+                     "{\"op\":\"auth\",\"token\":\"" TOK_B "\",\"tag\":3}");
+    rpc_error_naming(c, "bad_request", "alice",
+                     "{\"op\":\"auth\",\"token\":\"no-such-token-0123456789\",\"tag\":4}");
     r = itest_rpc(c, "{\"op\":\"auth\",\"token\":\"" TOK_A "\",\"tag\":5}");
     ck_assert_str_eq(itest_last_line(c), "{\"tag\":5,\"ok\":true,\"tenant\":\"alice\"}");
     cJSON_Delete(r);
-    r = itest_rpc(c, "{\"op\":\"step\",\"id\":\"s\"}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
+    rpc_ok(c, "{\"op\":\"step\",\"id\":\"s\"}");
 
     /* A wrong token on a fresh connection: auth_failed, closed. */
-    w = itest_connect(d);
-    r = itest_rpc(w, "{\"op\":\"auth\",\"token\":\"no-such-token-0123456789\"}");
-    itest_expect_error(r, NULL, "auth_failed", NULL);
-    cJSON_Delete(r);
-    ck_assert(itest_expect_closed(w, ITEST_REPLY_MS));
-    itest_close(w);
+    auth_fails(d, "no-such-token-0123456789", true);
 
     /* The admin port: /health open, the rest for tenants with admin. */
-    admin_get(d, "/health", NULL, &h);
-    ck_assert_int_eq(h.status, 200);
-    itest_http_free(&h);
-    admin_get(d, "/stats", NULL, &h);
-    ck_assert_int_eq(h.status, 401);
-    itest_http_free(&h);
-    admin_get(d, "/stats", TOK_A, &h);
-    ck_assert_int_eq(h.status, 401);
-    itest_http_free(&h);
-    admin_get(d, "/metrics", TOK_B, &h);
-    ck_assert_int_eq(h.status, 401);
-    itest_http_free(&h);
-    admin_get(d, "/stats", TOK_OPS, &h);
-    ck_assert_int_eq(h.status, 200);
-    itest_http_free(&h);
-    admin_get(d, "/metrics", TOK_OPS, &h);
-    ck_assert_int_eq(h.status, 200);
-    itest_http_free(&h);
+    ck_assert_int_eq(admin_status(d, "/health", NULL), 200);
+    ck_assert_int_eq(admin_status(d, "/stats", NULL), 401);
+    ck_assert_int_eq(admin_status(d, "/stats", TOK_A), 401);
+    ck_assert_int_eq(admin_status(d, "/metrics", TOK_B), 401);
+    ck_assert_int_eq(admin_status(d, "/stats", TOK_OPS), 200);
+    ck_assert_int_eq(admin_status(d, "/metrics", TOK_OPS), 200);
     itest_close(c);
     tenants_unlink();
 }
@@ -220,24 +277,14 @@ START_TEST(test_tenant_stats)
     itest_conn_t *b1 = connect_as(d, TOK_B, "bob"), *o = connect_as(d, TOK_OPS, "ops");
     cJSON *r, *st;
 
-    r = itest_rpc(a1, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1,2,3]}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
-    r = itest_rpc(a2, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1]}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
+    rpc_ok(a1, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1,2,3]}");
+    rpc_ok(a2, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1]}");
     r = itest_rpc(a2, "{\"op\":\"step\",\"id\":\"nope\"}");
     itest_expect_error(r, NULL, "unknown_id", NULL);
     cJSON_Delete(r);
-    for (int i = 0; i < 3; i++) {
-        r = itest_rpc(b1, "{\"op\":\"start\",\"id\":\"b%d\",\"model\":\"tiny\",\"prompt\":[1,2]}",
-                      i);
-        itest_expect_ok(r);
-        cJSON_Delete(r);
-    }
-    r = itest_rpc(b1, "{\"op\":\"finish\",\"id\":\"b0\"}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
+    for (int i = 0; i < 3; i++)
+        rpc_ok(b1, "{\"op\":\"start\",\"id\":\"b%d\",\"model\":\"tiny\",\"prompt\":[1,2]}", i);
+    rpc_ok(b1, "{\"op\":\"finish\",\"id\":\"b0\"}");
 
     st = itest_stats(a1);
     itest_check_stats_shape(st);
@@ -329,35 +376,21 @@ START_TEST(test_tenant_sessions)
     itest_conn_t *b1 = connect_as(d, TOK_B, "bob");
     cJSON *r;
 
-    for (int i = 0; i < 2; i++) {
-        r = itest_rpc(a1, "{\"op\":\"start\",\"id\":\"s%d\",\"model\":\"tiny\",\"prompt\":[1]}", i);
-        itest_expect_ok(r);
-        cJSON_Delete(r);
-    }
-    r = itest_rpc(a2, "{\"op\":\"start\",\"id\":\"t0\",\"model\":\"tiny\",\"prompt\":[1]}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
-    r = itest_rpc(a2, "{\"op\":\"start\",\"id\":\"t1\",\"model\":\"tiny\",\"prompt\":[1]}");
-    expect_error_naming(a2, r, "cache_full", "tenant 'alice'");
-    cJSON_Delete(r);
+    for (int i = 0; i < 2; i++)
+        rpc_ok(a1, "{\"op\":\"start\",\"id\":\"s%d\",\"model\":\"tiny\",\"prompt\":[1]}", i);
+    rpc_ok(a2, "{\"op\":\"start\",\"id\":\"t0\",\"model\":\"tiny\",\"prompt\":[1]}");
+    rpc_error_naming(a2, "cache_full", "tenant 'alice'",
+                     "{\"op\":\"start\",\"id\":\"t1\",\"model\":\"tiny\",\"prompt\":[1]}");
     /* Refused means nothing changed: t1 is not live. */
     r = itest_rpc(a2, "{\"op\":\"step\",\"id\":\"t1\"}");
     itest_expect_error(r, NULL, "unknown_id", NULL);
     cJSON_Delete(r);
-    r = itest_rpc(a1, "{\"op\":\"start\",\"id\":\"s9\",\"model\":\"tiny\",\"prompt\":[1]}");
-    expect_error_naming(a1, r, "cache_full", "tenant 'alice'");
-    cJSON_Delete(r);
-    for (int i = 0; i < 5; i++) {
-        r = itest_rpc(b1, "{\"op\":\"start\",\"id\":\"b%d\",\"model\":\"tiny\",\"prompt\":[1]}", i);
-        itest_expect_ok(r);
-        cJSON_Delete(r);
-    }
-    r = itest_rpc(a1, "{\"op\":\"finish\",\"id\":\"s0\"}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
-    r = itest_rpc(a2, "{\"op\":\"start\",\"id\":\"t1\",\"model\":\"tiny\",\"prompt\":[1]}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
+    rpc_error_naming(a1, "cache_full", "tenant 'alice'",
+                     "{\"op\":\"start\",\"id\":\"s9\",\"model\":\"tiny\",\"prompt\":[1]}");
+    for (int i = 0; i < 5; i++)
+        rpc_ok(b1, "{\"op\":\"start\",\"id\":\"b%d\",\"model\":\"tiny\",\"prompt\":[1]}", i);
+    rpc_ok(a1, "{\"op\":\"finish\",\"id\":\"s0\"}");
+    rpc_ok(a2, "{\"op\":\"start\",\"id\":\"t1\",\"model\":\"tiny\",\"prompt\":[1]}");
     /* A closed connection's sessions are given back to its tenant. */
     itest_close(a1);
     bool served = false;
@@ -398,11 +431,7 @@ START_TEST(test_tenant_share)
         a[i] = connect_as(d, TOK_A, "alice");
     /* small sessions of a 512-position prompt each, round robin. */
     char prompt[4096];
-    size_t n = 0;
-    n += (size_t)snprintf(prompt + n, sizeof(prompt) - n, "[1");
-    for (int i = 1; i < 512; i++)
-        n += (size_t)snprintf(prompt + n, sizeof(prompt) - n, ",%d", i % 500);
-    snprintf(prompt + n, sizeof(prompt) - n, "]");
+    prompt_json(prompt, sizeof(prompt), 1, 512, 1);
     for (int k = 0; k < 400 && refused < 16; k++) {
         itest_conn_t *c = a[k % 16];
         r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"s%d\",\"model\":\"small\",\"prompt\":%s}", k,
@@ -424,12 +453,9 @@ START_TEST(test_tenant_share)
     cJSON_Delete(st);
     /* Bob has the rest: more than alice's share. */
     b1 = connect_as(d, TOK_B, "bob");
-    for (int k = 0; k < ok + 4; k++) {
-        r = itest_rpc(b1, "{\"op\":\"start\",\"id\":\"b%d\",\"model\":\"small\",\"prompt\":%s}", k,
-                      prompt);
-        itest_expect_ok(r);
-        cJSON_Delete(r);
-    }
+    for (int k = 0; k < ok + 4; k++)
+        rpc_ok(b1, "{\"op\":\"start\",\"id\":\"b%d\",\"model\":\"small\",\"prompt\":%s}", k,
+               prompt);
     for (int i = 0; i < 16; i++)
         itest_close(a[i]);
     itest_close(b1);
@@ -450,15 +476,10 @@ START_TEST(test_tenant_reload)
     itest_conn_t *c = connect_as(d, TOK_C, "carol"), *x;
     cJSON *r;
 
-    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s0\",\"model\":\"tiny\",\"prompt\":[1]}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
-    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s1\",\"model\":\"tiny\",\"prompt\":[1]}");
-    expect_error_naming(a, r, "cache_full", "alice");
-    cJSON_Delete(r);
-    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"s0\",\"model\":\"tiny\",\"prompt\":[1]}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
+    rpc_ok(a, "{\"op\":\"start\",\"id\":\"s0\",\"model\":\"tiny\",\"prompt\":[1]}");
+    rpc_error_naming(a, "cache_full", "alice",
+                     "{\"op\":\"start\",\"id\":\"s1\",\"model\":\"tiny\",\"prompt\":[1]}");
+    rpc_ok(b, "{\"op\":\"start\",\"id\":\"s0\",\"model\":\"tiny\",\"prompt\":[1]}");
 
     tenants_file("alice " TOK_A " sessions=2\n"
                  "carol carol-has-a-new-token-0123456789\n"
@@ -475,17 +496,9 @@ START_TEST(test_tenant_reload)
     cJSON_Delete(r);
     ck_assert(itest_expect_closed(c, ITEST_REPLY_MS));
     /* alice serves on, her session kept, with the new limit. */
-    r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"s0\"}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
-    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s1\",\"model\":\"tiny\",\"prompt\":[1]}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
-    x = itest_connect(d);
-    r = itest_rpc(x, "{\"op\":\"auth\",\"token\":\"" TOK_B "\"}");
-    itest_expect_error(r, NULL, "auth_failed", NULL);
-    cJSON_Delete(r);
-    itest_close(x);
+    rpc_ok(a, "{\"op\":\"step\",\"id\":\"s0\"}");
+    rpc_ok(a, "{\"op\":\"start\",\"id\":\"s1\",\"model\":\"tiny\",\"prompt\":[1]}");
+    auth_fails(d, TOK_B, false);
     x = connect_as(d, "dave-token-0123456789abcdef", "dave");
     itest_close(x);
     x = connect_as(d, "carol-has-a-new-token-0123456789", "carol");
@@ -496,16 +509,10 @@ START_TEST(test_tenant_reload)
     itest_daemon_signal(d, SIGHUP);
     ck_assert_int_ge(await_metric_as(d, TOK_OPS, "slotd_tenants_reload_failures_total", 1), 1);
     ck_assert_int_eq(await_metric_as(d, TOK_OPS, "slotd_tenants_reloads_total", 1), 1);
-    r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"s1\"}");
-    itest_expect_ok(r);
-    cJSON_Delete(r);
+    rpc_ok(a, "{\"op\":\"step\",\"id\":\"s1\"}");
     x = connect_as(d, "dave-token-0123456789abcdef", "dave");
     itest_close(x);
-    x = itest_connect(d);
-    r = itest_rpc(x, "{\"op\":\"auth\",\"token\":\"" TOK_B "\"}");
-    itest_expect_error(r, NULL, "auth_failed", NULL);
-    cJSON_Delete(r);
-    itest_close(x);
+    auth_fails(d, TOK_B, false);
     itest_close(a);
     itest_close(b);
     itest_close(c);
@@ -649,10 +656,7 @@ END_TEST
 static int64_t start_cached(itest_conn_t *c, const char *id)
 {
     char prompt[2048];
-    size_t n = (size_t)snprintf(prompt, sizeof(prompt), "[3");
-    for (int i = 1; i < 300; i++)
-        n += (size_t)snprintf(prompt + n, sizeof(prompt) - n, ",%d", (i * 7) % 500);
-    snprintf(prompt + n, sizeof(prompt) - n, "]");
+    prompt_json(prompt, sizeof(prompt), 3, 300, 7);
     cJSON *r = itest_rpc(c, "{\"op\":\"start\",\"id\":\"%s\",\"model\":\"small\",\"prompt\":%s}",
                          id, prompt);
     itest_expect_ok(r);
