@@ -54,13 +54,18 @@ struct tenant {
  * Returns 0, or -1 having logged why (the daemon then exits 2). */
 int tenancy__start(server_t *s);
 
-/** Rereads the file (SIGHUP): tenants kept with their token take the new
- * limits at once (the next request), new ones can connect, and a tenant
- * dropped or whose token changed is marked gone, its connections to be
- * revoked by the caller (dispatch__revoke()).  A file that fails to load
- * changes nothing; it is logged and counted.  Returns the number of
- * connections now attached to a gone tenant, or -1 if the file failed. */
-long tenancy__reload(server_t *s);
+/** Rereads the file (SIGHUP, POST /tenants/reload): tenants kept with
+ * their token take the new limits at once (the next request), new ones can
+ * connect, and a tenant dropped or whose token changed is marked gone, its
+ * connections to be revoked by the caller (dispatch__revoke()).  A file
+ * that fails to load changes nothing; it is logged and counted, and the
+ * reason written to `why` (why_size bytes, NULL for none).  Returns the
+ * number of connections now attached to a gone tenant, -1 if the file was
+ * refused, -2 without memory. */
+long tenancy__reload(server_t *s, char *why, size_t why_size);
+
+/** The tenants listed now (those a token can authenticate as). */
+size_t tenancy__count(const server_t *s);
 
 /** Frees every record at the end of server_run() (no connection left). */
 void tenancy__stop(server_t *s);

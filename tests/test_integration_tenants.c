@@ -13,7 +13,9 @@
  * Reload (SIGHUP): a dropped tenant's connection gets one auth_revoked
  * line and is closed, a kept tenant's connection serves on, a new tenant
  * can connect, new limits apply to the next request; a bad file changes
- * nothing.
+ * nothing.  POST /tenants/reload on the admin port does the same for a
+ * tenant with admin (200 with the count), is 422 with the reason for a
+ * bad file, and 409 without a tenants file.
  * Fairness: a tenant over 4 connections and one over 1, both flooding
  * `small` steps over 4 sessions a connection: when the 1-connection
  * tenant has its last reply, the other has had less than 3 times as many
@@ -513,6 +515,95 @@ START_TEST(test_tenant_reload)
 }
 END_TEST
 
+/* POST /tenants/reload as the tenant of `token` (NULL: none). */
+static void admin_post(const itest_daemon_t *d, const char *path, const char *token,
+                       itest_http_t *out)
+{
+    char req[512];
+    snprintf(req, sizeof(req),
+             "POST %s HTTP/1.1\r\nHost: x\r\n%s%s%sContent-Length: 0\r\nConnection: "
+             "close\r\n\r\n",
+             path, token ? "Authorization: Bearer " : "", token ? token : "", token ? "\r\n" : "");
+    ck_assert_msg(itest_http_raw(d->admin_port, req, strlen(req), out), "POST %s: no response",
+                  path);
+}
+
+/* POST /tenants/reload: admin tenants only; applied as SIGHUP (bob dropped
+ * is revoked, dave added can connect, alice serves on), with the count in
+ * the body; a file that does not parse is 422 with its reason and changes
+ * nothing; without a tenants file, 409. */
+START_TEST(test_tenant_admin_reload)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file", tenants_file("alice " TOK_A "\nbob " TOK_B "\nops " TOK_OPS " admin\n"),
+        NULL);
+    itest_conn_t *a = connect_as(d, TOK_A, "alice"), *b = connect_as(d, TOK_B, "bob"), *x;
+    itest_http_t h;
+    cJSON *r, *body;
+
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s0\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    tenants_file("alice " TOK_A "\ndave dave-token-0123456789abcdef\nops " TOK_OPS " admin\n");
+    /* No token, or a tenant without admin: 401, and nothing reloaded. */
+    admin_post(d, "/tenants/reload", NULL, &h);
+    ck_assert_int_eq(h.status, 401);
+    itest_http_free(&h);
+    admin_post(d, "/tenants/reload", TOK_A, &h);
+    ck_assert_int_eq(h.status, 401);
+    itest_http_free(&h);
+    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"s0\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+
+    admin_post(d, "/tenants/reload", TOK_OPS, &h);
+    ck_assert_int_eq(h.status, 200);
+    ck_assert_msg(strcmp(h.body, "{\"reloaded\":true,\"tenants\":3,\"revoked\":1}\n") == 0,
+                  "body '%s'", h.body);
+    itest_http_free(&h);
+    r = itest_read_reply(b);
+    expect_error_naming(b, r, "auth_revoked", "bob");
+    cJSON_Delete(r);
+    ck_assert(itest_expect_closed(b, ITEST_REPLY_MS));
+    r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"s0\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    x = connect_as(d, "dave-token-0123456789abcdef", "dave");
+    itest_close(x);
+
+    /* A bad file: 422 naming the line, nothing changed, counted. */
+    tenants_file("alice " TOK_A "\nalice " TOK_B "\nops " TOK_OPS " admin\n");
+    admin_post(d, "/tenants/reload", TOK_OPS, &h);
+    ck_assert_int_eq(h.status, 422);
+    body = cJSON_Parse(h.body);
+    ck_assert_msg(body != NULL, "body '%s'", h.body);
+    ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(body, "reloaded")));
+    ck_assert_msg(strstr(cJSON_GetStringValue(cJSON_GetObjectItem(body, "error")), "line 2") != NULL,
+                  "error '%s' does not name line 2", h.body);
+    cJSON_Delete(body);
+    itest_http_free(&h);
+    ck_assert_int_eq(await_metric_as(d, TOK_OPS, "slotd_tenants_reload_failures_total", 1), 1);
+    ck_assert_int_eq(await_metric_as(d, TOK_OPS, "slotd_tenants_reloads_total", 1), 1);
+    x = connect_as(d, "dave-token-0123456789abcdef", "dave");
+    itest_close(x);
+    r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"s0\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    itest_close(a);
+    itest_close(b);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+    tenants_unlink();
+
+    /* Without a tenants file: 409 with the reason. */
+    d = itest_daemon_start(NULL);
+    admin_post(d, "/tenants/reload", NULL, &h);
+    ck_assert_int_eq(h.status, 409);
+    ck_assert_msg(strstr(h.body, "--tenants-file") != NULL, "body '%s'", h.body);
+    itest_http_free(&h);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+}
+END_TEST
+
 /* ---- Fairness ---- */
 
 #define FAIR_SESSIONS 4
@@ -702,6 +793,7 @@ int main(void)
     ITEST_ADD(s, test_tenant_sessions);
     ITEST_ADD(s, test_tenant_share);
     ITEST_ADD(s, test_tenant_reload);
+    ITEST_ADD(s, test_tenant_admin_reload);
     ITEST_ADD(s, test_tenant_prefix_scope);
     ITEST_ADD_TIMEOUT(s, test_tenant_fairness_equal, 300);
     return itest_main(s);
