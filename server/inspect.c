@@ -13,9 +13,9 @@
  * sorted largest first and written as JSON:
  *
  *   {"total":N,"limit":L,"sessions":[{"connection":{"number":K,
- *    "peer":"ADDR:PORT"},"id":"a","model":"tiny","entries":5,
- *    "pool_bytes":1792,"age_seconds":1.5,"idle_seconds":0.25,
- *    "state":"idle","outstanding":0},...]}
+ *    "peer":"ADDR:PORT"},"tenant":"alice","id":"a","model":"tiny",
+ *    "entries":5,"shared_entries":0,"pool_bytes":1792,"age_seconds":1.5,
+ *    "idle_seconds":0.25,"state":"idle","outstanding":0},...]}
  *
  * and back on the loop the body goes to the admin port's callback, which
  * sends it out in slices.  `pool_bytes` is what the pool holds for the
@@ -24,7 +24,11 @@
  * while a worker runs a job of the session, "queued" while its requests
  * wait, "evicted" while idle with its slot evicted (--on-full evict:
  * pool_bytes 0), "idle" otherwise; `outstanding` counts its requests not yet
- * answered by the model, the running one included.
+ * answered by the model, the running one included.  `tenant` is there
+ * with a tenants file.  `shared_entries` counts the entries in blocks that
+ * another holder (a fork, another session, the prefix cache) holds too,
+ * read from the pool under its lock; null while a request of the session
+ * is out to the workers, whose user may be changing the chain.
  *
  * DESIGN.  The loop thread owns the server's records, every listing while
  * it gathers (server->listings, a FIFO of which only the head gathers, so
@@ -65,12 +69,17 @@ typedef struct listed {
     const char *model;
     uint32_t peer; /* index in the listing's peers */
     uint32_t entries;
+    int64_t shared; /* entries in blocks held by others too; -1: a worker may hold it */
     uint32_t outstanding;
     listed_state_t state;
     char id[PROTO_ID_MAX + 1];
 } listed_t;
 
-typedef char peer_t[64];
+/* A listed connection: its address and its tenant's name ("" without). */
+typedef struct peer {
+    char addr[64];
+    char tenant[TENANT_NAME_MAX + 1];
+} peer_t;
 
 struct inspect_listing {
     server_t *s;
@@ -109,7 +118,10 @@ static int peer_add(inspect_listing_t *l, conn_t *c)
         l->peers = p;
         l->peers_cap = cap;
     }
-    snprintf(l->peers[l->npeers++], sizeof(peer_t), "%s", c->peer);
+    snprintf(l->peers[l->npeers].addr, sizeof(l->peers[0].addr), "%s", c->peer);
+    snprintf(l->peers[l->npeers].tenant, sizeof(l->peers[0].tenant), "%s",
+             c->tenant != NULL ? c->tenant->name : "");
+    l->npeers++;
     return SLOTD_OK;
 }
 
@@ -145,6 +157,16 @@ static int listed_add(inspect_listing_t *l, const session_t *sess)
     e->model = m != NULL ? model_name(m) : "";
     e->peer = (uint32_t)(l->npeers - 1);
     e->entries = sess->cs.entries;
+    /* The chain is read only while no worker may be the slot's user. */
+    e->shared = 0;
+    if (sess->running != NULL) {
+        e->shared = -1;
+    } else if (sess->has_slot && !sess->evicted) {
+        uint32_t shared;
+        if (cache_pool_shared_entries(l->s->pool, sess->cs.handle, &sess->cs.owner, &shared) ==
+            SLOTD_OK)
+            e->shared = shared;
+    }
     e->outstanding = outstanding;
     e->state = started                                            ? LISTED_RUNNING
                : sess->running != NULL || sess->fifo_head != NULL ? LISTED_QUEUED
@@ -202,7 +224,7 @@ static const char *const state_name[] = {
 static int write_body(inspect_listing_t *l)
 {
     proto_buf_t *out = &l->body;
-    char line[512];
+    char line[768];
     int rc;
 
     if (l->n > 0) /* l->v is NULL with nothing listed */
@@ -212,13 +234,19 @@ static int write_body(inspect_listing_t *l)
     rc = proto_buf_append(out, line, (size_t)w);
     for (size_t i = 0; i < l->n && i < l->limit && rc == SLOTD_OK; i++) {
         const listed_t *e = &l->v[i];
+        char shared[24] = "null", tenant[TENANT_NAME_MAX + 16] = "";
+        const peer_t *pe = &l->peers[e->peer];
+        if (e->shared >= 0)
+            snprintf(shared, sizeof(shared), "%" PRId64, e->shared);
+        if (pe->tenant[0] != '\0') /* names are [A-Za-z0-9_.-]: no escape needed */
+            snprintf(tenant, sizeof(tenant), ",\"tenant\":\"%s\"", pe->tenant);
         w = snprintf(line, sizeof(line),
-                     "%s{\"connection\":{\"number\":%" PRIu64 ",\"peer\":\"%s\"},\"id\":\"%s\","
-                     "\"model\":\"%s\",\"entries\":%" PRIu32 ",\"pool_bytes\":%" PRIu64 ","
-                     "\"age_seconds\":%.3f,\"idle_seconds\":%.3f,\"state\":\"%s\","
-                     "\"outstanding\":%" PRIu32 "}",
-                     i > 0 ? "," : "", e->serial, l->peers[e->peer], e->id, e->model, e->entries,
-                     e->bytes, e->age, e->idle, state_name[e->state], e->outstanding);
+                     "%s{\"connection\":{\"number\":%" PRIu64 ",\"peer\":\"%s\"}%s,\"id\":\"%s\","
+                     "\"model\":\"%s\",\"entries\":%" PRIu32 ",\"shared_entries\":%s,"
+                     "\"pool_bytes\":%" PRIu64 ",\"age_seconds\":%.3f,\"idle_seconds\":%.3f,"
+                     "\"state\":\"%s\",\"outstanding\":%" PRIu32 "}",
+                     i > 0 ? "," : "", e->serial, pe->addr, tenant, e->id, e->model, e->entries,
+                     shared, e->bytes, e->age, e->idle, state_name[e->state], e->outstanding);
         rc = w > 0 && (size_t)w < sizeof(line) ? proto_buf_append(out, line, (size_t)w)
                                                : SLOTD_EINVAL;
     }

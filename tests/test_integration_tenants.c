@@ -15,7 +15,8 @@
  * can connect, new limits apply to the next request; a bad file changes
  * nothing.  POST /tenants/reload on the admin port does the same for a
  * tenant with admin (200 with the count), is 422 with the reason for a
- * bad file, and 409 without a tenants file.
+ * bad file, and 409 without a tenants file.  GET /sessions names each
+ * session's tenant.
  * Fairness: a tenant over 4 connections and one over 1, both flooding
  * `small` steps over 4 sessions a connection: when the 1-connection
  * tenant has its last reply, the other has had less than 3 times as many
@@ -515,6 +516,45 @@ START_TEST(test_tenant_reload)
 }
 END_TEST
 
+/* GET /sessions as an admin tenant names each session's tenant. */
+START_TEST(test_tenant_sessions_listing)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file", tenants_file("alice " TOK_A "\nbob " TOK_B "\nops " TOK_OPS " admin\n"),
+        NULL);
+    itest_conn_t *a = connect_as(d, TOK_A, "alice"), *b = connect_as(d, TOK_B, "bob");
+    const cJSON *e;
+    itest_http_t h;
+    cJSON *r, *j;
+    int seen = 0;
+
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"sa\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"sb\",\"model\":\"tiny\",\"prompt\":[1,2]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    admin_get(d, "/sessions", TOK_OPS, &h);
+    ck_assert_int_eq(h.status, 200);
+    j = cJSON_Parse(h.body);
+    ck_assert_msg(j != NULL, "body '%s'", h.body);
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "sessions"))
+    {
+        const char *id = itest_str(e, "id");
+        ck_assert_str_eq(itest_str(e, "tenant"), strcmp(id, "sa") == 0 ? "alice" : "bob");
+        ck_assert(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(e, "shared_entries")));
+        seen++;
+    }
+    ck_assert_int_eq(seen, 2);
+    cJSON_Delete(j);
+    itest_http_free(&h);
+    itest_close(a);
+    itest_close(b);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+    tenants_unlink();
+}
+END_TEST
+
 /* POST /tenants/reload as the tenant of `token` (NULL: none). */
 static void admin_post(const itest_daemon_t *d, const char *path, const char *token,
                        itest_http_t *out)
@@ -794,6 +834,7 @@ int main(void)
     ITEST_ADD(s, test_tenant_share);
     ITEST_ADD(s, test_tenant_reload);
     ITEST_ADD(s, test_tenant_admin_reload);
+    ITEST_ADD(s, test_tenant_sessions_listing);
     ITEST_ADD(s, test_tenant_prefix_scope);
     ITEST_ADD_TIMEOUT(s, test_tenant_fairness_equal, 300);
     return itest_main(s);
