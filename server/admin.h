@@ -64,6 +64,9 @@ typedef struct admin_hooks {
      * `out` (zeroed by the caller) and returns an admin_reload_rc_t.  NULL:
      * the route is 404. */
     int (*tenants_reload)(void *arg, admin_reload_t *out);
+    /** GET /metrics: appends more families after metrics_render()'s (the
+     * per-tenant ones).  Returns SLOTD_OK or SLOTD_ENOMEM.  NULL: none. */
+    int (*metrics_more)(void *arg, proto_buf_t *out);
     void *arg;
     /** The token of --auth-token-file, or NULL (token_len 0) for none.
      * When set, every route but /health asks for "Authorization: Bearer

@@ -375,7 +375,10 @@ static int route(admin_http_t *h, const char *path, size_t len, const char *quer
         get_stats(h, &st);
         r->status = 200;
         r->content_type = "text/plain; version=0.0.4; charset=utf-8";
-        return metrics_render(&h->body, &st, h->now_ns());
+        rc = metrics_render(&h->body, &st, h->now_ns());
+        if (rc == SLOTD_OK && h->hooks.metrics_more != NULL)
+            rc = h->hooks.metrics_more(h->hooks.arg, &h->body);
+        return rc;
     }
 #undef IS
     r->status = 404;

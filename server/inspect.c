@@ -1,8 +1,8 @@
 /*
  * inspect.c: what the daemon shows of itself: the figures of the stats op
- * and of the admin port (inspect__stats(), inspect__health()), and GET
- * /sessions, the list of live sessions for an operator hunting a leak or a
- * stuck client (llama.cpp's server has /slots).
+ * and of the admin port (inspect__stats(), inspect__health()), with a
+ * tenants file the slotd_tenant_* families of /metrics, and GET /sessions,
+ * the live sessions for an operator hunting a leak or a stuck client.
  *
  * A listing (inspect_listing_t, one per GET /sessions) is built in three
  * steps so that no step holds the loop thread for long: on the loop, a
@@ -39,6 +39,7 @@
  * handle is closed and its job is back, whether delivered or canceled.
  */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -471,3 +472,94 @@ void inspect__health(void *arg, bool *draining, bool *wedged)
         s->workers != NULL &&
         worker_pool_wedged(s->workers, uv_hrtime(), (uint64_t)s->cfg->wedge_timeout * 1000000000u);
 }
+
+/* ---- Per-tenant metric families (GET /metrics with a tenants file) ---- */
+
+static int put(proto_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int put(proto_buf_t *b, const char *fmt, ...)
+{
+    char line[256];
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof(line))
+        return SLOTD_EINVAL;
+    return proto_buf_append(b, line, (size_t)n);
+}
+
+/* One family of one sample per listed tenant `t`: `expr` of it. */
+#define TENANT_FAMILY(fam, kind, what, expr)                                                       \
+    do {                                                                                           \
+        TRY(put(b, "# HELP " fam " " what "\n# TYPE " fam " " kind "\n"));                          \
+        for (t = s->tenants; t != NULL; t = t->next)                                               \
+            TRY(put(b, fam "{tenant=\"%s\"} %" PRIu64 "\n", t->name, (uint64_t)(expr)));           \
+    } while (0)
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != SLOTD_OK)                                                                       \
+            return rc_;                                                                            \
+    } while (0)
+
+int inspect__tenant_metrics(void *arg, proto_buf_t *b)
+{
+    server_t *s = arg;
+    tenant_t *t;
+
+    /* Entries held, summed in one pass as inspect__tenant_stats() sums them. */
+    for (t = s->tenants; t != NULL; t = t->next)
+        t->scratch_entries = 0;
+    for (const conn_t *c = s->conns; c != NULL; c = c->next)
+        if (c->tenant != NULL)
+            for (const session_t *sess = c->sessions; sess != NULL; sess = sess->next)
+                if (sess->in_map)
+                    c->tenant->scratch_entries += sess->share_entries;
+
+    TENANT_FAMILY("slotd_tenant_requests_total", "counter",
+                  "Request lines read on the tenant's connections.", t->requests_total);
+    /* Errors by wire code; the codes spelled "internal" are summed, and a
+     * code the tenant never had is left out. */
+    TRY(put(b, "# HELP slotd_tenant_errors_total Error replies to the tenant, by code.\n"
+               "# TYPE slotd_tenant_errors_total counter\n"));
+    for (t = s->tenants; t != NULL; t = t->next)
+        for (int i = 0; i < SLOTD__ERR_COUNT; i++) {
+            const char *code = slotd_err_name(-(i + 1));
+            uint64_t n = 0;
+            bool first = true;
+            for (int j = 0; j < SLOTD__ERR_COUNT; j++)
+                if (strcmp(slotd_err_name(-(j + 1)), code) == 0) {
+                    first = first && j >= i;
+                    n += t->errors[j];
+                }
+            if (first && n > 0)
+                TRY(put(b, "slotd_tenant_errors_total{tenant=\"%s\",code=\"%s\"} %" PRIu64 "\n",
+                        t->name, code, n));
+        }
+    TENANT_FAMILY("slotd_tenant_steps_total", "counter",
+                  "Positions picked by the tenant's step requests.", t->steps_total);
+    TRY(put(b, "# HELP slotd_tenant_request_wait_seconds Time from reading a request of the "
+               "tenant to a worker beginning it.\n"
+               "# TYPE slotd_tenant_request_wait_seconds summary\n"));
+    for (t = s->tenants; t != NULL; t = t->next) {
+        TRY(put(b, "slotd_tenant_request_wait_seconds_sum{tenant=\"%s\"} %.9f\n", t->name,
+                (double)t->wait_ns / 1e9));
+        TRY(put(b, "slotd_tenant_request_wait_seconds_count{tenant=\"%s\"} %" PRIu64 "\n",
+                t->name, t->waits));
+    }
+    TENANT_FAMILY("slotd_tenant_cache_entries", "gauge",
+                  "Entries held by the tenant's live sessions (its stats' cache_entries).",
+                  t->scratch_entries);
+    TENANT_FAMILY("slotd_tenant_pool_bytes", "gauge",
+                  "Pool bytes charged to the tenant (its stats' pool_bytes_used).", t->pool_bytes);
+    TENANT_FAMILY("slotd_tenant_live_sessions", "gauge", "The tenant's live sessions.",
+                  t->sessions);
+    TENANT_FAMILY("slotd_tenant_connections", "gauge", "The tenant's open connections.",
+                  t->connections);
+    return SLOTD_OK;
+}
+#undef TRY
+#undef TENANT_FAMILY

@@ -746,8 +746,10 @@ int server_run(const server_config_t *cfg)
     hooks.arg = s;
     hooks.token = cfg->auth_token;
     hooks.token_len = cfg->auth_token_len;
-    if (cfg->tenants_file[0] != '\0')
+    if (cfg->tenants_file[0] != '\0') {
         hooks.admin_token = server_admin_token;
+        hooks.metrics_more = inspect__tenant_metrics;
+    }
     rc = admin_start(&s->loop, cfg->admin_listen, cfg->admin_port, cfg->admin_idle_timeout * 1000u,
                      &hooks, &s->admin);
     if (rc != 0) {

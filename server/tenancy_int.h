@@ -47,6 +47,10 @@ struct tenant {
     /* Since it was first read (kept across reloads that keep its token). */
     uint64_t requests_total, errors_total, refused_total;
     uint64_t released[4]; /* sessions released, by metrics_release_t */
+    uint64_t errors[SLOTD__ERR_COUNT]; /* error replies by code: index -code - 1 */
+    uint64_t steps_total;              /* positions its step requests picked */
+    uint64_t wait_ns, waits;           /* its jobs' waits, read to a worker beginning them */
+    uint64_t scratch_entries;          /* inspect.c: summed while rendering the metrics */
     tenant_t *next; /* in server->tenants while not gone */
 };
 

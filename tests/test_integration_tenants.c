@@ -16,7 +16,8 @@
  * nothing.  POST /tenants/reload on the admin port does the same for a
  * tenant with admin (200 with the count), is 422 with the reason for a
  * bad file, and 409 without a tenants file.  GET /sessions names each
- * session's tenant.
+ * session's tenant; the slotd_tenant_* families of /metrics agree with
+ * each tenant's `stats` and pass promtool.
  * Fairness: a tenant over 4 connections and one over 1, both flooding
  * `small` steps over 4 sessions a connection: when the 1-connection
  * tenant has its last reply, the other has had less than 3 times as many
@@ -555,6 +556,110 @@ START_TEST(test_tenant_sessions_listing)
 }
 END_TEST
 
+/* The sample `family{tenant="NAME"[,code="CODE"]}` of a /metrics body as
+ * a number, or -1 if absent. */
+static double tenant_sample(const char *body, const char *family, const char *name,
+                            const char *code)
+{
+    char key[192];
+    const char *p;
+
+    if (code != NULL)
+        snprintf(key, sizeof(key), "\n%s{tenant=\"%s\",code=\"%s\"} ", family, name, code);
+    else
+        snprintf(key, sizeof(key), "\n%s{tenant=\"%s\"} ", family, name);
+    p = strstr(body, key);
+    return p != NULL ? strtod(p + strlen(key), NULL) : -1;
+}
+
+/* The slotd_tenant_* families: each figure against the tenant's own
+ * `stats`, the body accepted by promtool, a tenant dropped by a reload
+ * gone from them, and no such family without a tenants file. */
+START_TEST(test_tenant_metrics)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file", tenants_file("alice " TOK_A "\nbob " TOK_B "\nops " TOK_OPS " admin\n"),
+        NULL);
+    itest_conn_t *a = connect_as(d, TOK_A, "alice"), *b = connect_as(d, TOK_B, "bob");
+    const char *promtool = getenv("PROMTOOL") != NULL ? getenv("PROMTOOL") : "promtool";
+    const char *argv[] = {promtool, "check", "metrics", NULL};
+    char *out = NULL, *err = NULL;
+    itest_http_t h;
+    cJSON *r, *st;
+    int code;
+
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1,2]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"s\",\"n\":3}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"nope\"}");
+    itest_expect_error(r, NULL, "unknown_id", NULL);
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_error(r, NULL, "duplicate_id", NULL);
+    cJSON_Delete(r);
+    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"t\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    st = itest_stats(a);
+    admin_get(d, "/metrics", TOK_OPS, &h);
+    ck_assert_int_eq(h.status, 200);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_requests_total", "alice", NULL) ==
+              (double)itest_int(st, "requests_total"));
+    ck_assert(tenant_sample(h.body, "slotd_tenant_errors_total", "alice", "unknown_id") == 1);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_errors_total", "alice", "duplicate_id") == 1);
+    ck_assert(itest_int(st, "errors_total") == 2);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_errors_total", "bob", "unknown_id") == -1);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_steps_total", "alice", NULL) == 3);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_steps_total", "bob", NULL) == 0);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_cache_entries", "alice", NULL) ==
+              (double)itest_int(st, "cache_entries"));
+    ck_assert(itest_int(st, "cache_entries") == 5);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_pool_bytes", "alice", NULL) ==
+              (double)itest_int(st, "pool_bytes_used"));
+    ck_assert(tenant_sample(h.body, "slotd_tenant_live_sessions", "alice", NULL) ==
+              (double)itest_int(st, "live_sessions"));
+    ck_assert(tenant_sample(h.body, "slotd_tenant_connections", "alice", NULL) ==
+              (double)itest_int(st, "connections"));
+    /* The start and the step were begun by a worker; the failed lines not. */
+    ck_assert(tenant_sample(h.body, "slotd_tenant_request_wait_seconds_count", "alice", NULL) ==
+              2);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_request_wait_seconds_sum", "alice", NULL) >= 0);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_requests_total", "ops", NULL) == 0);
+    cJSON_Delete(st);
+    code = itest_run(argv, h.body, strlen(h.body), &out, &err, 20000);
+    ck_assert_msg(code == 0, "promtool check metrics exited %d:\n%s%s\n--- body ---\n%s", code,
+                  out, err, h.body);
+    free(out);
+    free(err);
+    itest_http_free(&h);
+
+    /* bob dropped: his samples go with him. */
+    tenants_file("alice " TOK_A "\nops " TOK_OPS " admin\n");
+    itest_daemon_signal(d, SIGHUP);
+    r = itest_read_reply(b);
+    expect_error_naming(b, r, "auth_revoked", "bob");
+    cJSON_Delete(r);
+    admin_get(d, "/metrics", TOK_OPS, &h);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_requests_total", "bob", NULL) == -1);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_steps_total", "alice", NULL) == 3);
+    itest_http_free(&h);
+    itest_close(a);
+    itest_close(b);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+    tenants_unlink();
+
+    d = itest_daemon_start(NULL);
+    itest_http_get(d, "/metrics", &h);
+    ck_assert_int_eq(h.status, 200);
+    ck_assert_msg(strstr(h.body, "slotd_tenant_") == NULL, "slotd_tenant_ without a tenants file");
+    itest_http_free(&h);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+}
+END_TEST
+
 /* POST /tenants/reload as the tenant of `token` (NULL: none). */
 static void admin_post(const itest_daemon_t *d, const char *path, const char *token,
                        itest_http_t *out)
@@ -835,6 +940,7 @@ int main(void)
     ITEST_ADD(s, test_tenant_reload);
     ITEST_ADD(s, test_tenant_admin_reload);
     ITEST_ADD(s, test_tenant_sessions_listing);
+    ITEST_ADD(s, test_tenant_metrics);
     ITEST_ADD(s, test_tenant_prefix_scope);
     ITEST_ADD_TIMEOUT(s, test_tenant_fairness_equal, 300);
     return itest_main(s);
