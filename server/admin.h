@@ -62,7 +62,7 @@ typedef struct admin_hooks {
     uint64_t (*prefix_flush)(void *arg);
     /** POST /tenants/reload: rereads the tenants file as SIGHUP does, fills
      * `out` (zeroed by the caller) and returns an admin_reload_rc_t.  NULL:
-     * the route is 404. */
+     * no such route (a POST there is 405, as to any path without one). */
     int (*tenants_reload)(void *arg, admin_reload_t *out);
     /** GET /metrics: appends more families after metrics_render()'s (the
      * per-tenant ones).  Returns SLOTD_OK or SLOTD_ENOMEM.  NULL: none. */
