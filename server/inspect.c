@@ -14,7 +14,7 @@
  *
  *   {"total":N,"limit":L,"sessions":[{"connection":{"number":K,
  *    "peer":"ADDR:PORT"},"tenant":"alice","id":"a","model":"tiny",
- *    "entries":5,"shared_entries":0,"pool_bytes":1792,"age_seconds":1.5,
+ *    "entries":5,"pool_bytes":1792,"shared_entries":0,"age_seconds":1.5,
  *    "idle_seconds":0.25,"state":"idle","outstanding":0},...]}
  *
  * and back on the loop the body goes to the admin port's callback, which
@@ -243,11 +243,11 @@ static int write_body(inspect_listing_t *l)
             snprintf(tenant, sizeof(tenant), ",\"tenant\":\"%s\"", pe->tenant);
         w = snprintf(line, sizeof(line),
                      "%s{\"connection\":{\"number\":%" PRIu64 ",\"peer\":\"%s\"}%s,\"id\":\"%s\","
-                     "\"model\":\"%s\",\"entries\":%" PRIu32 ",\"shared_entries\":%s,"
-                     "\"pool_bytes\":%" PRIu64 ",\"age_seconds\":%.3f,\"idle_seconds\":%.3f,"
+                     "\"model\":\"%s\",\"entries\":%" PRIu32 ",\"pool_bytes\":%" PRIu64 ","
+                     "\"shared_entries\":%s,\"age_seconds\":%.3f,\"idle_seconds\":%.3f,"
                      "\"state\":\"%s\",\"outstanding\":%" PRIu32 "}",
                      i > 0 ? "," : "", e->serial, pe->addr, tenant, e->id, e->model, e->entries,
-                     shared, e->bytes, e->age, e->idle, state_name[e->state], e->outstanding);
+                     e->bytes, shared, e->age, e->idle, state_name[e->state], e->outstanding);
         rc = w > 0 && (size_t)w < sizeof(line) ? proto_buf_append(out, line, (size_t)w)
                                                : SLOTD_EINVAL;
     }
