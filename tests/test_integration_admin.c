@@ -715,6 +715,10 @@ START_TEST(test_sessions_states)
     ck_assert_int_eq(itest_int(listed(j, "rest"), "outstanding"), 0);
     ck_assert_double_gt(
         cJSON_GetObjectItemCaseSensitive(listed(j, "rest"), "idle_seconds")->valuedouble, -0.001);
+    /* A worker may be changing the chains of run and wait: no figure. */
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(listed(j, "run"), "shared_entries")));
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(listed(j, "wait"), "shared_entries")));
+    ck_assert(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(listed(j, "rest"), "shared_entries")));
     cJSON_Delete(j);
 
     itest_daemon_signal(d, SIGUSR1);
