@@ -613,6 +613,31 @@ out:
     return rc;
 }
 
+int cache_pool_shared_entries(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                              uint32_t *out)
+{
+    cache__slot_t *s;
+    model_block_t **t;
+    uint32_t n = 0;
+
+    if (p == NULL || owner == NULL || out == NULL)
+        return SLOTD_EINVAL;
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL) {
+        cache__unlock(p);
+        return SLOTD_ESTALE;
+    }
+    t = cache__table(p, h.slot);
+    for (uint32_t i = 0; i < s->nblocks && t[i]->first < s->entries; i++)
+        if (cache__holders(t[i]) > 1)
+            n += s->entries - t[i]->first < t[i]->capacity ? s->entries - t[i]->first
+                                                           : t[i]->capacity;
+    cache__unlock(p);
+    *out = n;
+    return SLOTD_OK;
+}
+
 int cache_pool_reserve(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner, uint32_t n,
                        model_kv_t *kv)
 {

@@ -239,6 +239,13 @@ int cache_pool_release(cache_pool_t *p, cache_handle_t h, const cache_owner_t *o
  * live handle (asserted), right after a commit; takes no lock. */
 void cache_pool_hint(const cache_pool_t *p, cache_handle_t h, cache_hint_t *out);
 
+/** The committed entries of slot `h` that lie in blocks another holder
+ * (another slot, or the prefix cache) holds too, into *out: SLOTD_OK, or
+ * SLOTD_ESTALE if `owner` does not hold `h`.  Takes the lock; any thread,
+ * while no user of the slot can run (it reads the slot's chain). */
+int cache_pool_shared_entries(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                              uint32_t *out);
+
 /** Entries held by all live slots.  Lock-free; any thread. */
 uint64_t cache_pool_entries(const cache_pool_t *p);
 

@@ -1,6 +1,7 @@
 /*
- * admin.h: the admin HTTP port (GET /health, /stats, /metrics, /sessions), served on
- * the daemon's libuv loop with http-parser.
+ * admin.h: the admin HTTP port (GET /health, /stats, /metrics, /sessions;
+ * POST /prefix-cache/flush, /tenants/reload), served on the daemon's libuv
+ * loop with http-parser.
  *
  * DESIGN.  Everything here runs on the loop thread: the listener, every
  * admin connection, and the hooks it calls for figures.  Each connection
@@ -10,11 +11,26 @@
 #define SLOTD_SERVER_ADMIN_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <uv.h>
 
 #include "proto/proto.h"
 
 typedef struct admin admin_t;
+
+/** What POST /tenants/reload did (admin_hooks_t.tenants_reload). */
+typedef enum admin_reload_rc {
+    ADMIN_RELOAD_APPLIED,   /* 200: `tenants` listed now, `revoked` connections told */
+    ADMIN_RELOAD_NO_FILE,   /* 409: the daemon runs without --tenants-file */
+    ADMIN_RELOAD_REFUSED,   /* 422: the file did not load, `why`; nothing changed */
+    ADMIN_RELOAD_NO_MEMORY, /* 503: nothing changed */
+} admin_reload_rc_t;
+
+typedef struct admin_reload {
+    uint64_t tenants;
+    uint64_t revoked;
+    char why[512]; /* the reason of ADMIN_RELOAD_REFUSED */
+} admin_reload_t;
 
 /** Called on the loop thread when a body built by a hook is ready: `rc`
  * SLOTD_OK with `body` filled, or SLOTD_ENOMEM.  The callee may take the
@@ -44,6 +60,13 @@ typedef struct admin_hooks {
     /** POST /prefix-cache/flush: gives up every entry only the prefix cache
      * holds and returns how many.  NULL: the route is 404. */
     uint64_t (*prefix_flush)(void *arg);
+    /** POST /tenants/reload: rereads the tenants file as SIGHUP does, fills
+     * `out` (zeroed by the caller) and returns an admin_reload_rc_t.  NULL:
+     * no such route (a POST there is 405, as to any path without one). */
+    int (*tenants_reload)(void *arg, admin_reload_t *out);
+    /** GET /metrics: appends more families after metrics_render()'s (the
+     * per-tenant ones).  Returns SLOTD_OK or SLOTD_ENOMEM.  NULL: none. */
+    int (*metrics_more)(void *arg, proto_buf_t *out);
     void *arg;
     /** The token of --auth-token-file, or NULL (token_len 0) for none.
      * When set, every route but /health asks for "Authorization: Bearer

@@ -15,6 +15,11 @@
  *   POST /prefix-cache/flush  200 {"flushed_entries":N}: the prefix cache
  *                 gives up every entry only it holds (the prefix_flush
  *                 hook; 404 without it, as GET is 405);
+ *   POST /tenants/reload  rereads the tenants file as SIGHUP does (the
+ *                 tenants_reload hook): 200 {"reloaded":true,"tenants":N,
+ *                 "revoked":M}, else {"reloaded":false,"error":REASON}
+ *                 with 409 (no tenants file), 422 (the file refused,
+ *                 nothing changed) or 503 (no memory);
  *   GET /sessions 200 application/json with at most ?limit=N sessions
  *                 (ADMIN_HTTP_SESSIONS_DEFAULT): the caller has the body
  *                 built (ADMIN_HTTP_WAIT, admin_http_complete()) and it
@@ -124,10 +129,14 @@ static const char *status_text(int status)
         return "Not Found";
     case 405:
         return "Method Not Allowed";
+    case 409:
+        return "Conflict";
     case 413:
         return "Payload Too Large";
     case 414:
         return "URI Too Long";
+    case 422:
+        return "Unprocessable Content";
     case 431:
         return "Request Header Fields Too Large";
     case 503:
@@ -366,12 +375,79 @@ static int route(admin_http_t *h, const char *path, size_t len, const char *quer
         get_stats(h, &st);
         r->status = 200;
         r->content_type = "text/plain; version=0.0.4; charset=utf-8";
-        return metrics_render(&h->body, &st, h->now_ns());
+        rc = metrics_render(&h->body, &st, h->now_ns());
+        if (rc == SLOTD_OK && h->hooks.metrics_more != NULL)
+            rc = h->hooks.metrics_more(h->hooks.arg, &h->body);
+        return rc;
     }
 #undef IS
     r->status = 404;
     r->content_type = "text/plain; charset=utf-8";
     return proto_buf_append(&h->body, "Not Found\n", 10);
+}
+
+/* POST /prefix-cache/flush: 200 {"flushed_entries":N}. */
+static int post_prefix_flush(admin_http_t *h, response_t *r)
+{
+    char line[64];
+    int n = snprintf(line, sizeof(line), "{\"flushed_entries\":%" PRIu64 "}\n",
+                     h->hooks.prefix_flush(h->hooks.arg));
+    r->status = 200;
+    return proto_buf_append(&h->body, line, (size_t)n);
+}
+
+/* POST /tenants/reload: 200 {"reloaded":true,"tenants":N,"revoked":M}, or
+ * {"reloaded":false,"error":REASON} with 409 (no tenants file), 422 (the
+ * file was refused; nothing changed) or 503 (no memory; nothing changed). */
+static int post_tenants_reload(admin_http_t *h, response_t *r)
+{
+    admin_reload_t out;
+    const char *why;
+    char line[96];
+    int rc, n;
+
+    memset(&out, 0, sizeof(out));
+    switch (h->hooks.tenants_reload(h->hooks.arg, &out)) {
+    case ADMIN_RELOAD_APPLIED:
+        n = snprintf(line, sizeof(line),
+                     "{\"reloaded\":true,\"tenants\":%" PRIu64 ",\"revoked\":%" PRIu64 "}\n",
+                     out.tenants, out.revoked);
+        r->status = 200;
+        return proto_buf_append(&h->body, line, (size_t)n);
+    case ADMIN_RELOAD_NO_FILE:
+        r->status = 409;
+        why = "the daemon runs without --tenants-file: nothing to reload";
+        break;
+    case ADMIN_RELOAD_REFUSED:
+        r->status = 422;
+        why = out.why;
+        break;
+    default:
+        r->status = 503;
+        why = "no memory; nothing changed";
+        break;
+    }
+    static const char head[] = "{\"reloaded\":false,\"error\":";
+    rc = proto_buf_append(&h->body, head, sizeof(head) - 1);
+    if (rc == SLOTD_OK)
+        rc = json_string(&h->body, why);
+    if (rc == SLOTD_OK)
+        rc = proto_buf_append(&h->body, "}\n", 2);
+    return rc;
+}
+
+typedef int (*post_fn)(admin_http_t *h, response_t *r);
+
+/* The handler of the POST route in h->url, or NULL (then 405 or 404). */
+static post_fn post_route(const admin_http_t *h)
+{
+#define URL_IS(lit) (h->url_len == sizeof(lit) - 1 && memcmp(h->url, lit, h->url_len) == 0)
+    if (h->hooks.prefix_flush != NULL && URL_IS("/prefix-cache/flush"))
+        return post_prefix_flush;
+    if (h->hooks.tenants_reload != NULL && URL_IS("/tenants/reload"))
+        return post_tenants_reload;
+    return NULL;
+#undef URL_IS
 }
 
 /* Answers the request the parser has just completed.  Returns SLOTD_OK or
@@ -389,10 +465,8 @@ static int respond(admin_http_t *h)
     r.head = p->method == HTTP_HEAD;
     h->body.len = 0;
 
-    if (p->method == HTTP_POST && h->hooks.prefix_flush != NULL &&
-        h->url_len == sizeof("/prefix-cache/flush") - 1 &&
-        memcmp(h->url, "/prefix-cache/flush", h->url_len) == 0) {
-        /* The one route that changes something: the token when one is set. */
+    if (p->method == HTTP_POST && post_route(h) != NULL) {
+        /* The routes that change something: the token when one is set. */
         r.content_type = "application/json";
         if (!authorized(h)) {
             r.status = 401;
@@ -400,11 +474,7 @@ static int respond(admin_http_t *h)
             r.extra = "WWW-Authenticate: Bearer\r\n";
             rc = proto_buf_append(&h->body, "Unauthorized\n", 13);
         } else {
-            char line[64];
-            int n = snprintf(line, sizeof(line), "{\"flushed_entries\":%" PRIu64 "}\n",
-                             h->hooks.prefix_flush(h->hooks.arg));
-            r.status = 200;
-            rc = proto_buf_append(&h->body, line, (size_t)n);
+            rc = post_route(h)(h, &r);
         }
     } else if (p->method != HTTP_GET && p->method != HTTP_HEAD) {
         r.status = 405;

@@ -116,7 +116,8 @@ static const option_t options[] = {
      "file holding the token clients must present, readable by its owner only (none)"},
     {"tenants-file", OPT_PATH, 0, 0, FIELD(tenants_file),
      "file of tenants, one per line (NAME TOKEN [share=F] [weight=W] [sessions=N] "
-     "[connections=N] [admin]), readable by its owner only; reread on SIGHUP (none)"},
+     "[connections=N] [admin]), readable by its owner only; reread on SIGHUP or POST "
+     "/tenants/reload (none)"},
     {"protected-mode", OPT_YESNO, 0, 0, FIELD(protected_mode),
      "yes: refuse a non-loopback --listen or --admin-listen without a token (yes)"},
     {"max-batch", OPT_UINT, 1, MODEL_BATCH_MAX, FIELD(max_batch),

@@ -230,8 +230,11 @@ static void conn_advance(conn_t *c)
         conn__held_drop(c, r->reply.len);
         if (r->rc != SLOTD_OK) {
             metrics_count_error(r->rc);
-            if (c->tenant != NULL)
+            if (c->tenant != NULL) {
                 c->tenant->errors_total++;
+                if (r->rc < 0 && r->rc >= -SLOTD__ERR_COUNT)
+                    c->tenant->errors[-r->rc - 1]++;
+            }
         }
         if (r->rc == SLOTD_ECACHE_FULL)
             metrics_count_refusal((metrics_refusal_t)r->refusal);
@@ -791,6 +794,11 @@ void dispatch__job_done(req_t *r)
 
     conn__unreserve(c, r->reply_bound);
     metrics_job_back(atomic_load_explicit(&r->started, memory_order_relaxed));
+    if (c->tenant != NULL && r->begun_ns != 0) {
+        c->tenant->wait_ns += r->begun_ns > r->read_ns ? r->begun_ns - r->read_ns : 0;
+        c->tenant->waits++;
+        r->begun_ns = 0; /* a job run again is counted again only if begun again */
+    }
     if (r->chain_next != NULL && (r->rc != SLOTD_OK || r->chain_cut))
         launch__chain_return(r);
     if (sess != NULL && sess->evicted) /* --on-full evict: maybe rebuilt */
@@ -837,6 +845,9 @@ void dispatch__job_done(req_t *r)
              * queued the id is free again (session.c: session__settle()). */
             session__give_back(sess);
         } else {
+            if (c->tenant != NULL && r->rq.op == PROTO_OP_STEP && r->rc == SLOTD_OK &&
+                r->cs.entries > sess->cs.entries)
+                c->tenant->steps_total += r->cs.entries - sess->cs.entries;
             sess->cs = r->cs; /* a failed step left it as it was */
             sess->toks = r->toks;
             if (r->rc != SLOTD_OK)

@@ -1,8 +1,8 @@
 /*
  * inspect.c: what the daemon shows of itself: the figures of the stats op
- * and of the admin port (inspect__stats(), inspect__health()), and GET
- * /sessions, the list of live sessions for an operator hunting a leak or a
- * stuck client (llama.cpp's server has /slots).
+ * and of the admin port (inspect__stats(), inspect__health()), with a
+ * tenants file the slotd_tenant_* families of /metrics, and GET /sessions,
+ * the live sessions for an operator hunting a leak or a stuck client.
  *
  * A listing (inspect_listing_t, one per GET /sessions) is built in three
  * steps so that no step holds the loop thread for long: on the loop, a
@@ -13,9 +13,9 @@
  * sorted largest first and written as JSON:
  *
  *   {"total":N,"limit":L,"sessions":[{"connection":{"number":K,
- *    "peer":"ADDR:PORT"},"id":"a","model":"tiny","entries":5,
- *    "pool_bytes":1792,"age_seconds":1.5,"idle_seconds":0.25,
- *    "state":"idle","outstanding":0},...]}
+ *    "peer":"ADDR:PORT"},"tenant":"alice","id":"a","model":"tiny",
+ *    "entries":5,"pool_bytes":1792,"shared_entries":0,"age_seconds":1.5,
+ *    "idle_seconds":0.25,"state":"idle","outstanding":0},...]}
  *
  * and back on the loop the body goes to the admin port's callback, which
  * sends it out in slices.  `pool_bytes` is what the pool holds for the
@@ -24,7 +24,11 @@
  * while a worker runs a job of the session, "queued" while its requests
  * wait, "evicted" while idle with its slot evicted (--on-full evict:
  * pool_bytes 0), "idle" otherwise; `outstanding` counts its requests not yet
- * answered by the model, the running one included.
+ * answered by the model, the running one included.  `tenant` is there
+ * with a tenants file.  `shared_entries` counts the entries in blocks that
+ * another holder (a fork, another session, the prefix cache) holds too,
+ * read from the pool under its lock; null while a request of the session
+ * is out to the workers, whose user may be changing the chain.
  *
  * DESIGN.  The loop thread owns the server's records, every listing while
  * it gathers (server->listings, a FIFO of which only the head gathers, so
@@ -35,6 +39,7 @@
  * handle is closed and its job is back, whether delivered or canceled.
  */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,12 +70,17 @@ typedef struct listed {
     const char *model;
     uint32_t peer; /* index in the listing's peers */
     uint32_t entries;
+    int64_t shared; /* entries in blocks held by others too; -1: a worker may hold it */
     uint32_t outstanding;
     listed_state_t state;
     char id[PROTO_ID_MAX + 1];
 } listed_t;
 
-typedef char peer_t[64];
+/* A listed connection: its address and its tenant's name ("" without). */
+typedef struct peer {
+    char addr[64];
+    char tenant[TENANT_NAME_MAX + 1];
+} peer_t;
 
 struct inspect_listing {
     server_t *s;
@@ -109,7 +119,10 @@ static int peer_add(inspect_listing_t *l, conn_t *c)
         l->peers = p;
         l->peers_cap = cap;
     }
-    snprintf(l->peers[l->npeers++], sizeof(peer_t), "%s", c->peer);
+    snprintf(l->peers[l->npeers].addr, sizeof(l->peers[0].addr), "%s", c->peer);
+    snprintf(l->peers[l->npeers].tenant, sizeof(l->peers[0].tenant), "%s",
+             c->tenant != NULL ? c->tenant->name : "");
+    l->npeers++;
     return SLOTD_OK;
 }
 
@@ -145,6 +158,16 @@ static int listed_add(inspect_listing_t *l, const session_t *sess)
     e->model = m != NULL ? model_name(m) : "";
     e->peer = (uint32_t)(l->npeers - 1);
     e->entries = sess->cs.entries;
+    /* The chain is read only while no worker may be the slot's user. */
+    e->shared = 0;
+    if (sess->running != NULL) {
+        e->shared = -1;
+    } else if (sess->has_slot && !sess->evicted) {
+        uint32_t shared;
+        if (cache_pool_shared_entries(l->s->pool, sess->cs.handle, &sess->cs.owner, &shared) ==
+            SLOTD_OK)
+            e->shared = shared;
+    }
     e->outstanding = outstanding;
     e->state = started                                            ? LISTED_RUNNING
                : sess->running != NULL || sess->fifo_head != NULL ? LISTED_QUEUED
@@ -202,7 +225,7 @@ static const char *const state_name[] = {
 static int write_body(inspect_listing_t *l)
 {
     proto_buf_t *out = &l->body;
-    char line[512];
+    char line[768];
     int rc;
 
     if (l->n > 0) /* l->v is NULL with nothing listed */
@@ -212,13 +235,19 @@ static int write_body(inspect_listing_t *l)
     rc = proto_buf_append(out, line, (size_t)w);
     for (size_t i = 0; i < l->n && i < l->limit && rc == SLOTD_OK; i++) {
         const listed_t *e = &l->v[i];
+        char shared[24] = "null", tenant[TENANT_NAME_MAX + 16] = "";
+        const peer_t *pe = &l->peers[e->peer];
+        if (e->shared >= 0)
+            snprintf(shared, sizeof(shared), "%" PRId64, e->shared);
+        if (pe->tenant[0] != '\0') /* names are [A-Za-z0-9_.-]: no escape needed */
+            snprintf(tenant, sizeof(tenant), ",\"tenant\":\"%s\"", pe->tenant);
         w = snprintf(line, sizeof(line),
-                     "%s{\"connection\":{\"number\":%" PRIu64 ",\"peer\":\"%s\"},\"id\":\"%s\","
+                     "%s{\"connection\":{\"number\":%" PRIu64 ",\"peer\":\"%s\"}%s,\"id\":\"%s\","
                      "\"model\":\"%s\",\"entries\":%" PRIu32 ",\"pool_bytes\":%" PRIu64 ","
-                     "\"age_seconds\":%.3f,\"idle_seconds\":%.3f,\"state\":\"%s\","
-                     "\"outstanding\":%" PRIu32 "}",
-                     i > 0 ? "," : "", e->serial, l->peers[e->peer], e->id, e->model, e->entries,
-                     e->bytes, e->age, e->idle, state_name[e->state], e->outstanding);
+                     "\"shared_entries\":%s,\"age_seconds\":%.3f,\"idle_seconds\":%.3f,"
+                     "\"state\":\"%s\",\"outstanding\":%" PRIu32 "}",
+                     i > 0 ? "," : "", e->serial, pe->addr, tenant, e->id, e->model, e->entries,
+                     e->bytes, shared, e->age, e->idle, state_name[e->state], e->outstanding);
         rc = w > 0 && (size_t)w < sizeof(line) ? proto_buf_append(out, line, (size_t)w)
                                                : SLOTD_EINVAL;
     }
@@ -443,3 +472,94 @@ void inspect__health(void *arg, bool *draining, bool *wedged)
         s->workers != NULL &&
         worker_pool_wedged(s->workers, uv_hrtime(), (uint64_t)s->cfg->wedge_timeout * 1000000000u);
 }
+
+/* ---- Per-tenant metric families (GET /metrics with a tenants file) ---- */
+
+static int put(proto_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int put(proto_buf_t *b, const char *fmt, ...)
+{
+    char line[256];
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof(line))
+        return SLOTD_EINVAL;
+    return proto_buf_append(b, line, (size_t)n);
+}
+
+/* One family of one sample per listed tenant `t`: `expr` of it. */
+#define TENANT_FAMILY(fam, kind, what, expr)                                                       \
+    do {                                                                                           \
+        TRY(put(b, "# HELP " fam " " what "\n# TYPE " fam " " kind "\n"));                          \
+        for (t = s->tenants; t != NULL; t = t->next)                                               \
+            TRY(put(b, fam "{tenant=\"%s\"} %" PRIu64 "\n", t->name, (uint64_t)(expr)));           \
+    } while (0)
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != SLOTD_OK)                                                                       \
+            return rc_;                                                                            \
+    } while (0)
+
+int inspect__tenant_metrics(void *arg, proto_buf_t *b)
+{
+    server_t *s = arg;
+    tenant_t *t;
+
+    /* Entries held, summed in one pass as inspect__tenant_stats() sums them. */
+    for (t = s->tenants; t != NULL; t = t->next)
+        t->scratch_entries = 0;
+    for (const conn_t *c = s->conns; c != NULL; c = c->next)
+        if (c->tenant != NULL)
+            for (const session_t *sess = c->sessions; sess != NULL; sess = sess->next)
+                if (sess->in_map)
+                    c->tenant->scratch_entries += sess->share_entries;
+
+    TENANT_FAMILY("slotd_tenant_requests_total", "counter",
+                  "Request lines read on the tenant's connections.", t->requests_total);
+    /* Errors by wire code; the codes spelled "internal" are summed, and a
+     * code the tenant never had is left out. */
+    TRY(put(b, "# HELP slotd_tenant_errors_total Error replies to the tenant, by code.\n"
+               "# TYPE slotd_tenant_errors_total counter\n"));
+    for (t = s->tenants; t != NULL; t = t->next)
+        for (int i = 0; i < SLOTD__ERR_COUNT; i++) {
+            const char *code = slotd_err_name(-(i + 1));
+            uint64_t n = 0;
+            bool first = true;
+            for (int j = 0; j < SLOTD__ERR_COUNT; j++)
+                if (strcmp(slotd_err_name(-(j + 1)), code) == 0) {
+                    first = first && j >= i;
+                    n += t->errors[j];
+                }
+            if (first && n > 0)
+                TRY(put(b, "slotd_tenant_errors_total{tenant=\"%s\",code=\"%s\"} %" PRIu64 "\n",
+                        t->name, code, n));
+        }
+    TENANT_FAMILY("slotd_tenant_steps_total", "counter",
+                  "Positions picked by the tenant's step requests.", t->steps_total);
+    TRY(put(b, "# HELP slotd_tenant_request_wait_seconds Time from reading a request of the "
+               "tenant to a worker beginning it.\n"
+               "# TYPE slotd_tenant_request_wait_seconds summary\n"));
+    for (t = s->tenants; t != NULL; t = t->next) {
+        TRY(put(b, "slotd_tenant_request_wait_seconds_sum{tenant=\"%s\"} %.9f\n", t->name,
+                (double)t->wait_ns / 1e9));
+        TRY(put(b, "slotd_tenant_request_wait_seconds_count{tenant=\"%s\"} %" PRIu64 "\n",
+                t->name, t->waits));
+    }
+    TENANT_FAMILY("slotd_tenant_cache_entries", "gauge",
+                  "Entries held by the tenant's live sessions (its stats' cache_entries).",
+                  t->scratch_entries);
+    TENANT_FAMILY("slotd_tenant_pool_bytes", "gauge",
+                  "Pool bytes charged to the tenant (its stats' pool_bytes_used).", t->pool_bytes);
+    TENANT_FAMILY("slotd_tenant_live_sessions", "gauge", "The tenant's live sessions.",
+                  t->sessions);
+    TENANT_FAMILY("slotd_tenant_connections", "gauge", "The tenant's open connections.",
+                  t->connections);
+    return SLOTD_OK;
+}
+#undef TRY
+#undef TENANT_FAMILY

@@ -37,4 +37,9 @@ void inspect__stats(server_t *s, proto_stats_t *st);
  * per model for every tenant at once, are 0.  Loop thread. */
 void inspect__tenant_stats(server_t *s, const tenant_t *t, proto_stats_t *st);
 
+/** admin_hooks_t.metrics_more with a tenants file: appends the
+ * slotd_tenant_* families, one sample per tenant listed now (a tenant a
+ * reload dropped is gone from them).  SLOTD_OK or an error. */
+int inspect__tenant_metrics(void *arg, proto_buf_t *b);
+
 #endif

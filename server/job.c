@@ -726,8 +726,9 @@ static int run_generate(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 
 /* Worker `shard` begins `r` at `t` (its job's start): its wait, from its
  * line's read, is observed. */
-static void job_begun(unsigned shard, uint64_t t, const req_t *r)
+static void job_begun(unsigned shard, uint64_t t, req_t *r)
 {
+    r->begun_ns = t; /* a tenant's wait, summed when the job is back (dispatch.c) */
     const model_t *m = req__on_slot(r) ? r->cs.model : r->model;
     metrics_observe_request_wait(
         shard, t > r->read_ns ? t - r->read_ns : 0,

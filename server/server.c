@@ -15,8 +15,8 @@
  * submits its jobs in one batch.  The trim timer sheds the free lists of
  * records (req.c, session.c) that sat unused for a period.  The
  * session port is accepted by hand, with a reserve descriptor for running
- * out.  SIGTERM or SIGINT starts a drain, SIGHUP is logged and ignored
- * (its default action would end the process); test builds
+ * out.  SIGTERM or SIGINT starts a drain, SIGHUP (and POST /tenants/reload)
+ * rereads --tenants-file, or is logged and ignored without one; test builds
  * (SLOTD_FAULT_INJECTION) add a SIGUSR1 handle that releases a worker
  * wedged by --fault-wedge-after.
  *
@@ -448,10 +448,25 @@ static void signal_cb(uv_signal_t *h, int signum)
     server_drain(s);
 }
 
-/* SIGHUP rereads --tenants-file (tenancy.c) and revokes the connections
- * of the tenants it dropped or gave a new token.  Without a tenants file
- * it would end the process (its default action), and a terminal closing
- * or a reload by habit sends it: logged and ignored, drain or not. */
+/* Rereads --tenants-file (tenancy.c) and revokes the connections of the
+ * tenants it dropped or gave a new token: SIGHUP and POST /tenants/reload.
+ * Returns what tenancy__reload() returns. */
+static long server_reload_tenants(server_t *s, char *why, size_t why_size)
+{
+    long revoked = tenancy__reload(s, why, why_size);
+
+    if (revoked <= 0)
+        return revoked;
+    for (conn_t *c = s->conns, *next; c != NULL; c = next) {
+        next = c->next; /* a revoked connection leaves the list only once answered */
+        dispatch__revoke(c);
+    }
+    return revoked;
+}
+
+/* SIGHUP reloads the tenants file.  Without one it would end the process
+ * (its default action), and a terminal closing or a reload by habit sends
+ * it: logged and ignored, drain or not. */
 static void sighup_cb(uv_signal_t *h, int signum)
 {
     server_t *s = h->data;
@@ -461,12 +476,25 @@ static void sighup_cb(uv_signal_t *h, int signum)
         return;
     }
     log_info("signal %d: reloading %s", signum, s->cfg->tenants_file);
-    if (tenancy__reload(s) <= 0)
-        return;
-    for (conn_t *c = s->conns, *next; c != NULL; c = next) {
-        next = c->next; /* a revoked connection leaves the list only once answered */
-        dispatch__revoke(c);
-    }
+    (void)server_reload_tenants(s, NULL, 0);
+}
+
+/* POST /tenants/reload (admin.h): as SIGHUP, with the outcome for the
+ * response. */
+static int admin_tenants_reload_cb(void *arg, admin_reload_t *out)
+{
+    server_t *s = arg;
+    long rc;
+
+    if (s->cfg->tenants_file[0] == '\0')
+        return ADMIN_RELOAD_NO_FILE;
+    log_info("admin: reloading %s", s->cfg->tenants_file);
+    rc = server_reload_tenants(s, out->why, sizeof(out->why));
+    if (rc < 0)
+        return rc == -1 ? ADMIN_RELOAD_REFUSED : ADMIN_RELOAD_NO_MEMORY;
+    out->tenants = tenancy__count(s);
+    out->revoked = (uint64_t)rc;
+    return ADMIN_RELOAD_APPLIED;
 }
 
 /* admin_hooks_t.admin_token: a tenant's token, one with the admin right. */
@@ -714,11 +742,14 @@ int server_run(const server_config_t *cfg)
     hooks.sessions_cancel = inspect__sessions_cancel;
     hooks.health = inspect__health;
     hooks.prefix_flush = admin_prefix_flush_cb;
+    hooks.tenants_reload = admin_tenants_reload_cb;
     hooks.arg = s;
     hooks.token = cfg->auth_token;
     hooks.token_len = cfg->auth_token_len;
-    if (cfg->tenants_file[0] != '\0')
+    if (cfg->tenants_file[0] != '\0') {
         hooks.admin_token = server_admin_token;
+        hooks.metrics_more = inspect__tenant_metrics;
+    }
     rc = admin_start(&s->loop, cfg->admin_listen, cfg->admin_port, cfg->admin_idle_timeout * 1000u,
                      &hooks, &s->admin);
     if (rc != 0) {

@@ -142,6 +142,7 @@ struct req {
     audit_tokens_t toks; /* audit on: the session's tokens, as `cs` (start: its prompt) */
     int rc;              /* SLOTD_OK, or the code of the error in `reply` */
     bool chain_cut;      /* ran, and its chain's later steps did not: they go back (launch.c) */
+    uint64_t begun_ns;   /* the time its worker began it (job_begun()); 0 if none did */
     /* start: the new session; step: in and out.  Not cleared by
      * req__put(): every job that reads it writes it first (a step's is its
      * session's, copied at submit, launch.c; a start's worker fills it). */

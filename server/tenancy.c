@@ -18,6 +18,7 @@
 #include "tenancy_int.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,7 +105,7 @@ int tenancy__start(server_t *s)
     return 0;
 }
 
-long tenancy__reload(server_t *s)
+long tenancy__reload(server_t *s, char *why, size_t why_size)
 {
     tenants_file_t f = {NULL, 0};
     char err[512];
@@ -119,6 +120,8 @@ long tenancy__reload(server_t *s)
         s->tenants_reload_failures++;
         metrics_count_tenants_reload_failure();
         log_error("tenants: reload refused, nothing changed: %s", err);
+        if (why != NULL)
+            snprintf(why, why_size, "%s", err);
         return -1;
     }
     /* Everything that can fail first: the new records. */
@@ -175,8 +178,10 @@ nomem:
     s->tenants_reload_failures++;
     metrics_count_tenants_reload_failure();
     log_error("tenants: reload refused, nothing changed: no memory");
+    if (why != NULL)
+        snprintf(why, why_size, "no memory");
     tenants_free(&f);
-    return -1;
+    return -2;
 }
 
 void tenancy__stop(server_t *s)
@@ -187,6 +192,15 @@ void tenancy__stop(server_t *s)
         s->tenants = t->next;
         tenant_unref(t);
     }
+}
+
+size_t tenancy__count(const server_t *s)
+{
+    size_t n = 0;
+
+    for (const tenant_t *t = s->tenants; t != NULL; t = t->next)
+        n++;
+    return n;
 }
 
 tenant_t *tenancy__find(server_t *s, const char *token, size_t len)

@@ -47,6 +47,10 @@ struct tenant {
     /* Since it was first read (kept across reloads that keep its token). */
     uint64_t requests_total, errors_total, refused_total;
     uint64_t released[4]; /* sessions released, by metrics_release_t */
+    uint64_t errors[SLOTD__ERR_COUNT]; /* error replies by code: index -code - 1 */
+    uint64_t steps_total;              /* positions its step requests picked */
+    uint64_t wait_ns, waits;           /* its jobs' waits, read to a worker beginning them */
+    uint64_t scratch_entries;          /* inspect.c: summed while rendering the metrics */
     tenant_t *next; /* in server->tenants while not gone */
 };
 
@@ -54,13 +58,18 @@ struct tenant {
  * Returns 0, or -1 having logged why (the daemon then exits 2). */
 int tenancy__start(server_t *s);
 
-/** Rereads the file (SIGHUP): tenants kept with their token take the new
- * limits at once (the next request), new ones can connect, and a tenant
- * dropped or whose token changed is marked gone, its connections to be
- * revoked by the caller (dispatch__revoke()).  A file that fails to load
- * changes nothing; it is logged and counted.  Returns the number of
- * connections now attached to a gone tenant, or -1 if the file failed. */
-long tenancy__reload(server_t *s);
+/** Rereads the file (SIGHUP, POST /tenants/reload): tenants kept with
+ * their token take the new limits at once (the next request), new ones can
+ * connect, and a tenant dropped or whose token changed is marked gone, its
+ * connections to be revoked by the caller (dispatch__revoke()).  A file
+ * that fails to load changes nothing; it is logged and counted, and the
+ * reason written to `why` (why_size bytes, NULL for none).  Returns the
+ * number of connections now attached to a gone tenant, -1 if the file was
+ * refused, -2 without memory. */
+long tenancy__reload(server_t *s, char *why, size_t why_size);
+
+/** The tenants listed now (those a token can authenticate as). */
+size_t tenancy__count(const server_t *s);
 
 /** Frees every record at the end of server_run() (no connection left). */
 void tenancy__stop(server_t *s);

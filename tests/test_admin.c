@@ -367,6 +367,88 @@ START_TEST(test_http_bearer)
 }
 END_TEST
 
+/* POST /tenants/reload: each outcome of the hook as its status and body;
+ * 405 without the hook (a POST of no route), GET 404 (no such GET
+ * route), 401 without the token.  metrics_more's families follow metrics_render()'s. */
+static int reload_outcome;
+
+static int hook_reload(void *arg, admin_reload_t *out)
+{
+    (void)arg;
+    out->tenants = 3;
+    out->revoked = 1;
+    snprintf(out->why, sizeof(out->why), "--tenants-file: f line 2: \"x\"");
+    return reload_outcome;
+}
+
+static int hook_metrics_more(void *arg, proto_buf_t *out)
+{
+    (void)arg;
+    static const char fam[] = "# HELP slotd_more_x X.\n# TYPE slotd_more_x gauge\nslotd_more_x 1\n";
+    return proto_buf_append(out, fam, sizeof(fam) - 1);
+}
+
+START_TEST(test_http_tenants_reload)
+{
+    static const char tok[] = "unit-token-0123456789";
+    static const char post[] = "POST /tenants/reload HTTP/1.1\r\nContent-Length: 0\r\n"
+                               "Authorization: Bearer unit-token-0123456789\r\n\r\n";
+    static const struct {
+        int outcome, status;
+        const char *body;
+    } cases[] = {
+        {ADMIN_RELOAD_APPLIED, 200, "{\"reloaded\":true,\"tenants\":3,\"revoked\":1}\n"},
+        {ADMIN_RELOAD_NO_FILE, 409,
+         "{\"reloaded\":false,\"error\":\"the daemon runs without --tenants-file: nothing to "
+         "reload\"}\n"},
+        {ADMIN_RELOAD_REFUSED, 422,
+         "{\"reloaded\":false,\"error\":\"--tenants-file: f line 2: \\\"x\\\"\"}\n"},
+        {ADMIN_RELOAD_NO_MEMORY, 503,
+         "{\"reloaded\":false,\"error\":\"no memory; nothing changed\"}\n"},
+    };
+    admin_hooks_t hk = hooks;
+    hx_t x;
+    resp_t r;
+
+    hx_init(&x); /* with hooks lacking tenants_reload: a POST of no route */
+    ck_assert_int_eq(hx_feed(&x, post), ADMIN_HTTP_MORE);
+    hx_next(&x, false, 405, &r);
+    resp_free(&r);
+    admin_http_free(x.h);
+    hk.token = tok;
+    hk.token_len = strlen(tok);
+    hk.tenants_reload = hook_reload;
+    hk.metrics_more = hook_metrics_more;
+    x.h = admin_http_new(&hk, fixed_clock);
+    ck_assert_ptr_nonnull(x.h);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        reload_outcome = cases[i].outcome;
+        ck_assert_int_eq(hx_feed(&x, post), ADMIN_HTTP_MORE);
+        hx_next(&x, false, cases[i].status, &r);
+        ck_assert_str_eq(r.body, cases[i].body);
+        resp_free(&r);
+    }
+    ck_assert_int_eq(hx_feed(&x, "POST /tenants/reload HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+                     ADMIN_HTTP_MORE);
+    hx_next(&x, false, 401, &r);
+    resp_free(&r);
+    ck_assert_int_eq(hx_feed(&x, "GET /tenants/reload HTTP/1.1\r\n"
+                                 "Authorization: Bearer unit-token-0123456789\r\n\r\n"),
+                     ADMIN_HTTP_MORE);
+    hx_next(&x, false, 404, &r);
+    resp_free(&r);
+    ck_assert_int_eq(hx_feed(&x, "GET /metrics HTTP/1.1\r\n"
+                                 "Authorization: Bearer unit-token-0123456789\r\n\r\n"),
+                     ADMIN_HTTP_MORE);
+    hx_next(&x, false, 200, &r);
+    ck_assert_msg(r.body_len > 15 && strcmp(r.body + r.body_len - 15, "slotd_more_x 1\n") == 0,
+                  "metrics_more's family not last");
+    resp_free(&r);
+    ck_assert(hx_empty(&x));
+    hx_free(&x);
+}
+END_TEST
+
 START_TEST(test_http_no_hooks)
 {
     proto_buf_t out;
@@ -1269,6 +1351,7 @@ static Suite *admin_suite(void)
     tcase_add_test(tc, test_http_no_hooks);
     tcase_add_test(tc, test_http_health_gauges);
     tcase_add_test(tc, test_http_bearer);
+    tcase_add_test(tc, test_http_tenants_reload);
     tcase_add_test(tc, test_http_stats);
     tcase_add_test(tc, test_http_metrics);
     tcase_add_test(tc, test_http_head);

@@ -16,6 +16,9 @@
  * start-up with status 2; with the connection limit's worth of idle admin
  * connections held open a new connection's /health still answers 200, and
  * idle ones are closed after --admin-idle-timeout.
+ *
+ * GET /sessions: each session's connection, size and state; its
+ * shared_entries follow a fork both ways and the prefix cache.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -712,6 +715,10 @@ START_TEST(test_sessions_states)
     ck_assert_int_eq(itest_int(listed(j, "rest"), "outstanding"), 0);
     ck_assert_double_gt(
         cJSON_GetObjectItemCaseSensitive(listed(j, "rest"), "idle_seconds")->valuedouble, -0.001);
+    /* A worker may be changing the chains of run and wait: no figure. */
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(listed(j, "run"), "shared_entries")));
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(listed(j, "wait"), "shared_entries")));
+    ck_assert(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(listed(j, "rest"), "shared_entries")));
     cJSON_Delete(j);
 
     itest_daemon_signal(d, SIGUSR1);
@@ -836,6 +843,73 @@ START_TEST(test_request_duration_by_model)
 }
 END_TEST
 
+/* The listed session `id`'s shared_entries (fails unless listed, with a number). */
+static int64_t listed_shared(const itest_daemon_t *d, const char *id)
+{
+    cJSON *j = get_sessions(d, "");
+    const cJSON *e = listed(j, id);
+    ck_assert_msg(e != NULL, "%s not listed", id);
+    ck_assert_msg(cJSON_GetObjectItemCaseSensitive(e, "tenant") == NULL,
+                  "a tenant member without a tenants file");
+    int64_t v = itest_int(e, "shared_entries");
+    cJSON_Delete(j);
+    return v;
+}
+
+/* shared_entries: the entries of a session in blocks another holder holds
+ * too.  Without the prefix cache, a fork shares its parent's every entry
+ * (full blocks and the tail) both ways, a session nobody forked shares
+ * none, and the parent's count goes back to 0 when the fork finishes.
+ * With it, a start whose prompt the cache had shares at least what it
+ * reused. */
+START_TEST(test_sessions_shared_entries)
+{
+    char prompt[256];
+    size_t n = 0;
+    for (int i = 0; i < 40; i++)
+        n += (size_t)snprintf(prompt + n, sizeof(prompt) - n, "%s%d", i ? "," : "", 1 + i % 5);
+    itest_daemon_t *d = itest_daemon_start("--prefix-cache", "off", NULL);
+    itest_conn_t *a = itest_connect(d);
+    cJSON *r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"p\",\"model\":\"small\",\"prompt\":[%s]}",
+                         prompt);
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"solo\",\"model\":\"small\",\"prompt\":[%s]}",
+                  prompt);
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    ck_assert_int_eq(listed_shared(d, "p"), 0);
+    r = itest_rpc(a, "{\"op\":\"fork\",\"id\":\"f\",\"from\":\"p\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    ck_assert_int_eq(listed_shared(d, "p"), 40);
+    ck_assert_int_eq(listed_shared(d, "f"), 40);
+    ck_assert_int_eq(listed_shared(d, "solo"), 0);
+    r = itest_rpc(a, "{\"op\":\"finish\",\"id\":\"f\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    ck_assert_int_eq(listed_shared(d, "p"), 0);
+    itest_close(a);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+
+    d = itest_daemon_start(NULL);
+    a = itest_connect(d);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"c1\",\"model\":\"small\",\"prompt\":[%s]}",
+                  prompt);
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"c2\",\"model\":\"small\",\"prompt\":[%s]}",
+                  prompt);
+    itest_expect_ok(r);
+    int64_t cached = itest_int(r, "cached");
+    cJSON_Delete(r);
+    ck_assert_int_gt(cached, 0);
+    ck_assert_int_ge(listed_shared(d, "c2"), cached);
+    ck_assert_int_le(listed_shared(d, "c2"), 40);
+    itest_close(a);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     if (itest_is_part(argc, argv, "faults") && !itest_fault_hooks())
@@ -860,5 +934,6 @@ int main(int argc, char **argv)
     ITEST_ADD(s, test_admin_listen_default_loopback);
     ITEST_ADD(s, test_admin_listen_bad);
     ITEST_ADD(s, test_sessions_list);
+    ITEST_ADD(s, test_sessions_shared_entries);
     return itest_main(s);
 }

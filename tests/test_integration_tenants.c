@@ -13,7 +13,11 @@
  * Reload (SIGHUP): a dropped tenant's connection gets one auth_revoked
  * line and is closed, a kept tenant's connection serves on, a new tenant
  * can connect, new limits apply to the next request; a bad file changes
- * nothing.
+ * nothing.  POST /tenants/reload on the admin port does the same for a
+ * tenant with admin (200 with the count), is 422 with the reason for a
+ * bad file, and 409 without a tenants file.  GET /sessions names each
+ * session's tenant; the slotd_tenant_* families of /metrics agree with
+ * each tenant's `stats` and pass promtool.
  * Fairness: a tenant over 4 connections and one over 1, both flooding
  * `small` steps over 4 sessions a connection: when the 1-connection
  * tenant has its last reply, the other has had less than 3 times as many
@@ -520,6 +524,238 @@ START_TEST(test_tenant_reload)
 }
 END_TEST
 
+/* GET /sessions as an admin tenant names each session's tenant. */
+START_TEST(test_tenant_sessions_listing)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file", tenants_file("alice " TOK_A "\nbob " TOK_B "\nops " TOK_OPS " admin\n"),
+        NULL);
+    itest_conn_t *a = connect_as(d, TOK_A, "alice"), *b = connect_as(d, TOK_B, "bob");
+    const cJSON *e;
+    itest_http_t h;
+    cJSON *r, *j;
+    int seen = 0;
+
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"sa\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"sb\",\"model\":\"tiny\",\"prompt\":[1,2]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    admin_get(d, "/sessions", TOK_OPS, &h);
+    ck_assert_int_eq(h.status, 200);
+    j = cJSON_Parse(h.body);
+    ck_assert_msg(j != NULL, "body '%s'", h.body);
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "sessions"))
+    {
+        const char *id = itest_str(e, "id");
+        ck_assert_str_eq(itest_str(e, "tenant"), strcmp(id, "sa") == 0 ? "alice" : "bob");
+        ck_assert(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(e, "shared_entries")));
+        seen++;
+    }
+    ck_assert_int_eq(seen, 2);
+    cJSON_Delete(j);
+    itest_http_free(&h);
+    itest_close(a);
+    itest_close(b);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+    tenants_unlink();
+}
+END_TEST
+
+/* The sample `family{tenant="NAME"[,code="CODE"]}` of a /metrics body as
+ * a number, or -1 if absent. */
+static double tenant_sample(const char *body, const char *family, const char *name,
+                            const char *code)
+{
+    char key[192];
+    const char *p;
+
+    if (code != NULL)
+        snprintf(key, sizeof(key), "\n%s{tenant=\"%s\",code=\"%s\"} ", family, name, code);
+    else
+        snprintf(key, sizeof(key), "\n%s{tenant=\"%s\"} ", family, name);
+    p = strstr(body, key);
+    return p != NULL ? strtod(p + strlen(key), NULL) : -1;
+}
+
+/* The slotd_tenant_* families: each figure against the tenant's own
+ * `stats`, the body accepted by promtool, a tenant dropped by a reload
+ * gone from them, and no such family without a tenants file. */
+START_TEST(test_tenant_metrics)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file", tenants_file("alice " TOK_A "\nbob " TOK_B "\nops " TOK_OPS " admin\n"),
+        NULL);
+    itest_conn_t *a = connect_as(d, TOK_A, "alice"), *b = connect_as(d, TOK_B, "bob");
+    const char *promtool = getenv("PROMTOOL") != NULL ? getenv("PROMTOOL") : "promtool";
+    const char *argv[] = {promtool, "check", "metrics", NULL};
+    char *out = NULL, *err = NULL;
+    itest_http_t h;
+    cJSON *r, *st;
+    int code;
+
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1,2]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"s\",\"n\":3}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"nope\"}");
+    itest_expect_error(r, NULL, "unknown_id", NULL);
+    cJSON_Delete(r);
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_error(r, NULL, "duplicate_id", NULL);
+    cJSON_Delete(r);
+    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"t\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    st = itest_stats(a);
+    admin_get(d, "/metrics", TOK_OPS, &h);
+    ck_assert_int_eq(h.status, 200);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_requests_total", "alice", NULL) ==
+              (double)itest_int(st, "requests_total"));
+    ck_assert(tenant_sample(h.body, "slotd_tenant_errors_total", "alice", "unknown_id") == 1);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_errors_total", "alice", "duplicate_id") == 1);
+    ck_assert(itest_int(st, "errors_total") == 2);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_errors_total", "bob", "unknown_id") == -1);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_steps_total", "alice", NULL) == 3);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_steps_total", "bob", NULL) == 0);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_cache_entries", "alice", NULL) ==
+              (double)itest_int(st, "cache_entries"));
+    ck_assert(itest_int(st, "cache_entries") == 5);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_pool_bytes", "alice", NULL) ==
+              (double)itest_int(st, "pool_bytes_used"));
+    ck_assert(tenant_sample(h.body, "slotd_tenant_live_sessions", "alice", NULL) ==
+              (double)itest_int(st, "live_sessions"));
+    ck_assert(tenant_sample(h.body, "slotd_tenant_connections", "alice", NULL) ==
+              (double)itest_int(st, "connections"));
+    /* The start and the step were begun by a worker; the failed lines not. */
+    ck_assert(tenant_sample(h.body, "slotd_tenant_request_wait_seconds_count", "alice", NULL) ==
+              2);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_request_wait_seconds_sum", "alice", NULL) >= 0);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_requests_total", "ops", NULL) == 0);
+    cJSON_Delete(st);
+    code = itest_run(argv, h.body, strlen(h.body), &out, &err, 20000);
+    ck_assert_msg(code == 0, "promtool check metrics exited %d:\n%s%s\n--- body ---\n%s", code,
+                  out, err, h.body);
+    free(out);
+    free(err);
+    itest_http_free(&h);
+
+    /* bob dropped: his samples go with him. */
+    tenants_file("alice " TOK_A "\nops " TOK_OPS " admin\n");
+    itest_daemon_signal(d, SIGHUP);
+    r = itest_read_reply(b);
+    expect_error_naming(b, r, "auth_revoked", "bob");
+    cJSON_Delete(r);
+    admin_get(d, "/metrics", TOK_OPS, &h);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_requests_total", "bob", NULL) == -1);
+    ck_assert(tenant_sample(h.body, "slotd_tenant_steps_total", "alice", NULL) == 3);
+    itest_http_free(&h);
+    itest_close(a);
+    itest_close(b);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+    tenants_unlink();
+
+    d = itest_daemon_start(NULL);
+    itest_http_get(d, "/metrics", &h);
+    ck_assert_int_eq(h.status, 200);
+    ck_assert_msg(strstr(h.body, "slotd_tenant_") == NULL, "slotd_tenant_ without a tenants file");
+    itest_http_free(&h);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+}
+END_TEST
+
+/* POST /tenants/reload as the tenant of `token` (NULL: none). */
+static void admin_post(const itest_daemon_t *d, const char *path, const char *token,
+                       itest_http_t *out)
+{
+    char req[512];
+    snprintf(req, sizeof(req),
+             "POST %s HTTP/1.1\r\nHost: x\r\n%s%s%sContent-Length: 0\r\nConnection: "
+             "close\r\n\r\n",
+             path, token ? "Authorization: Bearer " : "", token ? token : "", token ? "\r\n" : "");
+    ck_assert_msg(itest_http_raw(d->admin_port, req, strlen(req), out), "POST %s: no response",
+                  path);
+}
+
+/* POST /tenants/reload: admin tenants only; applied as SIGHUP (bob dropped
+ * is revoked, dave added can connect, alice serves on), with the count in
+ * the body; a file that does not parse is 422 with its reason and changes
+ * nothing; without a tenants file, 409. */
+START_TEST(test_tenant_admin_reload)
+{
+    itest_daemon_t *d = itest_daemon_start(
+        "--tenants-file", tenants_file("alice " TOK_A "\nbob " TOK_B "\nops " TOK_OPS " admin\n"),
+        NULL);
+    itest_conn_t *a = connect_as(d, TOK_A, "alice"), *b = connect_as(d, TOK_B, "bob"), *x;
+    itest_http_t h;
+    cJSON *r, *body;
+
+    r = itest_rpc(a, "{\"op\":\"start\",\"id\":\"s0\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    tenants_file("alice " TOK_A "\ndave dave-token-0123456789abcdef\nops " TOK_OPS " admin\n");
+    /* No token, or a tenant without admin: 401, and nothing reloaded. */
+    admin_post(d, "/tenants/reload", NULL, &h);
+    ck_assert_int_eq(h.status, 401);
+    itest_http_free(&h);
+    admin_post(d, "/tenants/reload", TOK_A, &h);
+    ck_assert_int_eq(h.status, 401);
+    itest_http_free(&h);
+    r = itest_rpc(b, "{\"op\":\"start\",\"id\":\"s0\",\"model\":\"tiny\",\"prompt\":[1]}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+
+    admin_post(d, "/tenants/reload", TOK_OPS, &h);
+    ck_assert_int_eq(h.status, 200);
+    ck_assert_msg(strcmp(h.body, "{\"reloaded\":true,\"tenants\":3,\"revoked\":1}\n") == 0,
+                  "body '%s'", h.body);
+    itest_http_free(&h);
+    r = itest_read_reply(b);
+    expect_error_naming(b, r, "auth_revoked", "bob");
+    cJSON_Delete(r);
+    ck_assert(itest_expect_closed(b, ITEST_REPLY_MS));
+    r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"s0\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    x = connect_as(d, "dave-token-0123456789abcdef", "dave");
+    itest_close(x);
+
+    /* A bad file: 422 naming the line, nothing changed, counted. */
+    tenants_file("alice " TOK_A "\nalice " TOK_B "\nops " TOK_OPS " admin\n");
+    admin_post(d, "/tenants/reload", TOK_OPS, &h);
+    ck_assert_int_eq(h.status, 422);
+    body = cJSON_Parse(h.body);
+    ck_assert_msg(body != NULL, "body '%s'", h.body);
+    ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(body, "reloaded")));
+    ck_assert_msg(strstr(cJSON_GetStringValue(cJSON_GetObjectItem(body, "error")), "line 2") != NULL,
+                  "error '%s' does not name line 2", h.body);
+    cJSON_Delete(body);
+    itest_http_free(&h);
+    ck_assert_int_eq(await_metric_as(d, TOK_OPS, "slotd_tenants_reload_failures_total", 1), 1);
+    ck_assert_int_eq(await_metric_as(d, TOK_OPS, "slotd_tenants_reloads_total", 1), 1);
+    x = connect_as(d, "dave-token-0123456789abcdef", "dave");
+    itest_close(x);
+    r = itest_rpc(a, "{\"op\":\"step\",\"id\":\"s0\"}");
+    itest_expect_ok(r);
+    cJSON_Delete(r);
+    itest_close(a);
+    itest_close(b);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+    tenants_unlink();
+
+    /* Without a tenants file: 409 with the reason. */
+    d = itest_daemon_start(NULL);
+    admin_post(d, "/tenants/reload", NULL, &h);
+    ck_assert_int_eq(h.status, 409);
+    ck_assert_msg(strstr(h.body, "--tenants-file") != NULL, "body '%s'", h.body);
+    itest_http_free(&h);
+    ck_assert_int_eq(itest_daemon_stop(d), 0);
+}
+END_TEST
+
 /* ---- Fairness ---- */
 
 #define FAIR_SESSIONS 4
@@ -706,6 +942,9 @@ int main(void)
     ITEST_ADD(s, test_tenant_sessions);
     ITEST_ADD(s, test_tenant_share);
     ITEST_ADD(s, test_tenant_reload);
+    ITEST_ADD(s, test_tenant_admin_reload);
+    ITEST_ADD(s, test_tenant_sessions_listing);
+    ITEST_ADD(s, test_tenant_metrics);
     ITEST_ADD(s, test_tenant_prefix_scope);
     ITEST_ADD_TIMEOUT(s, test_tenant_fairness_equal, 300);
     return itest_main(s);
