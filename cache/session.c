@@ -133,6 +133,8 @@ static int session__start(cache_pool_t *p, const model_t *m, const cache_owner_t
     s->model = m;
     s->owner = *owner;
     s->entries = kv.len;
+    s->scope = scope;
+    s->shared = toks != NULL;
     cache_pool_hint(p, h, &s->hint);
     if (cached != NULL) {
         *cached = reused;
@@ -181,6 +183,26 @@ int cache_session_start_shared(cache_pool_t *p, const model_t *m, const cache_ow
     rc = session__start(p, m, owner, prompt, n, toks, scope, scratch, s, cached, err);
     free(toks);
     return rc;
+}
+
+/* The blocks a chain of `m` fills with n positions. */
+static uint32_t full_blocks(const model_t *m, uint32_t n)
+{
+    uint32_t i = 0;
+
+    for (uint64_t pos = 0;; i++) {
+        pos += model_block_capacity(m, i);
+        if (pos > n)
+            return i;
+    }
+}
+
+void cache_session_publish(cache_pool_t *p, const cache_session_t *s, const uint32_t *toks,
+                           uint32_t n, uint32_t before)
+{
+    if (!s->shared || n != s->entries || full_blocks(s->model, before) == full_blocks(s->model, n))
+        return;
+    (void)cache_pool_prefix_publish(p, s->handle, &s->owner, s->scope, toks, n);
 }
 
 int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
@@ -316,6 +338,8 @@ int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache
     s->model = m;
     s->owner = *owner;
     s->entries = from->entries;
+    s->scope = from->scope;
+    s->shared = from->shared;
     cache_pool_hint(p, h, &s->hint);
     return SLOTD_OK;
 }

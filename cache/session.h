@@ -30,6 +30,8 @@ typedef struct cache_session {
     cache_owner_t owner;
     uint32_t entries;  /* entries the slot holds: prompt plus generated */
     cache_hint_t hint; /* set by start and step: what the next step reads first (pool.h) */
+    uint64_t scope;    /* its prefix-cache scope (cache_session_start_shared()) */
+    bool shared;       /* started by cache_session_start_shared(): its blocks may be cached */
 } cache_session_t;
 
 /** Validates the prompt (model_check_prompt()), acquires a clean slot,
@@ -51,6 +53,18 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
 int cache_session_start_shared(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
                                uint64_t scope, const int64_t *prompt, size_t n, void *scratch,
                                cache_session_t *s, uint32_t *cached, slotd_error_t *err);
+
+/** Keeps the session's full blocks in the prefix cache (pool.h,
+ * cache_pool_prefix_publish(), in the scope it started with), so that a
+ * later start whose prompt opens with its sequence reuses them: a block
+ * filled by an append or by picks is as immutable, once full, as one a
+ * prompt filled.  `toks` is the session's whole sequence (n ==
+ * s->entries), `before` its entries before the call that grew it; nothing
+ * is done unless that call filled a block, nor for a session started
+ * without the prefix cache.  Takes the pool's lock; allocates only the
+ * cache's nodes (none, and nothing kept, if that fails). */
+void cache_session_publish(cache_pool_t *p, const cache_session_t *s, const uint32_t *toks,
+                           uint32_t n, uint32_t before);
 
 /** Runs `n` >= 1 greedy steps: each picks the next token from what the slot
  * holds and runs it (one g call, or L rows), growing the slot by one entry.
