@@ -450,6 +450,11 @@ bool cache__do_prefix_evict(cache_pool_t *p);
  * they hold (the slot's entries now). */
 uint32_t cache__do_prefix_attach(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
                                  const uint32_t *tok, uint32_t n, uint64_t *last_serial);
+/* Slot si, whose blocks are exactly full and are tok[0 .. entries-1],
+ * grows by the cached blocks that follow them in tok[0 .. n-1] and end
+ * before position n - 1; returns the positions added (to its entries). */
+uint32_t cache__do_prefix_extend(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
+                                 const uint32_t *tok, uint32_t n);
 /* Caches the full blocks of slot si that tok[0 .. n-1] made and the cache
  * lacks; returns how many. */
 uint32_t cache__do_prefix_publish(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,

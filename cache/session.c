@@ -266,8 +266,15 @@ int cache_session_decode(cache_pool_t *p, cache_session_t *s, uint32_t n, const 
 int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tokens, size_t n,
                          void *scratch, uint32_t *cached, slotd_error_t *err)
 {
+    return cache_session_append_shared(p, s, tokens, n, NULL, scratch, cached, err);
+}
+
+int cache_session_append_shared(cache_pool_t *p, cache_session_t *s, const int64_t *tokens,
+                                size_t n, const uint32_t *seq, void *scratch, uint32_t *cached,
+                                slotd_error_t *err)
+{
     const model_t *m = s->model;
-    uint32_t max_ctx = model_max_ctx(m);
+    uint32_t max_ctx = model_max_ctx(m), before = s->entries, reused = 0;
     model_kv_t kv;
     int rc;
 
@@ -289,15 +296,28 @@ int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tok
                                "do not fit",
                                s->owner.id, s->entries, max_ctx, n);
     }
-    rc = cache_pool_reserve(p, s->handle, &s->owner, (uint32_t)n, &kv);
+    /* The kept blocks that the tokens complete after the slot's own. */
+    if (seq != NULL && s->shared) {
+        rc = cache_pool_prefix_extend(p, s->handle, &s->owner, s->scope, seq,
+                                      before + (uint32_t)n, &reused);
+        if (rc != SLOTD_OK)
+            return pool_error(p, err, rc, false, "append", s->owner.id, 0, 0);
+        assert(reused < n);
+    }
+    rc = cache_pool_reserve(p, s->handle, &s->owner, (uint32_t)(n - reused), &kv);
     if (rc != SLOTD_OK) {
         /* It needed the blocks between the slot's entries and n more. */
-        uint64_t before = cache_pool_slot_bytes(m, s->entries);
-        uint64_t after = cache_pool_slot_bytes(m, s->entries + (uint32_t)n);
-        return pool_error(p, err, rc, false, "append", s->owner.id, after - before, after);
+        uint64_t bytes0 = cache_pool_slot_bytes(m, before);
+        uint64_t after = cache_pool_slot_bytes(m, before + (uint32_t)n);
+        if (reused > 0) /* nothing changes: the kept blocks go back */
+            (void)cache_pool_prefix_detach(p, s->handle, &s->owner, before);
+        return pool_error(p, err, rc, false, "append", s->owner.id, after - bytes0, after);
     }
-    assert(kv.len == s->entries);
-    for (size_t i = 0; i < n;) {
+    assert(kv.len == before + reused);
+    if (reused > 0) {
+        model_kv_resume(m, &kv);
+    }
+    for (size_t i = reused; i < n;) {
         uint32_t chunk[MODEL_BATCH_MAX];
         size_t k = 0;
         for (; k < MODEL_BATCH_MAX && i + k < n; k++) {
@@ -315,7 +335,7 @@ int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tok
     s->entries = kv.len;
     cache_pool_hint(p, s->handle, &s->hint);
     if (cached != NULL) {
-        *cached = 0;
+        *cached = reused;
     }
     return SLOTD_OK;
 }

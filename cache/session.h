@@ -99,6 +99,19 @@ int cache_session_decode(cache_pool_t *p, cache_session_t *s, uint32_t n, const 
 int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tokens, size_t n,
                          void *scratch, uint32_t *cached, slotd_error_t *err);
 
+/** cache_session_append() that first reuses the prefix cache's kept
+ * blocks (pool.h, cache_pool_prefix_extend()) that the tokens complete
+ * after the session's blocks, when those are exactly full, in the scope
+ * the session started with, and computes only the positions after them
+ * (never the last: its state is what a pick reads).  `seq` (NULL: no
+ * lookup) is the session's whole sequence after the append: its entries'
+ * tokens, then `tokens`.  *cached gets the entries reused.  The slot
+ * afterwards holds exactly what cache_session_append() would have left;
+ * errors as it, none changing anything. */
+int cache_session_append_shared(cache_pool_t *p, cache_session_t *s, const int64_t *tokens,
+                                size_t n, const uint32_t *seq, void *scratch, uint32_t *cached,
+                                slotd_error_t *err);
+
 /** Starts session `s` for `owner` holding exactly the sequence of the live
  * session `from`, without a model call and without copying an entry: the
  * new slot holds from's blocks too (cache_pool_fork()), and only the state

@@ -642,20 +642,27 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 static int run_append(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 {
     uint32_t cached = 0, len = r->toks.len;
+    const uint32_t *seq = NULL;
     int rc;
 
-    if (s->keep_toks && r->rq.ntokens <= model_max_ctx(r->cs.model) &&
-        audit_tokens_reserve(&r->toks, (uint32_t)r->rq.ntokens) != SLOTD_OK)
-        return SLOTD_ENOMEM;
-    rc = cache_session_append(s->pool, &r->cs, r->rq.tokens, r->rq.ntokens, worker_scratch(w),
-                              &cached, err);
+    if (s->keep_toks && r->rq.ntokens <= model_max_ctx(r->cs.model)) {
+        if (audit_tokens_reserve(&r->toks, (uint32_t)r->rq.ntokens) != SLOTD_OK)
+            return SLOTD_ENOMEM;
+        /* Written past the recording's end, which moves only on success:
+         * the whole sequence the prefix cache is looked up with (the
+         * append checks the tokens before it reads them). */
+        for (size_t i = 0; i < r->rq.ntokens; i++)
+            r->toks.v[len + i] = (uint32_t)r->rq.tokens[i];
+        if (len == r->cs.entries)
+            seq = r->toks.v;
+    }
+    rc = cache_session_append_shared(s->pool, &r->cs, r->rq.tokens, r->rq.ntokens, seq,
+                                     worker_scratch(w), &cached, err);
     if (rc != SLOTD_OK)
         return rc;
     if (s->keep_toks) {
         assert(len + r->rq.ntokens == r->cs.entries); /* the recording follows the slot */
-        for (size_t i = 0; i < r->rq.ntokens; i++)
-            r->toks.v[len + i] = (uint32_t)r->rq.tokens[i]; /* checked: in [0, V) */
-        r->toks.len = r->cs.entries;
+        r->toks.len = r->cs.entries; /* the tokens are in place, checked: in [0, V) */
     }
     publish_blocks(s, r, len);
     return proto_reply_append(&r->reply, r->rq.tag, r->rq.id, r->cs.entries, cached);
