@@ -553,11 +553,15 @@ int cache_pool_prefix_attach(cache_pool_t *p, cache_handle_t h, const cache_owne
 }
 
 int cache_pool_prefix_publish(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
-                              uint64_t scope, const uint32_t *tokens, uint32_t n)
+                              uint64_t scope, const uint32_t *tokens, uint32_t n, bool *stuck)
 {
     cache__slot_t *s;
+    bool ignored = false;
     int rc = SLOTD_OK;
 
+    if (stuck == NULL)
+        stuck = &ignored;
+    *stuck = false;
     if (p == NULL || owner == NULL || (n > 0 && tokens == NULL))
         return SLOTD_EINVAL;
     if (!p->prefix.on)
@@ -567,7 +571,7 @@ int cache_pool_prefix_publish(cache_pool_t *p, cache_handle_t h, const cache_own
     if (s == NULL)
         rc = SLOTD_ESTALE;
     else
-        (void)cache__do_prefix_publish(p, s, h.slot, scope, tokens, n);
+        (void)cache__do_prefix_publish(p, s, h.slot, scope, tokens, n, stuck);
     cache__unlock(p);
     return rc;
 }

@@ -421,7 +421,7 @@ static void do_grow_buckets(cache__prefix_t *c)
 }
 
 uint32_t cache__do_prefix_publish(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
-                                  const uint32_t *tok, uint32_t n)
+                                  const uint32_t *tok, uint32_t n, bool *stuck)
 {
     cache__prefix_t *c = &p->prefix;
     model_block_t **t = cache__table(p, si);
@@ -443,9 +443,11 @@ uint32_t cache__do_prefix_publish(cache_pool_t *p, cache__slot_t *s, uint32_t si
             continue;
         }
         h = key_hash(p, s->model, scope, parent, i, tok + pos, cap);
-        if (do_find(p, h, s->model, scope, parent, i, tok + pos, cap) != NULL)
+        if (do_find(p, h, s->model, scope, parent, i, tok + pos, cap) != NULL) {
+            *stuck = true;
             break; /* another chain's equal block is cached: this chain's later
                       blocks cannot name theirs as parent */
+        }
         if (c->nfree_ix == 0 && do_grow_index(c) != SLOTD_OK)
             break;
         node = malloc(sizeof(*node) + cap * sizeof(uint32_t));

@@ -79,6 +79,17 @@ static int step_error(cache_pool_t *p, const cache_session_t *s, uint32_t n, int
     return pool_error(p, err, rc, false, "step", s->owner.id, after - before, after);
 }
 
+/* The end of the block of `m` that holds position n: the entries at which
+ * a chain of n entries next fills a block.  O(blocks), once a block. */
+static uint32_t full_after(const model_t *m, uint32_t n)
+{
+    uint64_t end = 0;
+
+    for (uint32_t i = 0; end <= n; i++)
+        end += model_block_capacity(m, i);
+    return end > UINT32_MAX ? UINT32_MAX : (uint32_t)end;
+}
+
 /* cache_session_start(), and with `toks` (the prompt as uint32_t, NULL:
  * no prefix cache) its reuse of cached blocks of `scope`. */
 static int session__start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
@@ -88,6 +99,7 @@ static int session__start(cache_pool_t *p, const model_t *m, const cache_owner_t
     cache_handle_t h;
     model_kv_t kv;
     uint32_t reused = 0;
+    bool stuck = false;
     int rc;
 
     rc = cache_pool_acquire(p, m, owner, &h);
@@ -126,7 +138,7 @@ static int session__start(cache_pool_t *p, const model_t *m, const cache_owner_t
         goto fail_release;
     }
     if (toks != NULL) {
-        (void)cache_pool_prefix_publish(p, h, owner, scope, toks, (uint32_t)n);
+        (void)cache_pool_prefix_publish(p, h, owner, scope, toks, (uint32_t)n, &stuck);
     }
 
     s->handle = h;
@@ -135,6 +147,8 @@ static int session__start(cache_pool_t *p, const model_t *m, const cache_owner_t
     s->entries = kv.len;
     s->scope = scope;
     s->shared = toks != NULL;
+    /* Stuck behind another chain's equal block: nothing more to publish. */
+    s->full_at = stuck ? UINT32_MAX : full_after(m, kv.len);
     cache_pool_hint(p, h, &s->hint);
     if (cached != NULL) {
         *cached = reused;
@@ -185,24 +199,14 @@ int cache_session_start_shared(cache_pool_t *p, const model_t *m, const cache_ow
     return rc;
 }
 
-/* The blocks a chain of `m` fills with n positions. */
-static uint32_t full_blocks(const model_t *m, uint32_t n)
+void cache_session_publish(cache_pool_t *p, cache_session_t *s, const uint32_t *toks, uint32_t n)
 {
-    uint32_t i = 0;
-
-    for (uint64_t pos = 0;; i++) {
-        pos += model_block_capacity(m, i);
-        if (pos > n)
-            return i;
-    }
-}
-
-void cache_session_publish(cache_pool_t *p, const cache_session_t *s, const uint32_t *toks,
-                           uint32_t n, uint32_t before)
-{
-    if (!s->shared || n != s->entries || full_blocks(s->model, before) == full_blocks(s->model, n))
+    if (!s->shared || n != s->entries || n < s->full_at)
         return;
-    (void)cache_pool_prefix_publish(p, s->handle, &s->owner, s->scope, toks, n);
+    bool stuck = false;
+
+    (void)cache_pool_prefix_publish(p, s->handle, &s->owner, s->scope, toks, n, &stuck);
+    s->full_at = stuck ? UINT32_MAX : full_after(s->model, n);
 }
 
 int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
@@ -360,6 +364,7 @@ int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache
     s->entries = from->entries;
     s->scope = from->scope;
     s->shared = from->shared;
+    s->full_at = from->full_at;
     cache_pool_hint(p, h, &s->hint);
     return SLOTD_OK;
 }

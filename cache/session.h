@@ -31,6 +31,7 @@ typedef struct cache_session {
     uint32_t entries;  /* entries the slot holds: prompt plus generated */
     cache_hint_t hint; /* set by start and step: what the next step reads first (pool.h) */
     uint64_t scope;    /* its prefix-cache scope (cache_session_start_shared()) */
+    uint32_t full_at;  /* the entries at which its next block is full (cache_session_publish()) */
     bool shared;       /* started by cache_session_start_shared(): its blocks may be cached */
 } cache_session_t;
 
@@ -59,12 +60,12 @@ int cache_session_start_shared(cache_pool_t *p, const model_t *m, const cache_ow
  * later start whose prompt opens with its sequence reuses them: a block
  * filled by an append or by picks is as immutable, once full, as one a
  * prompt filled.  `toks` is the session's whole sequence (n ==
- * s->entries), `before` its entries before the call that grew it; nothing
- * is done unless that call filled a block, nor for a session started
- * without the prefix cache.  Takes the pool's lock; allocates only the
- * cache's nodes (none, and nothing kept, if that fails). */
-void cache_session_publish(cache_pool_t *p, const cache_session_t *s, const uint32_t *toks,
-                           uint32_t n, uint32_t before);
+ * s->entries); nothing is done (in O(1)) unless the session's entries
+ * reached s->full_at, the end of the block that was filling, nor for a
+ * session started without the prefix cache.  Then it takes the pool's
+ * lock and allocates only the cache's nodes (none, and nothing kept, if
+ * that fails), and moves s->full_at on. */
+void cache_session_publish(cache_pool_t *p, cache_session_t *s, const uint32_t *toks, uint32_t n);
 
 /** Runs `n` >= 1 greedy steps: each picks the next token from what the slot
  * holds and runs it (one g call, or L rows), growing the slot by one entry.

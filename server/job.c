@@ -528,13 +528,13 @@ static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     return rc;
 }
 
-/* The blocks that a step or an append of `r` just filled (it held
- * `before` entries) go to the prefix cache, named by the session's
- * recorded tokens (kept whenever the cache is on). */
-static void publish_blocks(server_t *s, req_t *r, uint32_t before)
+/* The blocks that a step or an append of `r` just filled go to the prefix
+ * cache, named by the session's recorded tokens (kept whenever the cache
+ * is on). */
+static inline void publish_blocks(server_t *s, req_t *r)
 {
-    if (s->keep_toks && r->toks.len == r->cs.entries)
-        cache_session_publish(s->pool, &r->cs, r->toks.v, r->toks.len, before);
+    if (r->cs.entries >= r->cs.full_at && s->keep_toks && r->toks.len == r->cs.entries)
+        cache_session_publish(s->pool, &r->cs, r->toks.v, r->toks.len);
 }
 
 /* The audit of a step that just ran: records its n picks after the
@@ -628,7 +628,7 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
         audit_step(s, w, r, picked, tokens, logits, &ctl);
     else if (s->keep_toks)
         audit_tokens_append(&r->toks, tokens, picked);
-    publish_blocks(s, r, r->cs.entries - picked);
+    publish_blocks(s, r);
     JOB_FAULT_AFTER_STEP(s, r);
     return controls_reply_step(&ctl, &r->reply, &r->rq, m, tokens, picked,
                                controls_logits(&ctl, logits), r->cs.entries, worker_scratch(w));
@@ -664,7 +664,7 @@ static int run_append(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
         assert(len + r->rq.ntokens == r->cs.entries); /* the recording follows the slot */
         r->toks.len = r->cs.entries; /* the tokens are in place, checked: in [0, V) */
     }
-    publish_blocks(s, r, len);
+    publish_blocks(s, r);
     return proto_reply_append(&r->reply, r->rq.tag, r->rq.id, r->cs.entries, cached);
 }
 
@@ -850,7 +850,7 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
                 audit_step(s, w, r, 1, &picks[i], lg[i], &ctl[i]);
             else if (s->keep_toks)
                 audit_tokens_append(&r->toks, &picks[i], 1);
-            publish_blocks(s, r, r->cs.entries - 1);
+            publish_blocks(s, r);
             JOB_FAULT_AFTER_STEP(s, r);
             rc[i] = controls_reply_step(&ctl[i], &r->reply, &r->rq, m, &picks[i], 1,
                                         controls_logits(&ctl[i], lg[i]), r->cs.entries,

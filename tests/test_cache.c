@@ -2358,7 +2358,7 @@ START_TEST(test_prefix_append_reuses)
     ck_assert_int_eq(
         cache_session_append_shared(p, &a, u, end - base, seq, scratch, &cached, &e), SLOTD_OK);
     ck_assert_uint_eq(cached, 0); /* nothing kept yet past the prompt */
-    cache_session_publish(p, &a, seq, end, base);
+    cache_session_publish(p, &a, seq, end);
     sound(p);
 
     if (_i == 0) {
