@@ -201,10 +201,10 @@ int cache_session_start_shared(cache_pool_t *p, const model_t *m, const cache_ow
 
 void cache_session_publish(cache_pool_t *p, cache_session_t *s, const uint32_t *toks, uint32_t n)
 {
-    if (!s->shared || n != s->entries || n < s->full_at)
-        return;
     bool stuck = false;
 
+    if (!s->shared || n != s->entries || n < s->full_at)
+        return;
     (void)cache_pool_prefix_publish(p, s->handle, &s->owner, s->scope, toks, n, &stuck);
     s->full_at = stuck ? UINT32_MAX : full_after(s->model, n);
 }
