@@ -41,7 +41,9 @@ typedef struct bench_config {
     uint32_t pipeline;      /* -P: requests outstanding per connection */
     uint32_t sess_pipeline; /* --session-pipeline: requests in flight per session (1) */
     uint32_t threads;       /* --threads */
-    uint32_t prompt_len;    /* --prompt-len */
+    uint32_t prompt_len;    /* a start's whole prompt: --shared-prefix plus --prompt-len */
+    uint32_t shared_prefix; /* --shared-prefix: leading tokens every prompt has in common */
+    int64_t *shared_toks;   /* those tokens (fixed seed); owned by main, NULL without */
     uint32_t step_n;        /* --step-n: tokens asked for per step request */
     double duration;        /* --duration, seconds; 0 = unbounded */
     uint64_t requests;      /* --requests: budget for the window; 0 = unbounded */
@@ -122,6 +124,8 @@ typedef struct bench_stats {
     uint64_t reconnects;
     uint64_t ref_hits;
     uint64_t ref_misses;
+    uint64_t prompt_entries; /* prompt positions of the starts answered */
+    uint64_t cached_entries; /* the sum of their replies' `cached` */
 } bench_stats_t;
 
 typedef struct worker worker_t;

@@ -207,6 +207,8 @@ static void reply_member(void *ctx, const char *key, size_t klen, const char *v,
             r->tokens = value_span(v, after);
         } else if (key_is(key, klen, "logits")) {
             r->logits = value_span(v, after);
+        } else if (key_is(key, klen, "cached")) {
+            r->cached = value_span(v, after);
         }
         break;
     case 7:

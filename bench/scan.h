@@ -28,6 +28,7 @@ typedef struct scan_reply {
     span_t logits;     /* array, brackets included */
     span_t entries;    /* number */
     span_t released;   /* number */
+    span_t cached;     /* number (start, append, fork) */
     span_t tag;        /* number or string (quotes excluded) */
     span_t error_code; /* string inside "error" */
     span_t error_msg;  /* string inside "error" */

@@ -91,7 +91,10 @@ static void usage(FILE *f)
                "  -d, --duration SEC       length of the measured window (default 10 if no -r)\n"
                "  -r, --requests N         requests in the measured window, in total\n"
                "  -m, --model NAME         model preset (default tiny)\n"
-               "      --prompt-len N       prompt length (default 3)\n"
+               "      --prompt-len N       prompt length (default 3); with --shared-prefix, the\n"
+               "                           length of each session's own tail\n"
+               "      --shared-prefix N    every prompt opens with the same N tokens (drawn\n"
+               "                           from a fixed seed), then its own --prompt-len\n"
                "      --step-n N           tokens asked for per step request (default 1)\n"
                "      --seed N             seed of the random prompts (default 1)\n"
                "      --verify             check every token and logit against the uncached "
@@ -200,6 +203,7 @@ enum {
     OPT_TOP_P,
     OPT_SAMPLE_SEED,
     OPT_SCORES,
+    OPT_SHARED_PREFIX,
     OPT_HELP,
 };
 
@@ -232,6 +236,7 @@ static const struct option long_opts[] = {
     {"top-p", required_argument, NULL, OPT_TOP_P},
     {"sample-seed", required_argument, NULL, OPT_SAMPLE_SEED},
     {"scores", required_argument, NULL, OPT_SCORES},
+    {"shared-prefix", required_argument, NULL, OPT_SHARED_PREFIX},
     {"json", no_argument, NULL, 'j'},
     {"quiet", no_argument, NULL, 'q'},
     {"help", no_argument, NULL, OPT_HELP},
@@ -278,12 +283,14 @@ static int load_auth(bench_config_t *cfg, const char *path, bool from_env)
     return 0;
 }
 
-/* Frees what parse_args() gave the configuration: the model, and the auth
- * line, wiped first. */
+/* Frees what parse_args() gave the configuration: the model, the shared
+ * prefix, and the auth line, wiped first. */
 static void config_release(bench_config_t *cfg)
 {
     model_destroy(cfg->model);
     cfg->model = NULL;
+    free(cfg->shared_toks);
+    cfg->shared_toks = NULL;
     if (cfg->auth_line != NULL) {
         explicit_bzero(cfg->auth_line, cfg->auth_line_len);
         free(cfg->auth_line);
@@ -462,6 +469,9 @@ static int parse_args(int argc, char **argv, bench_config_t *cfg)
         case OPT_SCORES:
             scores = optarg;
             break;
+        case OPT_SHARED_PREFIX:
+            rc = parse_u32(optarg, "--shared-prefix", 1, 1u << 20, &cfg->shared_prefix);
+            break;
         case 'j':
             cfg->json = true;
             break;
@@ -525,6 +535,10 @@ static int parse_args(int argc, char **argv, bench_config_t *cfg)
         }
     }
 
+    if (cfg->redis && cfg->shared_prefix > 0) {
+        fprintf(stderr, "slotd-bench: --shared-prefix is for slotd, not --redis\n");
+        return -1;
+    }
     if (cfg->redis) {
         cfg->model_name = "redis";
         cfg->steps = UINT32_MAX;
@@ -539,10 +553,28 @@ static int parse_args(int argc, char **argv, bench_config_t *cfg)
     cfg->vocab = model_vocab(cfg->model);
     cfg->max_ctx = model_max_ctx(cfg->model);
     cfg->has_logits = model_family(cfg->model) == MODEL_FAMILY_ATTN;
-    if (cfg->prompt_len >= cfg->max_ctx) {
-        fprintf(stderr, "slotd-bench: --prompt-len must be below the model's max_ctx (%u)\n",
-                cfg->max_ctx);
+    if ((uint64_t)cfg->shared_prefix + cfg->prompt_len >= cfg->max_ctx) {
+        fprintf(stderr,
+                "slotd-bench: --prompt-len%s must be below the model's max_ctx (%u)\n",
+                cfg->shared_prefix > 0 ? " plus --shared-prefix" : "", cfg->max_ctx);
         return -1;
+    }
+    if (cfg->shared_prefix > 0) {
+        /* One fixed seed, whatever --seed: runs share the same prefix. */
+        uint64_t x = UINT64_C(0x5107D5EED);
+        cfg->shared_toks = malloc(cfg->shared_prefix * sizeof(*cfg->shared_toks));
+        if (cfg->shared_toks == NULL) {
+            fprintf(stderr, "slotd-bench: out of memory\n");
+            return -1;
+        }
+        for (uint32_t k = 0; k < cfg->shared_prefix; k++) {
+            /* splitmix64 */
+            uint64_t z = (x += UINT64_C(0x9E3779B97F4A7C15));
+            z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+            z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+            cfg->shared_toks[k] = (int64_t)((z ^ (z >> 31)) % cfg->vocab);
+        }
+        cfg->prompt_len += cfg->shared_prefix; /* the whole prompt from here on */
     }
     if (!steps_set) {
         cfg->steps = cfg->max_ctx - cfg->prompt_len;
@@ -733,6 +765,8 @@ static void merge(totals_t *t, const bench_stats_t *s)
     d->disconnects += s->disconnects;
     d->reconnects += s->reconnects;
     d->ref_hits += s->ref_hits;
+    d->prompt_entries += s->prompt_entries;
+    d->cached_entries += s->cached_entries;
     d->ref_misses += s->ref_misses;
 }
 
@@ -795,6 +829,7 @@ static void print_json(const bench_config_t *cfg, const totals_t *t, int status)
         cJSON_AddNumberToObject(cfgj, "steps_per_session", cfg->steps);
         cJSON_AddNumberToObject(cfgj, "step_n", cfg->step_n);
         cJSON_AddNumberToObject(cfgj, "prompt_len", cfg->prompt_len);
+        cJSON_AddNumberToObject(cfgj, "shared_prefix", cfg->shared_prefix);
     }
     cJSON_AddNumberToObject(cfgj, "seed", (double)cfg->seed);
     cJSON_AddNumberToObject(cfgj, "duration", cfg->duration);
@@ -828,6 +863,15 @@ static void print_json(const bench_config_t *cfg, const totals_t *t, int status)
     cJSON_AddNumberToObject(o, "run_requests", (double)s->requests);
     cJSON_AddNumberToObject(o, "sessions_started", (double)s->starts);
     cJSON_AddNumberToObject(o, "sessions_finished", (double)s->finishes);
+    if (!cfg->redis) {
+        cJSON_AddNumberToObject(o, "prompt_entries", (double)s->prompt_entries);
+        cJSON_AddNumberToObject(o, "cached_entries", (double)s->cached_entries);
+        cJSON_AddNumberToObject(o, "cached_ratio",
+                                s->prompt_entries == 0 ? 0.0
+                                                       : round(1e4 * (double)s->cached_entries /
+                                                               (double)s->prompt_entries) /
+                                                             1e4);
+    }
     cJSON_AddNumberToObject(o, "disconnects", (double)s->disconnects);
     cJSON_AddNumberToObject(o, "reconnects", (double)s->reconnects);
     if (cfg->live_sessions > 0) {
@@ -878,10 +922,10 @@ static void print_table(const bench_config_t *cfg, const totals_t *t, int status
         printf("target                 redis %s:%u, INCR, one key per session\n", cfg->host,
                cfg->port);
     } else {
-        printf("target                 slotd %s:%u, model %s, prompt %u, %u steps/session, "
-               "step-n %u%s\n",
-               cfg->host, cfg->port, cfg->model_name, cfg->prompt_len, cfg->steps, cfg->step_n,
-               cfg->verify ? ", verified" : "");
+        printf("target                 slotd %s:%u, model %s, prompt %u (%u shared), %u "
+               "steps/session, step-n %u%s\n",
+               cfg->host, cfg->port, cfg->model_name, cfg->prompt_len, cfg->shared_prefix,
+               cfg->steps, cfg->step_n, cfg->verify ? ", verified" : "");
     }
     if (cfg->live_sessions > 0) {
         printf("load                   %u connections, %llu live sessions, pipeline %u, %u "
@@ -924,6 +968,12 @@ static void print_table(const bench_config_t *cfg, const totals_t *t, int status
     if (!cfg->redis) {
         printf("sessions               %llu started, %llu finished (whole run)\n",
                (unsigned long long)s->starts, (unsigned long long)s->finishes);
+        printf("prefix cache           %llu of %llu prompt entries cached (%.1f%%)%s\n",
+               (unsigned long long)s->cached_entries, (unsigned long long)s->prompt_entries,
+               s->prompt_entries == 0
+                   ? 0.0
+                   : 100.0 * (double)s->cached_entries / (double)s->prompt_entries,
+               cfg->shared_prefix > 0 ? ", shared prefix of every prompt" : "");
     }
     if (cfg->verify && cfg->redis) {
         printf("verify                 %llu mismatches; %llu INCR values checked\n",

@@ -562,8 +562,10 @@ static int send_start(conn_t *c, uint32_t i, uint64_t now)
     pending_t *pd;
     char *p;
 
+    /* --shared-prefix: the common tokens, then this session's own. */
     for (uint32_t k = 0; k < cfg->prompt_len; k++) {
-        prompt[k] = (int64_t)(rng_next(w) % cfg->vocab);
+        prompt[k] = k < cfg->shared_prefix ? cfg->shared_toks[k]
+                                           : (int64_t)(rng_next(w) % cfg->vocab);
     }
     s->steps_done = 0;
     s->sent = 0;
@@ -1129,14 +1131,28 @@ static bool handle_line(conn_t *c, const char *line, size_t len, uint64_t now)
     }
 
     switch (pd.op) {
-    case OP_START:
+    case OP_START: {
+        int64_t cached = 0;
+        if (r.cached.n > 0 && scan_int(r.cached, &cached) != 0) {
+            cached = -1;
+        }
         if (cfg->verify) {
             check_id(c, pd.sess, 0, r.id);
             check_int(c, pd.sess, 0, "entries", r.entries, cfg->prompt_len);
+            /* The last prompt position is always computed (docs/protocol.md). */
+            if (cached < 0 || cached >= (int64_t)cfg->prompt_len) {
+                char exp[48];
+                snprintf(exp, sizeof(exp), "0 to %u", cfg->prompt_len - 1);
+                mismatch(c, pd.sess, 0, "cached", exp, r.cached.p, r.cached.n);
+            }
             if (!scan_eq(r.model, cfg->model_name)) {
                 mismatch(c, pd.sess, 0, "model", cfg->model_name, r.model.p, r.model.n);
             }
         }
+        if (cached > 0) {
+            w->st.cached_entries += (uint64_t)cached;
+        }
+        w->st.prompt_entries += cfg->prompt_len;
         s->state = S_ACTIVE;
         s->entries = cfg->prompt_len;
         w->st.starts++;
@@ -1145,6 +1161,7 @@ static bool handle_line(conn_t *c, const char *line, size_t len, uint64_t now)
             atomic_fetch_add_explicit(&w->ctl->live_open, 1, memory_order_relaxed);
         }
         break;
+    }
     case OP_STEP:
         if (cfg->verify && s->ref != NULL) {
             verify_step(c, pd.sess, &pd, &r);

@@ -543,11 +543,15 @@ int cache_pool_prefix_attach(cache_pool_t *p, cache_handle_t h, const cache_owne
 }
 
 int cache_pool_prefix_publish(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
-                              uint64_t scope, const uint32_t *tokens, uint32_t n)
+                              uint64_t scope, const uint32_t *tokens, uint32_t n, bool *stuck)
 {
     cache__slot_t *s;
+    bool ignored = false;
     int rc = SLOTD_OK;
 
+    if (stuck == NULL)
+        stuck = &ignored;
+    *stuck = false;
     if (p == NULL || owner == NULL || (n > 0 && tokens == NULL))
         return SLOTD_EINVAL;
     if (!p->prefix.on)
@@ -557,7 +561,67 @@ int cache_pool_prefix_publish(cache_pool_t *p, cache_handle_t h, const cache_own
     if (s == NULL)
         rc = SLOTD_ESTALE;
     else
-        (void)cache__do_prefix_publish(p, s, h.slot, scope, tokens, n);
+        (void)cache__do_prefix_publish(p, s, h.slot, scope, tokens, n, stuck);
+    cache__unlock(p);
+    return rc;
+}
+
+int cache_pool_prefix_extend(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                             uint64_t scope, const uint32_t *tokens, uint32_t n, uint32_t *reused)
+{
+    cache__slot_t *s;
+    int rc = SLOTD_OK;
+
+    *reused = 0;
+    if (p == NULL || owner == NULL || (n > 0 && tokens == NULL))
+        return SLOTD_EINVAL;
+    if (!p->prefix.on)
+        return SLOTD_OK;
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL)
+        rc = SLOTD_ESTALE;
+    else
+        *reused = cache__do_prefix_extend(p, s, h.slot, scope, tokens, n);
+    cache__unlock(p);
+    return rc;
+}
+
+int cache_pool_prefix_detach(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                             uint32_t entries)
+{
+    model_block_t **t;
+    cache__slot_t *s;
+    int rc = SLOTD_OK;
+
+    if (p == NULL || owner == NULL)
+        return SLOTD_EINVAL;
+    pthread_mutex_lock(&p->lock);
+    s = do_slot_get(p, h, owner);
+    if (s == NULL || entries > s->entries || s->entries != s->room) {
+        rc = s == NULL ? SLOTD_ESTALE : SLOTD_EINVAL;
+        goto out;
+    }
+    t = cache__table(p, h.slot);
+    while (s->nblocks > 0 && t[s->nblocks - 1]->first >= entries) {
+        const cache__model_t *md = &p->models[s->model];
+        model_block_t *b = t[--s->nblocks];
+        bool last = do_unhold(p, b);
+
+        /* Blocks an extend took: the cache still holds each. */
+        assert(!last);
+        (void)last;
+        s->room -= b->capacity;
+        s->bytes -= p->classes[md->caps_cls[cache__cap_index(md, b->capacity)]].stride;
+        t[s->nblocks] = NULL;
+    }
+    s->last = s->nblocks > 0 ? t[s->nblocks - 1] : NULL;
+    if (s->nblocks == 0)
+        s->head = NULL;
+    s->tail = NULL;
+    atomic_fetch_sub_explicit(&p->entries, s->entries - entries, memory_order_relaxed);
+    s->entries = entries;
+out:
     cache__unlock(p);
     return rc;
 }

@@ -195,11 +195,30 @@ int cache_pool_fork(cache_pool_t *p, cache_handle_t from, const cache_owner_t *f
  * stays in the cache, counted as free room (cache_pool_room()) and given
  * up, least recently used first, before any request is refused.  Both
  * calls: SLOTD_ESTALE as above; a no-op with the cache off (the config's
- * prefix_cache).  attach: SLOTD_EINVAL for a slot that holds anything. */
+ * prefix_cache).  attach: SLOTD_EINVAL for a slot that holds anything.
+ * publish: *stuck (may be NULL) is set when it stopped at a block whose
+ * equal another chain keeps, after which no block of the slot can be kept
+ * (its successors' parent is not a kept block). */
 int cache_pool_prefix_attach(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
                              uint64_t scope, const uint32_t *tokens, uint32_t n, uint32_t *reused);
 int cache_pool_prefix_publish(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
-                              uint64_t scope, const uint32_t *tokens, uint32_t n);
+                              uint64_t scope, const uint32_t *tokens, uint32_t n, bool *stuck);
+
+/** The prefix cache for a slot that grows: a slot whose blocks are exactly
+ * full (entries == room) and hold tokens[0 .. entries-1] takes the kept
+ * blocks that follow them in tokens[0 .. n-1] (n > entries), in `scope`,
+ * up to the first not kept and never the one holding position n - 1, as
+ * cache_pool_prefix_attach() does for an empty slot; its entries grow by
+ * *reused (0 for a slot with a partly filled or empty reserved block, or
+ * whose own blocks are not kept).  cache_pool_prefix_detach() undoes it
+ * (entries: the slot's before the extend), for a caller whose next step
+ * failed.  SLOTD_ESTALE as above; extend is a no-op with the cache off;
+ * detach is SLOTD_EINVAL for entries past the slot's or a slot that is not
+ * exactly full. */
+int cache_pool_prefix_extend(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                             uint64_t scope, const uint32_t *tokens, uint32_t n, uint32_t *reused);
+int cache_pool_prefix_detach(cache_pool_t *p, cache_handle_t h, const cache_owner_t *owner,
+                             uint32_t entries);
 
 /** Takes every block the slot holds out of the prefix cache (the slot
  * keeps them), so that no later start reuses them: for a slot whose

@@ -450,10 +450,16 @@ bool cache__do_prefix_evict(cache_pool_t *p);
  * they hold (the slot's entries now). */
 uint32_t cache__do_prefix_attach(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
                                  const uint32_t *tok, uint32_t n, uint64_t *last_serial);
+/* Slot si, whose blocks are exactly full and are tok[0 .. entries-1],
+ * grows by the cached blocks that follow them in tok[0 .. n-1] and end
+ * before position n - 1; returns the positions added (to its entries). */
+uint32_t cache__do_prefix_extend(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
+                                 const uint32_t *tok, uint32_t n);
 /* Caches the full blocks of slot si that tok[0 .. n-1] made and the cache
- * lacks; returns how many. */
+ * lacks; returns how many.  *stuck is set when it stopped at a block whose
+ * equal another chain keeps: no later block of the slot can be cached. */
 uint32_t cache__do_prefix_publish(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
-                                  const uint32_t *tok, uint32_t n);
+                                  const uint32_t *tok, uint32_t n, bool *stuck);
 /* The checker's part: returns the violations; *lru_bytes gets the bytes of
  * the cached-only blocks. */
 int cache__prefix_check(cache_pool_t *p, uint64_t *lru_bytes, uint64_t *nodes_on_lru);

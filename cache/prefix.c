@@ -1,8 +1,9 @@
 /*
  * prefix.c: the pool's prefix cache: full blocks kept by the identity of
  * the tokens that made them, so that a later start of the same model and
- * scope whose prompt opens with the same tokens holds those blocks instead
- * of computing them.
+ * scope whose prompt opens with the same tokens, or an append that
+ * completes them after a session's full blocks, holds those blocks
+ * instead of computing them.
  *
  * Owns the cache's nodes (one per cached block, from the heap: outside the
  * pool's budget, a few words and the block's tokens each, released when
@@ -24,8 +25,9 @@
  * free room, given up (cache__do_prefix_evict()) before the pool refuses
  * anything.  A block is published only when the block before it in the
  * same chain is its parent node's block, so a slot that holds a cached
- * block holds every cached block before it too: a parent is never
- * cached-only (and so never evicted) while a slot holds its child.
+ * block holds every cached block before it too, or (after an append's
+ * lookup, cache__do_prefix_extend()) a block equal to it: a parent given
+ * up while a slot holds its child only makes the child unfindable.
  *
  * Threads and lock: every function here runs with p->lock held (the
  * cache__do_ prefix), apart from init and fini, which run alone.
@@ -300,6 +302,80 @@ uint32_t cache__do_prefix_attach(cache_pool_t *p, cache__slot_t *s, uint32_t si,
     return reused;
 }
 
+/* Takes cached node `node` into slot s (table t) as its block i, right
+ * after its full blocks. */
+static void do_take(cache_pool_t *p, cache__slot_t *s, model_block_t **t, uint32_t i,
+                    cache__pnode_t *node)
+{
+    const cache__model_t *md = &p->models[s->model];
+    uint32_t cap = node->block->capacity;
+
+    if (cache__do_hold(node->block, +1) == 2)
+        p->shared_blocks++;
+    do_lru_out(p, node);
+    t[i] = node->block;
+    if (i < CACHE__SLOT_BLOCKS)
+        s->blocks[i] = node->block;
+    s->bytes += p->classes[md->caps_cls[cache__cap_index(md, cap)]].stride;
+    s->room += cap;
+    s->nblocks = i + 1;
+}
+
+uint32_t cache__do_prefix_extend(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
+                                 const uint32_t *tok, uint32_t n)
+{
+    const cache__model_t *md = &p->models[s->model];
+    model_block_t **t = cache__table(p, si);
+    uint64_t parent = 0;
+    uint32_t pos = 0, reused = 0, looked = 0, i;
+
+    if (s->entries != s->room || s->nblocks == 0 || n <= s->entries)
+        return 0; /* a partly filled or reserved block comes first: computed */
+    /* The chain's identity so far: each block's node, or the node of an
+     * equal block (the same tokens after the same parent), which a slot
+     * that computed what another had cached holds instead. */
+    for (i = 0; i < s->nblocks; i++) {
+        cache__pnode_t *node = cache__prefix_node_of(p, t[i]);
+        uint32_t cap = t[i]->capacity;
+
+        if (node == NULL || node->scope != scope) {
+            uint64_t h = key_hash(p, s->model, scope, parent, i, tok + pos, cap);
+            node = do_find(p, h, s->model, scope, parent, i, tok + pos, cap);
+            if (node == NULL)
+                return 0; /* nothing after an uncached block can be cached */
+        }
+        parent = node->serial;
+        pos += cap;
+    }
+    for (;; i++) {
+        uint32_t cap = model_block_capacity(md->m, i);
+        cache__pnode_t *node;
+        uint64_t h;
+
+        /* As in attach: never the last position, whose state a pick reads. */
+        if ((uint64_t)pos + cap > (uint64_t)n - 1)
+            break;
+        looked += cap;
+        h = key_hash(p, s->model, scope, parent, i, tok + pos, cap);
+        node = do_find(p, h, s->model, scope, parent, i, tok + pos, cap);
+        if (node == NULL)
+            break;
+        do_take(p, s, t, i, node);
+        parent = node->serial;
+        pos += cap;
+        reused += cap;
+    }
+    if (reused > 0) {
+        s->last = t[s->nblocks - 1];
+        s->tail = NULL; /* entries == room */
+        s->entries += reused;
+        atomic_fetch_add_explicit(&p->entries, reused, memory_order_relaxed);
+    }
+    p->prefix.query_entries += looked;
+    p->prefix.hit_entries += reused;
+    return reused;
+}
+
 static int do_grow_index(cache__prefix_t *c)
 {
     uint32_t cap = c->nnodes_cap != 0 ? 2 * c->nnodes_cap : 256;
@@ -345,7 +421,7 @@ static void do_grow_buckets(cache__prefix_t *c)
 }
 
 uint32_t cache__do_prefix_publish(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
-                                  const uint32_t *tok, uint32_t n)
+                                  const uint32_t *tok, uint32_t n, bool *stuck)
 {
     cache__prefix_t *c = &p->prefix;
     model_block_t **t = cache__table(p, si);
@@ -367,9 +443,11 @@ uint32_t cache__do_prefix_publish(cache_pool_t *p, cache__slot_t *s, uint32_t si
             continue;
         }
         h = key_hash(p, s->model, scope, parent, i, tok + pos, cap);
-        if (do_find(p, h, s->model, scope, parent, i, tok + pos, cap) != NULL)
+        if (do_find(p, h, s->model, scope, parent, i, tok + pos, cap) != NULL) {
+            *stuck = true;
             break; /* another chain's equal block is cached: this chain's later
                       blocks cannot name theirs as parent */
+        }
         if (c->nfree_ix == 0 && do_grow_index(c) != SLOTD_OK)
             break;
         node = malloc(sizeof(*node) + cap * sizeof(uint32_t));

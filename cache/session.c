@@ -79,6 +79,17 @@ static int step_error(cache_pool_t *p, const cache_session_t *s, uint32_t n, int
     return pool_error(p, err, rc, false, "step", s->owner.id, after - before, after);
 }
 
+/* The end of the block of `m` that holds position n: the entries at which
+ * a chain of n entries next fills a block.  O(blocks), once a block. */
+static uint32_t full_after(const model_t *m, uint32_t n)
+{
+    uint64_t end = 0;
+
+    for (uint32_t i = 0; end <= n; i++)
+        end += model_block_capacity(m, i);
+    return end > UINT32_MAX ? UINT32_MAX : (uint32_t)end;
+}
+
 /* cache_session_start(), and with `toks` (the prompt as uint32_t, NULL:
  * no prefix cache) its reuse of cached blocks of `scope`. */
 static int session__start(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
@@ -88,6 +99,7 @@ static int session__start(cache_pool_t *p, const model_t *m, const cache_owner_t
     cache_handle_t h;
     model_kv_t kv;
     uint32_t reused = 0;
+    bool stuck = false;
     int rc;
 
     rc = cache_pool_acquire(p, m, owner, &h);
@@ -126,13 +138,17 @@ static int session__start(cache_pool_t *p, const model_t *m, const cache_owner_t
         goto fail_release;
     }
     if (toks != NULL) {
-        (void)cache_pool_prefix_publish(p, h, owner, scope, toks, (uint32_t)n);
+        (void)cache_pool_prefix_publish(p, h, owner, scope, toks, (uint32_t)n, &stuck);
     }
 
     s->handle = h;
     s->model = m;
     s->owner = *owner;
     s->entries = kv.len;
+    s->scope = scope;
+    s->shared = toks != NULL;
+    /* Stuck behind another chain's equal block: nothing more to publish. */
+    s->full_at = stuck ? UINT32_MAX : full_after(m, kv.len);
     cache_pool_hint(p, h, &s->hint);
     if (cached != NULL) {
         *cached = reused;
@@ -181,6 +197,16 @@ int cache_session_start_shared(cache_pool_t *p, const model_t *m, const cache_ow
     rc = session__start(p, m, owner, prompt, n, toks, scope, scratch, s, cached, err);
     free(toks);
     return rc;
+}
+
+void cache_session_publish(cache_pool_t *p, cache_session_t *s, const uint32_t *toks, uint32_t n)
+{
+    bool stuck = false;
+
+    if (!s->shared || n != s->entries || n < s->full_at)
+        return;
+    (void)cache_pool_prefix_publish(p, s->handle, &s->owner, s->scope, toks, n, &stuck);
+    s->full_at = stuck ? UINT32_MAX : full_after(s->model, n);
 }
 
 int cache_session_step(cache_pool_t *p, cache_session_t *s, uint32_t n, void *scratch,
@@ -244,8 +270,15 @@ int cache_session_decode(cache_pool_t *p, cache_session_t *s, uint32_t n, const 
 int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tokens, size_t n,
                          void *scratch, uint32_t *cached, slotd_error_t *err)
 {
+    return cache_session_append_shared(p, s, tokens, n, NULL, scratch, cached, err);
+}
+
+int cache_session_append_shared(cache_pool_t *p, cache_session_t *s, const int64_t *tokens,
+                                size_t n, const uint32_t *seq, void *scratch, uint32_t *cached,
+                                slotd_error_t *err)
+{
     const model_t *m = s->model;
-    uint32_t max_ctx = model_max_ctx(m);
+    uint32_t max_ctx = model_max_ctx(m), before = s->entries, reused = 0;
     model_kv_t kv;
     int rc;
 
@@ -267,15 +300,28 @@ int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tok
                                "do not fit",
                                s->owner.id, s->entries, max_ctx, n);
     }
-    rc = cache_pool_reserve(p, s->handle, &s->owner, (uint32_t)n, &kv);
+    /* The kept blocks that the tokens complete after the slot's own. */
+    if (seq != NULL && s->shared) {
+        rc = cache_pool_prefix_extend(p, s->handle, &s->owner, s->scope, seq,
+                                      before + (uint32_t)n, &reused);
+        if (rc != SLOTD_OK)
+            return pool_error(p, err, rc, false, "append", s->owner.id, 0, 0);
+        assert(reused < n);
+    }
+    rc = cache_pool_reserve(p, s->handle, &s->owner, (uint32_t)(n - reused), &kv);
     if (rc != SLOTD_OK) {
         /* It needed the blocks between the slot's entries and n more. */
-        uint64_t before = cache_pool_slot_bytes(m, s->entries);
-        uint64_t after = cache_pool_slot_bytes(m, s->entries + (uint32_t)n);
-        return pool_error(p, err, rc, false, "append", s->owner.id, after - before, after);
+        uint64_t bytes0 = cache_pool_slot_bytes(m, before);
+        uint64_t after = cache_pool_slot_bytes(m, before + (uint32_t)n);
+        if (reused > 0) /* nothing changes: the kept blocks go back */
+            (void)cache_pool_prefix_detach(p, s->handle, &s->owner, before);
+        return pool_error(p, err, rc, false, "append", s->owner.id, after - bytes0, after);
     }
-    assert(kv.len == s->entries);
-    for (size_t i = 0; i < n;) {
+    assert(kv.len == before + reused);
+    if (reused > 0) {
+        model_kv_resume(m, &kv);
+    }
+    for (size_t i = reused; i < n;) {
         uint32_t chunk[MODEL_BATCH_MAX];
         size_t k = 0;
         for (; k < MODEL_BATCH_MAX && i + k < n; k++) {
@@ -293,7 +339,7 @@ int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tok
     s->entries = kv.len;
     cache_pool_hint(p, s->handle, &s->hint);
     if (cached != NULL) {
-        *cached = 0;
+        *cached = reused;
     }
     return SLOTD_OK;
 }
@@ -316,6 +362,9 @@ int cache_session_fork(cache_pool_t *p, const cache_session_t *from, const cache
     s->model = m;
     s->owner = *owner;
     s->entries = from->entries;
+    s->scope = from->scope;
+    s->shared = from->shared;
+    s->full_at = from->full_at;
     cache_pool_hint(p, h, &s->hint);
     return SLOTD_OK;
 }

@@ -30,6 +30,9 @@ typedef struct cache_session {
     cache_owner_t owner;
     uint32_t entries;  /* entries the slot holds: prompt plus generated */
     cache_hint_t hint; /* set by start and step: what the next step reads first (pool.h) */
+    uint64_t scope;    /* its prefix-cache scope (cache_session_start_shared()) */
+    uint32_t full_at;  /* the entries at which its next block is full (cache_session_publish()) */
+    bool shared;       /* started by cache_session_start_shared(): its blocks may be cached */
 } cache_session_t;
 
 /** Validates the prompt (model_check_prompt()), acquires a clean slot,
@@ -51,6 +54,18 @@ int cache_session_start(cache_pool_t *p, const model_t *m, const cache_owner_t *
 int cache_session_start_shared(cache_pool_t *p, const model_t *m, const cache_owner_t *owner,
                                uint64_t scope, const int64_t *prompt, size_t n, void *scratch,
                                cache_session_t *s, uint32_t *cached, slotd_error_t *err);
+
+/** Keeps the session's full blocks in the prefix cache (pool.h,
+ * cache_pool_prefix_publish(), in the scope it started with), so that a
+ * later start whose prompt opens with its sequence reuses them: a block
+ * filled by an append or by picks is as immutable, once full, as one a
+ * prompt filled.  `toks` is the session's whole sequence (n ==
+ * s->entries); nothing is done (in O(1)) unless the session's entries
+ * reached s->full_at, the end of the block that was filling, nor for a
+ * session started without the prefix cache.  Then it takes the pool's
+ * lock and allocates only the cache's nodes (none, and nothing kept, if
+ * that fails), and moves s->full_at on. */
+void cache_session_publish(cache_pool_t *p, cache_session_t *s, const uint32_t *toks, uint32_t n);
 
 /** Runs `n` >= 1 greedy steps: each picks the next token from what the slot
  * holds and runs it (one g call, or L rows), growing the slot by one entry.
@@ -84,6 +99,19 @@ int cache_session_decode(cache_pool_t *p, cache_session_t *s, uint32_t n, const 
  * many of the n entries were reused rather than computed. */
 int cache_session_append(cache_pool_t *p, cache_session_t *s, const int64_t *tokens, size_t n,
                          void *scratch, uint32_t *cached, slotd_error_t *err);
+
+/** cache_session_append() that first reuses the prefix cache's kept
+ * blocks (pool.h, cache_pool_prefix_extend()) that the tokens complete
+ * after the session's blocks, when those are exactly full, in the scope
+ * the session started with, and computes only the positions after them
+ * (never the last: its state is what a pick reads).  `seq` (NULL: no
+ * lookup) is the session's whole sequence after the append: its entries'
+ * tokens, then `tokens`.  *cached gets the entries reused.  The slot
+ * afterwards holds exactly what cache_session_append() would have left;
+ * errors as it, none changing anything. */
+int cache_session_append_shared(cache_pool_t *p, cache_session_t *s, const int64_t *tokens,
+                                size_t n, const uint32_t *seq, void *scratch, uint32_t *cached,
+                                slotd_error_t *err);
 
 /** Starts session `s` for `owner` holding exactly the sequence of the live
  * session `from`, without a model call and without copying an entry: the

@@ -46,10 +46,10 @@ struct audit {
 
 /* ---- Recorded tokens ---- */
 
-int audit_tokens_reserve(audit_tokens_t *t, uint32_t more)
+int audit_tokens_grow(audit_tokens_t *t, uint32_t more)
 {
     uint64_t want = (uint64_t)t->len + more;
-    uint64_t cap = t->cap > 0 ? t->cap : 16;
+    uint64_t cap = t->cap > 0 ? t->cap : 64;
     uint32_t *v;
 
     if (want <= t->cap)
@@ -67,14 +67,6 @@ int audit_tokens_reserve(audit_tokens_t *t, uint32_t more)
     t->v = v;
     t->cap = (uint32_t)cap;
     return SLOTD_OK;
-}
-
-void audit_tokens_append(audit_tokens_t *t, const uint32_t *v, uint32_t n)
-{
-    if (n == 0)
-        return;
-    memcpy(t->v + t->len, v, (size_t)n * sizeof(*v));
-    t->len += n;
 }
 
 void audit_tokens_free(audit_tokens_t *t)

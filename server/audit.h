@@ -38,6 +38,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/model.h"
 
@@ -50,12 +51,27 @@ typedef struct audit_tokens {
     uint32_t cap;
 } audit_tokens_t;
 
+/** audit_tokens_reserve()'s growth: `v` grown by doubling (from 64) to
+ * hold `more` values after `len`.  SLOTD_OK, or SLOTD_ENOMEM (and `t` as
+ * it was). */
+int audit_tokens_grow(audit_tokens_t *t, uint32_t more);
+
 /** Makes room for `more` values after `len`, growing `v` by doubling.
- * SLOTD_OK, or SLOTD_ENOMEM (and `t` as it was). */
-int audit_tokens_reserve(audit_tokens_t *t, uint32_t more);
+ * SLOTD_OK, or SLOTD_ENOMEM (and `t` as it was).  Inline: every step of
+ * every session records its picks whenever the prefix cache is on. */
+static inline int audit_tokens_reserve(audit_tokens_t *t, uint32_t more)
+{
+    return (uint64_t)t->len + more <= t->cap ? SLOTD_OK : audit_tokens_grow(t, more);
+}
 
 /** Appends `n` values; the room must have been reserved. */
-void audit_tokens_append(audit_tokens_t *t, const uint32_t *v, uint32_t n);
+static inline void audit_tokens_append(audit_tokens_t *t, const uint32_t *v, uint32_t n)
+{
+    if (n > 0) {
+        memcpy(t->v + t->len, v, (size_t)n * sizeof(*v));
+        t->len += n;
+    }
+}
 
 /** Frees `v`; `t` is empty afterwards. */
 void audit_tokens_free(audit_tokens_t *t);

@@ -132,8 +132,8 @@ static const option_t options[] = {
      "seconds from a connection's accept to its auth (with a token) and its PROXY header (from "
      "a --proxy-from peer) before it is closed, 0 for never (5)"},
     {"prefix-cache", OPT_ONOFF, 0, 0, FIELD(prefix_cache),
-     "on: a start reuses the cached entries of the longest prompt prefix an earlier start of the "
-     "same model and scope computed (on)"},
+     "on: a start (or an append at a block's end) reuses the cached entries an earlier session "
+     "of the same model and scope computed for the same leading tokens (on)"},
     {"prefix-scope", OPT_SCOPE, 0, 0, FIELD(prefix_scope),
      "global (every connection shares), connection (each its own) or tenant (each tenant its "
      "own; without a tenants file, each connection) (global; tenant with --tenants-file)"},

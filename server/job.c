@@ -2,8 +2,9 @@
  * job.c: what a worker thread does with a request record: the model call
  * of a start (prefill), a step, an append, a logits or a generate, the
  * copy of a fork, and the formatting
- * of its reply line into the record; with --audit-rate, the recording of a
- * session's tokens and the audit of sampled steps (see audit.h); and the
+ * of its reply line into the record; the recording of a session's tokens
+ * (audit, --on-full evict, the prefix cache), the publishing of the blocks
+ * its steps and appends fill, and the audit of sampled steps (audit.h); the
  * batches of single steps of one model (job_group(), job_run_batch(),
  * --max-batch), whose records each get their own reply; and long jobs (a
  * step of many positions, a generate) run in slices, between which the
@@ -475,6 +476,9 @@ static int rebuild_slot(server_t *s, worker_t *w, const req_t *r, const model_t 
                                proto_op_name(r->rq.op), owner->id, t->len);
     if (rc != SLOTD_OK)
         return rc;
+    /* The session's prefix-cache scope stays its own (a fork's: from's). */
+    cs.scope = r->rq.op == PROTO_OP_FORK ? r->from_cs.scope : r->cs.scope;
+    cs.shared = r->rq.op == PROTO_OP_FORK ? r->from_cs.shared : r->cs.shared;
     *out = cs;
     metrics_count_rebuilt_entry_n(t->len); /* a rebuild, for --on-full evict */
     metrics_count_rebuild_ns_n(uv_hrtime() - t0);
@@ -522,6 +526,15 @@ static int run_start(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
     if (rc != SLOTD_OK) /* no session: nobody else will free them */
         audit_tokens_free(&r->toks);
     return rc;
+}
+
+/* The blocks that a step or an append of `r` just filled go to the prefix
+ * cache, named by the session's recorded tokens (kept whenever the cache
+ * is on). */
+static inline void publish_blocks(server_t *s, req_t *r)
+{
+    if (r->cs.entries >= r->cs.full_at && s->keep_toks && r->toks.len == r->cs.entries)
+        cache_session_publish(s->pool, &r->cs, r->toks.v, r->toks.len);
 }
 
 /* The audit of a step that just ran: records its n picks after the
@@ -615,6 +628,7 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
         audit_step(s, w, r, picked, tokens, logits, &ctl);
     else if (s->keep_toks)
         audit_tokens_append(&r->toks, tokens, picked);
+    publish_blocks(s, r);
     JOB_FAULT_AFTER_STEP(s, r);
     return controls_reply_step(&ctl, &r->reply, &r->rq, m, tokens, picked,
                                controls_logits(&ctl, logits), r->cs.entries, worker_scratch(w));
@@ -628,21 +642,29 @@ static int run_step(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 static int run_append(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 {
     uint32_t cached = 0, len = r->toks.len;
+    const uint32_t *seq = NULL;
     int rc;
 
-    if (s->keep_toks && r->rq.ntokens <= model_max_ctx(r->cs.model) &&
-        audit_tokens_reserve(&r->toks, (uint32_t)r->rq.ntokens) != SLOTD_OK)
-        return SLOTD_ENOMEM;
-    rc = cache_session_append(s->pool, &r->cs, r->rq.tokens, r->rq.ntokens, worker_scratch(w),
-                              &cached, err);
+    if (s->keep_toks && r->rq.ntokens <= model_max_ctx(r->cs.model)) {
+        if (audit_tokens_reserve(&r->toks, (uint32_t)r->rq.ntokens) != SLOTD_OK)
+            return SLOTD_ENOMEM;
+        /* Written past the recording's end, which moves only on success:
+         * the whole sequence the prefix cache is looked up with (the
+         * append checks the tokens before it reads them). */
+        for (size_t i = 0; i < r->rq.ntokens; i++)
+            r->toks.v[len + i] = (uint32_t)r->rq.tokens[i];
+        if (len == r->cs.entries)
+            seq = r->toks.v;
+    }
+    rc = cache_session_append_shared(s->pool, &r->cs, r->rq.tokens, r->rq.ntokens, seq,
+                                     worker_scratch(w), &cached, err);
     if (rc != SLOTD_OK)
         return rc;
     if (s->keep_toks) {
         assert(len + r->rq.ntokens == r->cs.entries); /* the recording follows the slot */
-        for (size_t i = 0; i < r->rq.ntokens; i++)
-            r->toks.v[len + i] = (uint32_t)r->rq.tokens[i]; /* checked: in [0, V) */
-        r->toks.len = r->cs.entries;
+        r->toks.len = r->cs.entries; /* the tokens are in place, checked: in [0, V) */
     }
+    publish_blocks(s, r);
     return proto_reply_append(&r->reply, r->rq.tag, r->rq.id, r->cs.entries, cached);
 }
 
@@ -829,6 +851,7 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
                 audit_step(s, w, r, 1, &picks[i], lg[i], &ctl[i]);
             else if (s->keep_toks)
                 audit_tokens_append(&r->toks, &picks[i], 1);
+            publish_blocks(s, r);
             JOB_FAULT_AFTER_STEP(s, r);
             rc[i] = controls_reply_step(&ctl[i], &r->reply, &r->rq, m, &picks[i], 1,
                                         controls_logits(&ctl[i], lg[i]), r->cs.entries,

@@ -529,8 +529,10 @@ static int start_workers(server_t *s)
                  s->cfg->audit_rate, audit_worker_bytes(s->audit));
     }
 
-    /* An evicted session is rebuilt from its tokens (evict.c). */
-    s->keep_toks = s->audit != NULL || s->cfg->on_full == CONFIG_ON_FULL_EVICT;
+    /* An evicted session is rebuilt from its tokens (evict.c); the blocks a
+     * session fills are named by them in the prefix cache (job.c). */
+    s->keep_toks = s->audit != NULL || s->cfg->on_full == CONFIG_ON_FULL_EVICT ||
+                   s->cfg->prefix_cache;
 
     memset(&wc, 0, sizeof(wc));
     wc.threads = s->cfg->threads;

@@ -139,7 +139,7 @@ struct req {
 
     /* The job's result: written by its worker while REQ_RUNNING, by the
      * loop thread otherwise. */
-    audit_tokens_t toks; /* audit on: the session's tokens, as `cs` (start: its prompt) */
+    audit_tokens_t toks; /* keep_toks: the session's tokens, as `cs` (start: its prompt) */
     int rc;              /* SLOTD_OK, or the code of the error in `reply` */
     bool chain_cut;      /* ran, and its chain's later steps did not: they go back (launch.c) */
     uint64_t begun_ns;   /* the time its worker began it (job_begun()); 0 if none did */
@@ -203,7 +203,7 @@ struct session {
                      `cs` keeps its model, owner and entries, `toks` its sequence */
 
     cache_session_t cs;  /* owner from the parse on (node.id is its id); the rest while has_slot */
-    audit_tokens_t toks; /* audit on or --on-full evict: its tokens while has_slot; owned, freed
+    audit_tokens_t toks; /* keep_toks: its tokens while has_slot; owned, freed
                             with it */
 
     /* Start, finish and close only. */
@@ -415,7 +415,7 @@ struct server {
     struct inspect_listing *listings; /* GET /sessions being gathered, in order (inspect.c) */
     TAILQ_HEAD(, session) lru;      /* idle sessions, oldest first (session.c) */
     /* --on-full (evict.c).  Loop thread. */
-    bool keep_toks;                 /* sessions record their tokens (audit on, or evict) */
+    bool keep_toks; /* sessions record their tokens (audit on, evict, or the prefix cache) */
     req_t *room_head, *room_tail;   /* REQ_ROOM requests, in the order they began to wait */
     uv_timer_t room_timer;          /* the first wait's end, or a retry once room freed */
     bool room_kick;                 /* room_timer is set to run waiting requests again */

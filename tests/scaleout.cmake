@@ -22,6 +22,10 @@
 #   test_units       deploy/slotd.service and slotd@.service: systemd-analyze
 #                    verify, printed as they are in docs/operations.md, and
 #                    their ExecStart run as systemd runs it, with a token
+#   test_bench_prefix  slotd-bench --shared-prefix --verify against a daemon
+#                    with the prefix cache on (0 mismatches, at least half
+#                    the prompt entries cached) and one with it off (0
+#                    cached)
 # A missing tool (haproxy, prometheus, prometheus-alertmanager, socat,
 # curl, openssl, python3, systemd-analyze) or binary fails a test; it is
 # never skipped (scripts/deps.sh --test installs the tools).  `ctest -L
@@ -48,6 +52,12 @@ foreach(_ops test_dockerfile test_config_env test_quickstart test_haproxy_proxy 
     ENVIRONMENT "${_ops_env}" REQUIRED_FILES "$<TARGET_FILE:slotd>"
     TIMEOUT 120 LABELS "scaleout;integration")
 endforeach()
+
+add_test(NAME test_bench_prefix
+  COMMAND ${BASH_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/test_bench_prefix.sh ${PROJECT_BINARY_DIR})
+set_tests_properties(test_bench_prefix PROPERTIES
+  ENVIRONMENT "${_ops_env}" REQUIRED_FILES "${_ops_bins}"
+  TIMEOUT 120 LABELS "scaleout;integration")
 
 # The committed deploy/ files: HAProxy accepts its configuration (with
 # example addresses), promtool accepts the Prometheus configuration and its

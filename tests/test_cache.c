@@ -2304,6 +2304,114 @@ START_TEST(test_prefix_free_room)
 }
 END_TEST
 
+/* The first position at or after `at` where a block of `m` ends, and its
+ * block index + 1 in *idx. */
+static uint32_t boundary(const model_t *m, uint32_t at, uint32_t *idx)
+{
+    uint32_t pos = 0, i = 0;
+
+    while (pos < at)
+        pos += model_block_capacity(m, i++);
+    *idx = i;
+    return pos;
+}
+
+/* An append whose tokens complete blocks another session kept (here its
+ * parent, which ran them first, a fork sharing its full blocks) reuses
+ * them but the block of its last position, computes the rest (hash's state
+ * rebuilt from the entries), and the session's steps after it are the
+ * reference's.  `small` also shows a refused append changing nothing: the
+ * pool packed so that the rest's block cannot be had, the blocks taken go
+ * back to the cache (entries, room and the checker as before), and the
+ * same append succeeds once a filler lets go. */
+START_TEST(test_prefix_append_reuses)
+{
+    model_t *m = fx_model(_i == 0 ? "small" : "hash");
+    cache_pool_t *p = fx_pool_cached((size_t)2 << 20, 64);
+    void *scratch = malloc(model_scratch_size(m));
+    uint32_t V = model_vocab(m), bi, ei, base = boundary(m, 40, &bi), end, cached = 99;
+    static int64_t t[600], u[600], sb[600];
+    uint32_t seq[600];
+    cache_session_t a, b, fill[64];
+    cache_owner_t oa = owner(1, "a"), ob = owner(1, "b");
+    size_t nfill = 0, len;
+    slotd_error_t e;
+    uint32_t want, tok;
+
+    ck_assert_ptr_nonnull(scratch);
+    boundary(m, base + 1, &ei);
+    ei += 2; /* three blocks after base: the last holds the last position */
+    end = base;
+    for (uint32_t i = bi; i < ei; i++)
+        end += model_block_capacity(m, i);
+    want = end - model_block_capacity(m, ei - 1) - base;
+    ck_assert_uint_gt(want, 0);
+    prompt_of(t, base, 0, 1, V);
+    prompt_of(u, end - base, 0, 7, V);
+    for (uint32_t i = 0; i < base; i++)
+        seq[i] = (uint32_t)t[i];
+    for (uint32_t i = base; i < end; i++)
+        seq[i] = (uint32_t)u[i - base];
+    ck_assert_int_eq(cache_session_start_shared(p, m, &oa, 0, t, base, scratch, &a, &cached, &e),
+                     SLOTD_OK);
+    ck_assert_int_eq(cache_session_fork(p, &a, &ob, &b, &e), SLOTD_OK);
+    ck_assert_int_eq(
+        cache_session_append_shared(p, &a, u, end - base, seq, scratch, &cached, &e), SLOTD_OK);
+    ck_assert_uint_eq(cached, 0); /* nothing kept yet past the prompt */
+    cache_session_publish(p, &a, seq, end);
+    sound(p);
+
+    if (_i == 0) {
+        /* Fillers ending where b's rest begins: each next step needs a
+         * block of the class the rest needs, until none can be had. */
+        int64_t *ft = calloc(end, sizeof(*ft));
+        ck_assert_ptr_nonnull(ft);
+        prompt_of(ft, base + want, 0, 99, V);
+        for (;; nfill++) {
+            cache_owner_t of = owner(2, "f");
+            of.id[1] = (char)('a' + nfill);
+            if (cache_session_start(p, m, &of, ft, base + want, scratch, &fill[nfill], &e) !=
+                SLOTD_OK)
+                break;
+        }
+        for (size_t i = 0; i < nfill; i++)
+            if (cache_session_step(p, &fill[i], 1, scratch, &tok, NULL, &e) != SLOTD_OK)
+                break;
+        free(ft);
+        ck_assert_uint_gt(nfill, 0);
+        {
+            cache_pool_stats_t st0 = stats(p);
+            ck_assert_int_eq(
+                cache_session_append_shared(p, &b, u, end - base, seq, scratch, &cached, &e),
+                SLOTD_ECACHE_FULL);
+            ck_assert_uint_eq(b.entries, base);
+            ck_assert_uint_eq(stats(p).entries, st0.entries);
+            ck_assert_uint_eq(stats(p).bytes_used, st0.bytes_used);
+            sound(p);
+        }
+        ck_assert_int_eq(cache_session_finish(p, &fill[--nfill], NULL), SLOTD_OK);
+    }
+    ck_assert_int_eq(
+        cache_session_append_shared(p, &b, u, end - base, seq, scratch, &cached, &e), SLOTD_OK);
+    ck_assert_uint_eq(cached, want);
+    ck_assert_uint_eq(b.entries, end);
+    sound(p);
+    for (uint32_t i = 0; i < end; i++)
+        sb[i] = seq[i];
+    len = end;
+    step_fresh(p, &b, sb, &len, scratch);
+    step_fresh(p, &b, sb, &len, scratch);
+    sound(p);
+    while (nfill > 0)
+        ck_assert_int_eq(cache_session_finish(p, &fill[--nfill], NULL), SLOTD_OK);
+    ck_assert_int_eq(cache_session_finish(p, &a, NULL), SLOTD_OK);
+    ck_assert_int_eq(cache_session_finish(p, &b, NULL), SLOTD_OK);
+    ck_assert_uint_eq(stats(p).entries, 0);
+    sound(p);
+    free(scratch);
+}
+END_TEST
+
 #if SLOTD_FAULT_INJECTION
 /* A cached block that is damaged (the fault hook, as a memory fault would)
  * damages every start that reuses it, which is what the audit catches; the
@@ -2411,6 +2519,7 @@ static Suite *cache_suite(bool forking)
         tcase_add_loop_test(pc, test_prefix_reuse_exact, 0, 2);
         tcase_add_loop_test(pc, test_prefix_model_scope_apart, 0, 4);
         tcase_add_test(pc, test_prefix_free_room);
+        tcase_add_loop_test(pc, test_prefix_append_reuses, 0, 2);
         tcase_add_test(pc, test_fork_shares_blocks);
 #if SLOTD_FAULT_INJECTION
         tcase_add_test(pc, test_prefix_damaged_block_forgotten);
