@@ -450,14 +450,17 @@ unsliced: /* no room: the one call says so, in its words */
  * start with the whole sequence computes, which are those the session's
  * own start, steps and appends computed (docs/design.md, "What one cache
  * entry holds"), bit for bit.  On an error nothing is held and *out is as
- * it was.  The int64 copy of the tokens is this call's, freed before it
- * returns. */
+ * it was.  *reused gets the entries the prefix cache gave (0 for a
+ * session started without it).  The int64 copy of the tokens is this
+ * call's, freed before it returns. */
 static int rebuild_slot(server_t *s, worker_t *w, const req_t *r, const model_t *m,
                         const cache_owner_t *owner, const audit_tokens_t *t, cache_session_t *out,
-                        slotd_error_t *err)
+                        uint32_t *reused, slotd_error_t *err)
 {
     uint64_t t0 = uv_hrtime();
+    const cache_session_t *was = r->rq.op == PROTO_OP_FORK ? &r->from_cs : &r->cs;
     cache_session_t cs;
+    uint32_t cached = 0;
     int64_t *prompt;
     int rc;
 
@@ -467,7 +470,15 @@ static int rebuild_slot(server_t *s, worker_t *w, const req_t *r, const model_t 
         return SLOTD_ENOMEM;
     for (uint32_t i = 0; i < t->len; i++)
         prompt[i] = t->v[i];
-    rc = cache_session_start(s->pool, m, owner, prompt, t->len, worker_scratch(w), &cs, err);
+    /* A session that shared blocks rebuilds as a cached start of its whole
+     * sequence in its own scope: the blocks still kept (its own, given up
+     * at the eviction, or another's equal ones) are reused, exact because
+     * an entry depends only on the tokens at and before it. */
+    if (was->shared)
+        rc = cache_session_start_shared(s->pool, m, owner, was->scope, prompt, t->len,
+                                        worker_scratch(w), &cs, &cached, err);
+    else
+        rc = cache_session_start(s->pool, m, owner, prompt, t->len, worker_scratch(w), &cs, err);
     free(prompt);
     if (rc == SLOTD_ECACHE_FULL)
         return slotd_error_set(err, SLOTD_ECACHE_FULL,
@@ -477,10 +488,10 @@ static int rebuild_slot(server_t *s, worker_t *w, const req_t *r, const model_t 
     if (rc != SLOTD_OK)
         return rc;
     /* The session's prefix-cache scope stays its own (a fork's: from's). */
-    cs.scope = r->rq.op == PROTO_OP_FORK ? r->from_cs.scope : r->cs.scope;
-    cs.shared = r->rq.op == PROTO_OP_FORK ? r->from_cs.shared : r->cs.shared;
+    cs.scope = was->scope;
     *out = cs;
-    metrics_count_rebuilt_entry_n(t->len); /* a rebuild, for --on-full evict */
+    *reused = cached;
+    metrics_count_rebuilt_entry_n(t->len - cached); /* a rebuild, for --on-full evict */
     metrics_count_rebuild_ns_n(uv_hrtime() - t0);
     return SLOTD_OK;
 }
@@ -493,7 +504,7 @@ static int rebuild_session(server_t *s, worker_t *w, req_t *r, slotd_error_t *er
     int rc;
 
     assert(r->toks.len == r->cs.entries);
-    rc = rebuild_slot(s, w, r, r->cs.model, &owner, &r->toks, &r->cs, err);
+    rc = rebuild_slot(s, w, r, r->cs.model, &owner, &r->toks, &r->cs, &(uint32_t){0}, err);
     if (rc == SLOTD_OK)
         r->rebuild = false;
     return rc;
@@ -675,6 +686,7 @@ static int run_append(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 static int run_fork(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
 {
     cache_owner_t owner;
+    uint32_t reused = 0;
     int rc;
 
     (void)w;
@@ -686,13 +698,15 @@ static int run_fork(server_t *s, worker_t *w, req_t *r, slotd_error_t *err)
         audit_tokens_append(&r->toks, r->from_toks.v, r->from_toks.len);
     }
     if (r->from_evicted) /* no slot to copy: its tokens run into a new one */
-        rc = rebuild_slot(s, w, r, r->from_cs.model, &owner, &r->from_toks, &r->cs, err);
+        rc = rebuild_slot(s, w, r, r->from_cs.model, &owner, &r->from_toks, &r->cs, &reused,
+                          err);
     else
         rc = cache_session_fork(s->pool, &r->from_cs, &owner, &r->cs, err);
     if (rc == SLOTD_OK) {
-        /* Every entry was reused (copied), none computed; or, rebuilt, none. */
+        /* Every entry was reused (copied), none computed; or, rebuilt,
+         * those the prefix cache still kept. */
         rc = proto_reply_fork(&r->reply, r->rq.tag, r->rq.id, model_name(r->model), r->cs.entries,
-                              r->from_evicted ? 0 : r->cs.entries);
+                              r->from_evicted ? reused : r->cs.entries);
         if (rc != SLOTD_OK) /* no reply, no session: give the slot back */
             (void)cache_session_finish(s->pool, &r->cs, &(uint32_t){0});
     }

@@ -9,7 +9,8 @@
  * (rebuilt first) is the uncached reference, bit for bit: each reply is
  * checked against model_generate(use_cache = false), computed here.  An
  * append to an evicted session likewise, and a fork of one (started from
- * its tokens: cached 0).  wait holds a request until a
+ * its tokens: cached is what the prefix cache still kept); a rebuild
+ * computes only what the cache does not keep.  wait holds a request until a
  * finish makes room (and it then succeeds, the line sent after it
  * answered after it), answers it cache_full once
  * --full-wait-ms has passed and not before, and a drain answers it
@@ -230,7 +231,8 @@ START_TEST(test_evict_append_exact)
     itest_seq_step(a, s, 1);
 
     /* A fork of "a" while it is evicted: the new session starts from a's
-     * tokens (nothing copied: cached 0), and both go on exact. */
+     * tokens (nothing copied: cached counts only what the prefix cache
+     * still kept, the rest is rebuilt), and both go on exact. */
     for (int i = 0; i < NSESS; i++)
         itest_ref_step(f.c[i], &f.ref[i], 1);
     {
@@ -246,9 +248,11 @@ START_TEST(test_evict_append_exact)
     ck_assert_ptr_nonnull(b);
     memcpy(b, s, sizeof(*b));
     snprintf(b->id, sizeof(b->id), "b");
+    int64_t rebuilt0 = itest_stat(a, "rebuilt_entries_total");
     cJSON *r = itest_rpc(a, "{\"op\":\"fork\",\"id\":\"b\",\"from\":\"a\"}");
     ck_assert_int_eq(itest_int(r, "entries"), (int64_t)s->len);
-    ck_assert_int_eq(itest_int(r, "cached"), 0);
+    ck_assert_int_eq(itest_int(r, "cached") + itest_stat(a, "rebuilt_entries_total") - rebuilt0,
+                     (int64_t)s->len);
     cJSON_Delete(r);
     itest_seq_step(a, b, 2);
     itest_seq_step(a, s, 1);
@@ -543,6 +547,65 @@ START_TEST(test_evict_never_in_flight)
 }
 END_TEST
 
+START_TEST(test_evict_rebuild_reuses_shared)
+{
+    /* "a" and "b" hold one prompt, b's start reusing a's full blocks.
+     * Short sessions then fill the pool; on one connection the least
+     * recently used idle session goes first: "a", whose shared blocks "b"
+     * still holds.  a's rebuild is a cached start of its sequence: it
+     * computes only what the cache keeps (the entries rebuilt are PROMPT
+     * less b's cached), and its steps, and b's after it, are exact. */
+    enum { SHORT = 8, MAXSHORT = 64 };
+    itest_daemon_t *d = start_daemon("evict", NULL, NULL);
+    itest_conn_t *c = itest_connect(d);
+    itest_ref_t a, b, *more = calloc(MAXSHORT, sizeof(*more));
+    int64_t cached, rebuilt0;
+    int n = 0;
+
+    ck_assert_ptr_nonnull(more);
+    ref_init_seeded(&a, "a", 100, 4);
+    ref_init_seeded(&b, "b", 100, 4);
+    start_ok(c, &a);
+    {
+        cJSON *r = start_ref(c, &b);
+        cached = itest_int(r, "cached");
+        cJSON_Delete(r);
+    }
+    ck_assert_msg(cached > 0 && cached < PROMPT, "b reused %lld of a's entries", (long long)cached);
+    itest_ref_step(c, &b, 1); /* b more recent than a */
+    while (itest_stat(c, "evicted_sessions") == 0) {
+        char id[16];
+        int64_t p[SHORT];
+        ck_assert_int_lt(n, MAXSHORT);
+        snprintf(id, sizeof(id), "m%d", n);
+        make_prompt(p, SHORT, (uint64_t)n + 200);
+        itest_ref_init(&more[n], id, "small", p, SHORT, 4);
+        start_ok(c, &more[n]);
+        n++;
+    }
+    {
+        char want[128];
+        itest_http_t h;
+        snprintf(want, sizeof(want),
+                 "\"id\":\"a\",\"model\":\"small\",\"entries\":%d,\"pool_bytes\":0,", PROMPT);
+        itest_http_get(d, "/sessions", &h);
+        ck_assert_msg(strstr(h.body, want) != NULL, "'a' not evicted: %s", h.body);
+        itest_http_free(&h);
+    }
+    rebuilt0 = itest_stat(c, "rebuilt_entries_total");
+    itest_ref_step(c, &a, 2);
+    ck_assert_int_eq(itest_stat(c, "rebuilt_entries_total") - rebuilt0, PROMPT - cached);
+    itest_ref_step(c, &b, 1);
+    itest_ref_step(c, &a, 1);
+    for (int i = 0; i < n; i++)
+        itest_ref_free(&more[i]);
+    free(more);
+    itest_ref_free(&a);
+    itest_ref_free(&b);
+    itest_close(c);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     if (itest_is_part(argc, argv, "faults") && !itest_fault_hooks())
@@ -556,6 +619,7 @@ int main(int argc, char **argv)
     ITEST_ADD(s, test_refuse_by_default);
     ITEST_ADD(s, test_evict_every_step_exact);
     ITEST_ADD(s, test_evict_append_exact);
+    ITEST_ADD(s, test_evict_rebuild_reuses_shared);
     ITEST_ADD(s, test_evict_pipelined_as_one_at_a_time);
     ITEST_ADD(s, test_evict_fair_between_connections);
     ITEST_ADD(s, test_evicted_released_like_others);
