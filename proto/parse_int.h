@@ -2,11 +2,10 @@
  * parse_int.h: what the files of the request parser share, and
  * nothing else includes.  Who calls whom (never back):
  *
- *   request.c  -> flat.c, rules.c, scan.c, arena.c, utf8.c
- *   flat.c     -> rules.c, scan.c, utf8.c
+ *   request.c  -> flat.c, rules.c, scan.c, arena.c, utf8.c, ops.c (proto_init())
+ *   flat.c     -> scan.c, utf8.c
  *   rules.c    -> decode.c, reply.c (proto__put_json_string), buf.c
  *   decode.c   -> scan.c
- *   arena.c    -> ops.c (proto_init() builds its indexes)
  *   scan.c, ops.c, utf8.c -> nothing in proto/
  * and all of them read the table of ops.c.
  *
@@ -228,9 +227,21 @@ static inline proto_op_t proto__op_lookup(const char *s, size_t n)
     return PROTO_OP_NONE;
 }
 
-/* ---- flat.c: the one-pass path (proto__request_parse_flat()) ---- */
+/* ---- flat.c: the one-pass path ---- */
 
-/** On a request as proto_request_init() leaves it. */
-int proto__parse_flat(const char *line, size_t len, proto_request_t *r, slotd_error_t *err);
+/** The integers of prompt and tokens arrays, read before the op is known.
+ * `v` is `local` until it outgrows it, then memory from proto__realloc(),
+ * which the caller frees (free(t->v) when t->v != t->local). */
+#define PROTO__FLAT_LOCAL_INTS 256
+typedef struct proto__flat_ints {
+    int64_t *v;
+    size_t n, cap;
+    int64_t local[PROTO__FLAT_LOCAL_INTS];
+} proto__flat_ints_t;
+
+/** Reads the line in one pass, checking every byte as the tree path does,
+ * and notes the first value of each known member in f[] (its integers in
+ * `t`), for the rules.  0, or -1: the line is left to the tree path. */
+int proto__flat_read(const char *line, size_t len, proto__value_t *f, proto__flat_ints_t *t);
 
 #endif
