@@ -14,7 +14,7 @@
  * Design: docs/design.md, "Parsing a request line"; the wire:
  * docs/protocol.md, "Decoding controls".
  */
-#include "proto/parse_int.h"
+#include "proto/scan_int.h"
 
 #include <math.h>
 #include <stdio.h>

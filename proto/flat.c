@@ -26,7 +26,7 @@
  *
  * Design: docs/design.md, "Parsing a request line".
  */
-#include "proto/parse_int.h"
+#include "proto/scan_int.h"
 
 #include <stdlib.h>
 

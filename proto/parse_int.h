@@ -2,12 +2,13 @@
  * parse_int.h: what the files of the request parser share, and
  * nothing else includes.  Who calls whom (never back):
  *
- *   request.c  -> flat.c, rules.c, scan.c, arena.c, utf8.c, ops.c (proto_init())
- *   flat.c     -> scan.c, utf8.c
+ *   request.c  -> flat.c, scan.c, arena.c, decode.c (proto__member_span),
+ *                 rules.c, ops.c (proto_init())
  *   rules.c    -> decode.c, reply.c (proto__put_json_string), buf.c
- *   decode.c   -> scan.c
- *   scan.c, ops.c, utf8.c -> nothing in proto/
- * and all of them read the table of ops.c.
+ *   flat.c, scan.c, decode.c, ops.c -> nothing in proto/
+ * and all of them read the table of ops.c.  The scanner (scan_int.h) and
+ * the UTF-8 check (utf8_int.h) are inline in the files that use them, so
+ * that a line's walk enters each file once.
  *
  * Design: docs/design.md, "Parsing a request line".
  */
@@ -37,59 +38,6 @@ void *proto__arena_alloc(size_t n);
 void proto__arena_end(void);
 /** Allocations the open arena served so far. */
 size_t proto__arena_allocs(void);
-
-/* ---- scan.c: the strict JSON syntax check ---- */
-
-typedef struct proto__scan {
-    const unsigned char *s;
-    size_t n;
-    size_t i;        /* the next byte to look at */
-    size_t rewrites; /* number literals that the copy replaces */
-    char *out;       /* when not NULL: the copy being written */
-    size_t outlen;   /* bytes written to `out` */
-    size_t copied;   /* bytes of `s` accounted for in `out` */
-    const char *why; /* what was wrong, at byte `i` */
-} proto__scan_t;
-
-static inline bool proto__is_digit(unsigned char c)
-{
-    return c >= '0' && c <= '9';
-}
-
-static inline int proto__scan_fail(proto__scan_t *j, const char *why)
-{
-    j->why = why;
-    return -1;
-}
-
-static inline void proto__scan_ws(proto__scan_t *j)
-{
-    while (j->i < j->n) {
-        unsigned char c = j->s[j->i];
-        if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
-            break;
-        j->i++;
-    }
-}
-
-static inline int proto__scan_literal(proto__scan_t *j, const char *word, size_t len)
-{
-    if (j->n - j->i < len || memcmp(j->s + j->i, word, len) != 0)
-        return proto__scan_fail(j, "unexpected character");
-    j->i += len;
-    return 0;
-}
-
-/** Any value at j->i (white space first), nested `depth` levels deep:
- * 0, with j->i past it, or -1 with j->why set. */
-int proto__scan_value(proto__scan_t *j, int depth);
-/** A number literal at j->i ('-' or a digit); counts (and, with j->out,
- * replaces) one that is not a plain integer of at most 15 digits. */
-int proto__scan_number(proto__scan_t *j);
-/** Checks that the line is one JSON object and nothing else (bad_json in
- * `err` if not).  With j->out set, also writes the copy with its number
- * literals replaced. */
-int proto__scan_line(proto__scan_t *j, slotd_error_t *err);
 
 /* ---- rules.c: the one rule set, from the table in ops.c ---- */
 

@@ -18,7 +18,7 @@
  *
  * Design: docs/design.md, "Parsing a request line".
  */
-#include "proto/parse_int.h"
+#include "proto/scan_int.h"
 
 #include <assert.h>
 #include <pthread.h>
@@ -212,7 +212,7 @@ int proto__request_parse_tree(const char *line, size_t len, proto_request_t *r, 
 }
 
 /* The stages in order, each file entered once: flat.c (or, for a line it
- * leaves, utf8.c, scan.c and the tree), then rules.c. */
+ * leaves, the UTF-8 check, scan.c and the tree), then rules.c. */
 int proto_request_parse(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
 {
     int rc;
