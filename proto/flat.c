@@ -6,7 +6,7 @@
  * the rest to it (declines): a member name with an escape (it might spell a
  * known name), a known member's string with an escape, a number that is not
  * a plain integer of at most 15 digits where an integer is read (1.0, 1e2
- * and 16-digit literals need the exact rule of scan.c), and any line the
+ * and 16-digit literals need the exact rule of scan_int.h), and any line the
  * rules (rules.c) refuse, so that error messages are made once, by the tree
  * path.  Everything else in the line -- unknown members, later duplicates,
  * known members the op does not use -- is only checked, with

@@ -2,10 +2,9 @@
  * parse_int.h: what the files of the request parser share, and
  * nothing else includes.  Who calls whom (never back):
  *
- *   request.c  -> flat.c, scan.c, arena.c, decode.c (proto__member_span),
- *                 rules.c, ops.c (proto_init())
+ *   request.c  -> flat.c, arena.c, rules.c, ops.c (proto_init())
  *   rules.c    -> decode.c, reply.c (proto__put_json_string), buf.c
- *   flat.c, scan.c, decode.c, ops.c -> nothing in proto/
+ *   flat.c, decode.c, ops.c -> nothing in proto/
  * and all of them read the table of ops.c.  The scanner (scan_int.h) and
  * the UTF-8 check (utf8_int.h) are inline in the files that use them, so
  * that a line's walk enters each file once.
@@ -95,11 +94,6 @@ static inline bool proto__is_raw(int k)
 const char *proto__decode_read(proto_type_t type, const char *must, const char *s, size_t n,
                                proto_decode_t *dec, char *words, size_t cap);
 
-/** The JSON text of the value of the `index`-th member (0-based, duplicates
- * counted) of the object that the syntax-checked line `line` holds: the
- * tree path's way to the text of a member cJSON read.  False if there are
- * not that many. */
-bool proto__member_span(const char *line, size_t len, size_t index, const char **s, size_t *n);
 
 /* ---- ops.c: the table ---- */
 

@@ -8,7 +8,7 @@
  * (rules.c): the one-pass path (flat.c), which takes the usual requests
  * without building a tree and declines any other line before changing
  * anything, and the tree path here (UTF-8 scan, strict syntax check with
- * scan.c, then cJSON), which reads every line, and so makes every error.
+ * scan_int.h, then cJSON), which reads every line, and so makes every error.
  * Each path only reads the line into values (proto__value_t); the driver
  * then hands them to the rules, so a line enters each file once.
  *
@@ -87,6 +87,42 @@ static void tree_value(const cJSON *it, int k, proto__value_t *v)
     }
 }
 
+/* The JSON text of the value of the `index`-th member (0-based, duplicates
+ * counted) of the object that the syntax-checked line holds: the tree
+ * path's way to the text of a member cJSON read.  False if there are not
+ * that many. */
+static bool member_span(const char *line, size_t len, size_t index, const char **s, size_t *n)
+{
+    proto__scan_t j = {.s = (const unsigned char *)line, .n = len};
+    size_t k = 0;
+
+    proto__scan_ws(&j);
+    if (j.i >= j.n || j.s[j.i] != '{')
+        return false;
+    j.i++;
+    for (;;) {
+        size_t b;
+
+        proto__scan_ws(&j);
+        if (j.i >= j.n || j.s[j.i] != '"')
+            return false;
+        (void)json_scan_string(&j);
+        proto__scan_ws(&j);
+        j.i++; /* ':' */
+        proto__scan_ws(&j);
+        b = j.i;
+        (void)proto__scan_value(&j, 1);
+        if (k++ == index) {
+            *s = line + b;
+            *n = j.i - b;
+            return true;
+        }
+        proto__scan_ws(&j);
+        if (j.i >= j.n || j.s[j.i++] != ',')
+            return false;
+    }
+}
+
 /* The request from the tree of a line: the tag first, so that even an
  * unknown_op reply can echo it; then the rules. */
 static int tree_fill(const cJSON *root, const char *line, size_t len, proto_request_t *r,
@@ -104,7 +140,7 @@ static int tree_fill(const cJSON *root, const char *line, size_t len, proto_requ
             continue;
         /* A decoding control is read from the line's own text: the
          * members of the tree are those of the line, in its order. */
-        if (proto__is_raw(k) && proto__member_span(line, len, index, &f[k].s, &f[k].len))
+        if (proto__is_raw(k) && member_span(line, len, index, &f[k].s, &f[k].len))
             f[k].kind = PROTO__RAW;
         else
             tree_value(it, k, &f[k]);
@@ -212,7 +248,7 @@ int proto__request_parse_tree(const char *line, size_t len, proto_request_t *r, 
 }
 
 /* The stages in order, each file entered once: flat.c (or, for a line it
- * leaves, the UTF-8 check, scan.c and the tree), then rules.c. */
+ * leaves, the UTF-8 and syntax checks inline and the tree), then rules.c. */
 int proto_request_parse(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
 {
     int rc;

@@ -1,8 +1,9 @@
 /*
  * scan_int.h: the JSON scanner, as inline functions of whichever stage
- * reads a line: the strict syntax check (scan.c) walks a whole line with
- * them, the one-pass path (flat.c) the values it does not read itself,
- * and decode.c and the tree path skip a checked value.  In a header, not
+ * reads a line: the tree path's strict syntax check (request.c) walks a
+ * whole line with them before cJSON reads it, the one-pass path (flat.c)
+ * the values it does not read itself, and decode.c and the tree path skip
+ * a checked value.  In a header, not
  * called across files, so that a line's walk enters each file of proto/
  * once (docs/design.md, "Parsing a request line").  RFC 8259, a bounded
  * depth, no "\u0000", no unpaired surrogate escape; a number literal that
@@ -322,8 +323,27 @@ static inline int proto__scan_value(proto__scan_t *j, int depth)
 /** Checks that the line is one JSON object and nothing else (bad_json in
  * `err` if not).  With j->out set, also writes the copy with its number
  * literals replaced. */
-/* scan.c */
-int proto__scan_line(proto__scan_t *j, slotd_error_t *err);
+static inline int proto__scan_line(proto__scan_t *j, slotd_error_t *err)
+{
+    proto__scan_ws(j);
+    if (j->i >= j->n || j->s[j->i] != '{')
+        return slotd_error_set(err, SLOTD_EBAD_JSON, "the line is not a JSON object");
+    if (proto__scan_value(j, 0) != 0)
+        return slotd_error_set(err, SLOTD_EBAD_JSON, "the line is not valid JSON: %s at byte %zu",
+                               j->why, j->i);
+    proto__scan_ws(j);
+    if (j->i != j->n)
+        return slotd_error_set(err, SLOTD_EBAD_JSON,
+                               "the line is not one JSON object: more follows it at byte %zu",
+                               j->i);
+    if (j->out != NULL) {
+        memcpy(j->out + j->outlen, j->s + j->copied, j->n - j->copied);
+        j->outlen += j->n - j->copied;
+        j->copied = j->n;
+    }
+    return SLOTD_OK;
+}
+
 
 
 #endif
