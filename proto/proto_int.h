@@ -63,6 +63,12 @@ void proto__json_hooks_install(void);
  * JSON in valid UTF-8.  SLOTD_OK or SLOTD_ENOMEM (then `b` is unchanged). */
 int proto__put_json_string(proto_buf_t *b, const char *s, size_t n);
 
+/** The text proto__put_json_string() writes for `s`, NUL-terminated, in
+ * memory from proto__realloc() that the caller frees; NULL when memory
+ * ran out.  A request's tag (rules.c), so that the rules enter reply.c
+ * once and never buf.c. */
+char *proto__json_string_text(const char *s, size_t n);
+
 /** Writes `v` exactly as snprintf(out, PROTO__FMT6_MAX, "%.6f", v) does
  * (under the default rounding mode), NUL-terminated, and returns its length.
  * `out` has PROTO__FMT6_MAX bytes.  Fast for |v| < 1e9. */

@@ -94,9 +94,7 @@ static int tag_from_int(proto_request_t *r, int64_t v)
 static int tag_from_string(proto_request_t *r, const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
-    proto_buf_t b;
     size_t k = 0;
-    char *tag;
 
     /* Printable ASCII other than '"' and '\\' is written as it is. */
     while (k < n && u[k] >= 0x20 && u[k] < 0x80 && u[k] != '"' && u[k] != '\\')
@@ -105,16 +103,8 @@ static int tag_from_string(proto_request_t *r, const char *s, size_t n)
         r->tag = tag_text(s, n, true);
         return r->tag != NULL ? SLOTD_OK : SLOTD_ENOMEM;
     }
-    proto_buf_init(&b);
-    if (proto__put_json_string(&b, s, n) != SLOTD_OK || proto_buf_append(&b, "", 1) != SLOTD_OK) {
-        proto_buf_free(&b);
-        return SLOTD_ENOMEM;
-    }
-    /* Keep only what the text needs: the request holds it until it is
-     * answered. */
-    tag = proto__realloc(b.data, b.len);
-    r->tag = tag != NULL ? tag : b.data;
-    return SLOTD_OK;
+    r->tag = proto__json_string_text(s, n);
+    return r->tag != NULL ? SLOTD_OK : SLOTD_ENOMEM;
 }
 /* Copies up to 32 of the `n` bytes at `s` for a message, printable ASCII
  * only. */
