@@ -40,7 +40,6 @@
 #define ARENA_REDZONE 0
 #endif
 
-
 /* The arena: a static block per thread (a start with a prompt of about 200
  * tokens fits), then overflow chunks of at least ARENA_CHUNK_MIN bytes,
  * each twice the last. */

@@ -94,7 +94,6 @@ static inline bool proto__is_raw(int k)
 const char *proto__decode_read(proto_type_t type, const char *must, const char *s, size_t n,
                                proto_decode_t *dec, char *words, size_t cap);
 
-
 /* ---- ops.c: the table ---- */
 
 /** Builds the indexes below; proto_init() calls it once. */

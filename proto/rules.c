@@ -154,8 +154,8 @@ static __attribute__((noinline, cold)) int member_error(proto_op_t o, const prot
 }
 
 /* Stores what member `d` (checked) allocates: a BYTES or INTS value. */
-static int member_alloc(const proto_field_def_t *d, const proto__value_t *v,
-                        proto__ints_reader rd, char *base)
+static int member_alloc(const proto_field_def_t *d, const proto__value_t *v, proto__ints_reader rd,
+                        char *base)
 {
     void *p;
 

@@ -289,7 +289,8 @@ static inline int scan_container(proto__scan_t *j, int depth)
             return 0;
         }
         if (j->s[j->i] != ',')
-            return proto__scan_fail(j, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+            return proto__scan_fail(j,
+                                    close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
         j->i++;
     }
 }
@@ -343,7 +344,5 @@ static inline int proto__scan_line(proto__scan_t *j, slotd_error_t *err)
     }
     return SLOTD_OK;
 }
-
-
 
 #endif
