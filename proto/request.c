@@ -209,10 +209,12 @@ static int parse_tree(const char *line, size_t len, proto_request_t *r, slotd_er
     return rc;
 }
 
-/* The one-pass path: its read, then the rules.  PROTO__DECLINED, with `r`
+/* The one-pass path: its read, then the rules (inline in the entry: its
+ * call cost a step line 2 % of its parse).  PROTO__DECLINED, with `r`
  * as it was, for a line the read leaves or the rules refuse: the tree path
  * makes every error. */
-static int parse_flat(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
+static inline __attribute__((always_inline)) int parse_flat(const char *line, size_t len,
+                                                            proto_request_t *r, slotd_error_t *err)
 {
     proto__value_t f[PROTO_FIELD__COUNT];
     proto__flat_ints_t t;
