@@ -5,8 +5,8 @@
  * plain malloc and free outside one.
  *
  * Threads.  Each thread has its own arena (thread-local, so no lock); the
- * hooks are installed once per process by proto_init(), which also has
- * ops.c build its member-name index.  Nothing cut from
+ * hooks are installed once per process by proto_init() (request.c).
+ * Nothing cut from
  * an arena outlives the proto__arena_begin() ... proto__arena_end() pair
  * of the parse that cut it.
  *
@@ -39,7 +39,6 @@
 #define ARENA_UNPOISON(p, n) ((void)(p), (void)(n))
 #define ARENA_REDZONE 0
 #endif
-
 
 /* The arena: a static block per thread (a start with a prompt of about 200
  * tokens fits), then overflow chunks of at least ARENA_CHUNK_MIN bytes,
@@ -181,28 +180,10 @@ static void json_free(void *p)
         free(p);
 }
 
-static pthread_once_t init_once_flag = PTHREAD_ONCE_INIT;
-
 void proto__json_hooks_install(void)
 {
     cJSON_Hooks hooks = {json_malloc, json_free};
     cJSON_InitHooks(&hooks);
-}
-
-/* Set once init_once() is done: the parse's own call skips pthread_once. */
-static atomic_bool init_done;
-
-static void init_once(void)
-{
-    proto__ops_init();
-    proto__json_hooks_install();
-    atomic_store_explicit(&init_done, true, memory_order_release);
-}
-
-void proto_init(void)
-{
-    if (!atomic_load_explicit(&init_done, memory_order_acquire))
-        pthread_once(&init_once_flag, init_once);
 }
 
 void proto__arena_last(proto__arena_stats_t *out)

@@ -4,7 +4,7 @@
  * paths hand rules.c the text of such a value (a span of the line), not a
  * tree: a seed up to 2^64 - 1 and a temperature such as 0.7 must be read
  * exactly, and the tree path's copy of the line replaces such literals
- * (scan.c).  The line has passed the syntax check (scan.c) by then, so
+ * (scan_int.h).  The line has passed the syntax check (scan_int.h) by then, so
  * the readers here only walk it.  Numbers: a real is strtod()'s reading
  * of the literal; an integer is exact, any literal with an integral value
  * (1, 1.0, 1e2), as everywhere in the protocol.
@@ -14,7 +14,7 @@
  * Design: docs/design.md, "Parsing a request line"; the wire:
  * docs/protocol.md, "Decoding controls".
  */
-#include "proto/parse_int.h"
+#include "proto/scan_int.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -79,7 +79,7 @@ static void dec_string(dec_t *d, char *out, size_t cap, size_t *len)
                 unsigned u = dec_hex4(d->s + d->i);
                 d->i += 4;
                 if (u >= 0xD800 && u <= 0xDBFF)
-                    d->i += 6; /* its low half (scan.c checked the pair) */
+                    d->i += 6; /* its low half (the syntax check saw the pair) */
                 c = u < 0x80 ? (unsigned char)u : 0xFF;
                 break;
             }
@@ -397,37 +397,4 @@ const char *proto__decode_read(proto_type_t type, const char *must, const char *
         break;
     }
     return must;
-}
-
-bool proto__member_span(const char *line, size_t len, size_t index, const char **s, size_t *n)
-{
-    dec_t d = {.s = (const unsigned char *)line, .n = len, .i = 0};
-    size_t k = 0;
-
-    dec_ws(&d);
-    if (d.i >= d.n || d.s[d.i] != '{')
-        return false;
-    d.i++;
-    for (;;) {
-        size_t b, nlen;
-        char none[1];
-
-        dec_ws(&d);
-        if (d.i >= d.n || d.s[d.i] != '"')
-            return false;
-        dec_string(&d, none, 0, &nlen);
-        dec_ws(&d);
-        d.i++; /* ':' */
-        dec_ws(&d);
-        b = d.i;
-        dec_skip(&d);
-        if (k++ == index) {
-            *s = line + b;
-            *n = d.i - b;
-            return true;
-        }
-        dec_ws(&d);
-        if (d.i >= d.n || d.s[d.i++] != ',')
-            return false;
-    }
 }

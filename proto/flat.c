@@ -6,13 +6,13 @@
  * the rest to it (declines): a member name with an escape (it might spell a
  * known name), a known member's string with an escape, a number that is not
  * a plain integer of at most 15 digits where an integer is read (1.0, 1e2
- * and 16-digit literals need the exact rule of scan.c), and any line the
+ * and 16-digit literals need the exact rule of scan_int.h), and any line the
  * rules (rules.c) refuse, so that error messages are made once, by the tree
  * path.  Everything else in the line -- unknown members, later duplicates,
  * known members the op does not use -- is only checked, with
  * proto__scan_value() and the UTF-8 scan.  It holds no rule of a member of
- * its own: the values it notes go through the same proto__request_fill()
- * as the tree path's.
+ * its own: the values it notes go back to the driver (request.c), which
+ * hands them to the same proto__request_fill() as the tree path's.
  *
  * Cost (it runs on the loop thread for every request): the place in the
  * line is a local; white space is skipped only where the next byte is not
@@ -26,19 +26,9 @@
  *
  * Design: docs/design.md, "Parsing a request line".
  */
-#include "proto/parse_int.h"
+#include "proto/scan_int.h"
 
 #include <stdlib.h>
-
-/* The integers of prompt and tokens arrays, read before the op is known.
- * `v` is `local` until it outgrows it, then memory of the parse's own, from
- * proto__realloc() and freed before the parse returns. */
-#define FLAT_LOCAL_INTS 256
-typedef struct flat_ints {
-    int64_t *v;
-    size_t n, cap;
-    int64_t local[FLAT_LOCAL_INTS];
-} flat_ints_t;
 
 /* The bytes a string holds as they are: printable ASCII and DEL, but the
  * quote and the backslash. */
@@ -127,7 +117,7 @@ static int flat_number(proto__scan_t *j, int64_t *v)
     return 0;
 }
 
-static int flat_push(flat_ints_t *t, int64_t v)
+static int flat_push(proto__flat_ints_t *t, int64_t v)
 {
     if (t->n == t->cap) {
         size_t cap = t->cap * 2;
@@ -149,7 +139,7 @@ static int flat_push(flat_ints_t *t, int64_t v)
 /* At the '[' of a prompt or tokens member: PROTO__INTS if it is a non-empty
  * array of plain integer literals, which go into `t`; otherwise the array
  * is read again as any value, PROTO__OTHER. */
-static int flat_array(proto__scan_t *j, flat_ints_t *t, proto__value_t *out)
+static int flat_array(proto__scan_t *j, proto__flat_ints_t *t, proto__value_t *out)
 {
     size_t start = j->i, first = t->n;
     int64_t v;
@@ -188,7 +178,7 @@ other:
 }
 
 /* The first value of known member `k`, at j->i (not white space). */
-static int flat_value(proto__scan_t *j, int k, proto__value_t *out, flat_ints_t *t)
+static int flat_value(proto__scan_t *j, int k, proto__value_t *out, proto__flat_ints_t *t)
 {
     unsigned char c = j->s[j->i];
     size_t b, e;
@@ -268,7 +258,7 @@ static inline int flat_key_fast(const unsigned char *s, size_t i, size_t n, size
 /* The whole line, once: one object, every byte checked as the tree path
  * checks it, and the first value of each known member noted in f[].  The
  * place in the line is kept in `i` and handed to the readers in j->i. */
-static int flat_scan(proto__scan_t *j, proto__value_t *f, flat_ints_t *t)
+static int flat_scan(proto__scan_t *j, proto__value_t *f, proto__flat_ints_t *t)
 {
     const unsigned char *s = j->s;
     size_t n = j->n, i = flat_ws(s, 0, n);
@@ -362,14 +352,17 @@ static int flat_scan(proto__scan_t *j, proto__value_t *f, flat_ints_t *t)
     return flat_ws(s, i + 1, n) == n ? 0 : -1;
 }
 
-/* The request from what flat_scan() noted, if the rules take it; the
- * tree path has the last word on everything else. */
-static int flat_fill(proto__value_t *f, const flat_ints_t *t, proto_request_t *r,
-                     slotd_error_t *err)
+int proto__flat_read(const char *line, size_t len, proto__value_t *f, proto__flat_ints_t *t)
 {
-    slotd_error_t e;
-    int rc;
+    proto__scan_t j = {.s = (const unsigned char *)line, .n = len};
 
+    for (int k = 0; k < PROTO_FIELD__COUNT; k++)
+        f[k].kind = PROTO__ABSENT;
+    t->v = t->local;
+    t->n = 0;
+    t->cap = PROTO__FLAT_LOCAL_INTS;
+    if (flat_scan(&j, f, t) != 0)
+        return -1;
     /* Arrays point into t->local, which stays put; only memory that
      * replaced it may have moved since. */
     if (t->v != t->local) {
@@ -378,34 +371,5 @@ static int flat_fill(proto__value_t *f, const flat_ints_t *t, proto_request_t *r
                 f[k].ints = t->v + f[k].v;
         }
     }
-    /* The rules refuse a line: the tree path makes its error, from a
-     * request as it was. */
-    rc = proto__request_fill(f, NULL, r, &e);
-    if (rc == SLOTD_OK)
-        return SLOTD_OK;
-    if (rc == SLOTD_ENOMEM) {
-        *err = e;
-        return rc;
-    }
-    proto_request_free(r);
-    return PROTO__DECLINED;
-}
-
-int proto__parse_flat(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
-{
-    proto__scan_t j = {.s = (const unsigned char *)line, .n = len};
-    proto__value_t f[PROTO_FIELD__COUNT];
-    flat_ints_t t;
-    int rc = PROTO__DECLINED;
-
-    for (int k = 0; k < PROTO_FIELD__COUNT; k++)
-        f[k].kind = PROTO__ABSENT;
-    t.v = t.local;
-    t.n = 0;
-    t.cap = FLAT_LOCAL_INTS;
-    if (flat_scan(&j, f, &t) == 0)
-        rc = flat_fill(f, &t, r, err);
-    if (t.v != t.local)
-        free(t.v);
-    return rc;
+    return 0;
 }

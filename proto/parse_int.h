@@ -2,13 +2,12 @@
  * parse_int.h: what the files of the request parser share, and
  * nothing else includes.  Who calls whom (never back):
  *
- *   request.c  -> flat.c, rules.c, scan.c, arena.c, utf8.c
- *   flat.c     -> rules.c, scan.c, utf8.c
+ *   request.c  -> flat.c, arena.c, rules.c, ops.c (proto_init())
  *   rules.c    -> decode.c, reply.c (proto__put_json_string), buf.c
- *   decode.c   -> scan.c
- *   arena.c    -> ops.c (proto_init() builds its indexes)
- *   scan.c, ops.c, utf8.c -> nothing in proto/
- * and all of them read the table of ops.c.
+ *   flat.c, decode.c, ops.c -> nothing in proto/
+ * and all of them read the table of ops.c.  The scanner (scan_int.h) and
+ * the UTF-8 check (utf8_int.h) are inline in the files that use them, so
+ * that a line's walk enters each file once.
  *
  * Design: docs/design.md, "Parsing a request line".
  */
@@ -38,59 +37,6 @@ void *proto__arena_alloc(size_t n);
 void proto__arena_end(void);
 /** Allocations the open arena served so far. */
 size_t proto__arena_allocs(void);
-
-/* ---- scan.c: the strict JSON syntax check ---- */
-
-typedef struct proto__scan {
-    const unsigned char *s;
-    size_t n;
-    size_t i;        /* the next byte to look at */
-    size_t rewrites; /* number literals that the copy replaces */
-    char *out;       /* when not NULL: the copy being written */
-    size_t outlen;   /* bytes written to `out` */
-    size_t copied;   /* bytes of `s` accounted for in `out` */
-    const char *why; /* what was wrong, at byte `i` */
-} proto__scan_t;
-
-static inline bool proto__is_digit(unsigned char c)
-{
-    return c >= '0' && c <= '9';
-}
-
-static inline int proto__scan_fail(proto__scan_t *j, const char *why)
-{
-    j->why = why;
-    return -1;
-}
-
-static inline void proto__scan_ws(proto__scan_t *j)
-{
-    while (j->i < j->n) {
-        unsigned char c = j->s[j->i];
-        if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
-            break;
-        j->i++;
-    }
-}
-
-static inline int proto__scan_literal(proto__scan_t *j, const char *word, size_t len)
-{
-    if (j->n - j->i < len || memcmp(j->s + j->i, word, len) != 0)
-        return proto__scan_fail(j, "unexpected character");
-    j->i += len;
-    return 0;
-}
-
-/** Any value at j->i (white space first), nested `depth` levels deep:
- * 0, with j->i past it, or -1 with j->why set. */
-int proto__scan_value(proto__scan_t *j, int depth);
-/** A number literal at j->i ('-' or a digit); counts (and, with j->out,
- * replaces) one that is not a plain integer of at most 15 digits. */
-int proto__scan_number(proto__scan_t *j);
-/** Checks that the line is one JSON object and nothing else (bad_json in
- * `err` if not).  With j->out set, also writes the copy with its number
- * literals replaced. */
-int proto__scan_line(proto__scan_t *j, slotd_error_t *err);
 
 /* ---- rules.c: the one rule set, from the table in ops.c ---- */
 
@@ -147,12 +93,6 @@ static inline bool proto__is_raw(int k)
  * bytes). */
 const char *proto__decode_read(proto_type_t type, const char *must, const char *s, size_t n,
                                proto_decode_t *dec, char *words, size_t cap);
-
-/** The JSON text of the value of the `index`-th member (0-based, duplicates
- * counted) of the object that the syntax-checked line `line` holds: the
- * tree path's way to the text of a member cJSON read.  False if there are
- * not that many. */
-bool proto__member_span(const char *line, size_t len, size_t index, const char **s, size_t *n);
 
 /* ---- ops.c: the table ---- */
 
@@ -228,9 +168,21 @@ static inline proto_op_t proto__op_lookup(const char *s, size_t n)
     return PROTO_OP_NONE;
 }
 
-/* ---- flat.c: the one-pass path (proto__request_parse_flat()) ---- */
+/* ---- flat.c: the one-pass path ---- */
 
-/** On a request as proto_request_init() leaves it. */
-int proto__parse_flat(const char *line, size_t len, proto_request_t *r, slotd_error_t *err);
+/** The integers of prompt and tokens arrays, read before the op is known.
+ * `v` is `local` until it outgrows it, then memory from proto__realloc(),
+ * which the caller frees (free(t->v) when t->v != t->local). */
+#define PROTO__FLAT_LOCAL_INTS 256
+typedef struct proto__flat_ints {
+    int64_t *v;
+    size_t n, cap;
+    int64_t local[PROTO__FLAT_LOCAL_INTS];
+} proto__flat_ints_t;
+
+/** Reads the line in one pass, checking every byte as the tree path does,
+ * and notes the first value of each known member in f[] (its integers in
+ * `t`), for the rules.  0, or -1: the line is left to the tree path. */
+int proto__flat_read(const char *line, size_t len, proto__value_t *f, proto__flat_ints_t *t);
 
 #endif

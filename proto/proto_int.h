@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "proto/proto.h"
+#include "proto/utf8_int.h"
 
 /** The allocator of proto/: proto__realloc(NULL, n) allocates, and memory
  * from it is released with free().  It is realloc unless a test replaces it
@@ -56,21 +57,17 @@ void proto__json_hooks_install(void);
  * -DBL_MAX is 317 characters. */
 #define PROTO__FMT6_MAX 336
 
-/** The length of the well-formed UTF-8 sequence that starts at `p`, of the
- * `n` bytes available, or 0 if none starts there.  Well-formed is strict:
- * no overlong forms, no surrogates (U+D800..U+DFFF), nothing above
- * U+10FFFF.  Requires n >= 1. */
-size_t proto__utf8_seq(const unsigned char *p, size_t n);
-
-/** The offset of the first byte of `s` that is NUL or does not start a
- * well-formed UTF-8 sequence, or `n` if there is none. */
-size_t proto__utf8_scan(const char *s, size_t n);
-
 /** Appends `s` (`n` bytes) as a JSON string, quotes included: `"` and `\`
  * and control characters are escaped, and each byte that is not part of a
  * well-formed UTF-8 sequence becomes \ufffd, so the output is always valid
  * JSON in valid UTF-8.  SLOTD_OK or SLOTD_ENOMEM (then `b` is unchanged). */
 int proto__put_json_string(proto_buf_t *b, const char *s, size_t n);
+
+/** The text proto__put_json_string() writes for `s`, NUL-terminated, in
+ * memory from proto__realloc() that the caller frees; NULL when memory
+ * ran out.  A request's tag (rules.c), so that the rules enter reply.c
+ * once and never buf.c. */
+char *proto__json_string_text(const char *s, size_t n);
 
 /** Writes `v` exactly as snprintf(out, PROTO__FMT6_MAX, "%.6f", v) does
  * (under the default rounding mode), NUL-terminated, and returns its length.

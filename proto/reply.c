@@ -284,6 +284,22 @@ int proto__put_json_string(proto_buf_t *b, const char *s, size_t n)
     return SLOTD_OK;
 }
 
+char *proto__json_string_text(const char *s, size_t n)
+{
+    proto_buf_t b;
+    char *t;
+
+    proto_buf_init(&b);
+    if (proto__put_json_string(&b, s, n) != SLOTD_OK || proto_buf_append(&b, "", 1) != SLOTD_OK) {
+        proto_buf_free(&b);
+        return NULL;
+    }
+    /* Keep only what the text needs: a request's tag is held until it is
+     * answered. */
+    t = proto__realloc(b.data, b.len);
+    return t != NULL ? t : b.data;
+}
+
 static int put_str(proto_buf_t *b, const char *s)
 {
     return proto__put_json_string(b, s, strlen(s));

@@ -1,13 +1,16 @@
 /*
- * request.c: proto_request_parse(), from one line to a validated request,
- * and the tree path it falls back to.
+ * request.c: proto_request_parse(), from one line to a validated request:
+ * the driver that runs the stages of a line in order, the tree path it
+ * falls back to, proto_init(), and a request's life (init, free).
  *
  * A line is read by one of two paths that give the same result on every
  * input, both driven by the op table (ops.c) through one rule set
  * (rules.c): the one-pass path (flat.c), which takes the usual requests
  * without building a tree and declines any other line before changing
  * anything, and the tree path here (UTF-8 scan, strict syntax check with
- * scan.c, then cJSON), which reads every line, and so makes every error.
+ * scan_int.h, then cJSON), which reads every line, and so makes every error.
+ * Each path only reads the line into values (proto__value_t); the driver
+ * then hands them to the rules, so a line enters each file once.
  *
  * Threads.  Any thread may parse.  cJSON's allocations during a parse are
  * cut from a bump arena of the parsing thread (arena.c; thread-local, so
@@ -15,9 +18,11 @@
  *
  * Design: docs/design.md, "Parsing a request line".
  */
-#include "proto/parse_int.h"
+#include "proto/scan_int.h"
 
 #include <assert.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +87,42 @@ static void tree_value(const cJSON *it, int k, proto__value_t *v)
     }
 }
 
+/* The JSON text of the value of the `index`-th member (0-based, duplicates
+ * counted) of the object that the syntax-checked line holds: the tree
+ * path's way to the text of a member cJSON read.  False if there are not
+ * that many. */
+static bool member_span(const char *line, size_t len, size_t index, const char **s, size_t *n)
+{
+    proto__scan_t j = {.s = (const unsigned char *)line, .n = len};
+    size_t k = 0;
+
+    proto__scan_ws(&j);
+    if (j.i >= j.n || j.s[j.i] != '{')
+        return false;
+    j.i++;
+    for (;;) {
+        size_t b;
+
+        proto__scan_ws(&j);
+        if (j.i >= j.n || j.s[j.i] != '"')
+            return false;
+        (void)json_scan_string(&j);
+        proto__scan_ws(&j);
+        j.i++; /* ':' */
+        proto__scan_ws(&j);
+        b = j.i;
+        (void)proto__scan_value(&j, 1);
+        if (k++ == index) {
+            *s = line + b;
+            *n = j.i - b;
+            return true;
+        }
+        proto__scan_ws(&j);
+        if (j.i >= j.n || j.s[j.i++] != ',')
+            return false;
+    }
+}
+
 /* The request from the tree of a line: the tag first, so that even an
  * unknown_op reply can echo it; then the rules. */
 static int tree_fill(const cJSON *root, const char *line, size_t len, proto_request_t *r,
@@ -99,7 +140,7 @@ static int tree_fill(const cJSON *root, const char *line, size_t len, proto_requ
             continue;
         /* A decoding control is read from the line's own text: the
          * members of the tree are those of the line, in its order. */
-        if (proto__is_raw(k) && proto__member_span(line, len, index, &f[k].s, &f[k].len))
+        if (proto__is_raw(k) && member_span(line, len, index, &f[k].s, &f[k].len))
             f[k].kind = PROTO__RAW;
         else
             tree_value(it, k, &f[k]);
@@ -168,11 +209,37 @@ static int parse_tree(const char *line, size_t len, proto_request_t *r, slotd_er
     return rc;
 }
 
+/* The one-pass path: its read, then the rules (inline in the entry: its
+ * call cost a step line 2 % of its parse).  PROTO__DECLINED, with `r`
+ * as it was, for a line the read leaves or the rules refuse: the tree path
+ * makes every error. */
+static inline __attribute__((always_inline)) int parse_flat(const char *line, size_t len,
+                                                            proto_request_t *r, slotd_error_t *err)
+{
+    proto__value_t f[PROTO_FIELD__COUNT];
+    proto__flat_ints_t t;
+    slotd_error_t e;
+    int rc = PROTO__DECLINED;
+
+    if (proto__flat_read(line, len, f, &t) == 0) {
+        rc = proto__request_fill(f, NULL, r, &e);
+        if (rc == SLOTD_ENOMEM) {
+            *err = e;
+        } else if (rc != SLOTD_OK) {
+            proto_request_free(r);
+            rc = PROTO__DECLINED;
+        }
+    }
+    if (t.v != t.local)
+        free(t.v);
+    return rc;
+}
+
 int proto__request_parse_flat(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
 {
     proto_init();
     proto_request_free(r);
-    return proto__parse_flat(line, len, r, err);
+    return parse_flat(line, len, r, err);
 }
 
 int proto__request_parse_tree(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
@@ -182,14 +249,93 @@ int proto__request_parse_tree(const char *line, size_t len, proto_request_t *r, 
     return parse_tree(line, len, r, err);
 }
 
+/* The stages in order, each file entered once: flat.c (or, for a line it
+ * leaves, the UTF-8 and syntax checks inline and the tree), then rules.c. */
 int proto_request_parse(const char *line, size_t len, proto_request_t *r, slotd_error_t *err)
 {
     int rc;
 
     proto_init();
     proto_request_free(r);
-    rc = proto__parse_flat(line, len, r, err);
+    rc = parse_flat(line, len, r, err);
     if (rc == PROTO__DECLINED)
         rc = parse_tree(line, len, r, err);
     return rc;
+}
+
+/* ---- The module's start and a request's life ---- */
+
+static pthread_once_t init_once_flag = PTHREAD_ONCE_INIT;
+
+/* Set once init_once() is done: the parse's own call skips pthread_once. */
+static atomic_bool init_done;
+
+static void init_once(void)
+{
+    proto__ops_init();
+    proto__json_hooks_install();
+    atomic_store_explicit(&init_done, true, memory_order_release);
+}
+
+void proto_init(void)
+{
+    if (!atomic_load_explicit(&init_done, memory_order_acquire))
+        pthread_once(&init_once_flag, init_once);
+}
+
+void proto_request_init(proto_request_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->op = PROTO_OP_NONE;
+    r->n = 1;
+}
+
+/* Zeroes a name of a request (`size` bytes) that name_copy() wrote, 16
+ * bytes at a time up to the block that holds its NUL: every byte past the
+ * NUL is 0 already. */
+static inline void name_clear(char *c, size_t size)
+{
+    size_t k = 0;
+
+    for (; k + 16 <= size; k += 16) {
+        bool done = c[k + 15] == '\0';
+        memset(c + k, 0, 16);
+        if (done)
+            return;
+    }
+    memset(c + k, 0, size - k);
+}
+
+/* Only proto__request_fill() writes a request, and it stores nothing but
+ * the tag before r->op is set, and the name members (id, model) with
+ * name_copy(), which leaves every byte past the name's NUL 0.  So a request
+ * with no op holds at most a tag, and a name is cleared up to its NUL: a
+ * step's request is put back with a few stores rather than all of it.  A
+ * new member of proto_request_t is put back here too. */
+void proto_request_free(proto_request_t *r)
+{
+    if (r->tag != NULL) {
+        free(r->tag);
+        r->tag = NULL;
+    }
+    if (r->op == PROTO_OP_NONE)
+        return;
+    if (r->tokens != NULL) {
+        free(r->tokens);
+        r->tokens = NULL;
+    }
+    if (r->token != NULL) {
+        free(r->token);
+        r->token = NULL;
+    }
+    if (r->dec.set)
+        memset(&r->dec, 0, sizeof(r->dec));
+    name_clear(r->id, sizeof(r->id));
+    name_clear(r->model, sizeof(r->model));
+    r->ntokens = 0;
+    r->token_len = 0;
+    r->steps = 0;
+    r->use_cache = false;
+    r->n = 1;
+    r->op = PROTO_OP_NONE;
 }

@@ -1,9 +1,9 @@
 /*
  * rules.c: the one rule set of a request, driven by the op table (ops.c):
  * which errors a request's members earn and in which order, and how their
- * values go into a proto_request_t, whose life (init, free) is here too.  Both request paths call it with the
- * members they read (proto__value_t), so that neither holds a rule of its
- * own.  Pure functions of their arguments and the table: any thread, no
+ * values go into a proto_request_t.  The driver (request.c) calls it with
+ * the members either path read (proto__value_t), so that neither path
+ * holds a rule of its own.  Pure functions of their arguments and the table: any thread, no
  * lock.
  *
  * Design: docs/design.md, "Parsing a request line".
@@ -94,9 +94,7 @@ static int tag_from_int(proto_request_t *r, int64_t v)
 static int tag_from_string(proto_request_t *r, const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
-    proto_buf_t b;
     size_t k = 0;
-    char *tag;
 
     /* Printable ASCII other than '"' and '\\' is written as it is. */
     while (k < n && u[k] >= 0x20 && u[k] < 0x80 && u[k] != '"' && u[k] != '\\')
@@ -105,16 +103,8 @@ static int tag_from_string(proto_request_t *r, const char *s, size_t n)
         r->tag = tag_text(s, n, true);
         return r->tag != NULL ? SLOTD_OK : SLOTD_ENOMEM;
     }
-    proto_buf_init(&b);
-    if (proto__put_json_string(&b, s, n) != SLOTD_OK || proto_buf_append(&b, "", 1) != SLOTD_OK) {
-        proto_buf_free(&b);
-        return SLOTD_ENOMEM;
-    }
-    /* Keep only what the text needs: the request holds it until it is
-     * answered. */
-    tag = proto__realloc(b.data, b.len);
-    r->tag = tag != NULL ? tag : b.data;
-    return SLOTD_OK;
+    r->tag = proto__json_string_text(s, n);
+    return r->tag != NULL ? SLOTD_OK : SLOTD_ENOMEM;
 }
 /* Copies up to 32 of the `n` bytes at `s` for a message, printable ASCII
  * only. */
@@ -164,8 +154,8 @@ static __attribute__((noinline, cold)) int member_error(proto_op_t o, const prot
 }
 
 /* Stores what member `d` (checked) allocates: a BYTES or INTS value. */
-static int member_alloc(const proto_field_def_t *d, const proto__value_t *v,
-                        proto__ints_reader rd, char *base)
+static int member_alloc(const proto_field_def_t *d, const proto__value_t *v, proto__ints_reader rd,
+                        char *base)
 {
     void *p;
 
@@ -298,61 +288,4 @@ int proto__request_fill(const proto__value_t *f, proto__ints_reader rd, proto_re
             return slotd_error_set(err, SLOTD_ENOMEM, "out of memory");
     }
     return SLOTD_OK;
-}
-
-void proto_request_init(proto_request_t *r)
-{
-    memset(r, 0, sizeof(*r));
-    r->op = PROTO_OP_NONE;
-    r->n = 1;
-}
-
-/* Zeroes a name of a request (`size` bytes) that name_copy() wrote, 16
- * bytes at a time up to the block that holds its NUL: every byte past the
- * NUL is 0 already. */
-static inline void name_clear(char *c, size_t size)
-{
-    size_t k = 0;
-
-    for (; k + 16 <= size; k += 16) {
-        bool done = c[k + 15] == '\0';
-        memset(c + k, 0, 16);
-        if (done)
-            return;
-    }
-    memset(c + k, 0, size - k);
-}
-
-/* Only proto__request_fill() writes a request, and it stores nothing but
- * the tag before r->op is set, and the name members (id, model) with
- * name_copy(), which leaves every byte past the name's NUL 0.  So a request
- * with no op holds at most a tag, and a name is cleared up to its NUL: a
- * step's request is put back with a few stores rather than all of it.  A
- * new member of proto_request_t is put back here too. */
-void proto_request_free(proto_request_t *r)
-{
-    if (r->tag != NULL) {
-        free(r->tag);
-        r->tag = NULL;
-    }
-    if (r->op == PROTO_OP_NONE)
-        return;
-    if (r->tokens != NULL) {
-        free(r->tokens);
-        r->tokens = NULL;
-    }
-    if (r->token != NULL) {
-        free(r->token);
-        r->token = NULL;
-    }
-    if (r->dec.set)
-        memset(&r->dec, 0, sizeof(r->dec));
-    name_clear(r->id, sizeof(r->id));
-    name_clear(r->model, sizeof(r->model));
-    r->ntokens = 0;
-    r->token_len = 0;
-    r->steps = 0;
-    r->use_cache = false;
-    r->n = 1;
-    r->op = PROTO_OP_NONE;
 }

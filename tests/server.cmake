@@ -15,6 +15,10 @@ foreach(mod server proto cache)
            COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/callgraph.sh ${CMAKE_BINARY_DIR} ${mod})
   set_tests_properties(layout_calls_${mod} PROPERTIES TIMEOUT 60 LABELS layout)
 endforeach()
+# A request line's walk through proto/ enters each file from one place
+# (scripts/walk.sh; docs/design.md, "Parsing a request line").
+add_test(NAME layout_walk_proto COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/walk.sh ${CMAKE_BINARY_DIR})
+set_tests_properties(layout_walk_proto PROPERTIES TIMEOUT 60 LABELS layout)
 # A record's fields written only by the file that owns it (the table in
 # scripts/writers.sh), and the layout checks' own test on fixtures
 # (tests/layout/).

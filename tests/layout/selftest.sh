@@ -6,7 +6,10 @@
 # owner's own write; scripts/names.sh must find the static `twin` defined
 # in both files of names/ and nothing else (not `main`, not a name only
 # declared in one and defined in the other); scripts/check_doc_refs.py
-# must name the two stale references of docrefs/cites.c and no good one.
+# must name the two stale references of docrefs/cites.c and no good one;
+# scripts/walk.sh must find, in walk.edges, rules entered from two files
+# and the entry called back by decode, and not blame `other`, which the
+# walk from `request` never reaches.
 # Run from CTest (tests/server.cmake): selftest.sh REPO.
 set -u
 repo=${1:?usage: selftest.sh REPO}
@@ -39,6 +42,13 @@ want='tests/layout/docrefs/cites.c:4: no document docs/nowhere.md
 tests/layout/docrefs/cites.c:4: docs/design.md has no section "No such section"'
 if [ $rc -ne 1 ] || [ "$out" != "$want" ]; then
     echo "check_doc_refs.py: rc $rc (want 1), said:"; echo "$out"; fail=1
+fi
+
+out=$(sh "$repo/scripts/walk.sh" --edges "$here/walk.edges" request)
+rc=$?
+bad=$(echo "$out" | sed -n 's/^\([a-z]*\) is entered from.*/\1/p' | sort | tr '\n' ' ')
+if [ $rc -ne 1 ] || [ "$bad" != "request rules " ]; then
+    echo "walk.sh: rc $rc, files '$bad' (want rc 1, 'request rules ')"; echo "$out"; fail=1
 fi
 
 [ $fail -eq 0 ] && echo "the layout checks find what they must"

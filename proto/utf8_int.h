@@ -1,16 +1,24 @@
 /*
- * utf8.c: the strict UTF-8 check shared by the request parser (every line
- * is checked before it is read) and the reply writers (every string they
- * echo).  Pure functions of their arguments: any thread, no lock.
+ * utf8_int.h: the strict UTF-8 check shared by the request parser (the
+ * tree path checks every line first; the one-pass path each string it
+ * reads) and the reply writers (every string they echo).  Inline, so that
+ * each stage of a line's walk checks its bytes itself rather than calling
+ * across files.  Pure functions of their arguments: any thread, no lock.
  *
  * Design: docs/design.md, "Parsing a request line".
  */
-#include "proto/proto_int.h"
+#ifndef SLOTD_PROTO_UTF8_INT_H
+#define SLOTD_PROTO_UTF8_INT_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-size_t proto__utf8_seq(const unsigned char *p, size_t n)
+/** The length of the well-formed UTF-8 sequence that starts at `p`, of the
+ * `n` bytes available, or 0 if none starts there.  Well-formed is strict:
+ * no overlong forms, no surrogates (U+D800..U+DFFF), nothing above
+ * U+10FFFF.  Requires n >= 1. */
+static inline size_t proto__utf8_seq(const unsigned char *p, size_t n)
 {
     unsigned char c = p[0], lo = 0x80, hi = 0xBF;
 
@@ -39,7 +47,10 @@ size_t proto__utf8_seq(const unsigned char *p, size_t n)
     return 0;
 }
 
-size_t proto__utf8_scan(const char *s, size_t n)
+/** The offset of the first byte of `s` that is NUL or does not start a
+ * well-formed UTF-8 sequence, or `n` if there is none.  Eight bytes at a
+ * time over ASCII. */
+static inline size_t proto__utf8_scan(const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
     const uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
@@ -63,3 +74,5 @@ size_t proto__utf8_scan(const char *s, size_t n)
     }
     return n;
 }
+
+#endif

@@ -1,18 +1,65 @@
 /*
- * scan.c: the strict JSON syntax check every request line passes before
- * cJSON reads it (RFC 8259, a bounded depth, no "\u0000", no unpaired
- * surrogate escape), and the copy of a line in which each number literal
- * that is not a plain short integer is replaced by its exact value.  The
- * one-pass reader (flat.c) calls it for the values it does not read itself.
+ * scan_int.h: the JSON scanner, as inline functions of whichever stage
+ * reads a line: the tree path's strict syntax check (request.c) walks a
+ * whole line with them before cJSON reads it, the one-pass path (flat.c)
+ * the values it does not read itself, and decode.c and the tree path skip
+ * a checked value.  In a header, not
+ * called across files, so that a line's walk enters each file of proto/
+ * once (docs/design.md, "Parsing a request line").  RFC 8259, a bounded
+ * depth, no "\u0000", no unpaired surrogate escape; a number literal that
+ * is not a plain integer of at most 15 digits is counted (j->rewrites) and,
+ * with j->out, replaced by its exact value in the copy being written.
  * Pure functions of their arguments: any thread, no lock.
- *
- * Design: docs/design.md, "Parsing a request line" (where cJSON is lenient).
  */
+#ifndef SLOTD_PROTO_SCAN_INT_H
+#define SLOTD_PROTO_SCAN_INT_H
+
 #include "proto/parse_int.h"
 
-static int scan_container(proto__scan_t *j, int depth);
+typedef struct proto__scan {
+    const unsigned char *s;
+    size_t n;
+    size_t i;        /* the next byte to look at */
+    size_t rewrites; /* number literals that the copy replaces */
+    char *out;       /* when not NULL: the copy being written */
+    size_t outlen;   /* bytes written to `out` */
+    size_t copied;   /* bytes of `s` accounted for in `out` */
+    const char *why; /* what was wrong, at byte `i` */
+} proto__scan_t;
 
-static int json_scan_hex4(proto__scan_t *j, unsigned *out)
+static inline bool proto__is_digit(unsigned char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static inline int proto__scan_fail(proto__scan_t *j, const char *why)
+{
+    j->why = why;
+    return -1;
+}
+
+static inline void proto__scan_ws(proto__scan_t *j)
+{
+    while (j->i < j->n) {
+        unsigned char c = j->s[j->i];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
+            break;
+        j->i++;
+    }
+}
+
+static inline int proto__scan_literal(proto__scan_t *j, const char *word, size_t len)
+{
+    if (j->n - j->i < len || memcmp(j->s + j->i, word, len) != 0)
+        return proto__scan_fail(j, "unexpected character");
+    j->i += len;
+    return 0;
+}
+
+static inline int scan_container(proto__scan_t *j, int depth);
+static inline int proto__scan_value(proto__scan_t *j, int depth);
+
+static inline int json_scan_hex4(proto__scan_t *j, unsigned *out)
 {
     unsigned v = 0;
 
@@ -36,7 +83,7 @@ static int json_scan_hex4(proto__scan_t *j, unsigned *out)
 }
 
 /* At the opening quote. */
-static int json_scan_string(proto__scan_t *j)
+static inline int json_scan_string(proto__scan_t *j)
 {
     unsigned u, lo;
 
@@ -93,7 +140,7 @@ typedef struct json_number {
 } json_number_t;
 
 /* Digit k of the literal's integer digits followed by its fraction digits. */
-static unsigned json_number_digit(const unsigned char *s, const json_number_t *nm, size_t k)
+static inline unsigned json_number_digit(const unsigned char *s, const json_number_t *nm, size_t k)
 {
     size_t ni = nm->ie - nm->ib;
 
@@ -103,7 +150,7 @@ static unsigned json_number_digit(const unsigned char *s, const json_number_t *n
 /* Writes the replacement of a literal: its exact value if that is an integer
  * within +-2^53, else "0.5".  `out` has room for 24 bytes.  Returns the
  * length written. */
-static size_t json_number_canon(const unsigned char *s, const json_number_t *nm, char *out)
+static inline size_t json_number_canon(const unsigned char *s, const json_number_t *nm, char *out)
 {
     size_t ni = nm->ie - nm->ib, len = ni + (nm->fe - nm->fb), first = 0, last;
     int64_t e = 0, first_place, last_place;
@@ -152,7 +199,9 @@ not_an_integer:
     return 3;
 }
 
-int proto__scan_number(proto__scan_t *j)
+/** A number literal at j->i ('-' or a digit); counts (and, with j->out,
+ * replaces) one that is not a plain integer of at most 15 digits. */
+static inline int proto__scan_number(proto__scan_t *j)
 {
     json_number_t nm = {0};
     size_t start = j->i;
@@ -206,7 +255,7 @@ int proto__scan_number(proto__scan_t *j)
     return 0;
 }
 /* At '{' or '['. */
-static int scan_container(proto__scan_t *j, int depth)
+static inline int scan_container(proto__scan_t *j, int depth)
 {
     unsigned char close = j->s[j->i] == '{' ? '}' : ']';
 
@@ -240,12 +289,15 @@ static int scan_container(proto__scan_t *j, int depth)
             return 0;
         }
         if (j->s[j->i] != ',')
-            return proto__scan_fail(j, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+            return proto__scan_fail(j,
+                                    close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
         j->i++;
     }
 }
 
-int proto__scan_value(proto__scan_t *j, int depth)
+/** Any value at j->i (white space first), nested `depth` levels deep:
+ * 0, with j->i past it, or -1 with j->why set. */
+static inline int proto__scan_value(proto__scan_t *j, int depth)
 {
     proto__scan_ws(j);
     if (j->i >= j->n)
@@ -269,7 +321,10 @@ int proto__scan_value(proto__scan_t *j, int depth)
     }
 }
 
-int proto__scan_line(proto__scan_t *j, slotd_error_t *err)
+/** Checks that the line is one JSON object and nothing else (bad_json in
+ * `err` if not).  With j->out set, also writes the copy with its number
+ * literals replaced. */
+static inline int proto__scan_line(proto__scan_t *j, slotd_error_t *err)
 {
     proto__scan_ws(j);
     if (j->i >= j->n || j->s[j->i] != '{')
@@ -289,3 +344,5 @@ int proto__scan_line(proto__scan_t *j, slotd_error_t *err)
     }
     return SLOTD_OK;
 }
+
+#endif
