@@ -36,7 +36,7 @@ set(_valgrind_itests
   test_integration_shutdown test_integration_pressure test_integration_hostile
   test_integration_presets test_integration_append test_integration_fork
   test_integration_tenants
-  test_integration_onfull)
+  test_integration_onfull test_stages_evict)
 foreach(_name IN LISTS _valgrind_itests)
   if(TEST ${_name})
     set_property(TEST ${_name} APPEND PROPERTY LABELS valgrind)

@@ -106,3 +106,14 @@ slotd_check_test(test_integration_onfull SOURCES test_integration_onfull.c
 add_dependencies(test_integration_onfull slotd)
 set_tests_properties(test_integration_onfull PROPERTIES ENVIRONMENT "${_itest_env}"
                      LABELS integration)
+
+# The seed stages (test_stages.c) against the real daemon under --on-full
+# evict, its pool kept full (engine_daemon.c): every stage must evict, and
+# stage 4 reads an evicted session as holding nothing (docs/protocol.md).
+slotd_check_test(test_stages_evict
+                 SOURCES test_stages.c engine_real.c vuln_cache.c engine_daemon.c
+                 LIBS slotd_itest slotd_cache slotd_core cjson TIMEOUT 300)
+target_compile_definitions(test_stages_evict PRIVATE STAGES_DAEMON=1)
+add_dependencies(test_stages_evict slotd)
+set_tests_properties(test_stages_evict PROPERTIES ENVIRONMENT "${_itest_env}"
+                     LABELS integration)

@@ -772,11 +772,16 @@ static void case_teardown(void)
     g_run_dir[0] = '\0';
 }
 
+void itest_fixtures(TCase *tc)
+{
+    tcase_add_unchecked_fixture(tc, case_setup, case_teardown);
+    tcase_add_checked_fixture(tc, NULL, itest_teardown);
+}
+
 void itest_add_timeout(Suite *s, const char *name, const TTest *fn, int seconds)
 {
     TCase *tc = tcase_create(name);
-    tcase_add_unchecked_fixture(tc, case_setup, case_teardown);
-    tcase_add_checked_fixture(tc, NULL, itest_teardown);
+    itest_fixtures(tc);
     tcase_set_timeout(tc, seconds * itest_time_scale());
     tcase_add_test(tc, fn);
     suite_add_tcase(s, tc);

@@ -138,6 +138,10 @@ void itest_teardown(void);
  * ITEST_CASE_TIMEOUT to `s`. */
 void itest_add(Suite *s, const char *name, const TTest *fn);
 #define ITEST_ADD(suite, fn) itest_add((suite), #fn, fn)
+/** Adds to `tc` the fixtures itest_add() gives a case (a directory per
+ * case, itest_teardown() checked, the clean-up after a crash), for a
+ * suite that makes its own test cases (tests/test_stages.c). */
+void itest_fixtures(TCase *tc);
 /** As itest_add(), with a Check timeout of `seconds` (multiplied by
  * itest_time_scale()) for a case that needs more than ITEST_CASE_TIMEOUT. */
 void itest_add_timeout(Suite *s, const char *name, const TTest *fn, int seconds);

@@ -16,6 +16,7 @@
 #ifndef SLOTD_TESTS_STAGE_ENGINE_H
 #define SLOTD_TESTS_STAGE_ENGINE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -56,6 +57,10 @@ typedef struct stage_engine_ops {
     /** The model's counters since open(): g calls and attention rows. */
     uint64_t (*g_calls)(void *self);
     uint64_t (*rows)(void *self);
+    /** Whether live request `id` is evicted now (it then holds nothing in
+     * the pool, docs/protocol.md "When the pool is full"); NULL for an
+     * engine that never evicts. */
+    bool (*evicted)(void *self, const char *id);
 } stage_engine_ops_t;
 
 /** The real engine: cache/session on a slot pool (engine_real.c). */
@@ -67,5 +72,9 @@ extern const stage_engine_ops_t stage_engine_vuln;
 
 /** Correct results, but every step reruns the whole prefix (vuln_cache.c). */
 extern const stage_engine_ops_t stage_engine_recompute;
+
+/** The real daemon under --on-full evict over a pool kept full
+ * (engine_daemon.c; only in test_stages_evict, which links tests/itest.c). */
+extern const stage_engine_ops_t stage_engine_daemon;
 
 #endif

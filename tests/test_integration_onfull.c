@@ -339,14 +339,28 @@ START_TEST(test_evict_fair_between_connections)
 }
 END_TEST
 
-/* Five sessions of PROMPT on `a`: the pool is full. */
+/* Five sessions of PROMPT on `a`: the pool is full, and checked to be:
+ * what is left of it holds less than one more such session, so that the
+ * next start of PROMPT cannot find room (four would leave room for a
+ * fifth, and the wait tests would then prove nothing). */
 static void fill(itest_conn_t *a)
 {
     itest_ref_t refs[5];
+    int64_t used, total;
+    cJSON *st;
 
     start_many(a, refs, 5, "f", 100, 1);
     for (int i = 0; i < 5; i++)
         itest_ref_free(&refs[i]);
+    st = itest_stats(a);
+    used = itest_int(st, "pool_bytes_used");
+    total = itest_int(st, "pool_bytes_total");
+    ck_assert_msg(itest_int(st, "live_sessions") == 5 && total - used < used / 5,
+                  "setup: the pool is not full: %lld of %lld bytes used by %lld sessions of %d "
+                  "entries",
+                  (long long)used, (long long)total, (long long)itest_int(st, "live_sessions"),
+                  PROMPT);
+    cJSON_Delete(st);
 }
 
 /* The wait tests' scene: under --on-full wait with --full-wait-ms

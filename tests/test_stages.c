@@ -29,7 +29,10 @@
  *
  * Usage: test_stages [--engine real|vuln|recompute] [--stage N]...
  *                    [--expect-fail N]
- * With no option: every test case on the real engine.
+ * With no option: every test case on the real engine.  Built with
+ * STAGES_DAEMON (test_stages_evict) it also has `--engine daemon`, the real
+ * daemon under --on-full evict (engine_daemon.c), where stage 4 reads an
+ * evicted request as holding nothing, as docs/protocol.md says.
  */
 #include <check.h>
 #include <inttypes.h>
@@ -42,6 +45,9 @@
 #include "cache/session.h"
 #include "core/model.h"
 #include "stage_engine.h"
+#ifdef STAGES_DAEMON
+#include "itest.h"
+#endif
 
 #define NSTAGES 5
 #define MAX_REFS 16
@@ -53,6 +59,9 @@ static const stage_engine_ops_t *const engines[] = {
     &stage_engine_real,
     &stage_engine_vuln,
     &stage_engine_recompute,
+#ifdef STAGES_DAEMON
+    &stage_engine_daemon,
+#endif
 };
 
 /* The engine under test, chosen on the command line before any test runs. */
@@ -371,6 +380,14 @@ END_TEST
 
 /* ---- Stage 4: memory is bounded ---- */
 
+/* What 'keep' holds in the pool: `held`, or 0 while the engine has it
+ * evicted (docs/protocol.md, "When the pool is full": an evicted session
+ * counts 0 in cache_entries). */
+static uint64_t keep_held(uint64_t held)
+{
+    return engine->evicted != NULL && engine->evicted(eng, "keep") ? 0 : held;
+}
+
 START_TEST(stage4_memory_bounded)
 {
     static const int64_t keep_prompt[] = {1, 2};
@@ -385,7 +402,7 @@ START_TEST(stage4_memory_bounded)
     start_ok("keep", keep_prompt, 2);
     step_ok("keep");
     held = 3;
-    ck_assert_msg(engine->cache_entries(eng) == held,
+    ck_assert_msg(engine->cache_entries(eng) == keep_held(held),
                   "[stage4] %s: a live request of 2 + 1 holds %" PRIu64 " entries", preset,
                   engine->cache_entries(eng));
 
@@ -398,22 +415,22 @@ START_TEST(stage4_memory_bounded)
         snprintf(id, sizeof(id), "r%u", i);
         fill_prompt(prompt, n, i);
         start_ok(id, prompt, n);
-        ck_assert_msg(engine->cache_entries(eng) == held + n,
+        ck_assert_msg(engine->cache_entries(eng) == keep_held(held) + n,
                       "[stage4] %s: request %u after a %zu-token prompt: %" PRIu64
                       " entries, %" PRIu64 " expected",
-                      preset, i, n, engine->cache_entries(eng), held + n);
+                      preset, i, n, engine->cache_entries(eng), keep_held(held) + n);
         for (uint32_t k = 0; k < steps; k++) {
             step_ok(id);
-            ck_assert_msg(engine->cache_entries(eng) == held + n + k + 1,
-                          "[stage4] %s: request %u after step %u: %" PRIu64 " entries, %" PRIu64
-                          " expected",
-                          preset, i, k + 1, engine->cache_entries(eng), held + n + k + 1);
+            ck_assert_msg(
+                engine->cache_entries(eng) == keep_held(held) + n + k + 1,
+                "[stage4] %s: request %u after step %u: %" PRIu64 " entries, %" PRIu64 " expected",
+                preset, i, k + 1, engine->cache_entries(eng), keep_held(held) + n + k + 1);
         }
         finish_ok(id, &released);
-        ck_assert_msg(engine->cache_entries(eng) == held,
+        ck_assert_msg(engine->cache_entries(eng) == keep_held(held),
                       "[stage4] %s: %" PRIu64 " entries held after request %u finished, %" PRIu64
                       " expected (the live 'keep' alone)",
-                      preset, engine->cache_entries(eng), i, held);
+                      preset, engine->cache_entries(eng), i, keep_held(held));
         ck_assert_msg(released == n + steps,
                       "[stage4] %s: finishing request %u released %u entries of %zu", preset, i,
                       released, n + steps);
@@ -1095,8 +1112,17 @@ static TCase *stage_tcase(int stage)
     static const char *const names[NSTAGES] = {"stage1", "stage2", "stage3", "stage4", "stage5"};
     TCase *tc = tcase_create(names[stage - 1]);
 
-    tcase_add_checked_fixture(tc, NULL, teardown);
     tcase_set_timeout(tc, 60);
+#ifdef STAGES_DAEMON
+    if (engine == &stage_engine_daemon) {
+        /* The daemon's: its directory, its stop and exit status.  Check
+         * runs checked teardowns last added first: this one after
+         * teardown() has closed the engine. */
+        itest_fixtures(tc);
+        tcase_set_timeout(tc, 60 * itest_time_scale());
+    }
+#endif
+    tcase_add_checked_fixture(tc, NULL, teardown);
     tcase_add_loop_test(tc, tests[stage - 1], 0, NMODELS);
     return tc;
 }
@@ -1231,6 +1257,13 @@ int main(int argc, char **argv)
     if (expect_fail) {
         return stages != 0 ? usage(argv[0]) : run_expect_fail(expect_fail);
     }
+#ifdef STAGES_DAEMON
+    /* test_stages_evict alone: the five stages on the daemon. */
+    if (argc == 1) {
+        engine = &stage_engine_daemon;
+        stages = ((1u << (NSTAGES + 1)) - 1) & ~1u;
+    }
+#endif
 
     s = suite_create("stages");
     for (int n = 1; n <= NSTAGES; n++) {
