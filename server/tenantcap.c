@@ -12,8 +12,14 @@
  * therefore have taken at most as many jobs, per unit of weight, as the
  * busiest other capped flow (at least one for a flow with jobs queued):
  * (taken + 1) / weight <= max over the others of max(taken, 1) / weight.
- * A flow with none taken may always take one.  Uncapped flows are not
- * counted.
+ * That bounds what each holds at once, not what each gets: the heavy
+ * tenant also takes the moments the light one's replies travel.  So each
+ * flow counts its jobs taken per unit of weight (_served), and a flow more
+ * than TENANTCAP_AHEAD jobs' worth ahead of another busy flow waits for
+ * it, as virtual time does in fair queueing (VTC); a flow that becomes
+ * busy starts level with the least served busy flow, so that time away
+ * is not credit.  A flow with none taken may always take one.  Uncapped
+ * flows are not counted.
  *
  * Threads and lock.  Whichever thread holds the worker pool's queue_lock:
  * the loop thread queuing or taking jobs back, a worker taking or giving
@@ -26,10 +32,30 @@
 #include "tenantcap_int.h"
 
 #include <assert.h>
+#include <stdint.h>
 
 /* How long a capped flow counts as busy after it last had a job in the
  * pool (tenantcap__do_busy_update()). */
 #define TENANTCAP_LINGER_NS 2000000u
+
+/* _served counts a job as TENANTCAP_UNIT / weight (weights are at most
+ * 1000); a flow may be this many jobs of weight 1 ahead of the least
+ * served busy flow before it waits. */
+#define TENANTCAP_UNIT 1000000u
+#define TENANTCAP_AHEAD 4u
+
+/* Brings f, about to be listed busy, level with the least served busy
+ * flow: time away is not credit. */
+static void level(const tenantcap_t *tc, worker_flow_t *f)
+{
+    uint64_t least = UINT64_MAX;
+
+    for (const worker_flow_t *g = tc->busy; g != NULL; g = g->_bnext)
+        if (g->_served < least)
+            least = g->_served;
+    if (least != UINT64_MAX && f->_served < least)
+        f->_served = least;
+}
 
 /* Keeps f's place in tc->busy: listed while it has jobs queued or taken,
  * and for TENANTCAP_LINGER_NS after (tenantcap__do_over() drops it then): a
@@ -49,6 +75,7 @@ void tenantcap__do_busy_update(tenantcap_t *tc, worker_flow_t *f)
     f->_idle_at = 0;
     if (f->_busy)
         return;
+    level(tc, f);
     f->_busy = true;
     f->_bprev = NULL;
     f->_bnext = tc->busy;
@@ -76,6 +103,7 @@ void tenantcap__do_busy_remove(tenantcap_t *tc, worker_flow_t *f)
 bool tenantcap__do_over(tenantcap_t *tc, const worker_flow_t *f)
 {
     uint64_t wf = sched_flow_weight(&f->_sched), best_n = 0, best_w = 1, now = 0;
+    uint64_t least = UINT64_MAX;
 
     for (worker_flow_t *g = tc->busy, *next; g != NULL; g = next) {
         uint64_t n = g->_peak > 0 ? g->_peak : 1, w = sched_flow_weight(&g->_sched);
@@ -98,9 +126,14 @@ bool tenantcap__do_over(tenantcap_t *tc, const worker_flow_t *f)
             best_n = n;
             best_w = w;
         }
+        if (g != f && g->_served < least)
+            least = g->_served;
     }
     /* No other capped flow busy: nothing to hold back for. */
-    return best_n > 0 && ((uint64_t)f->_taken + 1) * best_w > best_n * wf;
+    if (best_n == 0)
+        return false;
+    return ((uint64_t)f->_taken + 1) * best_w > best_n * wf ||
+           f->_served >= least + (uint64_t)TENANTCAP_AHEAD * TENANTCAP_UNIT;
 }
 
 /* Counts `n` jobs of capped flow f taken (n may be negative: given back);
@@ -109,5 +142,10 @@ void tenantcap__do_count(tenantcap_t *tc, worker_flow_t *f, int n)
 {
     assert(n > 0 || f->_taken >= (uint32_t)-n);
     f->_taken = (uint32_t)((int64_t)f->_taken + n);
+    if (n > 0) {
+        if (!f->_busy)
+            level(tc, f);
+        f->_served += (uint64_t)n * TENANTCAP_UNIT / sched_flow_weight(&f->_sched);
+    }
     tenantcap__do_busy_update(tc, f);
 }

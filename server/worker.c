@@ -151,7 +151,7 @@ void worker_flow_init(worker_flow_t *f)
     sched_flow_init(&f->_sched);
     f->_head = f->_tail = NULL;
     f->_taken = f->_peak = 0;
-    f->_idle_at = 0;
+    f->_idle_at = f->_served = 0;
     f->_capped = f->_busy = false;
     f->_bnext = f->_bprev = NULL;
 }

@@ -41,6 +41,7 @@ typedef struct worker_flow {
     uint32_t _taken;
     uint32_t _peak;    /* the most taken at once since it became busy */
     uint64_t _idle_at; /* uv_hrtime() it last had nothing queued or taken */
+    uint64_t _served;  /* jobs taken, in TENANTCAP_UNIT per unit of weight */
     bool _capped, _busy;
     struct worker_flow *_bnext, *_bprev;
 } worker_flow_t;
