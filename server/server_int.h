@@ -24,7 +24,7 @@
 #include "cache/session.h"
 #include "config.h"
 #include "core/util.h"
-#include "metrics.h"
+#include "server/admin/admin.h"
 #include "session_map.h"
 #include "worker.h"
 

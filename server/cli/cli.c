@@ -56,7 +56,7 @@
 
 #include <editline/readline.h>
 
-#include "server/auth.h"
+#include "server/base/auth.h"
 #include "cli_int.h"
 
 #define CLI_DEFAULT_HOST "127.0.0.1"
