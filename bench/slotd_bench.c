@@ -20,7 +20,7 @@
  * worker's loop or handles.
  */
 #include "bench.h"
-#include "server/auth.h"
+#include "server/base/auth.h"
 
 #include <errno.h>
 #include <getopt.h>

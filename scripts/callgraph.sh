@@ -1,7 +1,8 @@
 #!/bin/sh
 # callgraph.sh BUILD_DIR [MODULE]: for each pair of object files of one
-# module's library (server by default), the functions defined in one and
-# named in the other, from the symbol tables; then every circle among the
+# module's libraries (server by default, with its rooms' libraries:
+# slotd_admin, ...), the functions defined in one and named in the other,
+# from the symbol tables; then every circle among the
 # files, of any length (a -> b -> c -> a as well as a <-> b), which the
 # module's layout forbids (docs/design.md, "server/ layout").  Exits 1 if
 # there is a circle.
@@ -17,8 +18,9 @@ if [ "${1:-}" = --edges ]; then
 else
     build=${1:?usage: callgraph.sh BUILD_DIR [MODULE]}
     mod=${2:-server}
-    dir=$build/$mod/CMakeFiles/slotd_$mod.dir
-    for o in "$dir"/*.o; do
+    # The module's library and those of its rooms (server/admin/, ...).
+    for o in "$build/$mod"/CMakeFiles/slotd_"$mod".dir/*.o "$build/$mod"/*/CMakeFiles/slotd_*.dir/*.o; do
+        [ -e "$o" ] || continue
         f=$(basename "$o" .c.o)
         nm "$o" | awk '$2 ~ /^[TDRB]$/ { print $3 }' | sort -u >"$tmp/$f.def"
         nm "$o" | awk '$1 == "U" { print $2 }' | sort -u >"$tmp/$f.use"

@@ -20,10 +20,10 @@
 
 #include <inttypes.h>
 
-#include "auth.h"
+#include "server/base/auth.h"
 #include "conn_int.h"
 #include "handshake_int.h"
-#include "log.h"
+#include "server/base/log.h"
 #include "req_int.h"
 #include "tenancy_int.h"
 

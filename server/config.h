@@ -11,9 +11,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "auth.h"
+#include "server/base/auth.h"
 #include "tenants.h"
-#include "log.h"
+#include "server/base/log.h"
 #include "proto/proto.h"
 
 #define CONFIG_MAX_MODELS 8

@@ -35,7 +35,7 @@
 
 #include <linux/sockios.h> /* SIOCOUTQ */
 
-#include "log.h"
+#include "server/base/log.h"
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);

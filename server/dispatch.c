@@ -31,7 +31,7 @@
 #include "handshake_int.h"
 #include "inspect_int.h"
 #include "launch_int.h"
-#include "log.h"
+#include "server/base/log.h"
 #include "models_int.h"
 #include "req_int.h"
 #include "session_int.h"

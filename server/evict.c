@@ -39,7 +39,7 @@
 #include <inttypes.h>
 
 #include "launch_int.h"
-#include "log.h"
+#include "server/base/log.h"
 #include "session_int.h"
 
 /* A request refused while the pool's counts say it fits (the room went to

@@ -34,7 +34,7 @@
 #include <string.h>
 
 #include "conn_int.h"
-#include "log.h"
+#include "server/base/log.h"
 
 static void handshake_timer_cb(uv_timer_t *h);
 

@@ -5,7 +5,7 @@
 #ifndef SLOTD_SERVER_INSPECT_INT_H
 #define SLOTD_SERVER_INSPECT_INT_H
 
-#include "admin.h"
+#include "server/admin/admin.h"
 #include "server_int.h"
 
 /** admin_hooks_t.sessions: begins GET /sessions for `arg`, the server:

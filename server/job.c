@@ -27,7 +27,7 @@
 
 #include "controls.h"
 #include "job_int.h"
-#include "log.h"
+#include "server/base/log.h"
 
 #if SLOTD_FAULT_INJECTION
 

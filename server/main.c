@@ -9,7 +9,7 @@
 #include <stdio.h>
 
 #include "config.h"
-#include "log.h"
+#include "server/base/log.h"
 #include "proto/proto.h"
 #include "server.h"
 

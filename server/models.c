@@ -35,7 +35,7 @@
 #include <time.h>
 
 #include "core/util.h"
-#include "log.h"
+#include "server/base/log.h"
 
 /* Builds the weights of `p` and publishes them; any thread.  `delay_ms`
  * is a test build's fault (--fault-build-delay-ms), 0 otherwise. */

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "conn_int.h"
-#include "log.h"
+#include "server/base/log.h"
 
 /* Records kept for reuse at most; beyond, they go back to malloc. */
 #define MAX_FREE_REQS 16384

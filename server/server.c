@@ -38,7 +38,7 @@
 
 #include <malloc.h>
 
-#include "admin.h"
+#include "server/admin/admin.h"
 #include "conn_int.h"
 #include "dispatch_int.h"
 #include "evict_int.h"
@@ -46,7 +46,7 @@
 #include "inspect_int.h"
 #include "job_int.h"
 #include "launch_int.h"
-#include "log.h"
+#include "server/base/log.h"
 #include "models_int.h"
 #include "req_int.h"
 #include "session_int.h"

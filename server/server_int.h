@@ -20,13 +20,12 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "audit.h"
 #include "cache/session.h"
 #include "config.h"
 #include "core/util.h"
-#include "metrics.h"
+#include "server/admin/admin.h"
+#include "server/sched/sched.h"
 #include "session_map.h"
-#include "worker.h"
 
 /* A connection stops being read while it has this many requests waiting
  * for their reply, or this many reply bytes not yet written; it is read

@@ -27,7 +27,7 @@
 #include "evict_int.h"
 #include "inspect_int.h"
 #include "launch_int.h"
-#include "log.h"
+#include "server/base/log.h"
 #include "req_int.h"
 
 /* Records kept for reuse at most; beyond, they go back to malloc. */

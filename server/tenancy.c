@@ -22,9 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "auth.h"
-#include "log.h"
-#include "metrics.h"
+#include "server/base/auth.h"
+#include "server/base/log.h"
+#include "server/admin/admin.h"
 
 /* The top bit marks a tenant's scope key apart from a connection serial. */
 #define TENANT_KEY_BIT (UINT64_C(1) << 63)

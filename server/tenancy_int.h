@@ -32,7 +32,7 @@ struct tenant {
     uint64_t key;             /* tenancy_scope_key() of its connections; never reused */
     server_t *server;
     double share;             /* of the pool, (0, 1] */
-    uint32_t weight;          /* its flow's (sched.h) */
+    uint32_t weight;          /* its flow's (sched_int.h) */
     uint32_t max_sessions;    /* 0: none of its own */
     uint32_t max_connections; /* 0: none of its own */
     bool admin;

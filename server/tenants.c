@@ -18,7 +18,7 @@
  */
 #include "tenants.h"
 
-#include "auth.h"
+#include "server/base/auth.h"
 
 #include <errno.h>
 #include <fcntl.h>

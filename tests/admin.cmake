@@ -42,9 +42,9 @@ if(SLOTD_FUZZ)
     get_target_property(_admin_proto_src slotd_proto SOURCES)
     get_target_property(_admin_proto_dir slotd_proto SOURCE_DIR)
     set(_admin_fuzz_src
-      ${PROJECT_SOURCE_DIR}/server/admin_http.c ${PROJECT_SOURCE_DIR}/server/metrics.c
-      ${PROJECT_SOURCE_DIR}/server/procstat.c ${PROJECT_SOURCE_DIR}/server/auth.c
-      ${PROJECT_SOURCE_DIR}/server/log.c)
+      ${PROJECT_SOURCE_DIR}/server/admin/admin_http.c ${PROJECT_SOURCE_DIR}/server/admin/metrics.c
+      ${PROJECT_SOURCE_DIR}/server/admin/procstat.c ${PROJECT_SOURCE_DIR}/server/base/auth.c
+      ${PROJECT_SOURCE_DIR}/server/base/log.c)
     foreach(_src IN LISTS _admin_proto_src)
       if(NOT IS_ABSOLUTE ${_src})
         set(_src ${_admin_proto_dir}/${_src})

@@ -21,8 +21,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "server/admin_http.h"
-#include "server/metrics.h"
+#include "server/admin/admin_http_int.h"
+#include "server/admin/metrics.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

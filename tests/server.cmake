@@ -15,6 +15,11 @@ foreach(mod server proto cache)
            COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/callgraph.sh ${CMAKE_BINARY_DIR} ${mod})
   set_tests_properties(layout_calls_${mod} PROPERTIES TIMEOUT 60 LABELS layout)
 endforeach()
+# server/'s rooms call each other one way, and include only the one
+# header a room shows (scripts/rooms.sh; docs/design.md, "server/ layout").
+add_test(NAME layout_rooms
+         COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/rooms.sh ${CMAKE_BINARY_DIR} ${PROJECT_SOURCE_DIR})
+set_tests_properties(layout_rooms PROPERTIES TIMEOUT 60 LABELS layout)
 # A request line's walk through proto/ enters each file from one place
 # (scripts/walk.sh; docs/design.md, "Parsing a request line").
 add_test(NAME layout_walk_proto COMMAND sh ${PROJECT_SOURCE_DIR}/scripts/walk.sh ${CMAKE_BINARY_DIR})

@@ -22,9 +22,9 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "server/admin.h"
-#include "server/admin_http.h"
-#include "server/metrics.h"
+#include "server/admin/admin.h"
+#include "server/admin/admin_http_int.h"
+#include "server/admin/metrics.h"
 
 /* ---- Fixed hooks ---- */
 

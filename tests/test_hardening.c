@@ -2,7 +2,7 @@
  * test_hardening.c: the Check suite of the daemon's hardening pieces that
  * can be tested without a daemon.
  *
- * The audit (server/audit.c): the recorded token array, the
+ * The audit (server/sched/audit.c): the recorded token array, the
  * sampling rate of its PRNG, and audit_check() against the uncached
  * reference on both families: agreement leaves the reply alone, a changed
  * pick or a single flipped logit bit is found at its index and replaced by
@@ -19,7 +19,7 @@
 #include "cache/pool.h"
 #include "cache/session.h"
 #include "core/model.h"
-#include "server/audit.h"
+#include "server/sched/audit.h"
 
 /* ---- The recorded tokens ---- */
 

@@ -337,7 +337,7 @@ START_TEST(test_admin_errors)
 }
 END_TEST
 
-/* The admin port's connection limit (ADMIN_MAX_CONNS in server/admin.c). */
+/* The admin port's connection limit (ADMIN_MAX_CONNS in server/admin/admin.c). */
 #define ADMIN_LIMIT 64
 
 /* GET /health on a connection kept open; its status, or 0 if the

@@ -1,5 +1,5 @@
 /*
- * test_metrics.c: Check suite for server/metrics.c: the counters, the step
+ * test_metrics.c: Check suite for server/admin/metrics.c: the counters, the step
  * histogram, and the Prometheus text they render to.
  *
  * `test_metrics --dump FILE` writes one rendering with known counters to
@@ -22,8 +22,8 @@
 #include "core/model.h"
 #include "proto/proto.h"
 #include "server/config.h"
-#include "server/metrics.h"
-#include "server/procstat.h"
+#include "server/admin/metrics.h"
+#include "server/admin/procstat_int.h"
 
 #define SEC 1000000000ull
 

@@ -1,6 +1,6 @@
 /*
- * test_sched.c: the worker queue's policy alone (server/sched.h), with
- * synthetic flows and costs: backlogged flows get equal shares of cost
+ * test_sched.c: the worker queue's policy alone
+ * (server/sched/sched_int.h), with synthetic flows and costs: backlogged flows get equal shares of cost
  * whatever their jobs cost, within 10 % over long runs and within the
  * fairness bound of start-time fair queuing at every step; no flow
  * starves, a flow of huge jobs among many of cheap ones included; a flow
@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "server/sched.h"
+#include "server/sched/sched_int.h"
 
 #define MAXF 16
 

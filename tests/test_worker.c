@@ -1,6 +1,6 @@
 /*
- * test_worker.c: the Check suite of server/worker.c, the worker pool: a
- * batch submitted at once runs on every thread and comes back whole
+ * test_worker.c: the Check suite of server/sched/worker.c, the worker
+ * pool: a batch submitted at once runs on every thread and comes back whole
  * through the completion callback; jobs not yet started are taken back in
  * queue order and never run; a job that counts no progress for too long
  * shows as wedged, one that counts its progress does not; closing the
@@ -36,8 +36,8 @@
 #include <time.h>
 #include <uv.h>
 
-#include "server/tenantcap_int.h"
-#include "server/worker.h"
+#include "server/sched/tenantcap_int.h"
+#include "server/sched/worker.h"
 
 typedef struct test_job {
     worker_job_t job;

@@ -9,7 +9,11 @@
 # must name the two stale references of docrefs/cites.c and no good one;
 # scripts/walk.sh must find, in walk.edges, rules entered from two files
 # and the entry called back by decode, and not blame `other`, which the
-# walk from `request` never reaches.
+# walk from `request` never reaches; scripts/rooms.sh must find, in
+# rooms.calls, the two calls against the rooms' order (sched and cli
+# calling the loop) and, in server/, the include reaching up
+# (server/sched/up.c) and the header a room does not show (server/down.c),
+# and nothing else.
 # Run from CTest (tests/server.cmake): selftest.sh REPO.
 set -u
 repo=${1:?usage: selftest.sh REPO}
@@ -49,6 +53,14 @@ rc=$?
 bad=$(echo "$out" | sed -n 's/^\([a-z]*\) is entered from.*/\1/p' | sort | tr '\n' ' ')
 if [ $rc -ne 1 ] || [ "$bad" != "request rules " ]; then
     echo "walk.sh: rc $rc, files '$bad' (want rc 1, 'request rules ')"; echo "$out"; fail=1
+fi
+
+out=$(sh "$repo/scripts/rooms.sh" --calls "$here/rooms.calls" "$here")
+rc=$?
+bad=$(echo "$out" | sed -n 's/^\([a-z]*\) calls \([a-z]*\), which.*/\1>\2/p; s/^\(server\/[a-z/]*\.c\) includes \([a-z/.]*\):.*/\1:\2/p' | tr '\n' ' ')
+want='sched>loop cli>loop server/down.c:server/admin/metrics.h server/sched/up.c:server/config.h '
+if [ $rc -ne 1 ] || [ "$bad" != "$want" ]; then
+    echo "rooms.sh: rc $rc, breaks '$bad' (want rc 1, '$want')"; echo "$out"; fail=1
 fi
 
 [ $fail -eq 0 ] && echo "the layout checks find what they must"

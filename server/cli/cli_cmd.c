@@ -26,7 +26,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "server/cli.h"
+#include "cli_int.h"
 
 typedef struct cmd_args {
     char **w; /* the words after the command name */

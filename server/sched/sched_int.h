@@ -1,5 +1,5 @@
 /*
- * sched.h: the policy of the worker queue, alone: which flow of work is
+ * sched_int.h: the policy of the worker queue, alone: which flow of work is
  * served next.  Start-time fair queuing (Goyal et al., 1996) over flows of
  * jobs with costs: each flow's head has a virtual start, the flow with the
  * least is served, and serving a job of cost c moves its flow's next start
@@ -13,8 +13,8 @@
  * becomes active and what the job it serves cost.  worker.c uses it under
  * its queue_lock; docs/design.md, "Scheduler", says why this policy.
  */
-#ifndef SLOTD_SERVER_SCHED_H
-#define SLOTD_SERVER_SCHED_H
+#ifndef SLOTD_SERVER_SCHED_INT_H
+#define SLOTD_SERVER_SCHED_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -33,7 +33,7 @@
 
 #include "core/model.h"
 #include "core/util.h"
-#include "procstat.h"
+#include "procstat_int.h"
 
 /* ---- Bucket sets ---- */
 

@@ -1,5 +1,5 @@
 /*
- * sched.c: start-time fair queuing over the caller's flows (see sched.h).
+ * sched.c: start-time fair queuing over the caller's flows (see sched_int.h).
  *
  * The active flows sit in a pairing heap ordered by (start, order): an
  * insert is one comparison, removing the least is a two-pass merge of its
@@ -26,7 +26,7 @@
  * No lock of its own: the caller serialises every call (worker.c holds
  * queue_lock).
  */
-#include "sched.h"
+#include "sched_int.h"
 
 #include <assert.h>
 #include <string.h>

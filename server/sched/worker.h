@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "sched.h"
+#include "sched_int.h"
 
 /** Ranges of memory a job names for prefetching (worker_job_t.hint). */
 #define WORKER_HINTS 6
@@ -323,7 +323,7 @@ void worker_progress(worker_t *w, uint64_t positions);
  * in order, while each costs at most `light_ns`; then, unless another
  * worker is free to take them, while the scheduler would serve another
  * flow's next job before the rest of `job` (as if each slice were a job
- * of its flow: sched.h), that job, if it costs at most `light_ns`.  `job`'s own flow's queued jobs wait.  Each
+ * of its flow: sched_int.h), that job, if it costs at most `light_ns`.  `job`'s own flow's queued jobs wait.  Each
  * runs alone, with token and logit buffers of its own (the scratch is
  * shared: the caller must hold nothing in it across the call), and goes
  * to `done` at once.  Returns the nanoseconds spent on them. */

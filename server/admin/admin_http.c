@@ -32,12 +32,12 @@
  * malformed requests and pipelining are described in the design.
  *
  * DESIGN.  Single-threaded: one admin_http_t is used by one thread at a
- * time; see admin_http.h.  No lock.  The http-parser header limit is
+ * time; see admin_http_int.h.  No lock.  The http-parser header limit is
  * process-wide, set by the first admin_http_new().
  *
  * Design: docs/design.md, "The admin port's HTTP".
  */
-#include "admin_http.h"
+#include "admin_http_int.h"
 
 #include <ctype.h>
 #include <http_parser.h>
@@ -51,9 +51,9 @@
 #include <strings.h>
 #include <time.h>
 
-#include "server/auth.h"
-#include "server/log.h"
-#include "server/metrics.h"
+#include "server/base/auth.h"
+#include "server/base/log.h"
+#include "metrics.h"
 
 /* "Bearer " and the longest token, with room to see a longer value. */
 #define AUTHZ_MAX (7 + AUTH_TOKEN_MAX + 1)

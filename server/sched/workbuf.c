@@ -1,8 +1,8 @@
 /*
- * workbuf.c: a worker's growable buffer (see workbuf.h).  Whichever thread
+ * workbuf.c: a worker's growable buffer (see workbuf_int.h).  Whichever thread
  * owns the buffer; no lock.
  */
-#include "workbuf.h"
+#include "workbuf_int.h"
 
 #include <stdint.h>
 #include <stdlib.h>

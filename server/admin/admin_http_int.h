@@ -1,6 +1,7 @@
 /*
- * admin_http.h: the HTTP side of one admin connection, without sockets or a
- * loop.  Private to server/ (admin.c) and its tests and fuzz harness.
+ * admin_http_int.h: the HTTP side of one admin connection, without
+ * sockets or a loop.  Private to the admin room (admin.c) and its tests
+ * and fuzz harness.
  *
  * Bytes read from the connection go in; complete responses, in request
  * order, come out appended to a proto_buf_t the caller writes to the
@@ -14,15 +15,15 @@
  * called synchronously from admin_http_feed() and admin_http_resume(),
  * except the sessions hook, which the caller calls on ADMIN_HTTP_WAIT.
  */
-#ifndef SLOTD_SERVER_ADMIN_HTTP_H
-#define SLOTD_SERVER_ADMIN_HTTP_H
+#ifndef SLOTD_SERVER_ADMIN_HTTP_INT_H
+#define SLOTD_SERVER_ADMIN_HTTP_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "proto/proto.h"
-#include "server/admin.h"
+#include "admin.h"
 
 /** Bytes of request line plus headers; more is answered 431 and closes.
  * Enforced by http-parser, whose limit is process-wide: the first

@@ -1,11 +1,11 @@
 /*
- * cli.h: what the three files of slotd-cli share.  cli.c owns the
+ * cli_int.h: what the three files of slotd-cli share.  cli.c owns the
  * connections, the options and the input loop (libedit at a terminal);
  * cli_cmd.c owns the command table, which turns a typed line into a
  * request; cli_out.c owns how replies are printed.  Single-threaded.
  */
-#ifndef SLOTD_SERVER_CLI_H
-#define SLOTD_SERVER_CLI_H
+#ifndef SLOTD_SERVER_CLI_CLI_INT_H
+#define SLOTD_SERVER_CLI_CLI_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -17,7 +17,7 @@
  *
  * DESIGN.  Loop thread (the admin port's /metrics); no state, no lock.
  */
-#include "procstat.h"
+#include "procstat_int.h"
 
 #include <dirent.h>
 #include <inttypes.h>

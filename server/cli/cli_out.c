@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/cli.h"
+#include "cli_int.h"
 
 #define KEY_ON "\033[36m"
 #define ERR_ON "\033[1;31m"

@@ -45,7 +45,7 @@
 #include <string.h>
 
 #include "core/util.h"
-#include "server/admin_http.h"
+#include "admin_http_int.h"
 
 #define ADMIN_MAX_CONNS 64
 #define ADMIN_BACKLOG 128

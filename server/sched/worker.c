@@ -1,7 +1,7 @@
 /*
  * worker.c: the worker threads, their job queue and the completion queue
  * (see worker.h).  It owns the threads, each worker's local batch, scratch
- * and token/logit buffers (workbuf.h), the uv_async_t that wakes the
+ * and token/logit buffers (workbuf_int.h), the uv_async_t that wakes the
  * loop, and the timer (`nudge`) of the wake-up rule.
  *
  * Threads.  The loop thread submits jobs, runs the nudge timer and the
@@ -47,7 +47,7 @@
 
 #include "core/util.h"
 #include "tenantcap_int.h"
-#include "workbuf.h"
+#include "workbuf_int.h"
 
 /* The cache line, as hints count it (worker.h). */
 #define WORKER_LINE 64

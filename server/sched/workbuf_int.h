@@ -1,5 +1,5 @@
 /*
- * workbuf.h: a worker's growable buffer (the token and logit buffers of
+ * workbuf_int.h: a worker's growable buffer (the token and logit buffers of
  * worker.c): grown for an unusually large job, its old contents dropped,
  * and trimmed back to its usual size once the job is done, so that one
  * large request does not keep its memory for the worker's life.
@@ -8,8 +8,8 @@
  * thread while the pool is created and freed) is its only user.  The
  * memory is the buffer's, released by workbuf_free().
  */
-#ifndef SLOTD_SERVER_WORKBUF_H
-#define SLOTD_SERVER_WORKBUF_H
+#ifndef SLOTD_SERVER_WORKBUF_INT_H
+#define SLOTD_SERVER_WORKBUF_INT_H
 
 #include <stddef.h>
 

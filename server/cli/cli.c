@@ -56,8 +56,8 @@
 
 #include <editline/readline.h>
 
-#include "server/auth.h"
-#include "server/cli.h"
+#include "server/base/auth.h"
+#include "cli_int.h"
 
 #define CLI_DEFAULT_HOST "127.0.0.1"
 #define CLI_DEFAULT_PORT "7070"

@@ -1,9 +1,11 @@
 /*
- * admin.h: the admin HTTP port (GET /health, /stats, /metrics, /sessions;
- * POST /prefix-cache/flush, /tenants/reload), served on the daemon's libuv
- * loop with http-parser.
+ * admin.h: the admin room's one header for the other rooms
+ * (server/admin/): the admin HTTP port (GET /health, /stats, /metrics,
+ * /sessions; POST /prefix-cache/flush, /tenants/reload), served on the
+ * daemon's libuv loop with http-parser, and through metrics.h the
+ * daemon's counters, which the loop and the workers update.
  *
- * DESIGN.  Everything here runs on the loop thread: the listener, every
+ * DESIGN.  The port runs on the loop thread: the listener, every
  * admin connection, and the hooks it calls for figures.  Each connection
  * owns its parser and a reply buffer, freed in its close callback.
  */
@@ -14,6 +16,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "metrics.h"
 #include "proto/proto.h"
 
 typedef struct admin admin_t;

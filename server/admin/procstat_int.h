@@ -1,12 +1,12 @@
 /*
- * procstat.h: the metrics every Prometheus exporter has about its own
+ * procstat_int.h: the metrics every Prometheus exporter has about its own
  * process (process_*), and slotd_build_info.
  *
  * DESIGN.  No state of its own beyond what the kernel keeps; called on the
  * loop thread by metrics_render() for each scrape, never on the step path.
  */
-#ifndef SLOTD_SERVER_PROCSTAT_H
-#define SLOTD_SERVER_PROCSTAT_H
+#ifndef SLOTD_SERVER_PROCSTAT_INT_H
+#define SLOTD_SERVER_PROCSTAT_INT_H
 
 #include <stdbool.h>
 

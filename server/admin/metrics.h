@@ -320,7 +320,7 @@ static inline uint64_t metrics_released(metrics_release_t why)
     return metrics_release_value_at(why);
 }
 
-/** Whether metrics_render() appends the process_* families (procstat.h),
+/** Whether metrics_render() appends the process_* families (procstat_int.h),
  * which change from one rendering to the next; on unless a test that
  * compares renderings turns it off.  Call before any thread renders. */
 void metrics_process_figures(bool on);
