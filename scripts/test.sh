@@ -21,6 +21,9 @@
 # layout (checks of the sources and of the build's shape, the same under any
 # sanitizer: run by plain and quick only), single (single-threaded by
 # construction: nothing for TSan to see), slow (left out by quick only).
+# Check tags that stages leave out (CK_EXCLUDE_TAGS; the tag's place says
+# what it checks and which stages run it): memcheck_slow (valgrind),
+# tsan_slow (thread): cases in one thread whose references are long.
 # Exit status is
 # non-zero if any stage fails; a stage that this machine cannot run at all
 # says why and is counted as skipped.  The last line counts the stages.
@@ -120,7 +123,7 @@ for s in $stages; do
     plain)    stage plain    run_suite build-test-plain none "${plain_cmake_args[@]}" ;;
     address)  stage address  env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 SLOTD_TIME_SCALE=2 \
                               bash -c "$(declare -f run_suite); run_suite build-test-asan address" ;;
-    thread)   stage thread   env TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 SLOTD_TIME_SCALE=4 \
+    thread)   stage thread   env TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 SLOTD_TIME_SCALE=4 CK_EXCLUDE_TAGS=tsan_slow \
                               bash -c "$(declare -f run_suite); run_suite build-test-tsan thread" ;;
     valgrind) stage valgrind run_valgrind ;;
     fuzz)     stage fuzz     run_fuzz ;;
