@@ -21,6 +21,12 @@
 # layout (checks of the sources and of the build's shape, the same under any
 # sanitizer: run by plain and quick only), single (single-threaded by
 # construction: nothing for TSan to see), slow (left out by quick only).
+# Check tags that stages leave out (CK_EXCLUDE_TAGS; the tag's place says
+# what it checks and which stages run it): memcheck_slow (valgrind),
+# tsan_slow (thread): cases in one thread whose references are long.
+# SLOTD_TEST_REPEATS=1 (address, thread): a suite that runs one check on
+# several seeds runs one seed per set-up (test_integration_pipeline's
+# random mixes); the plain stage runs them all.
 # Exit status is
 # non-zero if any stage fails; a stage that this machine cannot run at all
 # says why and is counted as skipped.  The last line counts the stages.
@@ -63,9 +69,14 @@ run_suite() { # dir sanitizer [cmake args...]
   # prefills of `base`) are pure arithmetic, checked bit for bit in the
   # plain stage; a sanitizer's slowdown would make them hours.  The layout
   # checks read sources and symbol tables: a sanitizer changes nothing.
+  # scaleout is the deployment (HAProxy, Prometheus, alerts) end to end:
+  # 58 s of its own waits under any build, run alone (RUN_SERIAL).  Plain
+  # and ASan run it; TSan would repeat it, its daemons seeing the kinds of
+  # traffic (many clients, kill, drain) that the integration suites give
+  # them under TSan already.
   case $san in
     none) ;;
-    thread) skip=(-LE 'heavy|layout|single') ;;
+    thread) skip=(-LE 'heavy|layout|single' -E '^scaleout$') ;;
     *) skip=(-LE 'heavy|layout') ;;
   esac
   # The sanitizer stages run this in a child bash, where $jobs is unset.
@@ -118,9 +129,9 @@ for s in $stages; do
   case $s in
     quick)    stage quick    run_quick ;;
     plain)    stage plain    run_suite build-test-plain none "${plain_cmake_args[@]}" ;;
-    address)  stage address  env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 SLOTD_TIME_SCALE=2 \
+    address)  stage address  env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 SLOTD_TIME_SCALE=2 SLOTD_TEST_REPEATS=1 \
                               bash -c "$(declare -f run_suite); run_suite build-test-asan address" ;;
-    thread)   stage thread   env TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 SLOTD_TIME_SCALE=4 \
+    thread)   stage thread   env TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 SLOTD_TIME_SCALE=4 CK_EXCLUDE_TAGS=tsan_slow SLOTD_TEST_REPEATS=1 \
                               bash -c "$(declare -f run_suite); run_suite build-test-tsan thread" ;;
     valgrind) stage valgrind run_valgrind ;;
     fuzz)     stage fuzz     run_fuzz ;;

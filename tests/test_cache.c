@@ -2511,8 +2511,11 @@ static Suite *cache_suite(bool forking)
         TCase *pc = tcase_create("share");
         /* Its references are long `small` computations: hours under
          * memcheck, so the valgrind stage leaves it out (CK_EXCLUDE_TAGS in
-         * scripts/test.sh); ASan and TSan run it. */
-        tcase_set_tags(pc, "memcheck_slow");
+         * scripts/test.sh).  Every call is on one thread: TSan would only
+         * repeat, much slower, what the plain and ASan stages check, so
+         * the TSan stage leaves it out too (tsan_slow).  Plain and ASan
+         * run it. */
+        tcase_set_tags(pc, "memcheck_slow tsan_slow");
 
         tcase_add_checked_fixture(pc, NULL, fx_teardown);
         tcase_set_timeout(pc, 300); /* sanitizer builds: the references are long */
