@@ -27,6 +27,7 @@
 
 #include "controls.h"
 #include "job_int.h"
+#include "jobcost_int.h"
 #include "server/base/log.h"
 
 #if SLOTD_FAULT_INJECTION
@@ -90,126 +91,6 @@ static void job_fault_after_step(server_t *s, req_t *r)
 #define JOB_FAULT_AFTER_STEP(s, r) ((void)0)
 #endif
 
-/* ---- Costs (worker.h: worker_job_set_cost()) ----
- *
- * A job's cost is its estimated run time: positions times its model's
- * running mean per position, measured by the workers as they run jobs,
- * plus JOB_COST_FIXED_NS for what any job costs (job_int.h).  The models
- * whose steps batch (small, base) are timed in the thread's CPU time: on
- * a loaded machine the wall time of a batch grows with the preemptions
- * it suffers, and a bound in wall time would shrink
- * batches exactly when sharing the weights matters most.  tiny and hash
- * jobs take a microsecond or less, which the CPU clock's system call
- * would double: they are timed by the wall clock the worker reads anyway.
- * The means are relaxed atomics, one writer at a time in the common case;
- * a lost update only delays the mean by one job. */
-
-/* The calling thread's CPU time in nanoseconds. */
-static uint64_t thread_cpu_ns(void)
-{
-    struct timespec ts;
-
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
-        return 0;
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* The measured times of model `m`'s preset; NULL for no model. */
-static job_costs_t *costs_of(const server_t *s, const model_t *m)
-{
-    return m != NULL ? (job_costs_t *)job__costs(s, m) : NULL;
-}
-
-/* Adds `ns` per position to the running mean *mean, over about its last
- * eight measurements; the first sets it.  A mean that moves by less than
- * a sixteenth is not written: every worker and the loop read it, and a
- * store per microsecond job would bounce its line between their cores. */
-static bool cost_note(_Atomic uint64_t *mean, uint64_t ns)
-{
-    uint64_t m = atomic_load_explicit(mean, memory_order_relaxed);
-    uint64_t next = m == 0 ? ns + 1 : m - m / 8 + ns / 8;
-
-    if (m != 0 && (next > m ? next - m : m - next) <= m / 16)
-        return false;
-    atomic_store_explicit(mean, next, memory_order_relaxed);
-    return true;
-}
-
-/* cost_note() of a step's time per position, with the encoded cost of a
- * one-position step kept beside the mean (job__step1_code()). */
-static inline void cost_note_step(job_costs_t *c, uint64_t ns)
-{
-    if (cost_note(&c->step_ns, ns))
-        atomic_store_explicit(
-            &c->step1_code,
-            worker_cost_code(JOB_COST_FIXED_NS +
-                             atomic_load_explicit(&c->step_ns, memory_order_relaxed)),
-            memory_order_relaxed);
-}
-
-uint64_t job_cost(const server_t *s, const req_t *r)
-{
-    const model_t *m = req__on_slot(r) ? r->session->cs.model : r->model;
-    const job_costs_t *c = costs_of(s, m);
-    uint64_t step, prefill, n;
-
-    if (c == NULL)
-        return JOB_COST_FIXED_NS;
-    step = atomic_load_explicit(&c->step_ns, memory_order_relaxed);
-    prefill = atomic_load_explicit(&c->prefill_ns, memory_order_relaxed);
-    switch (r->rq.op) {
-    case PROTO_OP_STEP:
-        return job__step_cost(c, r->rq.n);
-    case PROTO_OP_GENERATE:
-        /* Without the cache every step runs its whole prefix again. */
-        n = (uint64_t)r->rq.steps;
-        return JOB_COST_FIXED_NS + r->rq.ntokens * prefill +
-               n * (r->rq.use_cache ? step : (r->rq.ntokens + n) * prefill);
-    case PROTO_OP_FORK: /* a copy, no model call */
-        return JOB_COST_FIXED_NS;
-    case PROTO_OP_START:
-    case PROTO_OP_LOGITS:
-    case PROTO_OP_APPEND: /* a prompt */
-    case PROTO_OP_NONE:
-    case PROTO_OP_FINISH:
-    case PROTO_OP_STATS:
-    case PROTO_OP_AUTH:
-    case PROTO_OP__COUNT:
-        break;
-    }
-    return JOB_COST_FIXED_NS + r->rq.ntokens * prefill;
-}
-
-/* Notes the time of a job that ran alone, `ns`, in its model's means. */
-static void cost_measured(server_t *s, const req_t *r, uint64_t ns)
-{
-    job_costs_t *c;
-
-    switch (r->rq.op) {
-    case PROTO_OP_STEP:
-        if (r->rc == SLOTD_OK && r->rq.n > 0 && (c = costs_of(s, r->cs.model)) != NULL)
-            cost_note_step(c, r->rq.n == 1 ? ns : ns / r->rq.n); /* no division, mostly */
-        break;
-    case PROTO_OP_START:
-    case PROTO_OP_LOGITS:
-        if (r->rc == SLOTD_OK && r->rq.ntokens > 0 && (c = costs_of(s, r->model)) != NULL)
-            cost_note(&c->prefill_ns, ns / r->rq.ntokens);
-        break;
-    case PROTO_OP_APPEND:
-        if (r->rc == SLOTD_OK && r->rq.ntokens > 0 && (c = costs_of(s, r->cs.model)) != NULL)
-            cost_note(&c->prefill_ns, ns / r->rq.ntokens);
-        break;
-    case PROTO_OP_GENERATE: /* its own mix of prefill and steps: not a mean of either */
-    case PROTO_OP_FORK:     /* a copy: no model call to time */
-    case PROTO_OP_NONE:
-    case PROTO_OP_FINISH:
-    case PROTO_OP_STATS:
-    case PROTO_OP_AUTH:
-    case PROTO_OP__COUNT:
-        break;
-    }
-}
-
 /* ---- Long jobs, in slices (worker.h, "Long jobs") ----
  *
  * A step of many positions or a generate estimated dearer than a slice
@@ -240,7 +121,7 @@ static _Thread_local uint64_t job_lent_ns;
  * 0 (a long job runs in slices whatever the batch bound). */
 static uint64_t long_slice_ns(const server_t *s)
 {
-    uint64_t slice = job__chain_slice(s);
+    uint64_t slice = jobcost__chain_slice(s);
 
     return slice > 0 ? slice : JOB_CHAIN_SLICE_NS;
 }
@@ -256,16 +137,16 @@ static bool cost_is_long(const server_t *s, uint64_t cost, uint64_t mean, uint64
 /* Whether a step of `n` positions of model `m` runs in slices. */
 static bool step_is_long(const server_t *s, const model_t *m, uint32_t n)
 {
-    const job_costs_t *c = job__costs(s, m);
+    const job_costs_t *c = jobcost__of(s, m);
 
-    return cost_is_long(s, job__step_cost(c, n),
+    return cost_is_long(s, jobcost__step(c, n),
                         atomic_load_explicit(&c->step_ns, memory_order_relaxed), n);
 }
 
 /* Whether generate `r` runs in slices. */
 static bool generate_is_long(const server_t *s, const req_t *r)
 {
-    const job_costs_t *c = job__costs(s, r->model);
+    const job_costs_t *c = jobcost__of(s, r->model);
     uint64_t n = r->rq.ntokens, steps = (uint64_t)r->rq.steps;
     /* Positions run: uncached, each pick runs its whole prefix again. */
     uint64_t positions = r->rq.use_cache ? n + steps : steps * n + steps * (steps - 1) / 2;
@@ -821,7 +702,7 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
     const model_decode_t *dc[MODEL_BATCH_MAX];
     double *logits = worker_logits(w, n * vocab);
     size_t k = 0;
-    uint64_t now, cpu0 = thread_cpu_ns();
+    uint64_t now, cpu0 = jobcost__cpu_ns();
 
     assert(n <= MODEL_BATCH_MAX);
     for (size_t i = 0; i < n; i++) {
@@ -879,11 +760,8 @@ static void batch_round(server_t *s, worker_t *w, worker_job_t **jobs, size_t n)
             metrics_observe_step(worker_index(w), now - worker_job_start(w), now,
                                  model_preset_index(m));
     /* Each step's share of the batch's time. */
-    if (k > 0) {
-        job_costs_t *c = costs_of(s, m);
-        if (c != NULL)
-            cost_note_step(c, (thread_cpu_ns() - cpu0) / k);
-    }
+    if (k > 0)
+        jobcost__note_step(s, m, (jobcost__cpu_ns() - cpu0) / k);
 }
 
 /* Hands `r`, a step of a chain that succeeded, back to the loop and puts
@@ -933,7 +811,7 @@ void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg)
             continue;
         }
         r = pass_on(w, r);
-        worker_job_set_cost(&r->job, job__step_cost(job__costs(s, r->cs.model), 1));
+        worker_job_set_cost(&r->job, jobcost__step(jobcost__of(s, r->cs.model), 1));
         worker_job_requeue(w, &r->job);
     }
 }
@@ -980,7 +858,7 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
     job_begun(shard, t0, r);
     JOB_FAULT_POINT(s, r);
     if (cpu_timed)
-        cpu0 = thread_cpu_ns();
+        cpu0 = jobcost__cpu_ns();
 
     assert(proto_op_on_worker(r->rq.op) && job_runs[r->rq.op] != NULL);
     rebuilt = r->rebuild;
@@ -1008,39 +886,11 @@ static void run_one(server_t *s, worker_t *w, req_t *r)
         if (r->rq.op == PROTO_OP_STEP)
             metrics_observe_step_alone(shard, now - t0 > lent ? now - t0 - lent : 0, now,
                                        m != NULL ? model_preset_index(m) : MODEL_NPRESETS);
-        uint64_t ns = cpu_timed ? thread_cpu_ns() - cpu0 : now - t0;
+        uint64_t ns = cpu_timed ? jobcost__cpu_ns() - cpu0 : now - t0;
 
         if (!rebuilt) /* a rebuild's prefill is not the op's cost */
-            cost_measured(s, r, ns > lent ? ns - lent : 0);
+            jobcost__measured(s, r, ns > lent ? ns - lent : 0);
     }
-}
-
-/* The cost of the chain from `r` on (launch.c links the steps of one
- * session), counted to the slice at most: what a worker runs of it before
- * it goes back to its flow. */
-static uint64_t chain_cost(const server_t *s, const req_t *r, const model_t *m, uint64_t slice)
-{
-    const job_costs_t *c = costs_of(s, m);
-    uint64_t step = c != NULL ? atomic_load_explicit(&c->step_ns, memory_order_relaxed) : 0;
-    uint64_t sum = 0;
-
-    for (; r != NULL && (slice == 0 || sum < slice); r = r->chain_next)
-        sum += JOB_COST_FIXED_NS + (uint64_t)r->rq.n * step;
-    return slice > 0 && sum > slice ? slice : sum;
-}
-
-uint64_t job_chain_cost(const server_t *s, const req_t *r)
-{
-    return chain_cost(s, r, r->session->cs.model, job__chain_slice(s));
-}
-
-/* Whether a step like `r` now costs more than job_chain_step_max(). */
-static bool chain_too_dear(const server_t *s, const req_t *r)
-{
-    const job_costs_t *c = costs_of(s, r->cs.model);
-    uint64_t step = c != NULL ? atomic_load_explicit(&c->step_ns, memory_order_relaxed) : 0;
-
-    return JOB_COST_FIXED_NS + (uint64_t)r->rq.n * step > job_chain_step_max(s);
 }
 
 /* A chain (launch.c: steps of one session queued behind each other) runs
@@ -1048,21 +898,21 @@ static bool chain_too_dear(const server_t *s, const req_t *r)
  * loop as soon as it is answered (worker_job_handoff()), the next starting
  * from the state it left.  It stops at the first step that does not
  * succeed (or is canceled), the rest going back with it unrun; and at the
- * end of its slice (job__chain_slice()) the rest goes back to its
+ * end of its slice (jobcost__chain_slice()) the rest goes back to its
  * connection's flow (worker_job_requeue()), so that other connections get
  * their turn. */
 void job_run(worker_t *w, worker_job_t *job, void *arg)
 {
     server_t *s = arg;
     req_t *r = container_of(job, req_t, job);
-    uint64_t slice = job__chain_slice(s), begin = worker_job_start(w);
+    uint64_t slice = jobcost__chain_slice(s), begin = worker_job_start(w);
 
     for (;;) {
         req_t *next = r->chain_next;
         run_one(s, w, r);
         if (next == NULL || r->rc != SLOTD_OK)
             return;
-        if (chain_too_dear(s, r)) {
+        if (jobcost__chain_too_dear(s, r)) {
             /* Measured dearer than a chain is for (a chain begun before
              * its model's steps were timed): the rest waits as one at a
              * time. */
@@ -1071,7 +921,7 @@ void job_run(worker_t *w, worker_job_t *job, void *arg)
         }
         r = pass_on(w, r);
         if (slice > 0 && worker_job_start(w) - begin >= slice) {
-            worker_job_set_cost(&r->job, chain_cost(s, r, r->cs.model, slice));
+            worker_job_set_cost(&r->job, jobcost__chain(s, r, r->cs.model, slice));
             worker_job_requeue(w, &r->job);
             return;
         }

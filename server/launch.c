@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "conn_int.h"
-#include "job_int.h"
+#include "jobcost_int.h"
 #include "req_int.h"
 #include "tenancy_int.h"
 
@@ -189,11 +189,11 @@ static inline void req_submit(req_t *r)
          * the session left it: the worker prefetches it (worker.h). */
         memcpy(r->job.hint, r->cs.hint.addr, sizeof(r->job.hint));
         memcpy(r->job.hint_lines, r->cs.hint.lines, sizeof(r->job.hint_lines));
-        jc = job__costs(c->server, r->cs.model);
+        jc = jobcost__of(c->server, r->cs.model);
         /* job_group() turns down every job but steps of a model whose
          * batches share weights: the worker need not ask it about others. */
         r->job.lone = jc->lone;
-        cost = job__step_cost(jc, r->rq.n);
+        cost = jobcost__step(jc, r->rq.n);
     } else if (r->session != NULL && req__on_slot(r)) {
         /* An append: the session's slot as well, costed as a prompt, run
          * alone and never the head of a chain. */
@@ -223,7 +223,7 @@ static inline void req_submit(req_t *r)
         req_chain(r);
     if (r->chain_next != NULL && jc->lone)
         worker_job_set_cost(&r->job, job_chain_cost(c->server, r));
-    else if (jc != NULL && r->rq.n == 1 && (code = job__step1_code(jc)) != 0)
+    else if (jc != NULL && r->rq.n == 1 && (code = jobcost__step1_code(jc)) != 0)
         worker_job_set_cost_code(&r->job, code); /* = worker_job_set_cost(cost), encoded */
     else
         worker_job_set_cost(&r->job, cost);

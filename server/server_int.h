@@ -309,7 +309,7 @@ typedef struct server_preset {
     uint64_t build_ns;  /* its duration; likewise */
 } server_preset_t;
 
-/** A model's measured times, for the cost of its jobs (job.c): running
+/** A model's measured times, for the cost of its jobs (jobcost.c): running
  * means in nanoseconds per position, written by the workers, read by the
  * loop as it submits. */
 typedef struct job_costs {
@@ -385,7 +385,7 @@ struct server {
     cache_pool_t *pool;     /* immutable pointer: workers read it */
     audit_t *audit;         /* immutable pointer; NULL when --audit-rate is 0 */
     model_t *models[CONFIG_MAX_MODELS]; /* every --models preset, built or not (models.c) */
-    job_costs_t costs[MODEL_NPRESETS];    /* measured times by model_preset_index() (job.c) */
+    job_costs_t costs[MODEL_NPRESETS];    /* measured times by model_preset_index() (jobcost.c) */
     size_t nmodels;
     server_preset_t presets[CONFIG_MAX_MODELS]; /* the same, with their build state */
     const model_t *default_model;
