@@ -18,10 +18,4 @@ void job_run(worker_t *w, worker_job_t *job, void *arg);
 bool job_group(const worker_job_t *first, const worker_job_t *cand, void *arg);
 void job_run_batch(worker_t *w, worker_job_t **jobs, size_t n, void *arg);
 
-#if SLOTD_FAULT_INJECTION
-/** Test builds only: lets a job wedged by --fault-wedge-after go on (and
- * any later one through at once).  Any thread. */
-void job_fault_release(void);
-#endif
-
 #endif

@@ -45,6 +45,7 @@
 #include "handshake_int.h"
 #include "inspect_int.h"
 #include "job_int.h"
+#include "jobfault_int.h"
 #include "launch_int.h"
 #include "server/base/log.h"
 #include "models_int.h"
@@ -399,7 +400,7 @@ static void server_drain(server_t *s)
 
     s->draining = true;
 #if SLOTD_FAULT_INJECTION
-    job_fault_release(); /* a wedged job must not hold the drain */
+    jobfault__release(); /* a wedged job must not hold the drain */
 #endif
     listener_close(s);
     uv_timer_stop(&s->accept_timer);
@@ -618,7 +619,7 @@ static int start_listener(server_t *s)
 static void sigusr1_cb(uv_signal_t *h, int signum)
 {
     log_info("signal %d: fault: releasing a wedged job", signum);
-    job_fault_release();
+    jobfault__release();
 }
 #endif
 

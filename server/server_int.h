@@ -362,7 +362,7 @@ struct server {
     uv_signal_t sigterm, sigint;
     uv_signal_t sighup; /* ignored with a log line (server.c: sighup_cb) */
 #if SLOTD_FAULT_INJECTION
-    uv_signal_t sigusr1; /* test builds: job_fault_release() */
+    uv_signal_t sigusr1; /* test builds: jobfault__release() */
 #endif
     uv_timer_t idle_timer, shutdown_timer;
     uv_timer_t quiet_timer;  /* --conn-timeout: the oldest quiet connection */
