@@ -348,6 +348,16 @@ def run_batch(d, work):
           r.returncode == 0 and all(re.search(r"^  %s\b" % c, out, re.M) for c in
                                     ["start", "step", "finish", "logits", "generate", "stats",
                                      "health", "metrics", "help", "quit"]), out)
+    # The model names the help gives are the daemon's presets (core/model.h's
+    # list, which its refusal of an unknown model names), all and in order.
+    known = re.search(r"\(known: ([a-z0-9,]+)\)",
+                      subprocess.run([SLOTD, "--models", "bogus"], capture_output=True,
+                                     timeout=60 * SCALE).stderr.decode())
+    named = re.search(r"^MODEL: (.*?)\s*$", out, re.M)
+    check("help names every preset, as core/model.h lists them",
+          known is not None and named is not None and
+          named.group(1).split(", ") == known.group(1).split(","),
+          "%r against %r" % (named and named.group(1), known and known.group(1)))
     r = cli(d, "help", "generate", env=env)
     check("help COMMAND: its usage", r.returncode == 0 and
           r.stdout.decode().startswith("  generate [-m MODEL] [--cache] [DECODE...] STEPS TOKEN...\n"), repr(r.stdout))

@@ -27,6 +27,7 @@
 #include <strings.h>
 
 #include "cli_int.h"
+#include "core/model.h"
 
 typedef struct cmd_args {
     char **w; /* the words after the command name */
@@ -113,7 +114,12 @@ void cli_cmd_help_all(FILE *f)
     for (size_t i = 0; i < NCMDS; i++)
         if (strcmp(cmds[i].name, "exit") != 0)
             print_usage(f, &cmds[i]);
-    fprintf(f, "Tokens are integers, separated by blanks or commas.  MODEL: tiny, small, hash...\n"
+    /* The presets as core/model.h lists them: the daemon's names. */
+    fprintf(f, "MODEL: ");
+    for (size_t i = 0; model_preset_name(i) != NULL; i++)
+        fprintf(f, "%s%s", i > 0 ? ", " : "", model_preset_name(i));
+    fprintf(f, "\n"
+               "Tokens are integers, separated by blanks or commas.\n"
                "DECODE: --temp T --top-k K --top-p P --seed S (sampling), --stop TOKEN (each\n"
                "  token its own --stop), --scores all|none|K (K: the K best [token, score])\n"
                "Example: start a -m small 1 2 3, then step a 4, then finish a\n");
