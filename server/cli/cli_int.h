@@ -1,15 +1,20 @@
 /*
- * cli_int.h: what the three files of slotd-cli share.  cli.c owns the
- * connections, the options and the input loop (libedit at a terminal);
- * cli_cmd.c owns the command table, which turns a typed line into a
- * request; cli_out.c owns how replies are printed.  Single-threaded.
+ * cli_int.h: what the files of slotd-cli share.  cli.c owns the options
+ * and the input loop (libedit at a terminal); cli_net.c the sockets and
+ * the session port's lines; cli_http.c the admin port's HTTP client;
+ * cli_cmd.c the command table, which turns a typed line into a request;
+ * cli_out.c how replies are printed.  Single-threaded, no lock.
  */
 #ifndef SLOTD_SERVER_CLI_CLI_INT_H
 #define SLOTD_SERVER_CLI_CLI_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
+
+#include "server/base/auth.h"
 
 /** What a command line turned into. */
 typedef enum cli_kind {
@@ -40,6 +45,60 @@ typedef struct cli_out {
     bool colour;     /* ANSI colour on stdout */
     bool colour_err; /* ANSI colour on stderr */
 } cli_out_t;
+
+/** The client: its connections, its settings and its token.  main()'s
+ * (cli.c); one thread. */
+typedef struct cli {
+    int fd;         /* the session connection, or -1 until needed */
+    int timeout_ms; /* per wait; -1 for none */
+    const char *host;
+    const char *port;
+    char admin_host[256];
+    char admin_port[8];
+    cli_out_t out;
+    bool interactive;
+    unsigned errors; /* error replies and refused commands */
+    char *in;        /* bytes received and not yet returned as lines (malloc) */
+    size_t in_len;
+    size_t in_cap;
+    size_t line_len; /* the line last returned, consumed on the next read */
+
+    char token[AUTH_TOKEN_MAX + 1]; /* --auth-token-file's, wiped at exit */
+    size_t token_len;               /* 0: no token */
+} cli_t;
+
+/* ---- cli_net.c ---- */
+
+/** The deadline of a wait that starts now: ms, or -1 for none. */
+int64_t cli_net_deadline(const cli_t *c);
+
+/** A non-blocking connection to host:port within the timeout: the socket,
+ * or -1 after printing why. */
+int cli_net_dial(const cli_t *c, const char *host, const char *port);
+
+/** Sends all of `data` on `fd` (`what` names the peer in messages): 0, or
+ * -1 after printing why. */
+int cli_net_send(const cli_t *c, int fd, const char *what, const char *data, size_t len);
+
+/** Receives into *buf (grown, at most `max` bytes) until `deadline`: the
+ * bytes read (0 at EOF), or -1 after printing why. */
+ssize_t cli_net_recv(const cli_t *c, int fd, const char *what, char **buf, size_t *len,
+                     size_t *cap, size_t max, int64_t deadline);
+
+/** Sends one request line on the session connection (opened, and
+ * authenticated with a token, at need) and prints its reply; *ok says
+ * whether it was not an error.  0, or -1 if the connection failed or the
+ * daemon refused a token (closed then). */
+int cli_net_call(cli_t *c, const char *json, bool *ok);
+
+/** Closes the session connection, if open, and drops its buffered bytes. */
+void cli_net_close(cli_t *c);
+
+/* ---- cli_http.c ---- */
+
+/** GET `path` on the admin port and prints the answer (lines holding
+ * `pattern` only, if not NULL).  0, or -1 if the connection failed. */
+int cli_http_get(cli_t *c, const char *path, const char *pattern);
 
 /* ---- cli_cmd.c ---- */
 
