@@ -98,7 +98,7 @@ typedef struct server_config {
     size_t nproxy_from;    /* peers that must send a PROXY header: none by default */
     config_net_t proxy_from[CONFIG_MAX_PROXY_FROM];
 #if SLOTD_FAULT_INJECTION
-    /* Test builds only: the hooks of job.c (0 = off). */
+    /* Test builds only: the hooks of jobfault.c (0 = off). */
     uint64_t fault_corrupt_after; /* damage the slot of the N-th step job, after it ran */
     uint64_t fault_wedge_after;   /* the N-th job holds its worker until released */
     uint32_t fault_build_delay_ms; /* a preset built on demand takes this much longer */

@@ -6,7 +6,7 @@
  * of the worker's own, and the picks and the rounded logits, as the reply
  * would carry them, are compared bit for bit with what the cached step
  * produced.  On a mismatch the caller replies with the reference instead,
- * counts a divergence, logs it and rebuilds the slot (job.c).
+ * counts a divergence, logs it and rebuilds the slot (jobaudit.c).
  *
  * Memory.  With the audit on, every session records its tokens: an
  * audit_tokens_t in the session record, 4 bytes an entry, grown by
