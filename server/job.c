@@ -4,11 +4,13 @@
  * copy of a fork, and the formatting
  * of its reply line into the record; the recording of a session's tokens
  * (audit, --on-full evict, the prefix cache), the publishing of the blocks
- * its steps and appends fill, and the audit of sampled steps (audit.h); the
- * batches of single steps of one model (job_group(), job_run_batch(),
- * --max-batch), whose records each get their own reply; and long jobs (a
- * step of many positions, a generate) run in slices, between which the
- * worker counts its progress and serves other flows (worker_yield()).
+ * its steps and appends fill; the batches of single steps of one model
+ * (job_group(), job_run_batch(), --max-batch), whose records each get
+ * their own reply; and long jobs (a step of many positions, a generate)
+ * run in slices, between which the worker counts its progress and serves
+ * other flows (worker_yield()).  What it calls for the rest: jobcost.c
+ * (a job's cost, the times it notes), jobaudit.c (a step's audit),
+ * jobfault.c (test builds' fault hooks).
  *
  * DESIGN.  Runs on the worker threads only, one record per call.  It reads
  * the record's request and input fields and writes only its result fields
