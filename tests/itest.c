@@ -778,18 +778,19 @@ void itest_fixtures(TCase *tc)
     tcase_add_checked_fixture(tc, NULL, itest_teardown);
 }
 
-void itest_add_timeout(Suite *s, const char *name, const TTest *fn, int seconds)
+TCase *itest_add_timeout(Suite *s, const char *name, const TTest *fn, int seconds)
 {
     TCase *tc = tcase_create(name);
     itest_fixtures(tc);
     tcase_set_timeout(tc, seconds * itest_time_scale());
     tcase_add_test(tc, fn);
     suite_add_tcase(s, tc);
+    return tc;
 }
 
-void itest_add(Suite *s, const char *name, const TTest *fn)
+TCase *itest_add(Suite *s, const char *name, const TTest *fn)
 {
-    itest_add_timeout(s, name, fn, ITEST_CASE_TIMEOUT);
+    return itest_add_timeout(s, name, fn, ITEST_CASE_TIMEOUT);
 }
 
 long itest_raise_nofile(long want)
