@@ -778,6 +778,20 @@ void itest_fixtures(TCase *tc)
     tcase_add_checked_fixture(tc, NULL, itest_teardown);
 }
 
+int itest_repeats(int all)
+{
+    const char *v = getenv("SLOTD_TEST_REPEATS");
+    char *end;
+    long n;
+
+    if (v == NULL)
+        return all;
+    n = strtol(v, &end, 10);
+    ck_assert_msg(end != v && *end == '\0' && n > 0,
+                  "SLOTD_TEST_REPEATS must be a positive number, not \"%s\"", v);
+    return n < all ? (int)n : all;
+}
+
 TCase *itest_add_timeout(Suite *s, const char *name, const TTest *fn, int seconds)
 {
     TCase *tc = tcase_create(name);

@@ -64,6 +64,12 @@ int itest_scale_ms(int ms);
  * fails the test (itest_teardown(), or the test's own check). */
 bool itest_wrapped(void);
 
+/** SLOTD_TEST_REPEATS (scripts/test.sh sets 1 in the sanitizer and
+ * valgrind stages): how many rounds of a check a case makes that it has
+ * made once already, at most `all`; `all` when unset.  A value that is not
+ * a positive number fails the test. */
+int itest_repeats(int all);
+
 /* ---- The daemon ---- */
 
 /** A running (or exited) daemon.  Owned by the library from
