@@ -24,9 +24,11 @@
 # Check tags that stages leave out (CK_EXCLUDE_TAGS; the tag's place says
 # what it checks and which stages run it): memcheck_slow (valgrind),
 # tsan_slow (thread): cases in one thread whose references are long.
-# SLOTD_TEST_REPEATS=1 (address, thread): a suite that runs one check on
-# several seeds runs one seed per set-up (test_integration_pipeline's
-# random mixes); the plain stage runs them all.
+# SLOTD_TEST_REPEATS=1 (address, thread, valgrind's integration part): a
+# case that makes one check on several seeds or rounds makes it once
+# (test_integration_pipeline's random mixes, test_integration_onfull's
+# rounds of rebuilds, test_stages_evict's stage 4); the plain stage runs
+# them all.
 # Exit status is
 # non-zero if any stage fails; a stage that this machine cannot run at all
 # says why and is counted as skipped.  The last line counts the stages.
@@ -112,7 +114,7 @@ run_valgrind() {
   local vdir=build-test-valgrind
   scripts/build.sh "$vdir" none -DCMAKE_BUILD_TYPE=Debug -DSLOTD_TEST_TIME_SCALE=4 >/dev/null || return 1
   SLOTD_WRAPPER="valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect --track-origins=no --log-file=%q{SLOTD_ITEST_DIR}/valgrind.log" \
-    SLOTD_TIME_SCALE=10 ctest --test-dir "$vdir" --output-on-failure -j"$jobs" -L valgrind || rc=1
+    SLOTD_TIME_SCALE=10 SLOTD_TEST_REPEATS=1 ctest --test-dir "$vdir" --output-on-failure -j"$jobs" -L valgrind || rc=1
   return $rc
 }
 

@@ -778,18 +778,33 @@ void itest_fixtures(TCase *tc)
     tcase_add_checked_fixture(tc, NULL, itest_teardown);
 }
 
-void itest_add_timeout(Suite *s, const char *name, const TTest *fn, int seconds)
+int itest_repeats(int all)
+{
+    const char *v = getenv("SLOTD_TEST_REPEATS");
+    char *end;
+    long n;
+
+    if (v == NULL)
+        return all;
+    n = strtol(v, &end, 10);
+    ck_assert_msg(end != v && *end == '\0' && n > 0,
+                  "SLOTD_TEST_REPEATS must be a positive number, not \"%s\"", v);
+    return n < all ? (int)n : all;
+}
+
+TCase *itest_add_timeout(Suite *s, const char *name, const TTest *fn, int seconds)
 {
     TCase *tc = tcase_create(name);
     itest_fixtures(tc);
     tcase_set_timeout(tc, seconds * itest_time_scale());
     tcase_add_test(tc, fn);
     suite_add_tcase(s, tc);
+    return tc;
 }
 
-void itest_add(Suite *s, const char *name, const TTest *fn)
+TCase *itest_add(Suite *s, const char *name, const TTest *fn)
 {
-    itest_add_timeout(s, name, fn, ITEST_CASE_TIMEOUT);
+    return itest_add_timeout(s, name, fn, ITEST_CASE_TIMEOUT);
 }
 
 long itest_raise_nofile(long want)

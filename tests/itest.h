@@ -64,6 +64,12 @@ int itest_scale_ms(int ms);
  * fails the test (itest_teardown(), or the test's own check). */
 bool itest_wrapped(void);
 
+/** SLOTD_TEST_REPEATS (scripts/test.sh sets 1 in the sanitizer and
+ * valgrind stages): how many rounds of a check a case makes that it has
+ * made once already, at most `all`; `all` when unset.  A value that is not
+ * a positive number fails the test. */
+int itest_repeats(int all);
+
 /* ---- The daemon ---- */
 
 /** A running (or exited) daemon.  Owned by the library from
@@ -135,8 +141,10 @@ int64_t itest_daemon_rss_kib(const itest_daemon_t *d);
 void itest_teardown(void);
 
 /** Adds a test case `name` with function `fn`, the fixtures above and
- * ITEST_CASE_TIMEOUT to `s`. */
-void itest_add(Suite *s, const char *name, const TTest *fn);
+ * ITEST_CASE_TIMEOUT to `s`.  Returns the case (owned by `s`), for
+ * tcase_set_tags(): a stage leaves a tag out with CK_EXCLUDE_TAGS
+ * (scripts/test.sh). */
+TCase *itest_add(Suite *s, const char *name, const TTest *fn);
 #define ITEST_ADD(suite, fn) itest_add((suite), #fn, fn)
 /** Adds to `tc` the fixtures itest_add() gives a case (a directory per
  * case, itest_teardown() checked, the clean-up after a crash), for a
@@ -144,7 +152,7 @@ void itest_add(Suite *s, const char *name, const TTest *fn);
 void itest_fixtures(TCase *tc);
 /** As itest_add(), with a Check timeout of `seconds` (multiplied by
  * itest_time_scale()) for a case that needs more than ITEST_CASE_TIMEOUT. */
-void itest_add_timeout(Suite *s, const char *name, const TTest *fn, int seconds);
+TCase *itest_add_timeout(Suite *s, const char *name, const TTest *fn, int seconds);
 #define ITEST_ADD_TIMEOUT(suite, fn, seconds) itest_add_timeout((suite), #fn, fn, (seconds))
 
 /** Runs the suite (CK_ENV verbosity, fork mode from CK_FORK, default fork)
