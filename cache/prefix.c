@@ -192,6 +192,25 @@ void cache__do_prefix_unheld(cache_pool_t *p, model_block_t *b)
     p->prefix.lru_bytes += p->classes[cache__page_at(p, b)->cls].stride;
 }
 
+/* Takes cached node `node` into slot s (table t) as its block i, right
+ * after its full blocks. */
+static void do_take(cache_pool_t *p, cache__slot_t *s, model_block_t **t, uint32_t i,
+                    cache__pnode_t *node)
+{
+    const cache__model_t *md = &p->models[s->model];
+    uint32_t cap = node->block->capacity;
+
+    if (cache__do_hold(node->block, +1) == 2)
+        p->shared_blocks++;
+    do_lru_out(p, node);
+    t[i] = node->block;
+    if (i < CACHE__SLOT_BLOCKS)
+        s->blocks[i] = node->block;
+    s->bytes += p->classes[md->caps_cls[cache__cap_index(md, cap)]].stride;
+    s->room += cap;
+    s->nblocks = i + 1;
+}
+
 /* Takes node n out of the cache: out of its bucket, its index freed, its
  * block without a node.  The caller drops the cache's holder. */
 static void do_unlink(cache_pool_t *p, cache__pnode_t *n)
@@ -276,15 +295,7 @@ uint32_t cache__do_prefix_attach(cache_pool_t *p, cache__slot_t *s, uint32_t si,
         node = do_find(p, h, s->model, scope, parent, i, tok + pos, cap);
         if (node == NULL)
             break;
-        if (cache__do_hold(node->block, +1) == 2)
-            p->shared_blocks++;
-        do_lru_out(p, node);
-        t[i] = node->block;
-        if (i < CACHE__SLOT_BLOCKS)
-            s->blocks[i] = node->block;
-        s->bytes += p->classes[md->caps_cls[cache__cap_index(md, cap)]].stride;
-        s->room += cap;
-        s->nblocks = i + 1;
+        do_take(p, s, t, i, node);
         parent = node->serial;
         pos += cap;
         reused = pos;
@@ -300,25 +311,6 @@ uint32_t cache__do_prefix_attach(cache_pool_t *p, cache__slot_t *s, uint32_t si,
     p->prefix.hit_entries += reused;
     *last_serial = parent;
     return reused;
-}
-
-/* Takes cached node `node` into slot s (table t) as its block i, right
- * after its full blocks. */
-static void do_take(cache_pool_t *p, cache__slot_t *s, model_block_t **t, uint32_t i,
-                    cache__pnode_t *node)
-{
-    const cache__model_t *md = &p->models[s->model];
-    uint32_t cap = node->block->capacity;
-
-    if (cache__do_hold(node->block, +1) == 2)
-        p->shared_blocks++;
-    do_lru_out(p, node);
-    t[i] = node->block;
-    if (i < CACHE__SLOT_BLOCKS)
-        s->blocks[i] = node->block;
-    s->bytes += p->classes[md->caps_cls[cache__cap_index(md, cap)]].stride;
-    s->room += cap;
-    s->nblocks = i + 1;
 }
 
 uint32_t cache__do_prefix_extend(cache_pool_t *p, cache__slot_t *s, uint32_t si, uint64_t scope,
